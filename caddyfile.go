@@ -1,0 +1,226 @@
+package telemetrydedup
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("telemetry_dedup", parseCaddyfile)
+	// After authentication, so unauthenticated pings never claim keys, and
+	// ahead of every handler that answers or proxies (respond, route,
+	// reverse_proxy, ...).
+	httpcaddyfile.RegisterDirectiveOrder("telemetry_dedup", httpcaddyfile.After, "forward_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	telemetry_dedup [<matcher>] {
+//		asset          <json path>
+//		time           <json path>
+//		time_format    auto|rfc3339|unix|unix_ms
+//		lat            <json path>
+//		lon            <json path>
+//		window         <duration>
+//		resolution     <0..15>
+//		key_prefix     <prefix>
+//		retry_ladder   <duration>...
+//		outage_margin  <duration>
+//		ttl            <duration>
+//		store memory|redis [<url>] { ... }
+//		on_store_error open|closed
+//		release_on_failure on|off
+//		in_flight_timeout <duration>
+//		max_body       <size>
+//		max_future     <duration>
+//		null_island    reject|allow
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.Errf("unexpected argument %q: telemetry_dedup takes at most a matcher, and its options in a block", d.Val())
+	}
+	lines := make(map[string]int) // option -> line, to report semantic errors where they were written
+	for d.NextBlock(0) {
+		option := d.Val()
+		if _, seen := lines[option]; seen {
+			return d.Errf("%s already specified on line %d; give each option once", option, lines[option])
+		}
+		lines[option] = d.Line()
+		if err := h.unmarshalOption(d, option); err != nil {
+			return err
+		}
+	}
+	if _, err := h.resolve(); err != nil {
+		return optionError(d, lines, err)
+	}
+	return nil
+}
+
+// optionNames lists the block's options, for the unknown-option error.
+var optionNames = []string{
+	"asset", "time", "time_format", "lat", "lon", "window", "resolution", "key_prefix",
+	"retry_ladder", "outage_margin", "ttl", "store", "on_store_error", "release_on_failure",
+	"in_flight_timeout", "max_body", "max_future", "null_island",
+}
+
+func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
+	switch option {
+	case "asset":
+		return oneArg(d, &h.Asset)
+	case "time":
+		return oneArg(d, &h.Time)
+	case "time_format":
+		return oneArg(d, &h.TimeFormat)
+	case "lat":
+		return oneArg(d, &h.Lat)
+	case "lon":
+		return oneArg(d, &h.Lon)
+	case "window":
+		return durationArg(d, &h.Window)
+	case "resolution":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return d.Errf("resolution %q: use a whole number from 0 to 15, e.g. resolution 12", s)
+		}
+		h.Resolution = &n
+	case "key_prefix":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		h.KeyPrefix = &s
+	case "retry_ladder":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return d.Err("retry_ladder needs the sender's retry offsets after the first delivery, e.g. retry_ladder 1m 5m 30m 2h 6h")
+		}
+		for _, a := range args {
+			dur, err := caddy.ParseDuration(a)
+			if err != nil {
+				return d.Errf("retry_ladder %q: %v; use durations such as 1m 5m 30m 2h 6h", a, err)
+			}
+			h.RetryLadder = append(h.RetryLadder, caddy.Duration(dur))
+		}
+	case "outage_margin":
+		var m caddy.Duration
+		if err := durationArg(d, &m); err != nil {
+			return err
+		}
+		h.OutageMargin = &m
+	case "ttl":
+		return durationArg(d, &h.TTL)
+	case "store":
+		return h.unmarshalStore(d)
+	case "on_store_error":
+		return oneArg(d, &h.OnStoreError)
+	case "release_on_failure":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		if s != "on" && s != "off" {
+			return d.Errf("release_on_failure %q: use on (the default) or off", s)
+		}
+		release := s == "on"
+		h.ReleaseOnFailure = &release
+	case "in_flight_timeout":
+		return durationArg(d, &h.InFlightTimeout)
+	case "max_body":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		size, err := humanize.ParseBytes(s)
+		if err != nil || size == 0 {
+			return d.Errf("max_body %q: use a size such as 1MiB or 64KB", s)
+		}
+		h.MaxBody = int64(size)
+	case "max_future":
+		return durationArg(d, &h.MaxFuture)
+	case "null_island":
+		return oneArg(d, &h.NullIsland)
+	default:
+		return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", option, strings.Join(optionNames, ", "))
+	}
+	return nil
+}
+
+// unmarshalStore parses `store memory {...}` or `store redis <url> {...}`
+// through the store module's own UnmarshalCaddyfile.
+func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Err("store needs a type: memory or redis")
+	}
+	name := d.Val()
+	if name != "memory" && name != "redis" {
+		return d.Errf("unknown store %q: use memory (the default) or redis <url>", name)
+	}
+	unm, err := caddyfile.UnmarshalModule(d, "http.handlers.telemetry_dedup.stores."+name)
+	if err != nil {
+		return err
+	}
+	h.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.AllArgs(dst) {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	dur, err := parseDurationArg(d)
+	*dst = caddy.Duration(dur)
+	return err
+}
+
+// parseDurationArg reads the one duration argument of the current option.
+func parseDurationArg(d *caddyfile.Dispenser) (time.Duration, error) {
+	option := d.Val()
+	var s string
+	if !d.AllArgs(&s) {
+		return 0, d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, d.Errf("%s %q: %v; use a duration such as 30s, 5m or 6h30m", option, s, err)
+	}
+	return dur, nil
+}
+
+// optionError reports a semantic error at the line of the option it names,
+// in the same form as the dispenser's own errors.
+func optionError(d *caddyfile.Dispenser, lines map[string]int, err error) error {
+	var ce *dedup.ConfigError
+	if errors.As(err, &ce) {
+		if line, ok := lines[ce.Option]; ok {
+			return fmt.Errorf("%w, at %s:%d", err, d.File(), line)
+		}
+	}
+	return d.WrapErr(err)
+}

@@ -1,0 +1,250 @@
+package telemetrydedup
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+func parse(t *testing.T, input string) (*Handler, error) {
+	t.Helper()
+	h := new(Handler)
+	return h, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+}
+
+func TestCaddyfileDefaults(t *testing.T) {
+	h, err := parse(t, `telemetry_dedup`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dedup.NewParser()
+	if s.parser != want {
+		t.Errorf("parser %+v, want the defaults %+v", s.parser, want)
+	}
+	if s.keyer != (dedup.Keyer{Window: 5 * time.Minute, Resolution: 12, Prefix: "dedup:"}) {
+		t.Errorf("keyer %+v", s.keyer)
+	}
+	if s.ttl != 6*time.Hour+30*time.Minute || s.inFlightTimeout != 30*time.Second || s.maxBody != 1<<20 || s.failClosed || !s.release {
+		t.Errorf("settings %+v", s)
+	}
+	if h.StoreRaw != nil {
+		t.Errorf("no store given, yet the JSON names one: %s", h.StoreRaw)
+	}
+}
+
+func TestCaddyfileEveryOption(t *testing.T) {
+	h, err := parse(t, `telemetry_dedup {
+		asset device.uniqueId
+		time position.fixTime
+		time_format rfc3339
+		lat position.latitude
+		lon position.longitude
+		window 10m
+		resolution 0
+		key_prefix ""
+		retry_ladder 30s 2m 1h
+		outage_margin 0s
+		ttl 3h
+		store redis redis://user:secret@127.0.0.1:6390/2 {
+			timeout 75ms
+		}
+		on_store_error closed
+		release_on_failure off
+		in_flight_timeout 45s
+		max_body 64KiB
+		max_future 90s
+		null_island allow
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(h)
+	want := `{"asset":"device.uniqueId","time":"position.fixTime","time_format":"rfc3339","lat":"position.latitude",` +
+		`"lon":"position.longitude","window":600000000000,"resolution":0,"key_prefix":"","retry_ladder":[30000000000,120000000000,3600000000000],` +
+		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
+		`"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"max_body":65536,"max_future":90000000000,"null_island":"allow"}`
+	if string(got) != want {
+		t.Fatalf("JSON\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestCaddyfileMemoryStore(t *testing.T) {
+	h, err := parse(t, "telemetry_dedup {\n store memory {\n max_keys 5000\n }\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(h.StoreRaw) != `{"max_keys":5000,"type":"memory"}` {
+		t.Fatalf("store JSON %s", h.StoreRaw)
+	}
+}
+
+// A wrong value reports the line it is on and what is allowed.
+func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
+	tests := []struct {
+		name  string
+		input string
+		want  []string
+	}{
+		{"unknown option", "telemetry_dedup {\n\twindow 5m\n\tresoluton 12\n}", []string{":3", `"resoluton"`}},
+		{"repeated option", "telemetry_dedup {\n\twindow 5m\n\twindow 10m\n}", []string{":3", "already specified on line 2"}},
+		{"bad duration", "telemetry_dedup {\n\twindow five\n}", []string{":2", "window", "5m"}},
+		{"fractional window", "telemetry_dedup {\n\tasset id\n\twindow 1500ms\n}", []string{":3", "whole number of seconds"}},
+		{"resolution out of range", "telemetry_dedup {\n\n\tresolution 16\n}", []string{":3", "0 (cell edges"}},
+		{"resolution not a number", "telemetry_dedup {\n\tresolution fine\n}", []string{":2", "0 to 15"}},
+		{"time format", "telemetry_dedup {\n\ttime_format iso\n}", []string{":2", "rfc3339"}},
+		{"ttl below window", "telemetry_dedup {\n\twindow 10m\n\tttl 5m\n}", []string{":3", "shorter than the window"}},
+		{"ttl below ladder", "telemetry_dedup {\n\tretry_ladder 1m 1h\n\tttl 1h\n}", []string{":3", "1h30m0s"}},
+		{"ladder of gaps", "telemetry_dedup {\n\tretry_ladder 1m 5m 1m\n}", []string{":2", "strictly increasing"}},
+		{"on_store_error", "telemetry_dedup {\n\ton_store_error maybe\n}", []string{":2", "open", "closed"}},
+		{"release_on_failure", "telemetry_dedup {\n\trelease_on_failure yes\n}", []string{":2", "on", "off"}},
+		{"null_island", "telemetry_dedup {\n\tnull_island ignore\n}", []string{":2", "reject", "allow"}},
+		{"max_body", "telemetry_dedup {\n\tmax_body lots\n}", []string{":2", "1MiB"}},
+		{"in_flight_timeout beyond ttl", "telemetry_dedup {\n\tin_flight_timeout 7h\n}", []string{":2", "shorter than the key TTL"}},
+		{"missing argument", "telemetry_dedup {\n\tasset\n}", []string{":2"}},
+		{"extra argument", "telemetry_dedup {\n\tlat a b\n}", []string{":2"}},
+		{"unknown store", "telemetry_dedup {\n\tstore etcd\n}", []string{":2", "memory", "redis"}},
+		{"redis without URL", "telemetry_dedup {\n\tstore redis\n}", []string{":2", "needs a URL"}},
+		{"redis bad URL", "telemetry_dedup {\n\tstore redis http://x\n}", []string{":2", "redis://"}},
+		{"redis bad timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout soon\n\t}\n}", []string{":3", "timeout"}},
+		{"memory bad max_keys", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys -1\n\t}\n}", []string{":3", "positive"}},
+		{"directive argument", "telemetry_dedup fast", []string{":1", "matcher"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parse(t, tt.input)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestEveryListedOptionIsParsed(t *testing.T) {
+	for _, name := range optionNames {
+		_, err := parse(t, "telemetry_dedup {\n\t"+name+"\n}")
+		if err == nil || strings.Contains(err.Error(), "unrecognized") {
+			t.Errorf("option %s: got %v, want an argument error", name, err)
+		}
+	}
+}
+
+func TestStoreRedisAcceptsPlaceholders(t *testing.T) {
+	h, err := parse(t, "telemetry_dedup {\n\tstore redis {env.REDIS_URL}\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(h.StoreRaw) != `{"type":"redis","url":"{env.REDIS_URL}"}` {
+		t.Fatalf("store JSON %s", h.StoreRaw)
+	}
+}
+
+// caddy adapt of the example gives JSON that configures the handler exactly
+// as the Caddyfile says, and the example is formatted as caddy fmt would.
+func TestExampleAdaptsToEquivalentJSON(t *testing.T) {
+	src, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if formatted := caddyfile.Format(src); string(formatted) != string(src) {
+		t.Error("Caddyfile.example is not formatted; run caddy fmt --overwrite Caddyfile.example")
+	}
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil || len(warnings) > 0 {
+		t.Fatalf("adapt: %v %v", err, warnings)
+	}
+	handler := findHandler(t, out)
+	want := `{"asset":"asset_id","handler":"telemetry_dedup","in_flight_timeout":30000000000,"key_prefix":"dedup:",` +
+		`"lat":"lat","lon":"lon","max_body":1048576,"max_future":300000000000,"null_island":"reject","on_store_error":"open",` +
+		`"outage_margin":1800000000000,"release_on_failure":true,"resolution":12,` +
+		`"retry_ladder":[60000000000,300000000000,1800000000000,7200000000000,21600000000000],` +
+		`"store":{"max_keys":1000000,"type":"memory"},"time":"occurred_at","time_format":"auto","window":300000000000}`
+	if string(handler) != want {
+		t.Fatalf("adapted handler\n got %s\nwant %s", handler, want)
+	}
+
+	// The example spells out the defaults: its JSON resolves to exactly what
+	// an empty block does.
+	var fromJSON Handler
+	if err := json.Unmarshal(handler, &fromJSON); err != nil {
+		t.Fatal(err)
+	}
+	empty, _ := parse(t, "telemetry_dedup")
+	a, errA := fromJSON.resolve()
+	b, errB := empty.resolve()
+	if errA != nil || errB != nil || !reflect.DeepEqual(a, b) {
+		t.Fatalf("example settings %+v (%v) differ from the defaults %+v (%v)", a, errA, b, errB)
+	}
+}
+
+// findHandler returns the telemetry_dedup handler object in adapted JSON.
+func findHandler(t *testing.T, config []byte) json.RawMessage {
+	t.Helper()
+	var found json.RawMessage
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "telemetry_dedup" {
+				found, _ = json.Marshal(v)
+				return
+			}
+			for _, c := range v {
+				walk(c)
+			}
+		case []any:
+			for _, c := range v {
+				walk(c)
+			}
+		}
+	}
+	var doc any
+	if err := json.Unmarshal(config, &doc); err != nil {
+		t.Fatal(err)
+	}
+	walk(doc)
+	if found == nil {
+		t.Fatalf("no telemetry_dedup handler in %s", config)
+	}
+	return found
+}
+
+// The directive runs after authentication and before anything that answers
+// or proxies, without a global order option.
+func TestDirectiveOrder(t *testing.T) {
+	src := []byte(`:8080 {
+	reverse_proxy 127.0.0.1:8081
+	respond /health 200
+	telemetry_dedup
+	basic_auth {
+		alice $2a$14$Zkx19XLiW6VYouLHR5NmfOFU0z2GTNmpkT/5qqR7hx4IjWJPDhjvG
+	}
+}`)
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	auth, dedupAt, respond, proxy := strings.Index(s, `"authentication"`), strings.Index(s, `"telemetry_dedup"`),
+		strings.Index(s, `"static_response"`), strings.Index(s, `"reverse_proxy"`)
+	if !(auth < dedupAt && dedupAt < respond && respond < proxy) || auth < 0 {
+		t.Fatalf("order authentication=%d telemetry_dedup=%d respond=%d reverse_proxy=%d in %s", auth, dedupAt, respond, proxy, s)
+	}
+}

@@ -1,0 +1,95 @@
+package dedup
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestBucketFloorsDeviceTimeToTheWindow(t *testing.T) {
+	k := defaultKeyer()
+	tests := []struct {
+		at   time.Time
+		want time.Time
+	}{
+		{articleBase, articleBase},
+		{articleBase.Add(4*time.Minute + 59*time.Second), articleBase},
+		{articleBase.Add(5 * time.Minute), articleBase.Add(5 * time.Minute)},
+		{articleBase.Add(-time.Second), articleBase.Add(-5 * time.Minute)},
+		{time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC), time.Date(1969, 12, 31, 23, 55, 0, 0, time.UTC)},
+	}
+	for _, tt := range tests {
+		if got := k.Bucket(tt.at); got != tt.want.Unix() {
+			t.Errorf("Bucket(%v) = %v, want %v", tt.at, time.Unix(got, 0).UTC(), tt.want)
+		}
+	}
+}
+
+// Tumbling's price: two pings seconds apart on either side of a boundary
+// land in different buckets and are both admitted.
+func TestBucketBoundaryAdmitsBothSides(t *testing.T) {
+	d := newTestDeduper(NewMemoryStore(0))
+	before := Ping{Asset: "veh-88", Time: articleBase.Add(4*time.Minute + 58*time.Second), Lat: 52.5200087, Lon: 13.4049547}
+	after := Ping{Asset: "veh-88", Time: articleBase.Add(5*time.Minute + 2*time.Second), Lat: 52.5200087, Lon: 13.4049547}
+	for _, p := range []Ping{before, after} {
+		if c := d.claim(t, p); c.Decision != Accepted {
+			t.Fatalf("ping at %v: %s, want accepted on its side of the boundary", p.Time, c.Decision)
+		}
+	}
+}
+
+// A ping that arrives late is judged in the bucket of its own device time,
+// never the bucket of its arrival.
+func TestOutOfOrderArrivalIsKeyedOnDeviceTime(t *testing.T) {
+	d := newTestDeduper(NewMemoryStore(0))
+	parked := func(offset time.Duration, lat float64) Ping {
+		return Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: 13.4049547}
+	}
+	steps := []struct {
+		ping     Ping
+		decision Decision
+	}{
+		{parked(6*time.Minute, 52.5200087), Accepted},   // arrives first, bucket 12:05
+		{parked(1*time.Minute, 52.5200087), Accepted},   // arrives late, bucket 12:00: new there
+		{parked(3*time.Minute, 52.5200110), Suppressed}, // late jitter in 12:00
+		{parked(7*time.Minute, 52.5200110), Suppressed}, // jitter in 12:05
+		{parked(11*time.Minute, 52.5200110), Accepted},  // 12:10
+		{parked(2*time.Minute+30*time.Second, 52.5200087), Suppressed},
+	}
+	for i, s := range steps {
+		if c := d.claim(t, s.ping); c.Decision != s.decision {
+			t.Fatalf("step %d (device time %v): %s, want %s", i, s.ping.Time.Format(time.TimeOnly), c.Decision, s.decision)
+		}
+	}
+}
+
+func TestKeyerCheck(t *testing.T) {
+	tests := []struct {
+		keyer  Keyer
+		option string
+	}{
+		{Keyer{Window: 1500 * time.Millisecond, Resolution: 12}, "window"},
+		{Keyer{Window: 0, Resolution: 12}, "window"},
+		{Keyer{Window: time.Minute, Resolution: 16}, "resolution"},
+		{Keyer{Window: time.Minute, Resolution: -1}, "resolution"},
+	}
+	for _, tt := range tests {
+		var ce *ConfigError
+		if err := tt.keyer.Check(); !errors.As(err, &ce) || ce.Option != tt.option {
+			t.Errorf("%+v: got %v, want an error about %s", tt.keyer, err, tt.option)
+		}
+	}
+	if err := defaultKeyer().Check(); err != nil {
+		t.Errorf("defaults rejected: %v", err)
+	}
+}
+
+func TestKeyPrefixStartsAFreshKeySpace(t *testing.T) {
+	p := Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
+	a, b := defaultKeyer(), defaultKeyer()
+	b.Prefix = "fleet-b:"
+	ka, kb := a.Observe(p).Key, b.Observe(p).Key
+	if ka[len(a.Prefix):] != kb[len(b.Prefix):] || kb[:len(b.Prefix)] != "fleet-b:" {
+		t.Fatalf("prefix should only change the start of the key: %s vs %s", ka, kb)
+	}
+}

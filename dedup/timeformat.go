@@ -1,0 +1,129 @@
+package dedup
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/tidwall/gjson"
+)
+
+// TimeFormat says how the device timestamp is written in a ping.
+type TimeFormat string
+
+// The accepted time formats.
+const (
+	// TimeAuto reads a JSON string as RFC 3339 and a JSON number as epoch
+	// seconds, or epoch milliseconds when it is too large to be seconds.
+	TimeAuto TimeFormat = "auto"
+	// TimeRFC3339 reads a JSON string such as 2026-08-08T12:00:00Z or
+	// 2026-08-08T14:00:00.250+02:00. An offset is required.
+	TimeRFC3339 TimeFormat = "rfc3339"
+	// TimeUnix reads a JSON number of seconds since the epoch (fractions
+	// allowed).
+	TimeUnix TimeFormat = "unix"
+	// TimeUnixMilli reads a JSON number of milliseconds since the epoch.
+	TimeUnixMilli TimeFormat = "unix_ms"
+)
+
+// TimeFormats lists every accepted TimeFormat, for error messages.
+var TimeFormats = []TimeFormat{TimeAuto, TimeRFC3339, TimeUnix, TimeUnixMilli}
+
+// ParseTimeFormat returns the TimeFormat named s, or an error listing the
+// accepted names.
+func ParseTimeFormat(s string) (TimeFormat, error) {
+	for _, f := range TimeFormats {
+		if string(f) == s {
+			return f, nil
+		}
+	}
+	return "", fmt.Errorf("unknown time_format %q: use one of %v", s, TimeFormats)
+}
+
+// autoMillisAbove separates epoch seconds from epoch milliseconds in auto
+// mode: 1e11 seconds is the year 5138, while 1e11 milliseconds is 1973, so
+// no real device clock is ambiguous.
+const autoMillisAbove = 1e11
+
+// offsetLayouts are the timestamp layouts that carry a UTC offset: RFC 3339
+// itself, and the "+0000" form without a colon that Java-based trackers
+// (Traccar among them) emit.
+var offsetLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999Z0700"}
+
+// naiveLayouts are the same timestamps without an offset. They only serve to
+// tell the sender that the offset is missing rather than that the text is
+// unreadable.
+var naiveLayouts = []string{"2006-01-02T15:04:05.999999999", "2006-01-02 15:04:05.999999999"}
+
+// parseTime reads the device time from v according to f. field is the
+// configured path, for errors.
+func parseTime(v gjson.Result, f TimeFormat, field string) (time.Time, error) {
+	switch v.Type {
+	case gjson.String:
+		if f == TimeUnix || f == TimeUnixMilli {
+			return time.Time{}, invalid(field, RuleType, "time_format %s expects a JSON number, got the string %q", f, v.Str)
+		}
+		return parseOffsetTime(v.Str, field)
+	case gjson.Number:
+		if f == TimeRFC3339 {
+			return time.Time{}, invalid(field, RuleType, "time_format rfc3339 expects a string such as \"2026-08-08T12:00:00Z\", got the number %s", v.Raw)
+		}
+		return parseEpoch(v, f, field)
+	default:
+		return time.Time{}, invalid(field, RuleType, "expected a timestamp, got %s", describe(v))
+	}
+}
+
+func parseOffsetTime(s, field string) (time.Time, error) {
+	for _, layout := range offsetLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	for _, layout := range naiveLayouts {
+		if _, err := time.Parse(layout, s); err == nil {
+			return time.Time{}, invalid(field, RuleTimezone,
+				"%q has no UTC offset; send it as %sZ or with the device's offset (e.g. +02:00), it is never assumed to be UTC", s, s)
+		}
+	}
+	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
+}
+
+func parseEpoch(v gjson.Result, f TimeFormat, field string) (time.Time, error) {
+	n := v.Num
+	if math.IsNaN(n) || math.IsInf(n, 0) || math.Abs(n) > 1e16 {
+		return time.Time{}, invalid(field, RuleTimeFormat, "%s is not a usable epoch time", v.Raw)
+	}
+	millis := f == TimeUnixMilli || (f == TimeAuto && math.Abs(n) >= autoMillisAbove)
+	if millis {
+		if ms, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
+			return time.UnixMilli(ms).UTC(), nil
+		}
+		return time.Unix(0, int64(n*1e6)).UTC(), nil
+	}
+	if s, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
+		return time.Unix(s, 0).UTC(), nil
+	}
+	sec, frac := math.Modf(n)
+	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), nil
+}
+
+// describe names the JSON type of v for error messages.
+func describe(v gjson.Result) string {
+	switch v.Type {
+	case gjson.String:
+		return fmt.Sprintf("the string %q", v.Str)
+	case gjson.Number:
+		return "the number " + v.Raw
+	case gjson.True, gjson.False:
+		return "a boolean"
+	case gjson.JSON:
+		if v.IsArray() {
+			return "an array"
+		}
+		return "an object"
+	default:
+		return "null"
+	}
+}

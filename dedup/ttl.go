@@ -1,0 +1,99 @@
+package dedup
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// DefaultRetryLadder is a typical webhook provider's retry schedule: the
+// offsets of its attempts after the first delivery.
+var DefaultRetryLadder = []time.Duration{
+	time.Minute, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour, 6 * time.Hour,
+}
+
+// DefaultOutageMargin is the outage, beyond the last retry, that a key should
+// survive without admitting a redelivery.
+const DefaultOutageMargin = 30 * time.Minute
+
+// ConfigError names the option that is wrong and says what to do about it.
+// The Caddyfile parser turns it into an error that points at the option's
+// line.
+type ConfigError struct {
+	// Option is the Caddyfile subdirective (and JSON field) at fault.
+	Option string
+	// Problem explains what is wrong and how to fix it.
+	Problem string
+}
+
+func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }
+
+// TTLPolicy is how long a claimed key lives. The window says how much
+// re-observation to collapse; the TTL says how long a redelivery can still
+// arrive. They answer different questions: a TTL derived from the window
+// expires the key before a sender's later retries and admits them all.
+type TTLPolicy struct {
+	// Window is the tumbling bucket width; the TTL may never be shorter.
+	Window time.Duration
+	// RetryLadder holds the sender's retry offsets after the first delivery.
+	// Nil means DefaultRetryLadder.
+	RetryLadder []time.Duration
+	// OutageMargin is added to the last retry. Nil means DefaultOutageMargin.
+	OutageMargin *time.Duration
+	// TTL, when non-zero, is used instead of ladder + margin.
+	TTL time.Duration
+}
+
+// Resolve returns the TTL and a sentence saying where it came from, for the
+// provisioning log. An explicit TTL shorter than the window, or shorter than
+// an explicitly given ladder + margin, is an error.
+func (p TTLPolicy) Resolve() (time.Duration, string, error) {
+	ladder, margin := p.RetryLadder, DefaultOutageMargin
+	if ladder == nil {
+		ladder = DefaultRetryLadder
+	}
+	if p.OutageMargin != nil {
+		margin = *p.OutageMargin
+	}
+	if err := checkLadder(ladder); err != nil {
+		return 0, "", err
+	}
+	if margin < 0 {
+		return 0, "", &ConfigError{Option: "outage_margin", Problem: fmt.Sprintf("%s is negative; use 0 or more", margin)}
+	}
+	horizon := ladder[len(ladder)-1] + margin
+
+	if p.TTL == 0 {
+		if p.Window > horizon {
+			return p.Window, fmt.Sprintf("the window, which outlasts last retry %s + outage margin %s", ladder[len(ladder)-1], margin), nil
+		}
+		return horizon, fmt.Sprintf("last retry %s + outage margin %s", ladder[len(ladder)-1], margin), nil
+	}
+	if p.TTL < p.Window {
+		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf(
+			"%s is shorter than the window %s: keys would expire while their bucket is still current and re-observations "+
+				"would be admitted; use at least the window, and preferably the sender's last retry + outage margin", p.TTL, p.Window)}
+	}
+	ladderGiven := p.RetryLadder != nil || p.OutageMargin != nil
+	if ladderGiven && p.TTL < horizon {
+		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf(
+			"%s is shorter than the retry ladder's last attempt %s + outage margin %s = %s: redeliveries after the key "+
+				"expires would be admitted as new; raise ttl to at least %s or drop it to derive the TTL from the ladder",
+			p.TTL, ladder[len(ladder)-1], margin, horizon, horizon)}
+	}
+	return p.TTL, "explicit ttl", nil
+}
+
+func checkLadder(ladder []time.Duration) error {
+	if len(ladder) == 0 {
+		return &ConfigError{Option: "retry_ladder", Problem: "is empty; list the sender's retry offsets after the first delivery, e.g. 1m 5m 30m 2h 6h"}
+	}
+	if ladder[0] <= 0 {
+		return &ConfigError{Option: "retry_ladder", Problem: fmt.Sprintf("offset %s is not positive; offsets count from the first delivery", ladder[0])}
+	}
+	if !slices.IsSorted(ladder) || len(slices.Compact(slices.Clone(ladder))) != len(ladder) {
+		return &ConfigError{Option: "retry_ladder", Problem: fmt.Sprintf(
+			"%v is not strictly increasing; list each attempt's offset after the first delivery, not the gaps between attempts", ladder)}
+	}
+	return nil
+}

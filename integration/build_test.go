@@ -1,0 +1,142 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/xbuild"
+)
+
+// The README's build, exactly: xcaddy with the pinned recipe in xcaddy.json,
+// then Caddyfile.example served by the binary it built, answering the
+// README's pings as the README says.
+func TestXcaddyBuildServesTheExample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds Caddy with xcaddy (minutes); skipped with -short")
+	}
+	caddy := buildCaddy(t)
+
+	out, err := exec.Command(caddy, "list-modules").CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy list-modules: %v\n%s", err, out)
+	}
+	for _, id := range []string{"http.handlers.telemetry_dedup", "http.handlers.telemetry_dedup.stores.memory", "http.handlers.telemetry_dedup.stores.redis"} {
+		if !strings.Contains(string(out), id+"\n") {
+			t.Errorf("the built binary lacks %s", id)
+		}
+	}
+
+	site := serveExample(t, caddy)
+	at := time.Now().UTC().Add(-2 * time.Minute).Format(time.RFC3339)
+	body := `{"asset_id":"veh-88","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`
+	for _, want := range []struct {
+		status   int
+		decision string
+		body     string
+	}{
+		{http.StatusCreated, "accepted", `{"stored":true}`},
+		{http.StatusOK, "suppressed", ""},
+	} {
+		res, err := http.Post(site, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != want.status || res.Header.Get("X-Dedup") != want.decision || string(b) != want.body {
+			t.Fatalf("got %d X-Dedup=%q %q, want %d %q %q", res.StatusCode, res.Header.Get("X-Dedup"), b, want.status, want.decision, want.body)
+		}
+	}
+}
+
+// buildCaddy builds Caddy with the module from this checkout, through the
+// same recipe and code as `go run ./tools/xbuild`.
+func buildCaddy(t *testing.T) string {
+	t.Helper()
+	recipe, err := xbuild.Load("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	output := filepath.Join(t.TempDir(), "caddy")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	cmd, err := recipe.Command(ctx, "..", output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("xcaddy build: %v\n%s", err, log.String())
+	}
+	t.Logf("xcaddy built Caddy %s in %s", recipe.CaddyVersion, time.Since(start).Round(time.Second))
+	return output
+}
+
+// serveExample runs the built Caddy on Caddyfile.example, moved to free
+// ports so the test does not collide with anything on 8080, 8081 or 2019,
+// and returns the ping URL.
+func serveExample(t *testing.T, caddy string) string {
+	t.Helper()
+	src, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	front, back, admin := freePort(t), freePort(t), freePort(t)
+	config := strings.NewReplacer("8080", strconv.Itoa(front), "8081", strconv.Itoa(back)).Replace(string(src))
+	path := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(caddy, "run", "--config", path)
+	cmd.Env = append(os.Environ(), "CADDY_ADMIN=127.0.0.1:"+strconv.Itoa(admin), "HOME="+t.TempDir())
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "caddy.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	output := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("caddy output:\n%s", output())
+		}
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", front)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("caddy did not listen on %s:\n%s", addr, output())
+		}
+	}
+	return "http://" + addr + "/telemetry"
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

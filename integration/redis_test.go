@@ -1,0 +1,118 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+func redisOptions(srv *redistest.Server, extra string) string {
+	return fmt.Sprintf("store redis %s {\n\t\t\ttimeout 200ms\n\t\t}\n\t\t%s", srv.URL(), extra)
+}
+
+func TestRedisStoreThroughCaddy(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, "retry_ladder 1m 1h\n\t\toutage_margin 30m"))
+	body := ping("veh-redis", base(), 52.5200087, 13.4049547)
+
+	post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
+	post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
+
+	key := up.requests()[0].header.Get("X-Dedup-Key")
+	pttl, err := srv.Client().PTTL(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("PTTL %s: %v", key, err)
+	}
+	if want := 90 * time.Minute; pttl <= want-time.Second || pttl > want {
+		t.Fatalf("key %s has PTTL %v in Redis, want %v (last retry 1h + margin 30m)", key, pttl, want)
+	}
+	if n := up.count(); n != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", n)
+	}
+}
+
+func TestRedisDownFailsOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, "on_store_error open"))
+	body := ping("veh-open", base(), 52.5200087, 13.4049547)
+
+	srv.Kill()
+	post(t, tester.Client, body).expect(t, http.StatusCreated, "unchecked")
+	post(t, tester.Client, body).expect(t, http.StatusCreated, "unchecked")
+	if n := up.count(); n != 2 {
+		t.Fatalf("upstream saw %d requests; failing open must forward every ping", n)
+	}
+
+	srv.Restart()
+	waitFor(t, func() bool { return post(t, tester.Client, body).header.Get("X-Dedup") == "accepted" })
+	post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
+}
+
+func TestRedisDownFailsClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, "on_store_error closed"))
+	srv.Kill()
+
+	res := post(t, tester.Client, ping("veh-closed", base(), 52.5200087, 13.4049547))
+	res.expect(t, http.StatusServiceUnavailable, "unavailable")
+	if res.header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	if n := up.count(); n != 0 {
+		t.Fatalf("upstream saw %d requests; failing closed must forward nothing", n)
+	}
+}
+
+// Provision does no network I/O: a config pointing at a Redis that is not
+// there loads, and pings follow on_store_error until it comes up.
+func TestConfigLoadsWhileRedisIsDown(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill()
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, ""))
+	body := ping("veh-late-redis", base(), 52.5200087, 13.4049547)
+	post(t, tester.Client, body).expect(t, http.StatusCreated, "unchecked")
+
+	srv.Restart()
+	waitFor(t, func() bool { return post(t, tester.Client, body).header.Get("X-Dedup") == "accepted" })
+}
+
+// A config reload hands the new config the same Redis client: Redis accepts
+// no new connections because of reloads.
+func TestReloadsReuseRedisConnections(t *testing.T) {
+	srv := redistest.Start(t)
+	inspector := srv.Client()
+	up := newUpstream(t)
+	at := base()
+
+	accepted := func() int {
+		info, err := inspector.Info(context.Background(), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(info, "total_connections_received:")
+		n, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
+		return n
+	}
+	tester := startCaddy(t, up, redisOptions(srv, ""))
+	post(t, tester.Client, ping("veh-reload-0", at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	before := accepted()
+
+	for i := 1; i <= 5; i++ {
+		tester = startCaddy(t, up, redisOptions(srv, fmt.Sprintf("max_future %dm", 5+i)))
+		post(t, tester.Client, ping(fmt.Sprintf("veh-reload-%d", i), at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+		post(t, tester.Client, ping("veh-reload-0", at, 52.5200087, 13.4049547)).expect(t, http.StatusOK, "suppressed")
+	}
+	if after := accepted(); after != before {
+		t.Fatalf("Redis accepted %d new connections over 5 reloads; reloads must reuse the pooled client", after-before)
+	}
+}
