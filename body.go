@@ -23,6 +23,7 @@ func (e *tooLargeError) Error() string {
 // readBody reads at most limit bytes of the body and puts them back for the
 // next handler, with a ContentLength that matches: reverse_proxy drops a body
 // whose ContentLength is 0, and a wrong length fails the upstream request.
+// An oversize body is put back whole, for shadow mode to forward.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, &tooLargeError{limit}
@@ -32,13 +33,16 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		buf.Grow(int(r.ContentLength))
 	}
 	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		if isTooLarge(err) {
-			return nil, &tooLargeError{limit}
-		}
+	switch {
+	case err != nil && isTooLarge(err):
+		return nil, &tooLargeError{limit}
+	case err != nil:
 		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
-	}
-	if int64(buf.Len()) > limit {
+	case int64(buf.Len()) > limit:
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), r.Body}
 		return nil, &tooLargeError{limit}
 	}
 	body := buf.Bytes()

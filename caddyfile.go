@@ -34,13 +34,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	telemetry_dedup [<matcher>] {
-//		asset          <json path>
-//		time           <json path>
+//		preset         owntracks|traccar|geojson
+//		asset          <json path>...|<placeholder template>
+//		time           <json path>...
 //		time_format    auto|rfc3339|unix|unix_ms
 //		lat            <json path>
 //		lon            <json path>
+//		crs            EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx
+//		shape          tumbling|sliding|session
 //		window         <duration>
+//		session_idle   <duration>
 //		resolution     <0..15>
+//		hysteresis     <metres>
 //		key_prefix     <prefix>
 //		retry_ladder   <duration>...
 //		outage_margin  <duration>
@@ -49,6 +54,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_store_error open|closed
 //		release_on_failure on|off
 //		in_flight_timeout <duration>
+//		mode           enforce|shadow
+//		on_invalid     reject|dead_letter
+//		dead_letter_stream <key>
+//		dead_letter_maxlen <entries>
 //		max_body       <size>
 //		max_future     <duration>
 //		null_island    reject|allow
@@ -77,17 +86,59 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // optionNames lists the block's options, for the unknown-option error.
 var optionNames = []string{
-	"asset", "time", "time_format", "lat", "lon", "window", "resolution", "key_prefix",
+	"preset", "asset", "time", "time_format", "lat", "lon", "crs",
+	"shape", "window", "session_idle", "resolution", "hysteresis", "key_prefix",
 	"retry_ladder", "outage_margin", "ttl", "store", "on_store_error", "release_on_failure",
-	"in_flight_timeout", "max_body", "max_future", "null_island",
+	"in_flight_timeout", "mode", "on_invalid", "dead_letter_stream", "dead_letter_maxlen",
+	"max_body", "max_future", "null_island",
 }
 
 func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 	switch option {
+	case "preset":
+		return oneArg(d, &h.Preset)
 	case "asset":
-		return oneArg(d, &h.Asset)
+		h.Asset = d.RemainingArgs()
+		if len(h.Asset) == 0 {
+			return d.Err("asset needs a JSON path (or several, tried in order), or one placeholder template")
+		}
 	case "time":
-		return oneArg(d, &h.Time)
+		h.Time = d.RemainingArgs()
+		if len(h.Time) == 0 {
+			return d.Err("time needs a JSON path (or several, tried in order)")
+		}
+	case "crs":
+		return oneArg(d, &h.CRS)
+	case "shape":
+		return oneArg(d, &h.Shape)
+	case "session_idle":
+		return durationArg(d, &h.SessionIdle)
+	case "hysteresis":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		m, err := strconv.ParseFloat(strings.TrimSuffix(s, "m"), 64)
+		if err != nil {
+			return d.Errf("hysteresis %q: use a distance in metres, e.g. hysteresis 5", s)
+		}
+		h.Hysteresis = m
+	case "mode":
+		return oneArg(d, &h.Mode)
+	case "on_invalid":
+		return oneArg(d, &h.OnInvalid)
+	case "dead_letter_stream":
+		return oneArg(d, &h.DeadLetterStream)
+	case "dead_letter_maxlen":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return d.Errf("dead_letter_maxlen %q: use a positive number of entries, e.g. 100000", s)
+		}
+		h.DeadLetterMaxLen = n
 	case "time_format":
 		return oneArg(d, &h.TimeFormat)
 	case "lat":

@@ -30,14 +30,14 @@ func TestCaddyfileDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := dedup.NewParser()
-	if s.parser != want {
-		t.Errorf("parser %+v, want the defaults %+v", s.parser, want)
+	if want := dedup.NewParser(); !reflect.DeepEqual(s.parser, want) {
+		t.Errorf("parser %+v, want the defaults %+v", s.parser, dedup.NewParser())
 	}
 	if s.keyer != (dedup.Keyer{Window: 5 * time.Minute, Resolution: 12, Prefix: "dedup:"}) {
 		t.Errorf("keyer %+v", s.keyer)
 	}
-	if s.ttl != 6*time.Hour+30*time.Minute || s.inFlightTimeout != 30*time.Second || s.maxBody != 1<<20 || s.failClosed || !s.release {
+	if s.policy != (dedup.Policy{Shape: dedup.Tumbling, Window: 5 * time.Minute, SessionIdle: 10 * time.Minute, TTL: 6*time.Hour + 30*time.Minute, InFlightTimeout: 30 * time.Second}) ||
+		s.maxBody != 1<<20 || s.failClosed || !s.release || s.shadow || s.deadLetter || s.assetTemplate != "" {
 		t.Errorf("settings %+v", s)
 	}
 	if h.StoreRaw != nil {
@@ -47,13 +47,18 @@ func TestCaddyfileDefaults(t *testing.T) {
 
 func TestCaddyfileEveryOption(t *testing.T) {
 	h, err := parse(t, `telemetry_dedup {
-		asset device.uniqueId
-		time position.fixTime
+		preset traccar
+		asset device.uniqueId position.deviceId
+		time position.fixTime position.deviceTime
 		time_format rfc3339
 		lat position.latitude
 		lon position.longitude
+		crs EPSG:32633
+		shape session
 		window 10m
-		resolution 0
+		session_idle 20m
+		resolution 10
+		hysteresis 12.5
 		key_prefix ""
 		retry_ladder 30s 2m 1h
 		outage_margin 0s
@@ -64,6 +69,10 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		on_store_error closed
 		release_on_failure off
 		in_flight_timeout 45s
+		mode shadow
+		on_invalid dead_letter
+		dead_letter_stream fleet:invalid
+		dead_letter_maxlen 5000
 		max_body 64KiB
 		max_future 90s
 		null_island allow
@@ -72,10 +81,12 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(h)
-	want := `{"asset":"device.uniqueId","time":"position.fixTime","time_format":"rfc3339","lat":"position.latitude",` +
-		`"lon":"position.longitude","window":600000000000,"resolution":0,"key_prefix":"","retry_ladder":[30000000000,120000000000,3600000000000],` +
+	want := `{"asset":["device.uniqueId","position.deviceId"],"time":["position.fixTime","position.deviceTime"],"time_format":"rfc3339",` +
+		`"lat":"position.latitude","lon":"position.longitude","preset":"traccar","crs":"EPSG:32633","shape":"session","window":600000000000,` +
+		`"session_idle":1200000000000,"resolution":10,"hysteresis":12.5,"key_prefix":"","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
-		`"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"max_body":65536,"max_future":90000000000,"null_island":"allow"}`
+		`"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
+		`"dead_letter_stream":"fleet:invalid","dead_letter_maxlen":5000,"max_body":65536,"max_future":90000000000,"null_island":"allow"}`
 	if string(got) != want {
 		t.Fatalf("JSON\n got %s\nwant %s", got, want)
 	}
@@ -121,6 +132,18 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"redis bad timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout soon\n\t}\n}", []string{":3", "timeout"}},
 		{"memory bad max_keys", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys -1\n\t}\n}", []string{":3", "positive"}},
 		{"directive argument", "telemetry_dedup fast", []string{":1", "matcher"}},
+		{"unknown shape", "telemetry_dedup {\n\tshape hopping\n}", []string{":2", "tumbling", "sliding", "session"}},
+		{"hysteresis on tumbling", "telemetry_dedup {\n\thysteresis 4\n}", []string{":2", "sliding or session"}},
+		{"hysteresis wider than a cell", "telemetry_dedup {\n\tshape sliding\n\thysteresis 30\n}", []string{":3", "9.4m"}},
+		{"hysteresis not a number", "telemetry_dedup {\n\thysteresis close\n}", []string{":2", "metres"}},
+		{"session idle", "telemetry_dedup {\n\tshape session\n\tsession_idle -1m\n}", []string{":3", "not positive"}},
+		{"unknown preset", "telemetry_dedup {\n\tpreset teltonika\n}", []string{":2", "owntracks"}},
+		{"unknown crs", "telemetry_dedup {\n\tcrs EPSG:27700\n}", []string{":2", "EPSG:3857"}},
+		{"mode", "telemetry_dedup {\n\tmode dry-run\n}", []string{":2", "enforce", "shadow"}},
+		{"on_invalid", "telemetry_dedup {\n\ton_invalid drop\n}", []string{":2", "reject", "dead_letter"}},
+		{"dead letter on memory", "telemetry_dedup {\n\ton_invalid dead_letter\n}", []string{":2", "store redis"}},
+		{"template beside paths", "telemetry_dedup {\n\tasset id {http.request.host}\n}", []string{":2", "alone"}},
+		{"dead_letter_maxlen", "telemetry_dedup {\n\tdead_letter_maxlen many\n}", []string{":2", "positive"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -171,11 +194,11 @@ func TestExampleAdaptsToEquivalentJSON(t *testing.T) {
 		t.Fatalf("adapt: %v %v", err, warnings)
 	}
 	handler := findHandler(t, out)
-	want := `{"asset":"asset_id","handler":"telemetry_dedup","in_flight_timeout":30000000000,"key_prefix":"dedup:",` +
-		`"lat":"lat","lon":"lon","max_body":1048576,"max_future":300000000000,"null_island":"reject","on_store_error":"open",` +
-		`"outage_margin":1800000000000,"release_on_failure":true,"resolution":12,` +
+	want := `{"asset":["asset_id"],"crs":"EPSG:4326","handler":"telemetry_dedup","in_flight_timeout":30000000000,"key_prefix":"dedup:",` +
+		`"lat":"lat","lon":"lon","max_body":1048576,"max_future":300000000000,"mode":"enforce","null_island":"reject","on_invalid":"reject",` +
+		`"on_store_error":"open","outage_margin":1800000000000,"release_on_failure":true,"resolution":12,` +
 		`"retry_ladder":[60000000000,300000000000,1800000000000,7200000000000,21600000000000],` +
-		`"store":{"max_keys":1000000,"type":"memory"},"time":"occurred_at","time_format":"auto","window":300000000000}`
+		`"shape":"tumbling","store":{"max_keys":1000000,"type":"memory"},"time":["occurred_at"],"time_format":"auto","window":300000000000}`
 	if string(handler) != want {
 		t.Fatalf("adapted handler\n got %s\nwant %s", handler, want)
 	}

@@ -7,6 +7,7 @@ package telemetrydedup
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -47,13 +48,19 @@ type storeProvider interface {
 // Changing window, resolution or key_prefix starts a fresh key space: every
 // key already in the store stops matching.
 type Handler struct {
-	// JSON path (gjson syntax, dots for nesting) of the asset id, a string
-	// or number. Default: asset_id.
-	Asset string `json:"asset,omitempty"`
+	// Where the fields are in each JSON ping: gjson paths (dots for
+	// nesting). asset and time take several paths, tried in order; the
+	// first present one counts.
 
-	// JSON path of the device's own timestamp; arrival time is never
-	// used. Default: occurred_at.
-	Time string `json:"time,omitempty"`
+	// Paths of the asset id, a string or number. Or one Caddy placeholder
+	// template, such as
+	// {http.request.header.X-Limit-U}/{http.request.header.X-Limit-D}, to
+	// take the identity from the request instead. Default: asset_id.
+	Asset []string `json:"asset,omitempty"`
+
+	// Paths of the device's own timestamp; arrival time is never used.
+	// Default: occurred_at.
+	Time []string `json:"time,omitempty"`
 
 	// How the timestamp is written: auto, rfc3339, unix or unix_ms. auto
 	// reads strings as RFC 3339 and numbers as epoch seconds or, when too
@@ -61,20 +68,50 @@ type Handler struct {
 	// Default: auto.
 	TimeFormat string `json:"time_format,omitempty"`
 
-	// JSON path of the latitude in degrees. Default: lat.
+	// Path of the latitude in degrees (the northing in a projected crs).
+	// Default: lat.
 	Lat string `json:"lat,omitempty"`
 
-	// JSON path of the longitude in degrees. Default: lon.
+	// Path of the longitude in degrees (the easting in a projected crs).
+	// Default: lon.
 	Lon string `json:"lon,omitempty"`
 
+	// A tracker's format, setting the paths and time format above:
+	// owntracks, traccar or geojson. Options given beside it win.
+	Preset string `json:"preset,omitempty"`
+
+	// The coordinate system of lat and lon: EPSG:4326 (WGS 84 degrees),
+	// EPSG:3857 (Web Mercator metres) or a WGS 84 UTM zone, EPSG:326xx
+	// (north) or EPSG:327xx (south). Positions are reprojected to WGS 84
+	// before validation and keying. Default: EPSG:4326.
+	CRS string `json:"crs,omitempty"`
+
+	// How the window is laid over an asset's pings: tumbling (a time bucket
+	// in the key; stateless, one write), sliding (also compared with the
+	// asset's last accepted ping, across bucket boundaries) or session
+	// (same-place pings suppressed for as long as the burst lasts).
+	// Default: tumbling.
+	Shape string `json:"shape,omitempty"`
+
 	// Width of the tumbling time bucket: how much re-observation to
-	// collapse. Part of the key contract. Default: 5m.
+	// collapse. In the sliding shape, how long the same place stays
+	// suppressed after the last accepted ping. Part of the key contract.
+	// Default: 5m.
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// The device-time gap that ends a session (shape session only).
+	// Default: 10m.
+	SessionIdle caddy.Duration `json:"session_idle,omitempty"`
 
 	// H3 resolution of the position cell, 0 to 15; choose a cell wider than
 	// the GPS jitter of a parked asset. Part of the key contract.
 	// Default: 12 (edges of ~9 m).
 	Resolution *int `json:"resolution,omitempty"`
+
+	// Metres within which a fix in a neighbouring cell still counts as the
+	// last accepted fix's place, so a parked asset on a cell edge does not
+	// flap (shapes sliding and session only). Default: 0 (off).
+	Hysteresis float64 `json:"hysteresis,omitempty"`
 
 	// Prefix of every key in the store. Part of the key contract.
 	// Default: "dedup:".
@@ -112,6 +149,25 @@ type Handler struct {
 	// timeouts. Default: 30s.
 	InFlightTimeout caddy.Duration `json:"in_flight_timeout,omitempty"`
 
+	// "enforce" answers duplicates itself; "shadow" makes and records every
+	// decision exactly as enforce would, but forwards every request,
+	// marking what it would have suppressed with X-Dedup: would_suppress
+	// (and would have rejected with would_reject). Default: enforce.
+	Mode string `json:"mode,omitempty"`
+
+	// What to do with a ping that is malformed or invalid: "reject" answers
+	// 400 or 422; "dead_letter" appends it to a Redis stream (on the redis
+	// store's server) and answers 202. Default: reject.
+	OnInvalid string `json:"on_invalid,omitempty"`
+
+	// The Redis stream dead-lettered pings go to. Default: key_prefix +
+	// "dead_letter".
+	DeadLetterStream string `json:"dead_letter_stream,omitempty"`
+
+	// Roughly how many entries the dead-letter stream keeps (XADD MAXLEN ~).
+	// Default: 100000.
+	DeadLetterMaxLen int64 `json:"dead_letter_maxlen,omitempty"`
+
 	// Largest request body read, in bytes; larger ones are answered 413.
 	// Default: 1048576 (1 MiB).
 	MaxBody int64 `json:"max_body,omitempty"`
@@ -127,6 +183,7 @@ type Handler struct {
 
 	settings
 	deduper     *dedup.Deduper
+	deadLetters *deadLetters
 	storeErrors *throttledLog
 	logger      *zap.Logger
 }
@@ -156,16 +213,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading telemetry_dedup store: %v", err)
 	}
-	h.deduper = &dedup.Deduper{
-		Store:           mod.(storeProvider).Store(),
-		TTL:             h.ttl,
-		InFlightTimeout: h.inFlightTimeout,
+	store := mod.(storeProvider)
+	h.deduper = &dedup.Deduper{Store: store.Store(), Keyer: h.keyer, Policy: h.policy}
+	if h.deadLetter {
+		if h.deadLetters, err = newDeadLetters(store, h.deadLetterStream, h.deadLetterMaxLen); err != nil {
+			return err
+		}
 	}
 
 	h.logger.Info("telemetry_dedup ready",
-		zap.Stringer("ttl", h.ttl), zap.String("ttl_from", h.ttlFrom),
-		zap.Stringer("window", h.keyer.Window), zap.Int("resolution", h.keyer.Resolution),
-		zap.String("key_prefix", h.keyer.Prefix), zap.String("store", mod.(caddy.Module).CaddyModule().ID.Name()))
+		zap.String("shape", string(h.policy.Shape)), zap.Stringer("window", h.keyer.Window),
+		zap.Int("resolution", h.keyer.Resolution), zap.String("key_prefix", h.keyer.Prefix),
+		zap.Stringer("ttl", h.policy.TTL), zap.String("ttl_from", h.ttlFrom),
+		zap.String("store", mod.(caddy.Module).CaddyModule().ID.Name()), zap.Bool("shadow", h.shadow))
 	return nil
 }
 
@@ -175,14 +235,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
 	// 1. Normalise: a bounded read, restored for the next handler, and the
-	// configured fields parsed and validated.
-	body, err := readBody(r, h.maxBody)
-	if err != nil {
-		return h.reject(w, repl, err)
-	}
-	ping, err := h.parser.Parse(body, time.Now())
-	if err != nil {
-		return h.reject(w, repl, err)
+	// configured fields parsed, reprojected and validated.
+	body, ping, err := h.normalise(r, repl)
+	switch {
+	case errors.Is(err, dedup.ErrNotAPing):
+		h.record(repl, decisionSkipped, reasonNotAPing)
+		return passOn(w, r, next, decisionSkipped, "")
+	case err != nil:
+		return h.reject(w, r, next, repl, body, err)
 	}
 
 	// 2. Quantise.
@@ -190,30 +250,50 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	setObservation(repl, obs)
 
 	// 3. Claim, in one store round trip.
-	claim, err := h.deduper.Claim(r.Context(), obs)
+	claim, verdict, err := h.deduper.Claim(r.Context(), obs)
+	repl.Set(placeholderKey, claim.Key())
 	if err != nil {
-		return h.storeFailed(w, r, next, repl, obs, err)
+		return h.storeFailed(w, r, next, repl, err)
 	}
 
 	// 4. Record, and answer or forward.
-	h.record(repl, obs, string(claim.Decision), string(claim.Reason))
-	switch claim.Decision {
-	case dedup.Suppressed:
-		writeSuppressed(w, claim.Reason)
-		return nil
-	case dedup.InFlight:
-		writeInFlight(w, claim.Reason)
-		return nil
-	default:
+	h.record(repl, string(verdict.Decision), string(verdict.Reason))
+	switch {
+	case verdict.Decision == dedup.Accepted:
 		return h.forward(w, r, next, claim)
+	case h.shadow:
+		return passOn(w, r, next, decisionWouldSuppress, string(verdict.Reason))
+	case verdict.Decision == dedup.InFlight:
+		writeInFlight(w, verdict.Reason)
+	default:
+		writeSuppressed(w, verdict.Reason)
 	}
+	return nil
+}
+
+// normalise reads the body and turns it into a validated ping.
+func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) ([]byte, dedup.Ping, error) {
+	body, err := readBody(r, h.maxBody)
+	if err != nil {
+		return body, dedup.Ping{}, err
+	}
+	ping, err := h.parser.Extract(body)
+	if err != nil {
+		return body, ping, err
+	}
+	if h.assetTemplate != "" {
+		if ping.Asset, err = expandAsset(repl, h.assetTemplate); err != nil {
+			return body, ping, err
+		}
+	}
+	return body, ping, h.parser.Validate(ping, time.Now())
 }
 
 // forward passes a first sighting on and lets the upstream's real answer
 // settle or release its claim. The upstream request is detached from the
 // sender's cancellation: a sender that hangs up does not undo an upstream
 // that went on to store the observation.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claim dedup.Claim) error {
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claim *dedup.Claim) error {
 	w.Header().Set(headerDecision, string(dedup.Accepted))
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
 	detached := context.WithoutCancel(r.Context())
@@ -233,7 +313,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 
 // finish settles the claim, or releases it when the upstream failed and
 // release_on_failure is on.
-func (h *Handler) finish(ctx context.Context, claim dedup.Claim, failed bool) {
+func (h *Handler) finish(ctx context.Context, claim *dedup.Claim, failed bool) {
 	if !failed || !h.release {
 		if err := h.deduper.Settle(ctx, claim); err != nil {
 			h.storeErrors.log("settling a claim failed; exact redeliveries wait for in_flight_timeout instead", err)
@@ -242,49 +322,75 @@ func (h *Handler) finish(ctx context.Context, claim dedup.Claim, failed bool) {
 	}
 	released, err := h.deduper.Release(ctx, claim)
 	if err != nil {
-		// The key stays; the sender's retries get 409 until in_flight_timeout,
-		// then count as duplicates. Rare, and worth a line of its own.
-		h.logger.Error("releasing the claim of a failed request failed; its retries may be suppressed", zap.Error(err))
+		// The claim stays; the sender's retries get 409 until
+		// in_flight_timeout, then count as duplicates. Rare, and worth a line
+		// of its own.
+		h.logger.Error("releasing the claim of a failed request failed; its retries may be suppressed",
+			zap.String("key", claim.Key()), zap.Error(err))
 		return
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "released claim after upstream failure"); c != nil {
-		c.Write(zap.Bool("released", released))
+		c.Write(zap.String("key", claim.Key()), zap.Bool("released", released))
 	}
 }
 
 // storeFailed applies on_store_error when the store cannot answer.
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, obs dedup.Observation, err error) error {
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, err error) error {
 	h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
-	if h.failClosed {
-		h.record(repl, obs, decisionUnavailable, reasonStoreError)
+	if h.failClosed && !h.shadow {
+		h.record(repl, decisionUnavailable, reasonStoreError)
 		writeUnavailable(w)
 		return nil
 	}
-	h.record(repl, obs, decisionUnchecked, reasonStoreError)
-	w.Header().Set(headerDecision, decisionUnchecked)
-	return next.ServeHTTP(w, r)
+	h.record(repl, decisionUnchecked, reasonStoreError)
+	return passOn(w, r, next, decisionUnchecked, "")
 }
 
 // reject answers a ping that cannot be keyed: 400, 413 or 422 with a JSON
-// body naming the problem.
-func (h *Handler) reject(w http.ResponseWriter, repl *caddy.Replacer, err error) error {
+// body naming the problem, or 202 once it is in the dead-letter stream.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, body []byte, err error) error {
 	rej, ok := rejectionFor(err)
 	if !ok {
 		return err
 	}
-	h.record(repl, dedup.Observation{}, decisionRejected, rej.reason())
-	writeRejection(w, rej)
+	decision := decisionRejected
+	if h.deadLetters != nil && rej.deadLetterable() {
+		if err := h.deadLetters.add(r, body, rej); err != nil {
+			h.storeErrors.log("dead-lettering an invalid ping failed; rejecting it instead", err)
+		} else {
+			decision = decisionDeadLettered
+		}
+	}
+	h.record(repl, decision, rej.reason())
+	switch {
+	case h.shadow:
+		return passOn(w, r, next, decisionWouldReject, rej.reason())
+	case decision == decisionDeadLettered:
+		writeDeadLettered(w, rej)
+	default:
+		writeRejection(w, rej)
+	}
 	return nil
+}
+
+// passOn forwards the request without a claim, saying why in X-Dedup.
+func passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, decision, reason string) error {
+	w.Header().Set(headerDecision, decision)
+	if reason != "" {
+		w.Header().Set(headerReason, reason)
+	}
+	return next.ServeHTTP(w, r)
 }
 
 // record sets the decision placeholders and logs the decision at debug
 // level: per-request info logs are noise at telemetry rates.
-func (h *Handler) record(repl *caddy.Replacer, obs dedup.Observation, decision, reason string) {
+func (h *Handler) record(repl *caddy.Replacer, decision, reason string) {
 	repl.Set(placeholderDecision, decision)
 	repl.Set(placeholderReason, reason)
 	if c := h.logger.Check(zapcore.DebugLevel, "telemetry_dedup decision"); c != nil {
-		c.Write(zap.String("decision", decision), zap.String("reason", reason),
-			zap.String("asset", obs.Asset), zap.String("key", obs.Key))
+		asset, _ := repl.GetString(placeholderAsset)
+		key, _ := repl.GetString(placeholderKey)
+		c.Write(zap.String("decision", decision), zap.String("reason", reason), zap.String("asset", asset), zap.String("key", key))
 	}
 }
 
@@ -299,10 +405,20 @@ const (
 )
 
 func setObservation(repl *caddy.Replacer, obs dedup.Observation) {
-	repl.Set(placeholderKey, obs.Key)
 	repl.Set(placeholderAsset, obs.Asset)
 	repl.Set(placeholderBucket, strconv.FormatInt(obs.Bucket, 10))
 	repl.Set(placeholderCell, obs.Cell.String())
+}
+
+// expandAsset fills an asset template from the request. A placeholder that
+// is unknown or empty is an invalid ping, not a shared empty identity.
+func expandAsset(repl *caddy.Replacer, template string) (string, error) {
+	asset, err := repl.ReplaceOrErr(template, true, true)
+	if err != nil {
+		return "", &dedup.InvalidPingError{Field: "asset", Rule: dedup.RuleRequired,
+			Detail: fmt.Sprintf("the asset template %s could not be filled from this request: %v", template, err)}
+	}
+	return asset, nil
 }
 
 // Interface guards

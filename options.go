@@ -2,32 +2,43 @@ package telemetrydedup
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
-// Option defaults that live in the handler rather than in dedup.
+// Option values and defaults that live in the handler rather than in dedup.
 const (
-	defaultMaxBody = 1 << 20 // 1 MiB
+	defaultMaxBody          = 1 << 20 // 1 MiB
+	defaultDeadLetterMaxLen = 100_000
 
 	onStoreErrorOpen   = "open"
 	onStoreErrorClosed = "closed"
 	nullIslandReject   = "reject"
 	nullIslandAllow    = "allow"
+	modeEnforce        = "enforce"
+	modeShadow         = "shadow"
+	onInvalidReject    = "reject"
+	onInvalidDead      = "dead_letter"
 )
 
 // settings are the handler's options with defaults applied and checked.
 type settings struct {
-	parser          dedup.Parser
-	keyer           dedup.Keyer
-	ttl             time.Duration
-	ttlFrom         string
-	inFlightTimeout time.Duration
-	failClosed      bool
-	release         bool
-	maxBody         int64
+	parser           dedup.Parser
+	assetTemplate    string // a placeholder template for the asset, instead of paths
+	keyer            dedup.Keyer
+	policy           dedup.Policy
+	ttlFrom          string
+	failClosed       bool
+	release          bool
+	shadow           bool
+	deadLetter       bool
+	deadLetterStream string
+	deadLetterMaxLen int64
+	maxBody          int64
 }
 
 // resolve applies defaults and checks every option, returning a
@@ -36,7 +47,7 @@ type settings struct {
 func (h *Handler) resolve() (settings, error) {
 	var s settings
 	var err error
-	if s.parser, err = h.resolveParser(); err != nil {
+	if s.parser, s.assetTemplate, err = h.resolveParser(); err != nil {
 		return s, err
 	}
 
@@ -54,24 +65,29 @@ func (h *Handler) resolve() (settings, error) {
 		return s, err
 	}
 
-	if s.ttl, s.ttlFrom, err = h.ttlPolicy(s.keyer.Window).Resolve(); err != nil {
+	if s.policy, s.ttlFrom, err = h.resolvePolicy(s.keyer); err != nil {
 		return s, err
 	}
-	s.inFlightTimeout = orDefault(h.InFlightTimeout, dedup.DefaultInFlightTimeout)
-	if s.inFlightTimeout < 0 || s.inFlightTimeout >= s.ttl {
-		return s, &dedup.ConfigError{Option: "in_flight_timeout", Problem: fmt.Sprintf(
-			"%s must be positive and shorter than the key TTL %s; set it just above your upstream's timeout", s.inFlightTimeout, s.ttl)}
-	}
 
-	switch h.OnStoreError {
-	case "", onStoreErrorOpen:
-	case onStoreErrorClosed:
-		s.failClosed = true
-	default:
-		return s, &dedup.ConfigError{Option: "on_store_error", Problem: fmt.Sprintf(
-			"%q is not allowed; use open (forward unchecked, the default) or closed (answer 503)", h.OnStoreError)}
+	if s.failClosed, err = choice("on_store_error", h.OnStoreError, onStoreErrorOpen, onStoreErrorClosed); err != nil {
+		return s, err
+	}
+	if s.shadow, err = choice("mode", h.Mode, modeEnforce, modeShadow); err != nil {
+		return s, err
 	}
 	s.release = h.ReleaseOnFailure == nil || *h.ReleaseOnFailure
+
+	if s.deadLetter, err = choice("on_invalid", h.OnInvalid, onInvalidReject, onInvalidDead); err != nil {
+		return s, err
+	}
+	if s.deadLetter && storeType(h.StoreRaw) != "redis" {
+		return s, &dedup.ConfigError{Option: "on_invalid", Problem: "dead_letter appends to a Redis stream on the store's server: use store redis <url>, or on_invalid reject"}
+	}
+	s.deadLetterStream = cmp.Or(h.DeadLetterStream, s.keyer.Prefix+"dead_letter")
+	s.deadLetterMaxLen = cmp.Or(h.DeadLetterMaxLen, defaultDeadLetterMaxLen)
+	if h.DeadLetterMaxLen < 0 {
+		return s, &dedup.ConfigError{Option: "dead_letter_maxlen", Problem: fmt.Sprintf("%d is negative; use a number of entries such as 100000", h.DeadLetterMaxLen)}
+	}
 
 	if h.MaxBody < 0 {
 		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a size such as 1MiB", h.MaxBody)}
@@ -80,35 +96,88 @@ func (h *Handler) resolve() (settings, error) {
 	return s, nil
 }
 
-func (h *Handler) resolveParser() (dedup.Parser, error) {
+// resolveParser builds the ping parser from the preset and the path
+// options, and returns the asset template if the asset is one.
+func (h *Handler) resolveParser() (dedup.Parser, string, error) {
 	p := dedup.NewParser()
-	for _, f := range []struct {
-		dst *string
-		val string
-	}{{&p.AssetPath, h.Asset}, {&p.TimePath, h.Time}, {&p.LatPath, h.Lat}, {&p.LonPath, h.Lon}} {
-		if f.val != "" {
-			*f.dst = f.val
+	if h.Preset != "" {
+		var err error
+		if p, err = dedup.ParsePreset(h.Preset); err != nil {
+			return p, "", &dedup.ConfigError{Option: "preset", Problem: err.Error()}
 		}
 	}
+	var template string
+	switch {
+	case len(h.Asset) == 1 && strings.Contains(h.Asset[0], "{"):
+		p.AssetPaths, template = nil, h.Asset[0]
+	case len(h.Asset) > 0:
+		for _, a := range h.Asset {
+			if strings.Contains(a, "{") {
+				return p, "", &dedup.ConfigError{Option: "asset", Problem: fmt.Sprintf(
+					"%q is a placeholder template; give it alone, not beside JSON paths", a)}
+			}
+		}
+		p.AssetPaths = h.Asset
+	}
+	if len(h.Time) > 0 {
+		p.TimePaths = h.Time
+	}
+	p.LatPath = cmp.Or(h.Lat, p.LatPath)
+	p.LonPath = cmp.Or(h.Lon, p.LonPath)
 	if h.TimeFormat != "" {
 		tf, err := dedup.ParseTimeFormat(h.TimeFormat)
 		if err != nil {
-			return p, &dedup.ConfigError{Option: "time_format", Problem: err.Error()}
+			return p, "", &dedup.ConfigError{Option: "time_format", Problem: err.Error()}
 		}
 		p.TimeFormat = tf
 	}
+	if h.CRS != "" {
+		crs, err := dedup.ParseCRS(h.CRS)
+		if err != nil {
+			return p, "", &dedup.ConfigError{Option: "crs", Problem: err.Error()}
+		}
+		p.CRS = crs
+	}
 	p.MaxFuture = orDefault(h.MaxFuture, dedup.DefaultMaxFuture)
 	if p.MaxFuture < 0 {
-		return p, &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
+		return p, "", &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
 	}
-	switch h.NullIsland {
-	case "", nullIslandReject:
-	case nullIslandAllow:
-		p.AllowNullIsland = true
-	default:
-		return p, &dedup.ConfigError{Option: "null_island", Problem: fmt.Sprintf("%q is not allowed; use reject (the default) or allow", h.NullIsland)}
+	var err error
+	if p.AllowNullIsland, err = choice("null_island", h.NullIsland, nullIslandReject, nullIslandAllow); err != nil {
+		return p, "", err
 	}
-	return p, nil
+	return p, template, nil
+}
+
+// resolvePolicy builds how claims are judged: shape, TTL, timeouts.
+func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
+	pol := dedup.Policy{
+		Shape:       dedup.Tumbling,
+		Window:      k.Window,
+		SessionIdle: orDefault(h.SessionIdle, dedup.DefaultSessionIdle),
+		Hysteresis:  h.Hysteresis,
+	}
+	if h.Shape != "" {
+		shape, err := dedup.ParseShape(h.Shape)
+		if err != nil {
+			return pol, "", &dedup.ConfigError{Option: "shape", Problem: err.Error()}
+		}
+		pol.Shape = shape
+	}
+	if err := pol.Check(k.Resolution); err != nil {
+		return pol, "", err
+	}
+	ttl, ttlFrom, err := h.ttlPolicy(k.Window).Resolve()
+	if err != nil {
+		return pol, "", err
+	}
+	pol.TTL = ttl
+	pol.InFlightTimeout = orDefault(h.InFlightTimeout, dedup.DefaultInFlightTimeout)
+	if pol.InFlightTimeout < 0 || pol.InFlightTimeout >= ttl {
+		return pol, "", &dedup.ConfigError{Option: "in_flight_timeout", Problem: fmt.Sprintf(
+			"%s must be positive and shorter than the key TTL %s; set it just above your upstream's timeout", pol.InFlightTimeout, ttl)}
+	}
+	return pol, ttlFrom, nil
 }
 
 func (h *Handler) ttlPolicy(window time.Duration) dedup.TTLPolicy {
@@ -124,6 +193,27 @@ func (h *Handler) ttlPolicy(window time.Duration) dedup.TTLPolicy {
 		p.OutageMargin = &m
 	}
 	return p
+}
+
+// choice reads a two-valued option: empty or the default gives false, the
+// alternative true, anything else an error listing both.
+func choice(option, value, byDefault, alternative string) (bool, error) {
+	switch value {
+	case "", byDefault:
+		return false, nil
+	case alternative:
+		return true, nil
+	}
+	return false, &dedup.ConfigError{Option: option, Problem: fmt.Sprintf("%q is not allowed; use %s (the default) or %s", value, byDefault, alternative)}
+}
+
+// storeType is the "type" of a store's JSON, "memory" when none is given.
+func storeType(raw json.RawMessage) string {
+	var s struct{ Type string }
+	if raw == nil || json.Unmarshal(raw, &s) != nil {
+		return "memory"
+	}
+	return s.Type
 }
 
 func orDefault[D ~int64](d D, def time.Duration) time.Duration {

@@ -18,13 +18,20 @@ const (
 // Decisions the handler makes without a claim, in addition to dedup's
 // accepted, suppressed and in_flight.
 const (
-	decisionRejected    = "rejected"
-	decisionUnchecked   = "unchecked"
-	decisionUnavailable = "unavailable"
+	decisionRejected     = "rejected"
+	decisionDeadLettered = "dead_lettered"
+	decisionUnchecked    = "unchecked"
+	decisionUnavailable  = "unavailable"
+	decisionSkipped      = "skipped"
+
+	// What shadow mode says instead of answering.
+	decisionWouldSuppress = "would_suppress"
+	decisionWouldReject   = "would_reject"
 
 	reasonStoreError = "store_error"
 	reasonMalformed  = "malformed"
 	reasonTooLarge   = "too_large"
+	reasonNotAPing   = "not_a_ping"
 )
 
 // unavailableRetryAfter is the Retry-After, in seconds, of a fail-closed 503.
@@ -78,6 +85,12 @@ func (r rejection) reason() string {
 	return reasonMalformed
 }
 
+// deadLetterable: malformed and invalid pings go to the dead-letter stream;
+// an oversize body stays a 413, it was never read whole.
+func (r rejection) deadLetterable() bool {
+	return r.status != http.StatusRequestEntityTooLarge
+}
+
 // errorBody is the JSON answered with every 4xx and 5xx the handler writes.
 type errorBody struct {
 	// Decision repeats X-Dedup.
@@ -112,6 +125,13 @@ func rejectionFor(err error) (rejection, bool) {
 func writeRejection(w http.ResponseWriter, r rejection) {
 	w.Header().Set(headerDecision, decisionRejected)
 	writeJSON(w, r.status, r.body)
+}
+
+// writeDeadLettered answers 202: the ping is kept, though not as a ping.
+func writeDeadLettered(w http.ResponseWriter, r rejection) {
+	w.Header().Set(headerDecision, decisionDeadLettered)
+	r.body.Decision = decisionDeadLettered
+	writeJSON(w, http.StatusAccepted, r.body)
 }
 
 func writeJSON(w http.ResponseWriter, status int, body errorBody) {

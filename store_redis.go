@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -32,6 +33,7 @@ type RedisStore struct {
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	poolKey string
+	client  *redis.Client
 	store   *dedup.RedisStore
 }
 
@@ -61,10 +63,10 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	client := v.(redisClient).Client
-	r.store = dedup.NewRedisStore(client, time.Duration(r.Timeout))
+	r.client = v.(redisClient).Client
+	r.store = dedup.NewRedisStore(r.client, time.Duration(r.Timeout))
 
-	go warnIfUnreachable(ctx, client, opts.Addr, ctx.Logger())
+	go warnIfUnreachable(ctx, r.client, opts.Addr, ctx.Logger())
 	return nil
 }
 
@@ -90,6 +92,12 @@ func (r *RedisStore) Cleanup() error {
 
 // Store returns the claim store.
 func (r *RedisStore) Store() dedup.Store { return r.store }
+
+// redisClient lends the store's client, with its operation timeout, to the
+// dead-letter stream.
+func (r *RedisStore) redisClient() (redis.UniversalClient, time.Duration) {
+	return r.client, cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
+}
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
 //
@@ -151,4 +159,5 @@ var (
 	_ caddy.CleanerUpper    = (*RedisStore)(nil)
 	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
 	_ storeProvider         = (*RedisStore)(nil)
+	_ redisClienter         = (*RedisStore)(nil)
 )

@@ -2,7 +2,7 @@ package dedup
 
 import (
 	"context"
-	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -27,36 +27,39 @@ func BenchmarkParseValidateKey(b *testing.B) {
 	}
 }
 
-// One claim per new key, then one lost claim per duplicate, per store.
-func BenchmarkClaim(b *testing.B) {
-	stores := map[string]func(b *testing.B) Store{
-		"memory": func(*testing.B) Store { return NewMemoryStore(0) },
-		"redis": func(b *testing.B) Store {
-			srv := redistest.Start(b)
-			return NewRedisStore(srv.Client(), time.Second)
-		},
-	}
-	for _, name := range []string{"memory", "redis"} {
-		for _, kind := range []string{"new", "duplicate"} {
-			b.Run(name+"/"+kind, func(b *testing.B) {
-				s := stores[name](b)
-				ctx := context.Background()
-				rec := testRecord(1)
-				s.Claim(ctx, "dup", rec, time.Hour)
-				i := 0
-				b.ReportAllocs()
-				for b.Loop() {
-					key := "dup"
-					if kind == "new" {
-						key = fmt.Sprintf("k%d", i)
-						i++
+// One decision per new observation, then per duplicate, for each store and
+// shape: the store's share of a ping's cost.
+func BenchmarkDecide(b *testing.B) {
+	for _, shape := range Shapes {
+		for _, store := range []string{"memory", "redis"} {
+			for _, kind := range []string{"new", "duplicate"} {
+				b.Run(string(shape)+"/"+store+"/"+kind, func(b *testing.B) {
+					var s Store = NewMemoryStore(0)
+					if store == "redis" {
+						s = newRedisStore(b, redistest.Start(b))
 					}
-					rec.Token++
-					if _, _, err := s.Claim(ctx, key, rec, time.Hour); err != nil {
-						b.Fatal(err)
+					pol := testPolicy(shape)
+					ctx := context.Background()
+					dup := claimOf(pol, parked, 1, articleBase)
+					s.Decide(ctx, dup)
+					s.Settle(ctx, dup)
+					i := 0
+					b.ReportAllocs()
+					for b.Loop() {
+						c := dup
+						if kind == "new" { // a new asset: fresh keys, nothing else recomputed
+							i++
+							fresh := *dup
+							id := strconv.Itoa(i)
+							fresh.Observation.Key, fresh.StateKey, fresh.SeenKey = "k"+id, "s"+id, "m"+id
+							c = &fresh
+						}
+						if _, err := s.Decide(ctx, c); err != nil {
+							b.Fatal(err)
+						}
 					}
-				}
-			})
+				})
+			}
 		}
 	}
 }

@@ -8,102 +8,119 @@ import (
 
 type testDeduper struct {
 	*Deduper
-	keyer Keyer
 	clock time.Time
 }
 
-func newTestDeduper(s Store) *testDeduper {
-	td := &testDeduper{keyer: defaultKeyer(), clock: articleBase}
-	td.Deduper = &Deduper{Store: s, TTL: time.Hour, InFlightTimeout: DefaultInFlightTimeout, Now: func() time.Time { return td.clock }}
+func newTestDeduper(s Store, shape Shape) *testDeduper {
+	td := &testDeduper{clock: articleBase}
+	td.Deduper = &Deduper{Store: s, Keyer: defaultKeyer(), Policy: *testPolicy(shape), Now: func() time.Time { return td.clock }}
 	return td
 }
 
-func (td *testDeduper) claim(t *testing.T, p Ping) Claim {
+func (td *testDeduper) claim(t *testing.T, p Ping) (*Claim, Verdict) {
 	t.Helper()
-	c, err := td.Claim(context.Background(), td.keyer.Observe(p))
+	c, v, err := td.Claim(context.Background(), td.Keyer.Observe(p))
 	if err != nil {
 		t.Fatalf("claim %+v: %v", p, err)
 	}
-	return c
+	return c, v
 }
 
-func (td *testDeduper) settle(t *testing.T, c Claim) {
+func (td *testDeduper) verdict(t *testing.T, p Ping) Verdict {
 	t.Helper()
-	if err := td.Settle(context.Background(), c); err != nil {
-		t.Fatalf("settle: %v", err)
+	_, v := td.claim(t, p)
+	return v
+}
+
+// settled claims p and settles it, as a request whose upstream answered.
+func (td *testDeduper) settled(t *testing.T, p Ping) Verdict {
+	t.Helper()
+	c, v := td.claim(t, p)
+	if v.Decision == Accepted {
+		if err := td.Settle(context.Background(), c); err != nil {
+			t.Fatalf("settle: %v", err)
+		}
 	}
+	return v
+}
+
+func at(offset time.Duration, lat, lon float64) Ping {
+	return Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: lon}
 }
 
 func TestDeduperNamesEachDuplicate(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		d := newTestDeduper(s)
-		first := Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
-		d.settle(t, d.claim(t, first))
-
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		first := at(0, 52.5200087, 13.4049547)
+		d.settled(t, first)
 		tests := []struct {
 			name   string
 			ping   Ping
 			reason Reason
 		}{
 			{"redelivery", first, Redelivery},
-			{"re-observation", Ping{Asset: "veh-88", Time: articleBase.Add(20 * time.Second), Lat: 52.5200087, Lon: 13.4049547}, Reobservation},
-			{"jitter", Ping{Asset: "veh-88", Time: articleBase.Add(20 * time.Second), Lat: 52.5200410, Lon: 13.4049920}, Jitter},
-			{"jitter at the same time", Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200410, Lon: 13.4049920}, Jitter},
+			{"re-observation", at(20*time.Second, 52.5200087, 13.4049547), Reobservation},
+			{"jitter", at(40*time.Second, 52.5200410, 13.4049920), Jitter},
+			{"jitter at the same time", at(0, 52.5200410, 13.4049920), Jitter},
 		}
 		for _, tt := range tests {
-			if c := d.claim(t, tt.ping); c.Decision != Suppressed || c.Reason != tt.reason {
-				t.Errorf("%s: %s/%s, want suppressed/%s", tt.name, c.Decision, c.Reason, tt.reason)
+			if v := d.settled(t, tt.ping); v != suppressed(tt.reason) {
+				t.Errorf("%s: %+v, want suppressed/%s", tt.name, v, tt.reason)
 			}
 		}
 	})
 }
 
 func TestDeduperAsksInFlightRedeliveriesToComeBack(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		d := newTestDeduper(s)
-		first := Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
-		jitter := Ping{Asset: "veh-88", Time: articleBase.Add(time.Second), Lat: 52.5200410, Lon: 13.4049920}
-		accepted := d.claim(t, first)
-
-		if c := d.claim(t, first); c.Decision != InFlight || c.Reason != Redelivery {
-			t.Fatalf("redelivery while the first is in flight: %s/%s, want in_flight/redelivery", c.Decision, c.Reason)
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		first := at(0, 52.5200087, 13.4049547)
+		c, _ := d.claim(t, first)
+		if v := d.verdict(t, first); v.Decision != InFlight || v.Reason != Redelivery {
+			t.Fatalf("redelivery while the first is in flight: %+v, want in_flight/redelivery", v)
 		}
-		if c := d.claim(t, jitter); c.Decision != Suppressed || c.Reason != Jitter {
-			t.Fatalf("jitter while the first is in flight: %s/%s, want suppressed/jitter", c.Decision, c.Reason)
+		if v := d.verdict(t, at(time.Second, 52.5200410, 13.4049920)); v != suppressed(Jitter) {
+			t.Fatalf("jitter while the first is in flight: %+v, want suppressed/jitter", v)
 		}
-		d.settle(t, accepted)
-		if c := d.claim(t, first); c.Decision != Suppressed || c.Reason != Redelivery {
-			t.Fatalf("redelivery after settling: %s/%s, want suppressed/redelivery", c.Decision, c.Reason)
+		d.Settle(context.Background(), c)
+		if v := d.verdict(t, first); v != suppressed(Redelivery) {
+			t.Fatalf("redelivery after settling: %+v, want suppressed/redelivery", v)
 		}
 	})
 }
 
 func TestDeduperTreatsAnOldUnsettledClaimAsSettled(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		d := newTestDeduper(s)
-		first := Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		first := at(0, 52.5200087, 13.4049547)
 		d.claim(t, first) // its process dies: never settled, never released
-		d.clock = d.clock.Add(d.InFlightTimeout)
-		if c := d.claim(t, first); c.Decision != Suppressed {
-			t.Fatalf("redelivery %s after in_flight_timeout: %s, want suppressed", d.InFlightTimeout, c.Decision)
+		d.clock = d.clock.Add(d.Policy.InFlightTimeout)
+		if v := d.verdict(t, first); v != suppressed(Redelivery) {
+			t.Fatalf("redelivery %s after the claim: %+v, want suppressed/redelivery", d.Policy.InFlightTimeout, v)
 		}
 	})
 }
 
-func TestDeduperReleaseLetsTheRetryIn(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		d := newTestDeduper(s)
-		first := Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
-		failed := d.claim(t, first)
-		released, err := d.Release(context.Background(), failed)
-		if err != nil || !released {
-			t.Fatalf("release: %v, %v", released, err)
+// Release undoes everything the failed request changed: in the track
+// shapes the asset's last accepted ping is the one before again, so the
+// retry is judged as if the failure had never happened.
+func TestDeduperReleaseRestoresTheState(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		d.settled(t, at(0, 52.5200087, 13.4049547))
+		moved := at(10*time.Minute+20*time.Second, 52.5241000, 13.4102000)
+		failed, v := d.claim(t, moved)
+		if v.Decision != Accepted {
+			t.Fatalf("move: %+v", v)
 		}
-		if c := d.claim(t, first); c.Decision != Accepted {
-			t.Fatalf("retry after release: %s, want accepted", c.Decision)
+		if ok, err := d.Release(context.Background(), failed); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
 		}
-		if released, _ := d.Release(context.Background(), failed); released {
-			t.Fatal("the failed request released the retry's claim")
+		if v := d.settled(t, moved); v.Decision != Accepted {
+			t.Fatalf("retry after release: %+v, want accepted", v)
+		}
+		if v := d.verdict(t, at(10*time.Minute+30*time.Second, 52.5241000, 13.4102000)); v.Decision != Suppressed {
+			t.Fatalf("the retry did not become the last accepted ping: %+v", v)
 		}
 	})
 }

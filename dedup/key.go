@@ -86,12 +86,27 @@ func (k Keyer) key(asset string, bucket int64, cell h3.Cell) string {
 	raw = append(raw, '|')
 	raw = strconv.AppendUint(raw, uint64(cell), 16)
 
+	return k.Prefix + hash128(raw)
+}
+
+// TrackKeys returns the keys of the sliding and session shapes: the asset's
+// state, and the seen set of the minute of device time t. The asset's hash
+// sits in braces, a Redis Cluster hash tag, so that one script can reach
+// both keys.
+func (k Keyer) TrackKeys(asset string, t time.Time) (state, seen string) {
+	tag := k.Prefix + "{" + hash128([]byte(asset)) + "}"
+	minute := t.Unix() - mod(t.Unix(), 60)
+	return tag + ":s", tag + ":m" + strconv.FormatInt(minute, 10)
+}
+
+// hash128 is hex(blake2b-128(b)).
+func hash128(b []byte) string {
 	h, _ := blake2b.New(16, nil) // only fails for a size outside 1..64 or a key over 64 bytes
-	h.Write(raw)
+	h.Write(b)
 	var sum [16]byte
 	var out [len(sum) * 2]byte
 	hex.Encode(out[:], h.Sum(sum[:0]))
-	return k.Prefix + string(out[:])
+	return string(out[:])
 }
 
 // mod is the floor modulo, so that buckets before 1970 still floor downwards.

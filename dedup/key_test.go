@@ -28,12 +28,12 @@ func TestBucketFloorsDeviceTimeToTheWindow(t *testing.T) {
 // Tumbling's price: two pings seconds apart on either side of a boundary
 // land in different buckets and are both admitted.
 func TestBucketBoundaryAdmitsBothSides(t *testing.T) {
-	d := newTestDeduper(NewMemoryStore(0))
+	d := newTestDeduper(NewMemoryStore(0), Tumbling)
 	before := Ping{Asset: "veh-88", Time: articleBase.Add(4*time.Minute + 58*time.Second), Lat: 52.5200087, Lon: 13.4049547}
 	after := Ping{Asset: "veh-88", Time: articleBase.Add(5*time.Minute + 2*time.Second), Lat: 52.5200087, Lon: 13.4049547}
 	for _, p := range []Ping{before, after} {
-		if c := d.claim(t, p); c.Decision != Accepted {
-			t.Fatalf("ping at %v: %s, want accepted on its side of the boundary", p.Time, c.Decision)
+		if v := d.verdict(t, p); v.Decision != Accepted {
+			t.Fatalf("ping at %v: %s, want accepted on its side of the boundary", p.Time, v.Decision)
 		}
 	}
 }
@@ -41,7 +41,7 @@ func TestBucketBoundaryAdmitsBothSides(t *testing.T) {
 // A ping that arrives late is judged in the bucket of its own device time,
 // never the bucket of its arrival.
 func TestOutOfOrderArrivalIsKeyedOnDeviceTime(t *testing.T) {
-	d := newTestDeduper(NewMemoryStore(0))
+	d := newTestDeduper(NewMemoryStore(0), Tumbling)
 	parked := func(offset time.Duration, lat float64) Ping {
 		return Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: 13.4049547}
 	}
@@ -57,8 +57,8 @@ func TestOutOfOrderArrivalIsKeyedOnDeviceTime(t *testing.T) {
 		{parked(2*time.Minute+30*time.Second, 52.5200087), Suppressed},
 	}
 	for i, s := range steps {
-		if c := d.claim(t, s.ping); c.Decision != s.decision {
-			t.Fatalf("step %d (device time %v): %s, want %s", i, s.ping.Time.Format(time.TimeOnly), c.Decision, s.decision)
+		if v := d.settled(t, s.ping); v.Decision != s.decision {
+			t.Fatalf("step %d (device time %v): %s, want %s", i, s.ping.Time.Format(time.TimeOnly), v.Decision, s.decision)
 		}
 	}
 }

@@ -11,8 +11,9 @@ import (
 const DefaultMaxKeys = 1_000_000
 
 // MemoryStore is the embedded Store: one process, bounded, with an expiry per
-// key. At its max_keys bound it evicts the key closest to expiry, which for claims of
-// one TTL is the oldest: the one least likely to see another redelivery.
+// key. Every decision runs in one critical section. At its max_keys bound it
+// evicts the key closest to expiry, which for keys of one TTL is the oldest:
+// the one least likely to meet another redelivery.
 //
 // General-purpose caches evict by recency or frequency and may refuse to
 // admit a new entry at all (TinyLFU); for a dedup store that would drop the
@@ -28,12 +29,17 @@ type MemoryStore struct {
 	evictions uint64
 }
 
+// memoryEntry holds one key's value: a record (tumbling), a *trackState or
+// a seenSet (sliding and session).
 type memoryEntry struct {
 	key     string
-	rec     Record
+	value   any
 	expires time.Time
 	index   int // position in byExpiry
 }
+
+// seenSet is one minute of an asset's seen pings, by seenField.
+type seenSet map[string]seenValue
 
 // NewMemoryStore returns an empty store holding at most maxKeys keys
 // (DefaultMaxKeys if maxKeys <= 0).
@@ -44,41 +50,96 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 	return &MemoryStore{maxKeys: maxKeys, now: time.Now, entries: make(map[string]*memoryEntry)}
 }
 
-// Claim implements Store.
-func (m *MemoryStore) Claim(_ context.Context, key string, rec Record, ttl time.Duration) (Record, bool, error) {
+// Decide implements Store.
+func (m *MemoryStore) Decide(_ context.Context, c *Claim) (Verdict, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
-	if e := m.live(key, now); e != nil {
-		return e.rec, false, nil
+	if c.Policy.Shape == Tumbling {
+		return m.decideTumbling(c), nil
 	}
-	m.makeRoom(now)
-	e := &memoryEntry{key: key, rec: rec, expires: now.Add(ttl)}
-	m.entries[key] = e
-	heap.Push(&m.byExpiry, e)
-	return Record{}, true, nil
+	return m.decideTrack(c), nil
+}
+
+func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
+	if e := m.live(c.Observation.Key); e != nil {
+		return judgeHeld(e.value.(record), c)
+	}
+	m.put(c.Observation.Key, newRecord(c), c.Policy.TTL)
+	return accepted
+}
+
+func (m *MemoryStore) decideTrack(c *Claim) Verdict {
+	var st *trackState
+	if e := m.live(c.StateKey); e != nil {
+		st = e.value.(*trackState)
+	}
+	field := seenField(c)
+	seen := m.seenSet(c.SeenKey)
+	var prior *seenValue
+	if v, ok := seen[field]; ok {
+		prior = &v
+	}
+
+	v, next, record := judgeTrack(st, prior, c)
+	if next != nil {
+		m.put(c.StateKey, next, c.Policy.TTL)
+	}
+	if record != nil {
+		if seen == nil {
+			seen = make(seenSet)
+		}
+		seen[field] = *record
+		m.put(c.SeenKey, seen, c.Policy.TTL)
+	}
+	return v
 }
 
 // Settle implements Store.
-func (m *MemoryStore) Settle(_ context.Context, key string, rec Record) error {
+func (m *MemoryStore) Settle(_ context.Context, c *Claim) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e := m.live(key, m.now()); e != nil && e.rec.Token == rec.Token {
-		e.rec.Settled = true
+	if c.Policy.Shape == Tumbling {
+		if e := m.live(c.Observation.Key); e != nil {
+			if r := e.value.(record); r.token == c.Token {
+				r.settled = true
+				e.value = r
+			}
+		}
+		return nil
+	}
+	field := seenField(c)
+	if v, ok := m.seenSet(c.SeenKey)[field]; ok && v.flag == flagPending && v.token == c.Token {
+		v.flag = flagSettled
+		m.seenSet(c.SeenKey)[field] = v
 	}
 	return nil
 }
 
 // Release implements Store.
-func (m *MemoryStore) Release(_ context.Context, key string, rec Record) (bool, error) {
+func (m *MemoryStore) Release(_ context.Context, c *Claim) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e := m.live(key, m.now())
-	if e == nil || e.rec.Token != rec.Token {
-		return false, nil
+	if c.Policy.Shape == Tumbling {
+		e := m.live(c.Observation.Key)
+		if e == nil || e.value.(record).token != c.Token {
+			return false, nil
+		}
+		m.remove(e)
+		return true, nil
 	}
-	m.remove(e)
-	return true, nil
+
+	released := false
+	field := seenField(c)
+	if v, ok := m.seenSet(c.SeenKey)[field]; ok && v.flag != flagSuppressed && v.token == c.Token {
+		delete(m.seenSet(c.SeenKey), field)
+		released = true
+	}
+	if e := m.live(c.StateKey); e != nil {
+		if st := e.value.(*trackState); !st.undo(c.Token) {
+			m.remove(e)
+		}
+	}
+	return released, nil
 }
 
 // Len returns the number of live keys.
@@ -97,17 +158,39 @@ func (m *MemoryStore) Evictions() uint64 {
 	return m.evictions
 }
 
+func (m *MemoryStore) seenSet(key string) seenSet {
+	if e := m.live(key); e != nil {
+		return e.value.(seenSet)
+	}
+	return nil
+}
+
 // live returns the unexpired entry for key, removing it if it has expired.
-func (m *MemoryStore) live(key string, now time.Time) *memoryEntry {
+func (m *MemoryStore) live(key string) *memoryEntry {
 	e := m.entries[key]
 	if e == nil {
 		return nil
 	}
-	if !now.Before(e.expires) {
+	if !m.now().Before(e.expires) {
 		m.remove(e)
 		return nil
 	}
 	return e
+}
+
+// put stores value under key with a fresh expiry, making room first if the
+// key is new and the store is full.
+func (m *MemoryStore) put(key string, value any, ttl time.Duration) {
+	now := m.now()
+	if e := m.entries[key]; e != nil {
+		e.value, e.expires = value, now.Add(ttl)
+		heap.Fix(&m.byExpiry, e.index)
+		return
+	}
+	m.makeRoom(now)
+	e := &memoryEntry{key: key, value: value, expires: now.Add(ttl)}
+	m.entries[key] = e
+	heap.Push(&m.byExpiry, e)
 }
 
 // makeRoom drops expired keys, then, if the store is still full, the key

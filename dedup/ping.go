@@ -1,7 +1,9 @@
 package dedup
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -31,15 +33,32 @@ const (
 	DefaultMaxFuture  = 5 * time.Minute
 )
 
+// ErrNotAPing is returned for a body that is well-formed but, by the
+// configured kind filter, not a position at all (an OwnTracks "card" or
+// "transition", say). The handler passes it on untouched.
+var ErrNotAPing = errors.New("not a position message")
+
 // Parser reads pings out of JSON request bodies and validates them. The zero
-// value is not ready for use; fill every path, or call NewParser for the
-// defaults.
+// value is not ready for use; call NewParser for the defaults, or
+// ParsePreset for a tracker's format.
 type Parser struct {
-	// AssetPath, TimePath, LatPath and LonPath are gjson paths
-	// (dot-separated, e.g. "position.latitude").
-	AssetPath, TimePath, LatPath, LonPath string
+	// AssetPaths are gjson paths (dot-separated, e.g. "device.uniqueId")
+	// tried in order for the asset id; the first present one counts. Empty
+	// means the caller fills Ping.Asset itself before Validate.
+	AssetPaths []string
+	// TimePaths are tried in order for the device timestamp.
+	TimePaths []string
+	// LatPath and LonPath hold the position: latitude and longitude in
+	// degrees, or northing (y) and easting (x) in a projected CRS.
+	LatPath, LonPath string
 	// TimeFormat says how the device time is written.
 	TimeFormat TimeFormat
+	// CRS is the coordinate system of the position; WGS84 (the zero
+	// value) needs no reprojection.
+	CRS CRS
+	// KindPath and Kind, when set, make only bodies whose KindPath holds
+	// the string Kind pings; any other body is ErrNotAPing.
+	KindPath, Kind string
 	// MaxFuture is how far ahead of the server clock a device time may be.
 	MaxFuture time.Duration
 	// AllowNullIsland admits the exact position (0, 0), which is rejected by
@@ -50,8 +69,8 @@ type Parser struct {
 // NewParser returns a Parser with the default paths and rules.
 func NewParser() Parser {
 	return Parser{
-		AssetPath:  DefaultAssetPath,
-		TimePath:   DefaultTimePath,
+		AssetPaths: []string{DefaultAssetPath},
+		TimePaths:  []string{DefaultTimePath},
 		LatPath:    DefaultLatPath,
 		LonPath:    DefaultLonPath,
 		TimeFormat: DefaultTimeFormat,
@@ -63,33 +82,52 @@ func NewParser() Parser {
 // used for the max_future rule. A body that is not a JSON object gives a
 // *MalformedError; a ping that breaks a rule gives an *InvalidPingError.
 func (p Parser) Parse(body []byte, now time.Time) (Ping, error) {
-	if err := checkObject(body); err != nil {
-		return Ping{}, err
-	}
-	fields := gjson.GetManyBytes(body, p.AssetPath, p.TimePath, p.LatPath, p.LonPath)
-
-	var ping Ping
-	var err error
-	if ping.Asset, err = p.asset(fields[0]); err != nil {
-		return Ping{}, err
-	}
-	if ping.Time, err = p.time(fields[1]); err != nil {
-		return Ping{}, err
-	}
-	if ping.Lat, err = number(fields[2], p.LatPath); err != nil {
-		return Ping{}, err
-	}
-	if ping.Lon, err = number(fields[3], p.LonPath); err != nil {
+	ping, err := p.Extract(body)
+	if err != nil {
 		return Ping{}, err
 	}
 	return ping, p.Validate(ping, now)
 }
 
-// Validate checks a ping that did not come from Parse (or came from Parse
-// and had its fields replaced) against the coordinate and time rules.
+// Extract reads the configured fields of body, reprojected to WGS 84, and
+// checks their types, but not the rules of Validate.
+func (p Parser) Extract(body []byte) (Ping, error) {
+	if err := checkObject(body); err != nil {
+		return Ping{}, err
+	}
+	if p.KindPath != "" && gjson.GetBytes(body, p.KindPath).String() != p.Kind {
+		return Ping{}, ErrNotAPing
+	}
+	var ping Ping
+	var err error
+	if len(p.AssetPaths) > 0 {
+		if ping.Asset, err = p.asset(first(body, p.AssetPaths)); err != nil {
+			return Ping{}, err
+		}
+	}
+	if ping.Time, err = p.time(first(body, p.TimePaths)); err != nil {
+		return Ping{}, err
+	}
+	y, err := number(gjson.GetBytes(body, p.LatPath), p.LatPath)
+	if err != nil {
+		return Ping{}, err
+	}
+	x, err := number(gjson.GetBytes(body, p.LonPath), p.LonPath)
+	if err != nil {
+		return Ping{}, err
+	}
+	if ping.Lat, ping.Lon, err = p.CRS.ToWGS84(x, y); err != nil {
+		return Ping{}, p.axisError(err)
+	}
+	return ping, nil
+}
+
+// Validate checks a ping against the coordinate and time rules. Coordinates
+// are checked before anything quantises them: H3 turns a latitude of 91 into
+// a valid-looking cell that no real position maps to.
 func (p Parser) Validate(ping Ping, now time.Time) error {
 	if ping.Asset == "" {
-		return invalid(p.AssetPath, RuleRequired, "the asset id is empty")
+		return invalid(p.assetField(), RuleRequired, "the asset id is empty")
 	}
 	if err := checkCoordinate(ping.Lat, 90, p.LatPath); err != nil {
 		return err
@@ -102,7 +140,7 @@ func (p Parser) Validate(ping Ping, now time.Time) error {
 			"position (0, 0) is what a GPS module reports before it has a fix; set null_island allow if your assets really are there")
 	}
 	if ahead := ping.Time.Sub(now); ahead > p.MaxFuture {
-		return invalid(p.TimePath, RuleFuture,
+		return invalid(p.TimePaths[0], RuleFuture,
 			"device time %s is %s ahead of the server clock; at most %s is allowed (max_future)",
 			ping.Time.Format(time.RFC3339Nano), ahead.Round(time.Second), p.MaxFuture)
 	}
@@ -123,31 +161,70 @@ func checkObject(body []byte) error {
 	return nil
 }
 
+// first returns the value at the first of paths that is present, or the
+// (missing) value of the first path.
+func first(body []byte, paths []string) gjson.Result {
+	for _, path := range paths {
+		if v := gjson.GetBytes(body, path); v.Exists() {
+			return v
+		}
+	}
+	return gjson.Result{}
+}
+
+func (p Parser) assetField() string {
+	if len(p.AssetPaths) == 0 {
+		return "asset"
+	}
+	return p.AssetPaths[0]
+}
+
 func (p Parser) asset(v gjson.Result) (string, error) {
 	switch v.Type {
 	case gjson.String:
 		if v.Str == "" {
-			return "", invalid(p.AssetPath, RuleRequired, "the asset id is empty")
+			return "", invalid(p.assetField(), RuleRequired, "the asset id is empty")
 		}
 		return v.Str, nil
 	case gjson.Number:
 		return v.Raw, nil
 	case gjson.Null:
 		if !v.Exists() {
-			return "", invalid(p.AssetPath, RuleRequired, "missing; every ping needs an asset id at %q", p.AssetPath)
+			return "", invalid(p.assetField(), RuleRequired, "missing; every ping needs an asset id at %s", oneOf(p.AssetPaths))
 		}
-		return "", invalid(p.AssetPath, RuleRequired, "the asset id is null")
+		return "", invalid(p.assetField(), RuleRequired, "the asset id is null")
 	default:
-		return "", invalid(p.AssetPath, RuleType, "expected a string or number asset id, got %s", describe(v))
+		return "", invalid(p.assetField(), RuleType, "expected a string or number asset id, got %s", describe(v))
 	}
 }
 
 func (p Parser) time(v gjson.Result) (time.Time, error) {
 	if v.Type == gjson.Null {
-		return time.Time{}, invalid(p.TimePath, RuleRequired,
-			"missing; every ping needs the device's own timestamp at %q (arrival time is never used)", p.TimePath)
+		return time.Time{}, invalid(p.TimePaths[0], RuleRequired,
+			"missing; every ping needs the device's own timestamp at %s (arrival time is never used)", oneOf(p.TimePaths))
 	}
-	return parseTime(v, p.TimeFormat, p.TimePath)
+	return parseTime(v, p.TimeFormat, p.TimePaths[0])
+}
+
+// axisError names the field of a projected coordinate the CRS refused.
+func (p Parser) axisError(err error) error {
+	var ae *AxisError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	field := p.LonPath
+	if ae.Axis == AxisY {
+		field = p.LatPath
+	}
+	return invalid(field, RuleRange, "%s", ae.Detail)
+}
+
+// oneOf quotes paths for an error message: "a" or one of "a", "b".
+func oneOf(paths []string) string {
+	if len(paths) == 1 {
+		return `"` + paths[0] + `"`
+	}
+	return `one of "` + strings.Join(paths, `", "`) + `"`
 }
 
 func number(v gjson.Result, field string) (float64, error) {

@@ -12,7 +12,7 @@ var parseNow = time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
 
 func TestParseReadsPings(t *testing.T) {
 	nested := NewParser()
-	nested.AssetPath, nested.TimePath = "device.id", "position.fixTime"
+	nested.AssetPaths, nested.TimePaths = []string{"device.id"}, []string{"position.fixTime"}
 	nested.LatPath, nested.LonPath = "position.latitude", "position.longitude"
 	unix, unixMS := NewParser(), NewParser()
 	unix.TimeFormat, unixMS.TimeFormat = TimeUnix, TimeUnixMilli

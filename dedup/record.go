@@ -7,80 +7,87 @@ import (
 	"time"
 )
 
-// Record is what a claim stores under its key: the request that holds the
-// claim, whether that request has finished, and the first sighting the key
-// was claimed for. Keeping the first sighting in the value is what lets a
-// lost claim be classified (redelivery, re-observation, jitter) without a
-// second round trip.
-type Record struct {
-	// Token identifies the claiming request; release and settle only act
-	// on a key that still holds it.
-	Token uint64
-	// ClaimedAt is the server time of the claim, in milliseconds.
-	ClaimedAt time.Time
-	// Settled is set once the claiming request has its upstream answer.
-	Settled bool
-	// Time is the device time of the first sighting.
-	Time time.Time
-	// Lat and Lon are the position of the first sighting.
-	Lat, Lon float64
+// record is what a tumbling claim stores under its key: the request that
+// holds the claim, whether that request has finished, and the first
+// sighting the key was claimed for. Keeping the first sighting in the value
+// is what lets a lost claim be classified (redelivery, re-observation,
+// jitter) without a second round trip.
+type record struct {
+	token     uint64
+	claimedAt time.Time // server time, ms precision
+	settled   bool
+	time      time.Time // device time of the first sighting
+	lat, lon  float64
+}
+
+func newRecord(c *Claim) record {
+	// ms precision, as in Redis, so both stores time out in-flight claims alike
+	return record{token: c.Token, claimedAt: time.UnixMilli(c.At.UnixMilli()), time: c.Time, lat: c.Lat, lon: c.Lon}
 }
 
 // recordSize is the encoded length: small enough for Redis to store the
 // value inline with its object header (embstr, at most 44 bytes).
 const recordSize = 1 + 8 + 8 + 8 + 8 + 8
 
-// Record flags, the first byte of the encoding.
+// Claim states, the first byte of an encoded record and of a seen value.
 const (
-	flagPending byte = 'p'
-	flagSettled byte = 's'
+	flagPending    byte = 'p' // accepted, its request still waits for the upstream
+	flagSettled    byte = 'a' // accepted, settled
+	flagSuppressed byte = 's' // seen and suppressed (seen values only)
 )
 
-// encode lays the record out as fixed-width big-endian fields: flag, token,
-// claim time (Unix ms), device time (Unix ns), lat and lon (IEEE 754 bits).
-// Exact float bits keep the redelivery comparison exact.
-func (r Record) encode() string {
+// encode lays the record out as fixed-width big-endian fields: state,
+// token, claim time (Unix ms), device time (Unix ns), lat and lon (IEEE 754
+// bits). Exact float bits keep the redelivery comparison exact.
+func (r record) encode() string {
 	var b [recordSize]byte
 	b[0] = flagPending
-	if r.Settled {
+	if r.settled {
 		b[0] = flagSettled
 	}
-	binary.BigEndian.PutUint64(b[1:], r.Token)
-	binary.BigEndian.PutUint64(b[9:], uint64(r.ClaimedAt.UnixMilli()))
-	binary.BigEndian.PutUint64(b[17:], uint64(r.Time.UnixNano()))
-	binary.BigEndian.PutUint64(b[25:], math.Float64bits(r.Lat))
-	binary.BigEndian.PutUint64(b[33:], math.Float64bits(r.Lon))
+	binary.BigEndian.PutUint64(b[1:], r.token)
+	binary.BigEndian.PutUint64(b[9:], uint64(r.claimedAt.UnixMilli()))
+	binary.BigEndian.PutUint64(b[17:], uint64(r.time.UnixNano()))
+	binary.BigEndian.PutUint64(b[25:], math.Float64bits(r.lat))
+	binary.BigEndian.PutUint64(b[33:], math.Float64bits(r.lon))
 	return string(b[:])
 }
 
-func decodeRecord(s string) (Record, error) {
+func decodeRecord(s string) (record, error) {
 	if len(s) != recordSize || (s[0] != flagPending && s[0] != flagSettled) {
-		return Record{}, fmt.Errorf("stored value of %d bytes is not a telemetry_dedup claim; is another application writing under the same key_prefix?", len(s))
+		return record{}, fmt.Errorf("stored value of %d bytes is not a telemetry_dedup claim; is another application writing under the same key_prefix?", len(s))
 	}
 	b := []byte(s)
-	return Record{
-		Settled:   b[0] == flagSettled,
-		Token:     binary.BigEndian.Uint64(b[1:]),
-		ClaimedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(b[9:]))),
-		Time:      time.Unix(0, int64(binary.BigEndian.Uint64(b[17:]))).UTC(),
-		Lat:       math.Float64frombits(binary.BigEndian.Uint64(b[25:])),
-		Lon:       math.Float64frombits(binary.BigEndian.Uint64(b[33:])),
+	return record{
+		settled:   b[0] == flagSettled,
+		token:     binary.BigEndian.Uint64(b[1:]),
+		claimedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(b[9:]))),
+		time:      time.Unix(0, int64(binary.BigEndian.Uint64(b[17:]))).UTC(),
+		lat:       math.Float64frombits(binary.BigEndian.Uint64(b[25:])),
+		lon:       math.Float64frombits(binary.BigEndian.Uint64(b[33:])),
 	}, nil
 }
 
-// sameObservation reports whether p is exactly the first sighting: same
-// device time, same coordinates. That is a redelivery.
-func (r Record) sameObservation(p Ping) bool {
-	return r.Time.Equal(p.Time) && r.samePosition(p)
+// judgeHeld classifies a tumbling claim that found its key held: the same
+// observation is a redelivery (asked to come back while the first is in
+// flight), the same coordinates a re-observation, anything else jitter.
+func judgeHeld(held record, c *Claim) Verdict {
+	sameCoords := held.lat == c.Lat && held.lon == c.Lon
+	switch {
+	case sameCoords && held.time.Equal(c.Time) && inFlight(!held.settled, held.claimedAt, c):
+		return Verdict{Decision: InFlight, Reason: Redelivery}
+	case sameCoords && held.time.Equal(c.Time):
+		return suppressed(Redelivery)
+	case sameCoords:
+		return suppressed(Reobservation)
+	default:
+		return suppressed(Jitter)
+	}
 }
 
-func (r Record) samePosition(p Ping) bool {
-	return r.Lat == p.Lat && r.Lon == p.Lon
-}
-
-// inFlight reports whether the claiming request may still be waiting for
-// its upstream. A claim older than timeout counts as settled even if its
-// request vanished (a killed process never settles).
-func (r Record) inFlight(now time.Time, timeout time.Duration) bool {
-	return !r.Settled && now.Sub(r.ClaimedAt) < timeout
+// inFlight reports whether a pending claim made at claimedAt may still be
+// waiting for its upstream. A claim older than the in-flight timeout counts
+// as settled even if its request vanished (a killed process never settles).
+func inFlight(pending bool, claimedAt time.Time, c *Claim) bool {
+	return pending && c.At.Sub(claimedAt) < c.Policy.InFlightTimeout
 }

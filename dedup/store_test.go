@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,200 +19,242 @@ func eachStore(t *testing.T, test func(t *testing.T, s Store)) {
 	t.Run("redis", func(t *testing.T) { test(t, newRedisStore(t, redistest.Start(t))) })
 }
 
-func newRedisStore(t *testing.T, srv *redistest.Server) *RedisStore {
+// eachStoreAndShape runs one test for every shape against both stores.
+func eachStoreAndShape(t *testing.T, test func(t *testing.T, s Store, pol *Policy)) {
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, s Store) { test(t, s, testPolicy(shape)) })
+		})
+	}
+}
+
+func newRedisStore(t testing.TB, srv *redistest.Server) *RedisStore {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	return NewRedisStore(c, time.Second)
 }
 
-func testRecord(token uint64) Record {
-	return Record{
-		Token:     token,
-		ClaimedAt: articleBase.Add(time.Duration(token) * time.Millisecond),
-		Time:      articleBase.Add(123456789 * time.Nanosecond),
-		Lat:       52.5200087,
-		Lon:       -13.4049547,
+func testPolicy(shape Shape) *Policy {
+	return &Policy{Shape: shape, Window: DefaultWindow, SessionIdle: DefaultSessionIdle, TTL: time.Hour, InFlightTimeout: DefaultInFlightTimeout}
+}
+
+// claimOf builds the claim a Deduper would make for p.
+func claimOf(pol *Policy, p Ping, token uint64, at time.Time) *Claim {
+	k := defaultKeyer()
+	k.Window = pol.Window
+	c := &Claim{Observation: k.Observe(p), Policy: pol, Token: token, At: at}
+	if pol.Shape != Tumbling {
+		c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
 	}
+	return c
+}
+
+var parked = Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
+
+func decide(t *testing.T, s Store, c *Claim) Verdict {
+	t.Helper()
+	v, err := s.Decide(context.Background(), c)
+	if err != nil {
+		t.Fatalf("decide %+v: %v", c.Ping, err)
+	}
+	return v
 }
 
 func TestStoreFirstClaimWins(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		ctx := context.Background()
-		first, second := testRecord(1), testRecord(2)
-		if _, won, err := s.Claim(ctx, "k", first, time.Hour); err != nil || !won {
-			t.Fatalf("first claim: won=%v err=%v", won, err)
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		if v := decide(t, s, claimOf(pol, parked, 1, articleBase)); v.Decision != Accepted {
+			t.Fatalf("first claim: %+v", v)
 		}
-		held, won, err := s.Claim(ctx, "k", second, time.Hour)
-		if err != nil || won {
-			t.Fatalf("second claim: won=%v err=%v", won, err)
+		if v := decide(t, s, claimOf(pol, parked, 2, articleBase)); v.Decision != InFlight || v.Reason != Redelivery {
+			t.Fatalf("second claim of the same observation: %+v, want in_flight/redelivery", v)
 		}
-		if held.Token != first.Token || !held.Time.Equal(first.Time) || held.Lat != first.Lat || held.Lon != first.Lon ||
-			!held.ClaimedAt.Equal(first.ClaimedAt) || held.Settled {
-			t.Fatalf("holder %+v, want the first record %+v", held, first)
-		}
-		if _, won, _ := s.Claim(ctx, "other", second, time.Hour); !won {
-			t.Fatal("a claim on another key lost")
+		other := parked
+		other.Asset = "veh-91"
+		if v := decide(t, s, claimOf(pol, other, 3, articleBase)); v.Decision != Accepted {
+			t.Fatalf("another asset's claim: %+v", v)
 		}
 	})
 }
 
 func TestStoreRaceHasExactlyOneWinner(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		var wins, losses atomic.Int32
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		verdicts := make(chan Verdict, 50)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for i := range 50 {
 			wg.Go(func() {
 				<-start
-				_, won, err := s.Claim(context.Background(), "race", testRecord(uint64(i+1)), time.Hour)
-				switch {
-				case err != nil:
+				v, err := s.Decide(context.Background(), claimOf(pol, parked, uint64(i+1), articleBase))
+				if err != nil {
 					t.Errorf("claim %d: %v", i, err)
-				case won:
-					wins.Add(1)
-				default:
-					losses.Add(1)
 				}
+				verdicts <- v
 			})
 		}
 		close(start)
 		wg.Wait()
-		if wins.Load() != 1 || losses.Load() != 49 {
-			t.Fatalf("%d winners and %d losers, want 1 and 49", wins.Load(), losses.Load())
+		close(verdicts)
+		count := map[Decision]int{}
+		for v := range verdicts {
+			count[v.Decision]++
+		}
+		if count[Accepted] != 1 || count[InFlight] != 49 {
+			t.Fatalf("verdicts %v, want 1 accepted and 49 in flight", count)
 		}
 	})
 }
 
 func TestStoreHonoursExpiry(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		ctx := context.Background()
-		if _, won, _ := s.Claim(ctx, "short", testRecord(1), 300*time.Millisecond); !won {
-			t.Fatal("first claim lost")
-		}
-		if _, won, _ := s.Claim(ctx, "short", testRecord(2), 300*time.Millisecond); won {
-			t.Fatal("claim before expiry won")
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		pol.TTL = 300 * time.Millisecond
+		decide(t, s, claimOf(pol, parked, 1, articleBase))
+		if v := decide(t, s, claimOf(pol, parked, 2, articleBase.Add(time.Minute))); v.Decision == Accepted {
+			t.Fatal("redelivery before expiry accepted")
 		}
 		time.Sleep(450 * time.Millisecond)
-		if _, won, err := s.Claim(ctx, "short", testRecord(3), time.Hour); err != nil || !won {
-			t.Fatalf("claim after expiry: won=%v err=%v", won, err)
+		if v := decide(t, s, claimOf(pol, parked, 3, articleBase.Add(time.Minute))); v.Decision != Accepted {
+			t.Fatalf("redelivery after expiry: %+v, want accepted", v)
 		}
 	})
 }
 
 func TestStoreReleasesOnlyWithTheRightToken(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		ctx := context.Background()
-		mine, theirs := testRecord(1), testRecord(2)
-		s.Claim(ctx, "k", mine, time.Hour)
-		if ok, err := s.Release(ctx, "k", theirs); err != nil || ok {
+		mine := claimOf(pol, parked, 1, articleBase)
+		decide(t, s, mine)
+		if ok, err := s.Release(ctx, claimOf(pol, parked, 2, articleBase)); err != nil || ok {
 			t.Fatalf("release with another token: released=%v err=%v", ok, err)
 		}
-		if _, won, _ := s.Claim(ctx, "k", theirs, time.Hour); won {
-			t.Fatal("key was released by the wrong token")
+		if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != InFlight {
+			t.Fatalf("after a foreign release: %+v, want the claim still held", v)
 		}
-		if ok, err := s.Release(ctx, "k", mine); err != nil || !ok {
+		if ok, err := s.Release(ctx, mine); err != nil || !ok {
 			t.Fatalf("release with the right token: released=%v err=%v", ok, err)
 		}
-		if ok, _ := s.Release(ctx, "k", mine); ok {
-			t.Fatal("released a key twice")
+		if ok, _ := s.Release(ctx, mine); ok {
+			t.Fatal("released twice")
 		}
-		if _, won, _ := s.Claim(ctx, "k", theirs, time.Hour); !won {
-			t.Fatal("released key could not be claimed again")
+		retry := claimOf(pol, parked, 4, articleBase)
+		if v := decide(t, s, retry); v.Decision != Accepted {
+			t.Fatalf("retry after release: %+v, want accepted", v)
+		}
+		if ok, _ := s.Release(ctx, mine); ok {
+			t.Fatal("the failed request released its retry's claim")
 		}
 	})
 }
 
 func TestStoreSettlesOnlyWithTheRightToken(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		ctx := context.Background()
-		mine, theirs := testRecord(1), testRecord(2)
-		s.Claim(ctx, "k", mine, time.Hour)
-		if err := s.Settle(ctx, "k", theirs); err != nil {
+		mine := claimOf(pol, parked, 1, articleBase)
+		decide(t, s, mine)
+		if err := s.Settle(ctx, claimOf(pol, parked, 2, articleBase)); err != nil {
 			t.Fatal(err)
 		}
-		if held, _, _ := s.Claim(ctx, "k", theirs, time.Hour); held.Settled {
-			t.Fatal("another token settled the claim")
+		if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != InFlight {
+			t.Fatalf("another token settled the claim: %+v", v)
 		}
-		if err := s.Settle(ctx, "k", mine); err != nil {
+		if err := s.Settle(ctx, mine); err != nil {
 			t.Fatal(err)
 		}
-		held, _, _ := s.Claim(ctx, "k", theirs, time.Hour)
-		if !held.Settled || held.Token != mine.Token || !held.Time.Equal(mine.Time) {
-			t.Fatalf("after settling: %+v", held)
+		if v := decide(t, s, claimOf(pol, parked, 4, articleBase)); v.Decision != Suppressed || v.Reason != Redelivery {
+			t.Fatalf("after settling: %+v, want suppressed/redelivery", v)
 		}
-		if err := s.Settle(ctx, "missing", mine); err != nil {
-			t.Fatalf("settling a vanished key: %v", err)
+		gone := claimOf(pol, Ping{Asset: "never-claimed", Time: articleBase, Lat: 1, Lon: 2}, 5, articleBase)
+		if err := s.Settle(ctx, gone); err != nil {
+			t.Fatalf("settling a claim that is not there: %v", err)
 		}
-		if _, won, _ := s.Claim(ctx, "missing", mine, time.Hour); !won {
-			t.Fatal("settling a vanished key created it")
+		if v := decide(t, s, gone); v.Decision != Accepted {
+			t.Fatalf("settling a missing claim created it: %+v", v)
 		}
 	})
 }
 
-// Redis-specific: the expiry is set in the same command as the value, so
-// no key ever exists without one, and settling keeps it.
-func TestRedisKeysAlwaysCarryTheConfiguredTTL(t *testing.T) {
-	srv := redistest.Start(t)
-	s, c := newRedisStore(t, srv), srv.Client()
-	ctx := context.Background()
-	ttl := 6*time.Hour + 30*time.Minute
-	for i := range 20 {
-		rec := testRecord(uint64(i + 1))
-		s.Claim(ctx, fmt.Sprintf("dedup:%d", i), rec, ttl)
-		if i%2 == 0 {
-			s.Settle(ctx, fmt.Sprintf("dedup:%d", i), rec)
-		}
-	}
-	keys, err := c.Keys(ctx, "*").Result()
-	if err != nil || len(keys) != 20 {
-		t.Fatalf("keys %v, %v", keys, err)
-	}
-	for _, k := range keys {
-		pttl := c.PTTL(ctx, k).Val()
-		if pttl <= 0 {
-			t.Fatalf("%s has no expiry (PTTL %v)", k, pttl)
-		}
-		if d := ttl - pttl; d < 0 || d > time.Second {
-			t.Fatalf("%s PTTL %v, want %v within a second", k, pttl, ttl)
-		}
+// Redis-specific: the expiry is set in the same step as every value, so no
+// key ever exists without one, and settling keeps it.
+func TestRedisKeysAlwaysCarryTheTTL(t *testing.T) {
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			srv := redistest.Start(t)
+			s, c := newRedisStore(t, srv), srv.Client()
+			ctx := context.Background()
+			pol := testPolicy(shape)
+			pol.TTL = 6*time.Hour + 30*time.Minute
+			for i := range 20 {
+				p := parked
+				p.Time = articleBase.Add(time.Duration(i) * 40 * time.Second)
+				p.Lat += float64(i%4) * 0.0003 // some moves, some jitter
+				claim := claimOf(pol, p, uint64(i+1), articleBase)
+				if v := decide(t, s, claim); v.Decision == Accepted && i%2 == 0 {
+					s.Settle(ctx, claim)
+				}
+			}
+			keys, err := c.Keys(ctx, "*").Result()
+			if err != nil || len(keys) == 0 {
+				t.Fatalf("keys %v, %v", keys, err)
+			}
+			for _, k := range keys {
+				pttl := c.PTTL(ctx, k).Val()
+				if d := pol.TTL - pttl; pttl <= 0 || d < 0 || d > time.Second {
+					t.Fatalf("%q has PTTL %v, want %v within a second", k, pttl, pol.TTL)
+				}
+			}
+		})
 	}
 }
 
 func TestRedisStoreReportsAnUnreachableServer(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newRedisStore(t, srv)
+	pol := testPolicy(Tumbling)
 	srv.Kill()
-	if _, _, err := s.Claim(context.Background(), "k", testRecord(1), time.Hour); err == nil {
+	if _, err := s.Decide(context.Background(), claimOf(pol, parked, 1, articleBase)); err == nil {
 		t.Fatal("claim against a dead server reported no error")
 	}
 	srv.Restart()
-	if _, won, err := s.Claim(context.Background(), "k", testRecord(1), time.Hour); err != nil || !won {
-		t.Fatalf("claim after restart: won=%v err=%v", won, err)
+	if v := decide(t, s, claimOf(pol, parked, 1, articleBase)); v.Decision != Accepted {
+		t.Fatalf("claim after restart: %+v", v)
 	}
 }
 
 func TestRedisStoreRejectsForeignValues(t *testing.T) {
 	srv := redistest.Start(t)
 	s, c := newRedisStore(t, srv), srv.Client()
-	c.Set(context.Background(), "dedup:foreign", "hello", time.Hour)
-	if _, _, err := s.Claim(context.Background(), "dedup:foreign", testRecord(1), time.Hour); err == nil {
+	claim := claimOf(testPolicy(Tumbling), parked, 1, articleBase)
+	c.Set(context.Background(), claim.Observation.Key, "hello", time.Hour)
+	if _, err := s.Decide(context.Background(), claim); err == nil {
 		t.Fatal("a value written by someone else was read as a claim")
 	}
 }
 
 func TestMemoryStoreEvictsClosestToExpiryWhenFull(t *testing.T) {
 	m := NewMemoryStore(3)
-	ctx := context.Background()
-	m.Claim(ctx, "long", testRecord(1), 3*time.Hour)
-	m.Claim(ctx, "short", testRecord(2), time.Hour)
-	m.Claim(ctx, "middle", testRecord(3), 2*time.Hour)
-	m.Claim(ctx, "new", testRecord(4), 3*time.Hour)
+	claimWithTTL := func(asset string, ttl time.Duration) *Claim {
+		pol := testPolicy(Tumbling)
+		pol.TTL = ttl
+		p := parked
+		p.Asset = asset
+		return claimOf(pol, p, 1, articleBase)
+	}
+	for asset, ttl := range map[string]time.Duration{"long": 3 * time.Hour, "short": time.Hour, "middle": 2 * time.Hour} {
+		decide(t, m, claimWithTTL(asset, ttl))
+	}
+	decide(t, m, claimWithTTL("new", 3*time.Hour))
 	if m.Len() != 3 || m.Evictions() != 1 {
 		t.Fatalf("len %d evictions %d, want 3 and 1", m.Len(), m.Evictions())
 	}
-	for key, held := range map[string]bool{"long": true, "middle": true, "new": true, "short": false} {
-		if _, won, _ := m.Claim(ctx, key, testRecord(9), time.Hour); won == held {
-			t.Errorf("key %q held=%v after eviction, want %v", key, !won, held)
+	// The evicted one last: claiming it again inserts, and evicts in turn.
+	for _, tt := range []struct {
+		asset string
+		held  bool
+	}{{"long", true}, {"middle", true}, {"new", true}, {"short", false}} {
+		asset, held := tt.asset, tt.held
+		c := claimWithTTL(asset, time.Hour)
+		c.Token = 9
+		if v := decide(t, m, c); (v.Decision != Accepted) != held {
+			t.Errorf("%s: %+v after eviction, want held=%v", asset, v, held)
 		}
 	}
 }
@@ -222,11 +263,14 @@ func TestMemoryStoreDropsExpiredKeysBeforeEvicting(t *testing.T) {
 	m := NewMemoryStore(2)
 	now := articleBase
 	m.now = func() time.Time { return now }
-	ctx := context.Background()
-	m.Claim(ctx, "a", testRecord(1), time.Minute)
-	m.Claim(ctx, "b", testRecord(2), time.Hour)
+	pol := testPolicy(Tumbling)
+	for i, ttl := range []time.Duration{time.Minute, time.Hour} {
+		pol := *pol
+		pol.TTL = ttl
+		decide(t, m, claimOf(&pol, Ping{Asset: fmt.Sprint(i), Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
+	}
 	now = now.Add(2 * time.Minute)
-	m.Claim(ctx, "c", testRecord(3), time.Hour)
+	decide(t, m, claimOf(pol, Ping{Asset: "c", Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
 	if m.Evictions() != 0 || m.Len() != 2 {
 		t.Fatalf("evictions %d len %d: an expired key should make room without evicting", m.Evictions(), m.Len())
 	}

@@ -93,6 +93,8 @@ http://localhost:9080 {
 		header_up X-Dedup-Cell {http.telemetry_dedup.cell}
 		header_up X-Dedup-Bucket {http.telemetry_dedup.bucket}
 		header_up X-Dedup-Asset {http.telemetry_dedup.asset}
+		header_up X-Dedup-Decision {http.telemetry_dedup.decision}
+		header_up X-Dedup-Why {http.telemetry_dedup.reason}
 	}
 }`, "test:"+t.Name()+":", options, strings.TrimPrefix(up.URL, "http://")), "caddyfile")
 	return tester
@@ -117,10 +119,13 @@ type response struct {
 	body   string
 }
 
-func post(t *testing.T, client *http.Client, body []byte) response {
+func post(t *testing.T, client *http.Client, body []byte, header ...string) response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, siteURL, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	res, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("POST %s: %v", body, err)

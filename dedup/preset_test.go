@@ -1,0 +1,130 @@
+package dedup
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+)
+
+// Each preset reads a real sample of its tracker's format.
+func TestPresetsReadTheirFormats(t *testing.T) {
+	now := time.Date(2024, 5, 1, 10, 1, 0, 0, time.UTC)
+	tests := []struct {
+		preset string
+		body   string
+		want   Ping
+	}{
+		{"owntracks",
+			// OwnTracks HTTP mode, as the Android app posts a location.
+			`{"_type":"location","acc":12,"alt":41,"batt":83,"bs":1,"conn":"w","created_at":1714557660,"lat":52.5200087,` +
+				`"lon":13.4049547,"m":1,"t":"u","tid":"jj","tst":1714557600,"vac":3,"vel":0}`,
+			Ping{"jj", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 52.5200087, 13.4049547}},
+		{"traccar",
+			// Traccar position forwarding with forward.json enabled.
+			`{"position":{"id":0,"attributes":{"batteryLevel":87.0,"distance":0.0,"totalDistance":1234.5,"motion":false},` +
+				`"deviceId":1,"protocol":"osmand","serverTime":"2024-05-01T10:00:01.000+00:00","deviceTime":"2024-05-01T10:00:00.000+00:00",` +
+				`"fixTime":"2024-05-01T10:00:00.000+00:00","outdated":false,"valid":true,"latitude":52.5200087,"longitude":13.4049547,` +
+				`"altitude":34.0,"speed":0.0,"course":0.0,"address":null,"accuracy":5.0,"network":null,"geofenceIds":null},` +
+				`"device":{"id":1,"attributes":{},"groupId":0,"calendarId":0,"name":"Truck 88","uniqueId":"358240051111110",` +
+				`"status":"online","lastUpdate":"2024-05-01T10:00:01.000+00:00","positionId":0,"phone":null,"model":null,` +
+				`"contact":null,"category":"truck","disabled":false,"expirationTime":null}}`,
+			Ping{"358240051111110", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 52.5200087, 13.4049547}},
+		{"traccar",
+			// Without the device object, the position's deviceId names the asset.
+			`{"position":{"deviceId":7,"fixTime":"2024-05-01T12:00:00.000+0200","latitude":-33.8688,"longitude":151.2093}}`,
+			Ping{"7", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), -33.8688, 151.2093}},
+		{"geojson",
+			`{"type":"Feature","id":"veh-88","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
+				`"properties":{"time":"2024-05-01T10:00:00Z","speed":0}}`,
+			Ping{"veh-88", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 52.5200087, 13.4049547}},
+		{"geojson",
+			`{"type":"Feature","geometry":{"type":"Point","coordinates":[-122.0936,37.4263,12.5]},` +
+				`"properties":{"id":42,"timestamp":1714557600000}}`,
+			Ping{"42", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 37.4263, -122.0936}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.preset, func(t *testing.T) {
+			p, err := ParsePreset(tt.preset)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := p.Parse([]byte(tt.body), now)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if got.Asset != tt.want.Asset || !got.Time.Equal(tt.want.Time) || got.Lat != tt.want.Lat || got.Lon != tt.want.Lon {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestOwnTracksNonLocationMessagesAreNotPings(t *testing.T) {
+	p, _ := ParsePreset("owntracks")
+	for _, body := range []string{
+		`{"_type":"card","name":"Jane","face":"iVBORw0KGgo="}`,
+		`{"_type":"transition","event":"leave","desc":"Home","lat":52.52,"lon":13.40,"tid":"jj","tst":1714557600,"wtst":1700000000,"t":"c"}`,
+		`{"_type":"lwt","tst":1714557600}`,
+	} {
+		if _, err := p.Parse([]byte(body), time.Now()); !errors.Is(err, ErrNotAPing) {
+			t.Errorf("%s: got %v, want ErrNotAPing", body, err)
+		}
+	}
+}
+
+func TestGeoJSONWithoutAPointIsRejected(t *testing.T) {
+	p, _ := ParsePreset("geojson")
+	body := `{"type":"Feature","id":"a","geometry":{"type":"LineString","coordinates":[[13.4,52.5],[13.5,52.6]]},"properties":{"time":"2024-05-01T10:00:00Z"}}`
+	var ie *InvalidPingError
+	if _, err := p.Parse([]byte(body), time.Now()); !errors.As(err, &ie) || ie.Field != "geometry.coordinates.1" || ie.Rule != RuleType {
+		t.Fatalf("got %v, want a type error on geometry.coordinates.1", err)
+	}
+}
+
+func TestEveryPresetExists(t *testing.T) {
+	for _, name := range Presets {
+		if _, err := ParsePreset(name); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := ParsePreset("teltonika"); err == nil {
+		t.Error("unknown preset accepted")
+	}
+}
+
+// A projected position is reprojected before validation and keying: the
+// fields name the axis the CRS refused.
+func TestParserReprojects(t *testing.T) {
+	utm33, _ := ParseCRS("EPSG:32633")
+	webMercator, _ := ParseCRS("EPSG:3857")
+	for _, tt := range []struct {
+		crs      CRS
+		x, y     string
+		lat, lon float64
+	}{
+		// The central meridian of zone 33 (15°E) at the equator.
+		{utm33, "500000", "0", 0, 15},
+		// EPSG Guidance Note 7-2, Pseudo-Mercator example: 24°22'54.433"N 100°20'W.
+		{webMercator, "-11169055.58", "2800000.00", 24.381787, -100.333333},
+	} {
+		p := NewParser()
+		p.CRS = tt.crs
+		body := `{"asset_id":"a","occurred_at":"2024-05-01T10:00:00Z","lat":` + tt.y + `,"lon":` + tt.x + `}`
+		got, err := p.Extract([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.crs, err)
+		}
+		if math.Abs(got.Lat-tt.lat) > 1e-6 || math.Abs(got.Lon-tt.lon) > 1e-6 {
+			t.Errorf("%s (%s, %s): got %v, %v; want %v, %v", tt.crs, tt.x, tt.y, got.Lat, got.Lon, tt.lat, tt.lon)
+		}
+	}
+
+	p := NewParser()
+	p.CRS = utm33
+	var ie *InvalidPingError
+	_, err := p.Extract([]byte(`{"asset_id":"a","occurred_at":"2024-05-01T10:00:00Z","lat":5000000,"lon":1200000}`))
+	if !errors.As(err, &ie) || ie.Field != "lon" || ie.Rule != RuleRange {
+		t.Fatalf("easting out of the zone: got %v, want lon/range", err)
+	}
+}

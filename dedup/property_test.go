@@ -1,0 +1,158 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+// The memory store runs the decisions in Go, the Redis store in SET NX GET
+// and Lua. Random streams of pings from several assets (parked jitter,
+// re-observations, moves, redeliveries, out-of-order arrivals, idle gaps,
+// claims settled, released or left in flight) must get identical verdicts
+// from both, in every shape.
+func TestStoresAgreeOnRandomStreams(t *testing.T) {
+	srv := redistest.Start(t)
+	redisStore, client := newRedisStore(t, srv), srv.Client()
+	for _, shape := range Shapes {
+		for _, hysteresis := range []float64{0, 4} {
+			if shape == Tumbling && hysteresis > 0 {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/hysteresis=%v", shape, hysteresis), func(t *testing.T) {
+				for seed := range uint64(20) {
+					if err := client.FlushAll(context.Background()).Err(); err != nil {
+						t.Fatal(err)
+					}
+					pol := testPolicy(shape)
+					pol.Hysteresis = hysteresis
+					compareStreams(t, seed, pol, NewMemoryStore(0), redisStore)
+				}
+			})
+		}
+	}
+}
+
+// stream generates pings the way a small fleet sends them.
+type stream struct {
+	rng     *rand.Rand
+	assets  []*asset
+	sent    []Ping
+	pending []*Claim // accepted, neither settled nor released yet
+	clock   time.Time
+}
+
+type asset struct {
+	id               string
+	anchorLat, anLon float64
+	last             Ping
+	t                time.Time
+}
+
+func newStream(seed uint64) *stream {
+	s := &stream{rng: rand.New(rand.NewPCG(seed, 0x5eed)), clock: articleBase}
+	for i := range 3 {
+		lat, lon := 52.52+float64(i)*0.01, 13.40
+		s.assets = append(s.assets, &asset{id: fmt.Sprintf("veh-%d", i), anchorLat: lat, anLon: lon, t: articleBase})
+	}
+	return s
+}
+
+// next returns the next ping and a description for failure messages.
+func (s *stream) next() (Ping, string) {
+	if len(s.sent) > 0 && s.rng.Float64() < 0.15 {
+		return s.sent[s.rng.IntN(len(s.sent))], "redelivery"
+	}
+	a := s.assets[s.rng.IntN(len(s.assets))]
+	step := time.Duration(5+s.rng.IntN(15)) * time.Second
+	jitter := func() (float64, float64) {
+		return a.anchorLat + (s.rng.Float64()-0.5)*6e-5, a.anLon + (s.rng.Float64()-0.5)*9e-5 // about ±3 m
+	}
+	var p Ping
+	var kind string
+	switch r := s.rng.Float64(); {
+	case r < 0.40:
+		a.t = a.t.Add(step)
+		lat, lon := jitter()
+		p, kind = Ping{Time: a.t, Lat: lat, Lon: lon}, "jitter"
+	case r < 0.52 && !a.last.Time.IsZero():
+		a.t = a.t.Add(step)
+		p, kind = Ping{Time: a.t, Lat: a.last.Lat, Lon: a.last.Lon}, "re-observation"
+	case r < 0.70:
+		a.anchorLat += (s.rng.Float64() - 0.5) * 0.004
+		a.anLon += (s.rng.Float64() - 0.5) * 0.006
+		a.t = a.t.Add(step)
+		p, kind = Ping{Time: a.t, Lat: a.anchorLat, Lon: a.anLon}, "move"
+	case r < 0.85:
+		lat, lon := jitter()
+		p, kind = Ping{Time: a.t.Add(-time.Duration(s.rng.IntN(600)) * time.Second), Lat: lat, Lon: lon}, "out of order"
+	case r < 0.90:
+		a.t = a.t.Add(time.Duration(11+s.rng.IntN(20)) * time.Minute)
+		lat, lon := jitter()
+		p, kind = Ping{Time: a.t, Lat: lat, Lon: lon}, "after an idle gap"
+	default:
+		a.t = a.t.Add(time.Millisecond * time.Duration(1+s.rng.IntN(999)))
+		lat, lon := jitter()
+		p, kind = Ping{Time: a.t, Lat: lat, Lon: lon}, "sub-second"
+	}
+	p.Asset = a.id
+	a.last = p
+	s.sent = append(s.sent, p)
+	return p, kind
+}
+
+// tick advances the server clock, now and then past the in-flight timeout.
+func (s *stream) tick() {
+	if s.rng.Float64() < 0.05 {
+		s.clock = s.clock.Add(DefaultInFlightTimeout + time.Second)
+	}
+	s.clock = s.clock.Add(time.Duration(s.rng.IntN(3000)) * time.Millisecond)
+}
+
+func compareStreams(t *testing.T, seed uint64, pol *Policy, a, b Store) {
+	t.Helper()
+	ctx := context.Background()
+	s := newStream(seed)
+	k := defaultKeyer()
+	for i := range 200 {
+		s.tick()
+		// Finish an earlier request now and then, as its upstream answers.
+		if len(s.pending) > 0 && s.rng.Float64() < 0.5 {
+			j := s.rng.IntN(len(s.pending))
+			c := s.pending[j]
+			s.pending = append(s.pending[:j], s.pending[j+1:]...)
+			if s.rng.Float64() < 0.8 {
+				if errA, errB := a.Settle(ctx, c), b.Settle(ctx, c); errA != nil || errB != nil {
+					t.Fatalf("seed %d event %d: settle: %v / %v", seed, i, errA, errB)
+				}
+			} else {
+				okA, errA := a.Release(ctx, c)
+				okB, errB := b.Release(ctx, c)
+				if errA != nil || errB != nil || okA != okB {
+					t.Fatalf("seed %d event %d: release of %+v: memory %v (%v), redis %v (%v)", seed, i, c.Ping, okA, errA, okB, errB)
+				}
+			}
+		}
+
+		p, kind := s.next()
+		c := &Claim{Observation: k.Observe(p), Policy: pol, Token: s.rng.Uint64(), At: s.clock}
+		if pol.Shape != Tumbling {
+			c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
+		}
+		va, errA := a.Decide(ctx, c)
+		vb, errB := b.Decide(ctx, c)
+		if errA != nil || errB != nil {
+			t.Fatalf("seed %d event %d: %v / %v", seed, i, errA, errB)
+		}
+		if va != vb {
+			t.Fatalf("seed %d event %d (%s, %+v): memory says %+v, redis says %+v", seed, i, kind, p, va, vb)
+		}
+		if va.Decision == Accepted {
+			s.pending = append(s.pending, c)
+		}
+	}
+}
