@@ -61,6 +61,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_body       <size>
 //		max_future     <duration>
 //		null_island    reject|allow
+//		stuck_ratio    <share>
+//		stuck_after    <duration>
+//		stuck_track    <assets>
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
@@ -90,7 +93,7 @@ var optionNames = []string{
 	"shape", "window", "session_idle", "resolution", "hysteresis", "key_prefix",
 	"retry_ladder", "outage_margin", "ttl", "store", "on_store_error", "release_on_failure",
 	"in_flight_timeout", "mode", "on_invalid", "dead_letter_stream", "dead_letter_maxlen",
-	"max_body", "max_future", "null_island",
+	"max_body", "max_future", "null_island", "stuck_ratio", "stuck_after", "stuck_track",
 }
 
 func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
@@ -213,6 +216,28 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 		return durationArg(d, &h.MaxFuture)
 	case "null_island":
 		return oneArg(d, &h.NullIsland)
+	case "stuck_ratio":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		ratio, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return d.Errf("stuck_ratio %q: use a share between 0 and 1, e.g. stuck_ratio 0.95", s)
+		}
+		h.StuckRatio = ratio
+	case "stuck_after":
+		return durationArg(d, &h.StuckAfter)
+	case "stuck_track":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return d.Errf("stuck_track %q: use a positive number of assets, e.g. stuck_track 10000", s)
+		}
+		h.StuckTrack = n
 	default:
 		return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", option, strings.Join(optionNames, ", "))
 	}

@@ -181,9 +181,25 @@ type Handler struct {
 	// before they have a fix; "allow" admits it. Default: reject.
 	NullIsland string `json:"null_island,omitempty"`
 
+	// An asset is listed as stuck (a device repeating a cached fix, or
+	// with a frozen clock) when at least this share of its last 64 pings
+	// was suppressed... Default: 0.95.
+	StuckRatio float64 `json:"stuck_ratio,omitempty"`
+
+	// ...and none was accepted for this long. Default: 3 × window, which a
+	// parked asset never reaches: it is admitted again every window.
+	StuckAfter caddy.Duration `json:"stuck_after,omitempty"`
+
+	// How many assets stuck detection remembers, least recently seen
+	// forgotten first; this bounds its memory (about 200 bytes each).
+	// Default: 10000.
+	StuckTrack int `json:"stuck_track,omitempty"`
+
 	settings
 	deduper     *dedup.Deduper
 	deadLetters *deadLetters
+	stuck       *dedup.StuckTracker
+	stuckKey    string
 	storeErrors *throttledLog
 	logger      *zap.Logger
 }
@@ -205,6 +221,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.storeErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
+	}
+	if h.stuck, h.stuckKey, err = loadStuckTracker(h.settings); err != nil {
+		return err
+	}
 
 	if h.StoreRaw == nil {
 		h.StoreRaw = caddyconfig.JSONModuleObject(MemoryStore{}, "type", "memory", nil)
@@ -214,7 +236,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading telemetry_dedup store: %v", err)
 	}
 	store := mod.(storeProvider)
-	h.deduper = &dedup.Deduper{Store: store.Store(), Keyer: h.keyer, Policy: h.policy}
+	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
+	h.deduper = &dedup.Deduper{Store: newInstrumentedStore(store.Store(), storeName), Keyer: h.keyer, Policy: h.policy}
 	if h.deadLetter {
 		if h.deadLetters, err = newDeadLetters(store, h.deadLetterStream, h.deadLetterMaxLen); err != nil {
 			return err
@@ -225,8 +248,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		zap.String("shape", string(h.policy.Shape)), zap.Stringer("window", h.keyer.Window),
 		zap.Int("resolution", h.keyer.Resolution), zap.String("key_prefix", h.keyer.Prefix),
 		zap.Stringer("ttl", h.policy.TTL), zap.String("ttl_from", h.ttlFrom),
-		zap.String("store", mod.(caddy.Module).CaddyModule().ID.Name()), zap.Bool("shadow", h.shadow))
+		zap.String("store", storeName), zap.Bool("shadow", h.shadow))
 	return nil
+}
+
+// Cleanup gives the shared stuck tracker back; the store module gives back
+// its own client.
+func (h *Handler) Cleanup() error {
+	if h.stuckKey == "" {
+		return nil
+	}
+	_, err := stuckTrackers.Delete(h.stuckKey)
+	return err
 }
 
 // ServeHTTP runs the four layers for one request: normalise, quantise,
@@ -258,6 +291,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 4. Record, and answer or forward.
 	h.record(repl, string(verdict.Decision), string(verdict.Reason))
+	h.watchForStuck(obs.Asset, verdict)
 	switch {
 	case verdict.Decision == dedup.Accepted:
 		return h.forward(w, r, next, claim)
@@ -297,6 +331,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	w.Header().Set(headerDecision, string(dedup.Accepted))
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
 	detached := context.WithoutCancel(r.Context())
+	metrics.inFlight.Inc()
+	defer metrics.inFlight.Dec()
 
 	defer func() {
 		// reverse_proxy aborts a broken response stream with a panic. If the
@@ -321,6 +357,7 @@ func (h *Handler) finish(ctx context.Context, claim *dedup.Claim, failed bool) {
 		return
 	}
 	released, err := h.deduper.Release(ctx, claim)
+	metrics.releases.WithLabelValues(releaseOutcome(released, err)).Inc()
 	if err != nil {
 		// The claim stays; the sender's retries get 409 until
 		// in_flight_timeout, then count as duplicates. Rare, and worth a line
@@ -382,15 +419,42 @@ func passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, deci
 	return next.ServeHTTP(w, r)
 }
 
-// record sets the decision placeholders and logs the decision at debug
-// level: per-request info logs are noise at telemetry rates.
+// record counts the decision with its reason, sets the placeholders and
+// logs it at debug level: per-request info logs are noise at telemetry
+// rates.
 func (h *Handler) record(repl *caddy.Replacer, decision, reason string) {
+	metrics.decisions.WithLabelValues(decision, reason).Inc()
 	repl.Set(placeholderDecision, decision)
 	repl.Set(placeholderReason, reason)
 	if c := h.logger.Check(zapcore.DebugLevel, "telemetry_dedup decision"); c != nil {
 		asset, _ := repl.GetString(placeholderAsset)
 		key, _ := repl.GetString(placeholderKey)
 		c.Write(zap.String("decision", decision), zap.String("reason", reason), zap.String("asset", asset), zap.String("key", key))
+	}
+}
+
+// watchForStuck feeds the stuck-asset tracker and warns, once per asset
+// per hour, about an asset that looks stuck.
+func (h *Handler) watchForStuck(asset string, v dedup.Verdict) {
+	now := time.Now()
+	if !h.stuck.Observe(asset, v, now) {
+		return
+	}
+	a, _ := h.stuck.Lookup(asset, now)
+	h.logger.Warn("asset looks stuck: nearly all its recent pings are suppressed and none was accepted for stuck_after; "+
+		"is it repeating a cached fix or is its clock frozen?",
+		zap.String("asset", asset), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
+		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since))
+}
+
+func releaseOutcome(released bool, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case released:
+		return "released"
+	default:
+		return "not_held"
 	}
 }
 
@@ -424,6 +488,7 @@ func expandAsset(repl *caddy.Replacer, template string) (string, error) {
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 	_ caddyfile.Unmarshaler       = (*Handler)(nil)
 )

@@ -39,6 +39,9 @@ type settings struct {
 	deadLetterStream string
 	deadLetterMaxLen int64
 	maxBody          int64
+	stuckRatio       float64
+	stuckAfter       time.Duration
+	stuckTrack       int
 }
 
 // resolve applies defaults and checks every option, returning a
@@ -93,6 +96,19 @@ func (h *Handler) resolve() (settings, error) {
 		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a size such as 1MiB", h.MaxBody)}
 	}
 	s.maxBody = cmp.Or(h.MaxBody, defaultMaxBody)
+
+	s.stuckRatio = cmp.Or(h.StuckRatio, dedup.DefaultStuckRatio)
+	if s.stuckRatio <= 0 || s.stuckRatio > 1 {
+		return s, &dedup.ConfigError{Option: "stuck_ratio", Problem: fmt.Sprintf("%v is not a share in (0, 1]; use e.g. 0.95", h.StuckRatio)}
+	}
+	s.stuckAfter = orDefault(h.StuckAfter, 3*s.keyer.Window)
+	if s.stuckAfter < 0 {
+		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf("%s is negative; use a duration longer than the window, e.g. 15m", s.stuckAfter)}
+	}
+	s.stuckTrack = cmp.Or(h.StuckTrack, dedup.DefaultStuckTrack)
+	if s.stuckTrack < 0 {
+		return s, &dedup.ConfigError{Option: "stuck_track", Problem: fmt.Sprintf("%d is negative; use a number of assets, e.g. 10000", h.StuckTrack)}
+	}
 	return s, nil
 }
 

@@ -63,7 +63,7 @@ func (k Keyer) Observe(p Ping) Observation {
 		Bucket: k.Bucket(p.Time),
 		Cell:   h3.LatLngToCell(h3.NewLatLng(p.Lat, p.Lon), k.Resolution),
 	}
-	o.Key = k.key(p.Asset, o.Bucket, o.Cell)
+	o.Key = k.Key(p.Asset, o.Bucket, o.Cell)
 	return o
 }
 
@@ -76,9 +76,9 @@ func (k Keyer) Bucket(t time.Time) int64 {
 	return epoch - mod(epoch, w)
 }
 
-// key hashes exactly the three parts, in the layout of the design article,
+// Key hashes exactly the three parts, in the layout of the design article,
 // so that keys computed by its Python reference and by this module agree.
-func (k Keyer) key(asset string, bucket int64, cell h3.Cell) string {
+func (k Keyer) Key(asset string, bucket int64, cell h3.Cell) string {
 	var scratch [128]byte
 	raw := append(scratch[:0], asset...)
 	raw = append(raw, '|')

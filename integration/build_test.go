@@ -37,6 +37,13 @@ func TestXcaddyBuildServesTheExample(t *testing.T) {
 		}
 	}
 
+	// The CLI subcommand ships in the same binary.
+	out, err = exec.Command(caddy, "telemetry-dedup", "key",
+		`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.5200087,"lon":13.4049547}`).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "dedup:93978d4cc1c8ffa35f6c00a4a1fc01dd") {
+		t.Errorf("caddy telemetry-dedup key: %v\n%s", err, out)
+	}
+
 	site := serveExample(t, caddy)
 	at := time.Now().UTC().Add(-2 * time.Minute).Format(time.RFC3339)
 	body := `{"asset_id":"veh-88","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`

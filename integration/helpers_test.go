@@ -74,8 +74,7 @@ func (u *upstream) count() int { return len(u.requests()) }
 // its own key_prefix: the memory store outlives a config load.
 func startCaddy(t *testing.T, up *upstream, options string) *caddytest.Tester {
 	t.Helper()
-	tester := caddytest.NewTester(t)
-	tester.InitServer(fmt.Sprintf(`{
+	return caddyTester(t, fmt.Sprintf(`{
 	admin localhost:2999
 	http_port 9080
 	https_port 9443
@@ -96,7 +95,14 @@ http://localhost:9080 {
 		header_up X-Dedup-Decision {http.telemetry_dedup.decision}
 		header_up X-Dedup-Why {http.telemetry_dedup.reason}
 	}
-}`, "test:"+t.Name()+":", options, strings.TrimPrefix(up.URL, "http://")), "caddyfile")
+}`, "test:"+t.Name()+":", options, strings.TrimPrefix(up.URL, "http://")))
+}
+
+// caddyTester loads a Caddyfile into caddytest's in-process Caddy.
+func caddyTester(t *testing.T, caddyfile string) *caddytest.Tester {
+	t.Helper()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile, "caddyfile")
 	return tester
 }
 

@@ -1,0 +1,273 @@
+package telemetrydedup
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "telemetry-dedup",
+		Usage: "<analyze|key> [flags]",
+		Short: "Size telemetry_dedup from a capture, or show the key of one ping",
+		Long: `
+analyze reads an NDJSON capture of pings (one JSON ping per line) and
+reports, for a grid of H3 resolutions and windows, what telemetry_dedup would
+admit and suppress and why, the measured parked jitter, and the share of real
+moves one cell would swallow; then recommends a resolution, a window and the
+TTL for a retry ladder.
+
+key prints the bucket, cell and store key of one ping, to find a production
+key by hand.
+
+Both read pings with the same paths and presets as the directive.`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.AddCommand(keyCommand(), analyzeCommand())
+		},
+	})
+}
+
+// pingFlags are the directive's ping-reading and keying options as flags.
+func pingFlags(fs *pflag.FlagSet) {
+	fs.String("preset", "", "tracker format: owntracks, traccar or geojson")
+	fs.StringSlice("asset", nil, "JSON path(s) of the asset id (default asset_id)")
+	fs.StringSlice("time", nil, "JSON path(s) of the device timestamp (default occurred_at)")
+	fs.String("time-format", "", "auto, rfc3339, unix or unix_ms (default auto)")
+	fs.String("lat", "", "JSON path of the latitude (default lat)")
+	fs.String("lon", "", "JSON path of the longitude (default lon)")
+	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
+	fs.String("key-prefix", dedup.DefaultKeyPrefix, "key prefix")
+	fs.String("shape", "", "tumbling, sliding or session (default tumbling)")
+}
+
+// handlerFromFlags reads pingFlags into a Handler, so that the commands
+// resolve options exactly as the directive does.
+func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
+	h := &Handler{
+		Preset:     fs.String("preset"),
+		TimeFormat: fs.String("time-format"),
+		Lat:        fs.String("lat"),
+		Lon:        fs.String("lon"),
+		CRS:        fs.String("crs"),
+		Shape:      fs.String("shape"),
+		MaxFuture:  caddy.Duration(100 * 365 * 24 * time.Hour), // a capture or a log line may be old
+	}
+	var err error
+	if h.Asset, err = fs.GetStringSlice("asset"); err != nil {
+		return nil, err
+	}
+	if h.Time, err = fs.GetStringSlice("time"); err != nil {
+		return nil, err
+	}
+	prefix := fs.String("key-prefix")
+	h.KeyPrefix = &prefix
+	for _, a := range h.Asset {
+		if strings.Contains(a, "{") {
+			return nil, fmt.Errorf("--asset %s: a placeholder template needs a request; give the JSON path of an id, or compute the asset yourself", a)
+		}
+	}
+	return h, nil
+}
+
+func keyCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "key [<ping JSON> | -]",
+		Short: "Print the bucket, cell and store key of one ping",
+		Long: `Print the bucket, cell and store key of one ping, read from the argument
+or from standard input, e.g.
+
+  caddy telemetry-dedup key '{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.5200087,"lon":13.4049547}'
+
+then look the key up in Redis: redis-cli GET <key>, PTTL <key>.`,
+		Args: cobra.MaximumNArgs(1),
+	}
+	pingFlags(cmd.Flags())
+	cmd.Flags().Duration("window", dedup.DefaultWindow, "window (bucket width)")
+	cmd.Flags().Int("resolution", dedup.DefaultResolution, "H3 resolution")
+	cmd.Flags().Bool("json", false, "print JSON")
+	cmd.RunE = caddycmd.WrapCommandFuncForCobra(func(fs caddycmd.Flags) (int, error) {
+		return runKey(fs, os.Stdin, os.Stdout)
+	})
+	return cmd
+}
+
+// keyReport is what the key command prints.
+type keyReport struct {
+	Asset    string    `json:"asset"`
+	Time     time.Time `json:"time"`
+	Bucket   int64     `json:"bucket"`
+	Cell     string    `json:"cell"`
+	Key      string    `json:"key"`
+	StateKey string    `json:"state_key,omitempty"`
+	SeenKey  string    `json:"seen_key,omitempty"`
+}
+
+func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
+	h, err := handlerFromFlags(fs)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	window := caddy.Duration(fs.Duration("window"))
+	resolution := fs.Int("resolution")
+	h.Window, h.Resolution = window, &resolution
+	s, err := h.resolve()
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	body, err := pingArgument(fs.Arg(0), stdin)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	ping, err := s.parser.Parse(body, time.Now())
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("the ping cannot be keyed: %w", err)
+	}
+	obs := s.keyer.Observe(ping)
+	r := keyReport{Asset: obs.Asset, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
+	if s.policy.Shape != dedup.Tumbling {
+		r.StateKey, r.SeenKey = s.keyer.TrackKeys(obs.Asset, obs.Time)
+	}
+	if fs.Bool("json") {
+		return 0, json.NewEncoder(stdout).Encode(r)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "asset\t%s\n", r.Asset)
+	fmt.Fprintf(tw, "time\t%s\n", r.Time.Format(time.RFC3339Nano))
+	fmt.Fprintf(tw, "bucket\t%d\t(%s, window %s)\n", r.Bucket, time.Unix(r.Bucket, 0).UTC().Format(time.RFC3339), s.keyer.Window)
+	fmt.Fprintf(tw, "cell\t%s\t(resolution %d, edges of ~%.1f m)\n", r.Cell, s.keyer.Resolution, h3.HexagonEdgeLengthAvgM(s.keyer.Resolution))
+	fmt.Fprintf(tw, "key\t%s\n", r.Key)
+	if r.StateKey != "" {
+		fmt.Fprintf(tw, "state key\t%s\t(shape %s)\n", r.StateKey, s.policy.Shape)
+		fmt.Fprintf(tw, "seen key\t%s\n", r.SeenKey)
+	}
+	return 0, tw.Flush()
+}
+
+// pingArgument is the ping given on the command line, or standard input
+// for "-" or nothing.
+func pingArgument(arg string, stdin io.Reader) ([]byte, error) {
+	if arg != "" && arg != "-" {
+		return []byte(arg), nil
+	}
+	b, err := io.ReadAll(stdin)
+	if err != nil {
+		return nil, err
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil, errors.New("no ping given: pass it as the argument or on standard input")
+	}
+	return b, nil
+}
+
+func analyzeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "analyze [<capture.ndjson> | -]",
+		Short: "Recommend resolution, window and TTL from a capture of your own pings",
+		Long: `Read an NDJSON capture of pings (one JSON ping per line; a file, or standard
+input for "-" or nothing) and report, for a grid of H3 resolutions and windows,
+what telemetry_dedup would admit and suppress and why, the measured parked
+jitter (p50/p95/p99 metres), and the share of real moves one cell would
+swallow; then a recommended resolution (the finest whose cell edge stays
+above the p95 jitter), window (at least ten report intervals) and the TTL for
+the retry ladder, e.g.
+
+  caddy telemetry-dedup analyze --preset traccar capture.ndjson
+  zcat pings.ndjson.gz | caddy telemetry-dedup analyze --json -`,
+		Args: cobra.MaximumNArgs(1),
+	}
+	pingFlags(cmd.Flags())
+	cmd.Flags().IntSlice("resolutions", dedup.DefaultAnalyzeResolutions, "candidate H3 resolutions")
+	cmd.Flags().StringSlice("windows", []string{"1m", "5m", "15m"}, "candidate windows")
+	cmd.Flags().Float64("hysteresis", 0, "hysteresis in metres (shapes sliding and session)")
+	cmd.Flags().Duration("session-idle", dedup.DefaultSessionIdle, "session idle gap (shape session)")
+	cmd.Flags().String("retry-ladder", "1m 5m 30m 2h 6h", "the sender's retry offsets after the first delivery")
+	cmd.Flags().Duration("outage-margin", dedup.DefaultOutageMargin, "outage to survive beyond the last retry")
+	cmd.Flags().Bool("json", false, "print JSON")
+	cmd.RunE = caddycmd.WrapCommandFuncForCobra(func(fs caddycmd.Flags) (int, error) {
+		return runAnalyze(fs, os.Stdin, os.Stdout)
+	})
+	return cmd
+}
+
+func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
+	opts, err := analyzeOptions(fs)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	in := stdin
+	if path := fs.Arg(0); path != "" && path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return caddy.ExitCodeFailedStartup, err
+		}
+		defer f.Close()
+		in = f
+	}
+	report, err := dedup.Analyze(in, opts)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if fs.Bool("json") {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return 0, enc.Encode(report)
+	}
+	return 0, report.WriteTable(stdout)
+}
+
+// analyzeOptions reads the flags, resolving the ping options exactly as the
+// directive does.
+func analyzeOptions(fs caddycmd.Flags) (dedup.AnalyzeOptions, error) {
+	h, err := handlerFromFlags(fs)
+	if err != nil {
+		return dedup.AnalyzeOptions{}, err
+	}
+	s, err := h.resolve()
+	if err != nil {
+		return dedup.AnalyzeOptions{}, err
+	}
+	opts := dedup.AnalyzeOptions{
+		Parser:      s.parser,
+		Shape:       s.policy.Shape,
+		SessionIdle: fs.Duration("session-idle"),
+		Hysteresis:  fs.Float64("hysteresis"),
+	}
+	if opts.Resolutions, err = fs.GetIntSlice("resolutions"); err != nil {
+		return opts, err
+	}
+	windows, err := fs.GetStringSlice("windows")
+	if err != nil {
+		return opts, err
+	}
+	for _, w := range windows {
+		d, err := caddy.ParseDuration(w)
+		if err != nil {
+			return opts, fmt.Errorf("--windows %s: %v; use durations such as 1m,5m,15m", w, err)
+		}
+		opts.Windows = append(opts.Windows, d)
+	}
+	for _, r := range strings.Fields(strings.ReplaceAll(fs.String("retry-ladder"), ",", " ")) {
+		d, err := caddy.ParseDuration(r)
+		if err != nil {
+			return opts, fmt.Errorf("--retry-ladder %s: %v; use offsets such as \"1m 5m 30m 2h 6h\"", r, err)
+		}
+		opts.RetryLadder = append(opts.RetryLadder, d)
+	}
+	margin := fs.Duration("outage-margin")
+	opts.OutageMargin = &margin
+	return opts, nil
+}

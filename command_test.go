@@ -1,0 +1,92 @@
+package telemetrydedup
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+// run parses args with cmd's flags and runs f, as the caddy binary would.
+func run(t *testing.T, cmd *cobra.Command, f func(caddycmd.Flags, *strings.Reader, *bytes.Buffer) (int, error), stdin string, args ...string) (string, error) {
+	t.Helper()
+	if err := cmd.Flags().Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	_, err := f(caddycmd.Flags{FlagSet: cmd.Flags()}, strings.NewReader(stdin), &out)
+	return out.String(), err
+}
+
+func runKeyCmd(t *testing.T, stdin string, args ...string) (string, error) {
+	return run(t, keyCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
+		return runKey(fs, in, out)
+	}, stdin, args...)
+}
+
+const articlePing = `{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.5200087,"lon":13.4049547}`
+
+func TestKeyCommandPrintsTheProductionKey(t *testing.T) {
+	out, err := runKeyCmd(t, "", articlePing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"veh-88", "1786190400", "2026-08-08T12:00:00Z", "8c1f1d48945d9ff", "dedup:93978d4cc1c8ffa35f6c00a4a1fc01dd"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+
+	out, err = runKeyCmd(t, `{"position":{"deviceId":7,"fixTime":"2026-08-08T14:00:00.000+0200","latitude":52.5200087,"longitude":13.4049547}}`,
+		"--preset", "traccar", "--shape", "sliding", "--key-prefix", "fleet:", "--json", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r keyReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("--json output %q: %v", out, err)
+	}
+	if r.Asset != "7" || r.Bucket != 1786190400 || !strings.HasPrefix(r.Key, "fleet:") ||
+		!strings.HasPrefix(r.StateKey, "fleet:{") || !strings.HasSuffix(r.StateKey, "}:s") || !strings.HasSuffix(r.SeenKey, ":m1786190400") {
+		t.Fatalf("key report %+v", r)
+	}
+}
+
+func TestKeyCommandExplainsAnInvalidPing(t *testing.T) {
+	_, err := runKeyCmd(t, "", `{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00","lat":52.52,"lon":13.40}`)
+	if err == nil || !strings.Contains(err.Error(), "occurred_at") || !strings.Contains(err.Error(), "offset") {
+		t.Fatalf("got %v, want the timezone rule on occurred_at", err)
+	}
+	if _, err := runKeyCmd(t, "", "--asset", "{http.request.host}", articlePing); err == nil {
+		t.Fatal("an asset template was accepted without a request")
+	}
+}
+
+func TestAnalyzeCommand(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for a := range 3 {
+		for i := range 180 { // 30 minutes at 10 s, parked with ~1 m of jitter
+			fmt.Fprintf(&capture, `{"asset_id":"veh-%d","occurred_at":%q,"lat":%.7f,"lon":%.7f}`+"\n",
+				a, start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), 52.52+float64(a)*0.01+float64(i%5)*0.000003, 13.40+float64(i%3)*0.000004)
+		}
+	}
+	capture.WriteString("not json\n")
+	cmd := analyzeCommand()
+	out, err := run(t, cmd, func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
+		return runAnalyze(fs, in, out)
+	}, capture.String(), "--windows", "1m,5m", "--retry-ladder", "1m 1h", "--outage-margin", "0s", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"540", "malformed 1", "window 5m0s", "ttl 1h0m0s", "recommended"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("analyze output lacks %q:\n%s", want, out)
+		}
+	}
+}

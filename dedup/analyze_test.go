@@ -1,0 +1,392 @@
+package dedup
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/uber/h3-go/v4"
+)
+
+// synthFleet describes a synthetic capture with known properties: every
+// asset alternates a stationary period (the true position plus Gaussian
+// noise of sigmaM per axis, so the radial jitter is Rayleigh) with a
+// straight move of stepM per fix, reporting every cadence.
+type synthFleet struct {
+	assets, cycles  int
+	parked, moving  int // fixes per stationary and per moving period
+	cadence         time.Duration
+	sigmaM, stepM   float64
+	redeliveryShare float64 // lines sent twice in a row
+	seed            uint64
+}
+
+var synthStart = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+
+// mPerDegree is the length of a degree of latitude on H3's sphere.
+const mPerDegree = earthRadiusM * math.Pi / 180
+
+// capture returns the fleet's pings as NDJSON, interleaved as a fleet's
+// pings arrive: one round of every asset per cadence.
+func (f synthFleet) capture() []byte {
+	rng := rand.New(rand.NewPCG(f.seed, 0))
+	tracks := make([][]Ping, f.assets)
+	for a := range tracks {
+		tracks[a] = f.track(rng, fmt.Sprintf("veh-%04d", a))
+	}
+	var buf bytes.Buffer
+	for k := range tracks[0] {
+		for _, track := range tracks {
+			line := pingLine(track[k])
+			buf.Write(line)
+			if rng.Float64() < f.redeliveryShare {
+				buf.Write(line)
+			}
+		}
+	}
+	return buf.Bytes()
+}
+
+func (f synthFleet) track(rng *rand.Rand, asset string) []Ping {
+	lat, lon := 52.3+0.4*rng.Float64(), 13.1+0.6*rng.Float64()
+	t := synthStart.Add(time.Duration(rng.IntN(int(f.cadence/time.Second))) * time.Second)
+	var track []Ping
+	emit := func() {
+		nLat, nLon := offsetM(lat, lon, f.sigmaM*rng.NormFloat64(), f.sigmaM*rng.NormFloat64())
+		track = append(track, Ping{Asset: asset, Time: t, Lat: nLat, Lon: nLon})
+		t = t.Add(f.cadence)
+	}
+	for range f.cycles {
+		for range f.parked {
+			emit()
+		}
+		heading := 2 * math.Pi * rng.Float64()
+		for range f.moving {
+			lat, lon = offsetM(lat, lon, f.stepM*math.Cos(heading), f.stepM*math.Sin(heading))
+			emit()
+		}
+	}
+	return track
+}
+
+// offsetM moves a position north and east by metres.
+func offsetM(lat, lon, northM, eastM float64) (float64, float64) {
+	return lat + northM/mPerDegree, lon + eastM/(mPerDegree*math.Cos(lat*math.Pi/180))
+}
+
+func pingLine(p Ping) []byte {
+	return fmt.Appendf(nil, `{"asset_id":%q,"occurred_at":%q,"lat":%.8f,"lon":%.8f,"speed_kmh":0}`+"\n",
+		p.Asset, p.Time.Format(time.RFC3339), p.Lat, p.Lon)
+}
+
+// testFleet parks 15 minutes and drives 5 at 3 m/s, three times, with
+// σ = 2 m: p95 jitter ≈ 4.9 m, between the resolution-13 edge (3.6 m)
+// and the resolution-12 edge (9.4 m).
+var testFleet = synthFleet{
+	assets: 12, cycles: 3, parked: 90, moving: 30,
+	cadence: 10 * time.Second, sigmaM: 2, stepM: 30, redeliveryShare: 0.02, seed: 7,
+}
+
+func analyze(t *testing.T, capture []byte, opts AnalyzeOptions) *Report {
+	t.Helper()
+	rep, err := Analyze(bytes.NewReader(capture), opts)
+	if err != nil {
+		t.Fatalf("Analyze: %v", err)
+	}
+	return rep
+}
+
+func TestAnalyzeMeasuresRayleighJitter(t *testing.T) {
+	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	sigma := testFleet.sigmaM
+	for _, tt := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"p50", rep.Jitter.P50M, sigma * math.Sqrt(2*math.Ln2)},
+		{"p95", rep.Jitter.P95M, sigma * math.Sqrt(2*math.Log(20))},
+		{"p99", rep.Jitter.P99M, sigma * math.Sqrt(2*math.Log(100))},
+	} {
+		if math.Abs(tt.got-tt.want) > 0.15*tt.want {
+			t.Errorf("%s jitter %.2f m, want %.2f m ± 15%%", tt.name, tt.got, tt.want)
+		}
+	}
+	if want := testFleet.assets * testFleet.cycles; rep.Jitter.Runs != want {
+		t.Errorf("%d stationary runs, want one per parking, %d", rep.Jitter.Runs, want)
+	}
+	if rep.Jitter.Samples < testFleet.assets*testFleet.cycles*testFleet.parked {
+		t.Errorf("%d jitter samples, want at least every parked fix", rep.Jitter.Samples)
+	}
+}
+
+func TestAnalyzeSwallowedMoves(t *testing.T) {
+	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	if steps := testFleet.assets * testFleet.cycles * (testFleet.moving - 1); rep.Moves.Count < steps {
+		t.Errorf("%d real moves, want at least the %d steps between moving fixes", rep.Moves.Count, steps)
+	}
+	for _, tt := range []struct {
+		res      int
+		min, max float64
+	}{
+		{9, 0.6, 1},   // 174 m edges: a 30 m step mostly stays inside
+		{14, 0, 0.05}, // 1.3 m edges: every step leaves
+	} {
+		s := resolutionStats(t, rep, tt.res)
+		if s.SwallowedShare < tt.min || s.SwallowedShare > tt.max {
+			t.Errorf("resolution %d (%.1f m edge) swallows %.3f of 30 m moves, want [%g, %g]",
+				tt.res, s.EdgeM, s.SwallowedShare, tt.min, tt.max)
+		}
+	}
+}
+
+func resolutionStats(t *testing.T, rep *Report, res int) ResolutionStats {
+	t.Helper()
+	for _, s := range rep.Resolutions {
+		if s.Resolution == res {
+			return s
+		}
+	}
+	t.Fatalf("no resolution %d in %+v", res, rep.Resolutions)
+	return ResolutionStats{}
+}
+
+func TestAnalyzeRecommends(t *testing.T) {
+	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	p95 := testFleet.sigmaM * math.Sqrt(2*math.Log(20))
+	if h3.HexagonEdgeLengthAvgM(12) < p95 || h3.HexagonEdgeLengthAvgM(13) >= p95 {
+		t.Fatalf("the fleet's p95 %.1f m does not single out resolution 12", p95)
+	}
+	want := Recommendation{
+		Resolution: 12, EdgeM: h3.HexagonEdgeLengthAvgM(12),
+		Window: 5 * time.Minute, // the smallest candidate of at least 10 × 10 s
+		TTL:    6*time.Hour + 30*time.Minute, TTLFrom: "last retry 6h0m0s + outage margin 30m0s",
+	}
+	if rep.Recommended != want {
+		t.Errorf("recommended %+v, want %+v", rep.Recommended, want)
+	}
+	if rep.MedianInterval != testFleet.cadence {
+		t.Errorf("median interval %s, want the cadence %s", rep.MedianInterval, testFleet.cadence)
+	}
+	if len(rep.Notes) != 0 {
+		t.Errorf("notes %q, want none", rep.Notes)
+	}
+	margin := time.Hour
+	rep = analyze(t, testFleet.capture(), AnalyzeOptions{RetryLadder: []time.Duration{time.Minute, time.Hour}, OutageMargin: &margin})
+	if rep.Recommended.TTL != 2*time.Hour {
+		t.Errorf("ttl %s from ladder 1m 1h and margin 1h, want 2h", rep.Recommended.TTL)
+	}
+}
+
+func TestAnalyzeRecommendationFallbacks(t *testing.T) {
+	moving := testFleet
+	moving.parked = 0
+	sparse := testFleet
+	sparse.cadence = 2 * time.Minute
+	for _, tt := range []struct {
+		name   string
+		fleet  synthFleet
+		want   func(Recommendation) bool
+		noteOn string
+	}{
+		{"no stationary runs", moving, func(r Recommendation) bool { return r.Resolution == DefaultResolution }, "no stationary run"},
+		{"no window spans ten intervals", sparse, func(r Recommendation) bool { return r.Window == 15*time.Minute }, "largest candidate"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := analyze(t, tt.fleet.capture(), AnalyzeOptions{})
+			if !tt.want(rep.Recommended) {
+				t.Errorf("recommended %+v", rep.Recommended)
+			}
+			if !strings.Contains(strings.Join(rep.Notes, "\n"), tt.noteOn) {
+				t.Errorf("notes %q, want one saying %q", rep.Notes, tt.noteOn)
+			}
+		})
+	}
+}
+
+// The replay must be the production decision: a plain Deduper fed the
+// parsed pings through Keyer.Observe, in capture order and with one store
+// for all assets, reaches the same counts.
+func TestAnalyzeMatchesADirectReplay(t *testing.T) {
+	capture := testFleet.capture()
+	const res, window = 12, 5 * time.Minute
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			rep := analyze(t, capture, AnalyzeOptions{Shape: shape, Resolutions: []int{res}, Windows: []time.Duration{window}})
+			want := directReplay(t, capture, Policy{Shape: shape, Window: window, SessionIdle: DefaultSessionIdle,
+				TTL: 24 * time.Hour, InFlightTimeout: DefaultInFlightTimeout}, res)
+			if got := rep.Candidates[0]; !reflect.DeepEqual(got, want) {
+				t.Errorf("Analyze %+v\ndirect  %+v", got, want)
+			}
+		})
+	}
+}
+
+func directReplay(t *testing.T, capture []byte, pol Policy, res int) CandidateStats {
+	t.Helper()
+	parser := NewParser()
+	parser.MaxFuture = math.MaxInt64
+	var now time.Time
+	d := Deduper{Store: NewMemoryStore(0), Keyer: Keyer{Window: pol.Window, Resolution: res, Prefix: "analyze:"},
+		Policy: pol, Now: func() time.Time { return now }}
+	stats := CandidateStats{Resolution: res, Window: pol.Window, Suppressed: map[Reason]int{}}
+	for line := range bytes.Lines(capture) {
+		p, err := parser.Parse(line, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now = p.Time
+		c, v, err := d.Claim(context.Background(), d.Keyer.Observe(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stats.Pings++
+		if v.Decision != Accepted {
+			stats.Suppressed[v.Reason]++
+			continue
+		}
+		stats.Admitted++
+		d.Settle(context.Background(), c)
+	}
+	stats.SuppressionRatio = float64(stats.Pings-stats.Admitted) / float64(stats.Pings)
+	return stats
+}
+
+func TestAnalyzeCountsBadLines(t *testing.T) {
+	const valid = `{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`
+	lines := []struct {
+		line, skip string // skip "" means a ping
+	}{
+		{valid, ""},
+		{`{"asset_id":"a","occurred_at":"2100-01-01T00:00:00Z","lat":52.5,"lon":13.4}`, ""}, // max_future is ignored
+		{"", ""}, // blank lines are not counted
+		{" \t", ""},
+		{`not json`, SkipMalformed},
+		{`[1, 2]`, SkipMalformed},
+		{`{"occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`, string(RuleRequired)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00","lat":52.5,"lon":13.4}`, string(RuleTimezone)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":91,"lon":13.4}`, string(RuleRange)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":"52.5","lon":13.4}`, string(RuleType)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":0,"lon":0}`, string(RuleNullIsland)},
+		{`{"asset_id":"a","pad":"` + strings.Repeat("x", maxLineBytes) + `"}`, SkipTooLarge},
+		{valid + "\r", ""}, // CRLF line ends
+		{valid, ""},        // the last line has no newline
+	}
+	var capture []string
+	wantLines, wantPings, wantSkipped := 0, 0, map[string]int{}
+	for _, l := range lines {
+		capture = append(capture, l.line)
+		if strings.TrimSpace(l.line) == "" {
+			continue
+		}
+		wantLines++
+		if l.skip == "" {
+			wantPings++
+		} else {
+			wantSkipped[l.skip]++
+		}
+	}
+	rep := analyze(t, []byte(strings.Join(capture, "\n")), AnalyzeOptions{})
+	if rep.Lines != wantLines || rep.Pings != wantPings || !reflect.DeepEqual(rep.Skipped, wantSkipped) {
+		t.Errorf("%d lines, %d pings, skipped %v; want %d, %d, %v",
+			rep.Lines, rep.Pings, rep.Skipped, wantLines, wantPings, wantSkipped)
+	}
+}
+
+func TestAnalyzeWithAPreset(t *testing.T) {
+	parser, err := ParsePreset("owntracks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capture := strings.Join([]string{
+		`{"_type":"location","tid":"ab","tst":1772323200,"lat":52.52,"lon":13.40}`,
+		`{"_type":"card","name":"Alice"}`,
+		`{"_type":"location","tid":"ab","tst":1772323210,"lat":52.52,"lon":13.40}`,
+		`{"_type":"location","tid":"cd","tst":1772323200,"lat":48.85,"lon":2.35}`,
+	}, "\n")
+	rep := analyze(t, []byte(capture), AnalyzeOptions{Parser: parser})
+	if rep.Pings != 3 || rep.Assets != 2 || rep.Skipped[SkipNotAPing] != 1 {
+		t.Errorf("%d pings of %d assets, skipped %v; want 3 pings of 2 assets, one not a ping", rep.Pings, rep.Assets, rep.Skipped)
+	}
+	if c := rep.Candidates[0]; c.Admitted != 2 || c.Suppressed[Reobservation] != 1 {
+		t.Errorf("candidate %+v, want 2 admitted and the repeated fix a re-observation", c)
+	}
+}
+
+func TestAnalyzeSkipsResolutionsFinerThanTheHysteresis(t *testing.T) {
+	rep := analyze(t, testFleet.capture(), AnalyzeOptions{Shape: Sliding, Hysteresis: 5})
+	for _, c := range rep.Candidates {
+		if c.Resolution > 12 {
+			t.Errorf("resolution %d (%.1f m edge) replayed with 5 m hysteresis", c.Resolution, h3.HexagonEdgeLengthAvgM(c.Resolution))
+		}
+	}
+	if len(rep.Candidates) != 4*len(DefaultAnalyzeWindows) || len(rep.Notes) != 2 {
+		t.Errorf("%d candidates, notes %q; want resolutions 9 to 12 and a note each for 13 and 14", len(rep.Candidates), rep.Notes)
+	}
+	if len(rep.Resolutions) != len(DefaultAnalyzeResolutions) {
+		t.Errorf("swallowed moves for %d resolutions, want all %d", len(rep.Resolutions), len(DefaultAnalyzeResolutions))
+	}
+}
+
+func TestAnalyzeRejectsBadOptions(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		opts   AnalyzeOptions
+		option string
+	}{
+		{"fractional window", AnalyzeOptions{Windows: []time.Duration{1500 * time.Millisecond}}, "window"},
+		{"resolution 16", AnalyzeOptions{Resolutions: []int{16}}, "resolution"},
+		{"ladder not increasing", AnalyzeOptions{RetryLadder: []time.Duration{time.Hour, time.Minute}}, "retry_ladder"},
+		{"hysteresis on tumbling", AnalyzeOptions{Hysteresis: 5}, "hysteresis"},
+		{"unknown shape", AnalyzeOptions{Shape: "hopping"}, "shape"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Analyze(strings.NewReader(""), tt.opts)
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Option != tt.option {
+				t.Errorf("error %v, want a ConfigError on %s", err, tt.option)
+			}
+		})
+	}
+}
+
+func TestAnalyzeTableShowsTheRecommendation(t *testing.T) {
+	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	var out strings.Builder
+	if err := rep.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + out.String())
+	for _, want := range []string{"resolution 12 (9.4 m edges)", "window 5m0s", "ttl 6h30m0s (last retry 6h0m0s + outage margin 30m0s)", "<- recommended"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+}
+
+func TestAnalyzeReportJSONRoundTrips(t *testing.T) {
+	rep := analyze(t, testFleet.capture(), AnalyzeOptions{Shape: Session})
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(&back, rep) {
+		t.Errorf("round trip changed the report:\n%s", b)
+	}
+	for _, key := range []string{`"median_interval_ns":`, `"p95_m":`, `"swallowed_share":`, `"suppression_ratio":`, `"ttl_from":`} {
+		if !bytes.Contains(b, []byte(key)) {
+			t.Errorf("JSON lacks %s:\n%s", key, b)
+		}
+	}
+}

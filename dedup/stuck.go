@@ -1,0 +1,146 @@
+package dedup
+
+import (
+	"math/bits"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// Defaults of stuck-asset detection.
+const (
+	DefaultStuckRatio = 0.95
+	DefaultStuckTrack = 10_000
+	// DefaultStuckWarnEvery spaces out the warnings about one asset.
+	DefaultStuckWarnEvery = time.Hour
+)
+
+// stuckWindow is how many recent pings of an asset are remembered: one bit
+// each, in a uint64.
+const stuckWindow = 64
+
+// StuckTracker spots assets whose pings are nearly all suppressed and none
+// accepted for a while: a device stuck on a cached fix, or with a frozen
+// clock, whose every report deduplicates against the last. A parked asset
+// is not stuck: it is admitted again every window.
+//
+// It remembers the last 64 decisions of at most Track assets, least recently
+// seen dropped first, so its memory is bounded whatever the fleet size.
+type StuckTracker struct {
+	ratio     float64
+	after     time.Duration
+	warnEvery time.Duration
+
+	mu     sync.Mutex
+	assets *simplelru.LRU[string, *assetHistory]
+}
+
+// assetHistory is what the tracker knows of one asset.
+type assetHistory struct {
+	recent       uint64 // one bit per recent ping, 1 = suppressed, newest lowest
+	n            int    // how many bits of recent are filled, up to stuckWindow
+	pings        uint64
+	lastAccepted time.Time // or the first sighting, if none was accepted
+	lastReason   Reason
+	warned       time.Time
+}
+
+// StuckAsset is one asset the tracker considers stuck.
+type StuckAsset struct {
+	// Asset is the asset id.
+	Asset string `json:"asset"`
+	// Ratio is the suppressed share of its last 64 pings.
+	Ratio float64 `json:"ratio"`
+	// Pings counts its pings since the tracker first saw it.
+	Pings uint64 `json:"pings"`
+	// LastReason is the reason of its last suppression.
+	LastReason Reason `json:"last_reason"`
+	// Since is when it last had a ping accepted (or was first seen).
+	Since time.Time `json:"since"`
+}
+
+// NewStuckTracker returns a tracker that calls an asset stuck when at least
+// ratio of its last 64 pings were suppressed and none was accepted for
+// after, remembering at most track assets.
+func NewStuckTracker(ratio float64, after time.Duration, track int) *StuckTracker {
+	lru, _ := simplelru.NewLRU[string, *assetHistory](max(track, 1), nil) // only fails for a size below 1
+	return &StuckTracker{ratio: ratio, after: after, warnEvery: DefaultStuckWarnEvery, assets: lru}
+}
+
+// Observe records one decision about asset. It reports true when the asset
+// is stuck and has not been warned about within the warning period: the
+// caller should say so, once.
+func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h, ok := t.assets.Get(asset)
+	if !ok {
+		h = &assetHistory{lastAccepted: now}
+		t.assets.Add(asset, h)
+	}
+	h.pings++
+	h.recent <<= 1
+	h.n = min(h.n+1, stuckWindow)
+	if v.Decision == Accepted {
+		h.lastAccepted = now
+	} else {
+		h.recent |= 1
+		h.lastReason = v.Reason
+	}
+	if !t.stuck(h, now) || now.Sub(h.warned) < t.warnEvery {
+		return false
+	}
+	h.warned = now
+	return true
+}
+
+// Lookup returns what the tracker knows of asset, and whether it is stuck.
+func (t *StuckTracker) Lookup(asset string, now time.Time) (StuckAsset, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h, ok := t.assets.Peek(asset)
+	if !ok {
+		return StuckAsset{}, false
+	}
+	return h.report(asset), t.stuck(h, now)
+}
+
+// Stuck lists the stuck assets, most suppressed first.
+func (t *StuckTracker) Stuck(now time.Time) []StuckAsset {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []StuckAsset
+	for _, asset := range t.assets.Keys() {
+		if h, _ := t.assets.Peek(asset); t.stuck(h, now) {
+			out = append(out, h.report(asset))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Ratio != out[j].Ratio {
+			return out[i].Ratio > out[j].Ratio
+		}
+		return out[i].Asset < out[j].Asset
+	})
+	return out
+}
+
+// Len returns how many assets the tracker remembers.
+func (t *StuckTracker) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.assets.Len()
+}
+
+func (t *StuckTracker) stuck(h *assetHistory, now time.Time) bool {
+	return h.n == stuckWindow && h.ratio() >= t.ratio && now.Sub(h.lastAccepted) >= t.after
+}
+
+func (h *assetHistory) ratio() float64 {
+	return float64(bits.OnesCount64(h.recent)) / float64(max(h.n, 1))
+}
+
+func (h *assetHistory) report(asset string) StuckAsset {
+	return StuckAsset{Asset: asset, Ratio: h.ratio(), Pings: h.pings, LastReason: h.lastReason, Since: h.lastAccepted}
+}

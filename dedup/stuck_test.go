@@ -1,0 +1,78 @@
+package dedup
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+func TestStuckTrackerSpotsACachedFix(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, 100)
+	now := articleBase
+	// A device repeating one cached fix: accepted once, then every copy is a
+	// redelivery.
+	tr.Observe("cached", accepted, now)
+	for i := range 200 {
+		now = now.Add(10 * time.Second)
+		warn := tr.Observe("cached", suppressed(Redelivery), now)
+		stuckNow := now.Sub(articleBase) >= 15*time.Minute
+		if warn != (stuckNow && i == 89) { // warned once, the first time it is stuck
+			t.Fatalf("ping %d at +%s: warn=%v", i, now.Sub(articleBase), warn)
+		}
+	}
+	// A parked asset, admitted again every 5 minutes, is not stuck.
+	now = articleBase
+	for i := range 200 {
+		now = now.Add(10 * time.Second)
+		v := suppressed(Jitter)
+		if i%30 == 0 {
+			v = accepted
+		}
+		tr.Observe("parked", v, now)
+	}
+	// A moving asset, nearly always accepted, is not stuck.
+	for range 200 {
+		tr.Observe("moving", accepted, now)
+	}
+	stuck := tr.Stuck(now)
+	if len(stuck) != 1 || stuck[0].Asset != "cached" || stuck[0].Ratio != 1 || stuck[0].LastReason != Redelivery || stuck[0].Pings != 201 {
+		t.Fatalf("stuck %+v, want only the cached fix", stuck)
+	}
+}
+
+func TestStuckTrackerNeedsAFullWindow(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 0, 10)
+	for range 63 {
+		tr.Observe("new", suppressed(Jitter), articleBase)
+	}
+	if len(tr.Stuck(articleBase)) != 0 {
+		t.Fatal("63 pings are not enough history to call an asset stuck")
+	}
+	tr.Observe("new", suppressed(Jitter), articleBase)
+	if len(tr.Stuck(articleBase)) != 1 {
+		t.Fatal("64 suppressed pings in a row, and none accepted: stuck")
+	}
+}
+
+// Memory stays bounded however many assets pass by.
+func TestStuckTrackerMemoryIsBounded(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tr := NewStuckTracker(DefaultStuckRatio, time.Minute, DefaultStuckTrack)
+	for i := range 100_000 {
+		tr.Observe(fmt.Sprintf("asset-%06d", i), suppressed(Jitter), articleBase)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if tr.Len() != DefaultStuckTrack {
+		t.Fatalf("tracking %d assets, want at most %d", tr.Len(), DefaultStuckTrack)
+	}
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d assets tracked in %d KiB (%d bytes each)", tr.Len(), grown/1024, grown/int64(tr.Len()))
+	if grown > 8<<20 {
+		t.Fatalf("heap grew %d MiB for %d tracked assets", grown>>20, tr.Len())
+	}
+	runtime.KeepAlive(tr)
+}

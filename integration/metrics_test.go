@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+const adminURL = "http://localhost:2999"
+
+// scrape reads Caddy's metrics endpoint.
+func scrape(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	res, err := http.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	return families
+}
+
+// decisionCounts is caddy_telemetry_dedup_decisions_total by "decision/reason".
+func decisionCounts(t *testing.T) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	f := scrape(t)["caddy_telemetry_dedup_decisions_total"]
+	if f == nil {
+		return out
+	}
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		out[labels["decision"]+"/"+labels["reason"]] = m.GetCounter().GetValue()
+	}
+	return out
+}
+
+func delta(before, after map[string]float64) map[string]float64 {
+	d := map[string]float64{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+// knownSequence sends one ping of every kind for asset and returns the
+// decisions it must add to the metrics.
+func knownSequence(t *testing.T, client *http.Client, asset string) map[string]float64 {
+	at := base()
+	post(t, client, ping(asset, at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	post(t, client, ping(asset, at, 52.5200087, 13.4049547)).expect(t, http.StatusOK, "suppressed")
+	post(t, client, ping(asset, at.Add(10*time.Second), 52.5200087, 13.4049547)).expect(t, http.StatusOK, "suppressed")
+	post(t, client, ping(asset, at.Add(20*time.Second), 52.5200410, 13.4049920)).expect(t, http.StatusOK, "suppressed")
+	post(t, client, ping(asset, at.Add(30*time.Second), 52.5200410, 13.4049920)).expect(t, http.StatusOK, "suppressed")
+	post(t, client, ping(asset, at, 91, 13.4)).expect(t, http.StatusUnprocessableEntity, "rejected")
+	post(t, client, []byte(`{"asset_id":`)).expect(t, http.StatusBadRequest, "rejected")
+	return map[string]float64{
+		"accepted/": 1, "suppressed/redelivery": 1, "suppressed/reobservation": 1, "suppressed/jitter": 2,
+		"rejected/range": 1, "rejected/malformed": 1,
+	}
+}
+
+func TestMetricsCountEveryDecisionAcrossReloads(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "")
+	before := decisionCounts(t)
+	want := knownSequence(t, tester.Client, "veh-metrics-1")
+	after := decisionCounts(t)
+	if got := delta(before, after); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("decisions counted %v, want %v", got, want)
+	}
+
+	// A reload keeps the counters and keeps counting.
+	tester = startCaddy(t, up, "max_future 6m")
+	if reloaded := decisionCounts(t); fmt.Sprint(reloaded) != fmt.Sprint(after) {
+		t.Fatalf("the reload changed the counters: %v, then %v", after, reloaded)
+	}
+	knownSequence(t, tester.Client, "veh-metrics-2")
+	if got := delta(after, decisionCounts(t)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the reload, decisions counted %v, want %v", got, want)
+	}
+
+	families := scrape(t)
+	var decides uint64
+	for _, m := range families["caddy_telemetry_dedup_store_duration_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "op" && l.GetValue() == "decide" {
+				decides += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	if decides < 10 {
+		t.Errorf("store_duration_seconds saw %d decisions, want at least the 10 of this test", decides)
+	}
+	for _, name := range []string{"caddy_telemetry_dedup_in_flight", "caddy_telemetry_dedup_memory_store_keys", "caddy_telemetry_dedup_stuck_assets"} {
+		if families[name] == nil {
+			t.Errorf("%s is not exported", name)
+		}
+	}
+}
+
+// Two sites, each with its own telemetry_dedup, load and count into the
+// same metrics without a duplicate-registration panic.
+func TestTwoSitesWithTheDirective(t *testing.T) {
+	up := newUpstream(t)
+	tester := caddyTester(t, fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+	skip_install_trust
+}
+
+http://a.localhost:9080 {
+	telemetry_dedup {
+		key_prefix "two-sites-a:"
+	}
+	reverse_proxy %[1]s
+}
+
+http://b.localhost:9080 {
+	telemetry_dedup {
+		key_prefix "two-sites-b:"
+		shape sliding
+	}
+	reverse_proxy %[1]s
+}`, strings.TrimPrefix(up.URL, "http://")))
+	body := ping("veh-two", base(), 52.5200087, 13.4049547)
+	for _, site := range []string{"http://a.localhost:9080/", "http://b.localhost:9080/"} {
+		for i, want := range []string{"accepted", "suppressed"} {
+			res, err := tester.Client.Post(site, "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.Header.Get("X-Dedup") != want {
+				t.Errorf("%s ping %d: %s, want %s", site, i+1, res.Header.Get("X-Dedup"), want)
+			}
+		}
+	}
+}
+
+func TestStuckAssetsAreListed(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "stuck_after 1s")
+	at := base()
+	cached := ping("veh-cached-fix", at, 52.5200087, 13.4049547)
+	post(t, tester.Client, cached).expect(t, http.StatusCreated, "accepted")
+	for i := range 70 {
+		post(t, tester.Client, cached)
+		// A moving asset: every ping a new place.
+		post(t, tester.Client, ping("veh-moving", at.Add(time.Duration(i)*time.Second), 52.52+float64(i)*0.001, 13.40))
+	}
+	time.Sleep(1100 * time.Millisecond) // past stuck_after since its only accepted ping
+	post(t, tester.Client, cached).expect(t, http.StatusOK, "suppressed")
+
+	res, err := http.Get(adminURL + "/telemetry_dedup/stuck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var report struct {
+		Stuck []struct {
+			KeyPrefix  string  `json:"key_prefix"`
+			Asset      string  `json:"asset"`
+			Ratio      float64 `json:"ratio"`
+			Pings      int     `json:"pings"`
+			LastReason string  `json:"last_reason"`
+		} `json:"stuck"`
+		Decisions []struct {
+			Decision string  `json:"decision"`
+			Reason   string  `json:"reason"`
+			Count    float64 `json:"count"`
+		} `json:"decisions"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&report); err != nil {
+		t.Fatalf("admin endpoint: %v", err)
+	}
+	var mine []string
+	for _, s := range report.Stuck {
+		if s.KeyPrefix == "test:"+t.Name()+":" {
+			mine = append(mine, s.Asset)
+			if s.Asset == "veh-cached-fix" && (s.Ratio != 1 || s.Pings != 72 || s.LastReason != "redelivery") {
+				t.Errorf("stuck entry %+v", s)
+			}
+		}
+	}
+	if fmt.Sprint(mine) != "[veh-cached-fix]" {
+		t.Fatalf("stuck assets %v, want only veh-cached-fix", mine)
+	}
+	if len(report.Decisions) == 0 {
+		t.Error("the endpoint shows no decision totals")
+	}
+	if f := scrape(t)["caddy_telemetry_dedup_stuck_assets"]; f == nil || f.GetMetric()[0].GetGauge().GetValue() < 1 {
+		t.Errorf("stuck_assets gauge: %v", f)
+	}
+}

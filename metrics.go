@@ -1,0 +1,147 @@
+package telemetrydedup
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// The collectors live at package level and are created once: every config
+// load brings a new registry, and registering the same collectors into it
+// keeps their values across reloads and lets several handlers share them
+// (creating them per handler would panic on the second registration).
+var (
+	metricsOnce sync.Once
+	metrics     struct {
+		decisions       *prometheus.CounterVec
+		storeDuration   *prometheus.HistogramVec
+		storeErrors     *prometheus.CounterVec
+		releases        *prometheus.CounterVec
+		inFlight        prometheus.Gauge
+		memoryKeys      prometheus.GaugeFunc
+		memoryEvictions prometheus.CounterFunc
+		stuckAssets     prometheus.GaugeFunc
+	}
+)
+
+const (
+	metricsNamespace = "caddy"
+	metricsSubsystem = "telemetry_dedup"
+)
+
+func initMetrics() {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help}
+	}
+	metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("decisions_total",
+		"Pings decided, by decision and reason (in shadow mode, what enforce would have decided).")),
+		[]string{"decision", "reason"})
+	metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "store_duration_seconds",
+		Help:    "Time of each store operation, by store and operation (decide, settle, release).",
+		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+	}, []string{"store", "op"})
+	metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts(opts("store_errors_total",
+		"Store operations that failed or timed out, by store and operation.")), []string{"store", "op"})
+	metrics.releases = prometheus.NewCounterVec(prometheus.CounterOpts(opts("releases_total",
+		"Claims given back after an upstream failure, by outcome (released, not_held, error).")), []string{"outcome"})
+	metrics.inFlight = prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight",
+		"Accepted pings waiting for their upstream's answer.")))
+	metrics.memoryKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("memory_store_keys",
+		"Keys held by the memory stores.")), func() float64 { return sumMemoryStores((*dedup.MemoryStore).Len) })
+	metrics.memoryEvictions = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("memory_store_evictions_total",
+		"Unexpired keys the memory stores dropped to stay within max_keys.")),
+		func() float64 { return sumMemoryStores(func(m *dedup.MemoryStore) int { return int(m.Evictions()) }) })
+	metrics.stuckAssets = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("stuck_assets",
+		"Assets whose recent pings are nearly all suppressed with none accepted for stuck_after (see the admin endpoint).")),
+		func() float64 { return float64(len(allStuckAssets(time.Now()))) })
+}
+
+// registerMetrics adds the collectors to a config's registry. A second
+// handler in the same config finds them registered already.
+func registerMetrics(reg *prometheus.Registry) error {
+	metricsOnce.Do(initMetrics)
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{
+		metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.releases,
+		metrics.inFlight, metrics.memoryKeys, metrics.memoryEvictions, metrics.stuckAssets,
+	} {
+		var already prometheus.AlreadyRegisteredError
+		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
+			return err
+		}
+	}
+	return nil
+}
+
+// sumMemoryStores adds up f over every memory store currently in use.
+func sumMemoryStores(f func(*dedup.MemoryStore) int) float64 {
+	total := 0
+	stores.Range(func(_, v any) bool {
+		if m, ok := v.(memoryStoreValue); ok {
+			total += f(m.MemoryStore)
+		}
+		return true
+	})
+	return float64(total)
+}
+
+// instrumentedStore times and counts every store operation. Its
+// observers are resolved once, not looked up by label on every ping.
+type instrumentedStore struct {
+	next                   dedup.Store
+	decideTime, settleTime prometheus.Observer
+	releaseTime            prometheus.Observer
+	decideErrs, settleErrs prometheus.Counter
+	releaseErrs            prometheus.Counter
+}
+
+func newInstrumentedStore(next dedup.Store, name string) instrumentedStore {
+	metricsOnce.Do(initMetrics)
+	return instrumentedStore{
+		next:        next,
+		decideTime:  metrics.storeDuration.WithLabelValues(name, "decide"),
+		settleTime:  metrics.storeDuration.WithLabelValues(name, "settle"),
+		releaseTime: metrics.storeDuration.WithLabelValues(name, "release"),
+		decideErrs:  metrics.storeErrors.WithLabelValues(name, "decide"),
+		settleErrs:  metrics.storeErrors.WithLabelValues(name, "settle"),
+		releaseErrs: metrics.storeErrors.WithLabelValues(name, "release"),
+	}
+}
+
+func (s instrumentedStore) Decide(ctx context.Context, c *dedup.Claim) (dedup.Verdict, error) {
+	start := time.Now()
+	v, err := s.next.Decide(ctx, c)
+	observeOp(s.decideTime, s.decideErrs, start, err)
+	return v, err
+}
+
+func (s instrumentedStore) Settle(ctx context.Context, c *dedup.Claim) error {
+	start := time.Now()
+	err := s.next.Settle(ctx, c)
+	observeOp(s.settleTime, s.settleErrs, start, err)
+	return err
+}
+
+func (s instrumentedStore) Release(ctx context.Context, c *dedup.Claim) (bool, error) {
+	start := time.Now()
+	ok, err := s.next.Release(ctx, c)
+	observeOp(s.releaseTime, s.releaseErrs, start, err)
+	return ok, err
+}
+
+func observeOp(duration prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
+	duration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		errs.Inc()
+	}
+}
+
+var _ dedup.Store = instrumentedStore{}

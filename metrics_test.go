@@ -1,0 +1,98 @@
+package telemetrydedup
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// exportedMetricNames registers the module's collectors into a fresh
+// registry and returns the names it exposes.
+func exportedMetricNames(t *testing.T) map[string]bool {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	// Vectors only show up once a series exists.
+	metrics.decisions.WithLabelValues("accepted", "")
+	metrics.storeDuration.WithLabelValues("memory", "decide")
+	metrics.storeErrors.WithLabelValues("memory", "decide")
+	metrics.releases.WithLabelValues("released")
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, f := range families {
+		names[f.GetName()] = true
+	}
+	return names
+}
+
+// The dashboard must only chart what the module exports: a renamed metric
+// would leave a panel silently empty.
+func TestDashboardUsesOnlyExportedMetrics(t *testing.T) {
+	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash any
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("dashboard is not JSON: %v", err)
+	}
+	exported := exportedMetricNames(t)
+	name := regexp.MustCompile(`caddy_telemetry_dedup_[a-z_]+`)
+	used := map[string]bool{}
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if expr, ok := v["expr"].(string); ok {
+				for _, m := range name.FindAllString(expr, -1) {
+					used[m] = true
+				}
+			}
+			for _, c := range v {
+				walk(c)
+			}
+		case []any:
+			for _, c := range v {
+				walk(c)
+			}
+		}
+	}
+	walk(dash)
+	if len(used) == 0 {
+		t.Fatal("the dashboard queries no telemetry_dedup metric")
+	}
+	for m := range used {
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")
+		if !exported[base] {
+			t.Errorf("the dashboard queries %s, which the module does not export (exported: %v)", m, exported)
+		}
+	}
+	for m := range exported {
+		if !used[m] && !used[m+"_bucket"] {
+			t.Errorf("%s is exported but not on the dashboard", m)
+		}
+	}
+}
+
+// Two handlers in one config, and a reload, register the same collectors
+// again: no duplicate-registration error.
+func TestMetricsRegisterTwice(t *testing.T) {
+	for range 2 {
+		reg := prometheus.NewPedanticRegistry()
+		if err := registerMetrics(reg); err != nil {
+			t.Fatal(err)
+		}
+		if err := registerMetrics(reg); err != nil {
+			t.Fatalf("second handler in the same config: %v", err)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package telemetrydedup
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// stuckTrackers holds one tracker per key space (key_prefix and detection
+// settings), shared across config reloads like the stores, so that an
+// asset's recent history survives a reload.
+var stuckTrackers = caddy.NewUsagePool()
+
+// stuckTrackerValue lets a tracker live in the usage pool.
+type stuckTrackerValue struct {
+	*dedup.StuckTracker
+	keyPrefix string
+}
+
+func (stuckTrackerValue) Destruct() error { return nil }
+
+// loadStuckTracker returns the shared tracker for these settings and the key
+// to give back to the pool on cleanup.
+func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
+	key := fmt.Sprintf("stuck prefix=%q ratio=%g after=%s track=%d", s.keyer.Prefix, s.stuckRatio, s.stuckAfter, s.stuckTrack)
+	v, _, err := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), s.keyer.Prefix}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(stuckTrackerValue).StuckTracker, key, nil
+}
+
+// stuckAsset is one row of the admin endpoint.
+type stuckAsset struct {
+	KeyPrefix string `json:"key_prefix"`
+	dedup.StuckAsset
+}
+
+// allStuckAssets lists the stuck assets of every tracker in use.
+func allStuckAssets(now time.Time) []stuckAsset {
+	var out []stuckAsset
+	stuckTrackers.Range(func(_, v any) bool {
+		t := v.(stuckTrackerValue)
+		for _, a := range t.Stuck(now) {
+			out = append(out, stuckAsset{KeyPrefix: t.keyPrefix, StuckAsset: a})
+		}
+		return true
+	})
+	slices.SortStableFunc(out, func(a, b stuckAsset) int { return strings.Compare(a.KeyPrefix, b.KeyPrefix) })
+	return out
+}
