@@ -3,6 +3,7 @@ package telemetrydedup
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		resolution     <0..15>
 //		hysteresis     <metres>
 //		key_prefix     <prefix>
+//		key_scope      <placeholder template>
 //		retry_ladder   <duration>...
 //		outage_margin  <duration>
 //		ttl            <duration>
@@ -90,7 +92,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // optionNames lists the block's options, for the unknown-option error.
 var optionNames = []string{
 	"preset", "asset", "time", "time_format", "lat", "lon", "crs",
-	"shape", "window", "session_idle", "resolution", "hysteresis", "key_prefix",
+	"shape", "window", "session_idle", "resolution", "hysteresis", "key_prefix", "key_scope",
 	"retry_ladder", "outage_margin", "ttl", "store", "on_store_error", "release_on_failure",
 	"in_flight_timeout", "mode", "on_invalid", "dead_letter_stream", "dead_letter_maxlen",
 	"max_body", "max_future", "null_island", "stuck_ratio", "stuck_after", "stuck_track",
@@ -122,10 +124,12 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 			return err
 		}
 		m, err := strconv.ParseFloat(strings.TrimSuffix(s, "m"), 64)
-		if err != nil {
+		if err != nil || math.IsNaN(m) || math.IsInf(m, 0) {
 			return d.Errf("hysteresis %q: use a distance in metres, e.g. hysteresis 5", s)
 		}
 		h.Hysteresis = m
+	case "key_scope":
+		return oneArg(d, &h.KeyScope)
 	case "mode":
 		return oneArg(d, &h.Mode)
 	case "on_invalid":
@@ -208,7 +212,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 			return err
 		}
 		size, err := humanize.ParseBytes(s)
-		if err != nil || size == 0 {
+		if err != nil || size == 0 || size > math.MaxInt64 {
 			return d.Errf("max_body %q: use a size such as 1MiB or 64KB", s)
 		}
 		h.MaxBody = int64(size)
@@ -222,7 +226,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 			return err
 		}
 		ratio, err := strconv.ParseFloat(s, 64)
-		if err != nil {
+		if err != nil || math.IsNaN(ratio) {
 			return d.Errf("stuck_ratio %q: use a share between 0 and 1, e.g. stuck_ratio 0.95", s)
 		}
 		h.StuckRatio = ratio

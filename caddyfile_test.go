@@ -57,6 +57,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		shape session
 		window 10m
 		session_idle 20m
+		key_scope {http.request.host}
 		resolution 10
 		hysteresis 12.5
 		key_prefix ""
@@ -83,7 +84,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 	got, _ := json.Marshal(h)
 	want := `{"asset":["device.uniqueId","position.deviceId"],"time":["position.fixTime","position.deviceTime"],"time_format":"rfc3339",` +
 		`"lat":"position.latitude","lon":"position.longitude","preset":"traccar","crs":"EPSG:32633","shape":"session","window":600000000000,` +
-		`"session_idle":1200000000000,"resolution":10,"hysteresis":12.5,"key_prefix":"","retry_ladder":[30000000000,120000000000,3600000000000],` +
+		`"session_idle":1200000000000,"resolution":10,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
 		`"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
 		`"dead_letter_stream":"fleet:invalid","dead_letter_maxlen":5000,"max_body":65536,"max_future":90000000000,"null_island":"allow"}`
@@ -144,6 +145,12 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"dead letter on memory", "telemetry_dedup {\n\ton_invalid dead_letter\n}", []string{":2", "store redis"}},
 		{"template beside paths", "telemetry_dedup {\n\tasset id {http.request.host}\n}", []string{":2", "alone"}},
 		{"dead_letter_maxlen", "telemetry_dedup {\n\tdead_letter_maxlen many\n}", []string{":2", "positive"}},
+		{"hysteresis NaN", "telemetry_dedup {\n\tshape sliding\n\thysteresis NaN\n}", []string{":3", "metres"}},
+		{"stuck_ratio NaN", "telemetry_dedup {\n\tstuck_ratio NaN\n}", []string{":2", "between 0 and 1"}},
+		{"stuck_ratio above 1", "telemetry_dedup {\n\tstuck_ratio 1.5\n}", []string{":2", "(0, 1]"}},
+		{"max_body overflowing", "telemetry_dedup {\n\tmax_body 10EiB\n}", []string{":2", "1MiB"}},
+		{"ladder + margin overflowing", "telemetry_dedup {\n\tretry_ladder 2562047h\n\toutage_margin 2562047h\n}", []string{":3", "no sender retries that long"}},
+		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -165,6 +172,66 @@ func TestEveryListedOptionIsParsed(t *testing.T) {
 		_, err := parse(t, "telemetry_dedup {\n\t"+name+"\n}")
 		if err == nil || strings.Contains(err.Error(), "unrecognized") {
 			t.Errorf("option %s: got %v, want an argument error", name, err)
+		}
+	}
+}
+
+func TestCaddyfileRedisTopologies(t *testing.T) {
+	for _, tt := range []struct {
+		name, block, want string
+	}{
+		{"sentinel", `store redis {
+			addresses 127.0.0.1:26379 127.0.0.1:26380 127.0.0.1:26381
+			master fleet
+			username dedup
+			password {env.REDIS_PASSWORD}
+			sentinel_password s3cret
+			db 2
+			timeout 80ms
+			dial_timeout 1s
+			read_timeout 500ms
+			write_timeout 500ms
+			pool_size 32
+			breaker_failures 3
+			breaker_cooldown 2s
+		}`, `{"addresses":["127.0.0.1:26379","127.0.0.1:26380","127.0.0.1:26381"],"breaker_cooldown":2000000000,"breaker_failures":3,` +
+			`"db":2,"dial_timeout":1000000000,"master":"fleet","password":"{env.REDIS_PASSWORD}","pool_size":32,"read_timeout":500000000,` +
+			`"sentinel_password":"s3cret","timeout":80000000,"type":"redis","username":"dedup","write_timeout":500000000}`},
+		{"cluster", `store redis {
+			addresses 10.0.0.1:6379 10.0.0.2:6379 10.0.0.3:6379
+		}`, `{"addresses":["10.0.0.1:6379","10.0.0.2:6379","10.0.0.3:6379"],"type":"redis"}`},
+		{"cluster from one seed URL, TLS", `store redis rediss://redis.internal:6380 {
+			cluster
+			tls {
+				ca /etc/redis/ca.pem
+				cert /etc/redis/client.pem
+				key /etc/redis/client.key
+				server_name redis.internal
+			}
+		}`, `{"cluster":true,"tls":{"ca":"/etc/redis/ca.pem","cert":"/etc/redis/client.pem","key":"/etc/redis/client.key",` +
+			`"server_name":"redis.internal"},"type":"redis","url":"rediss://redis.internal:6380"}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(h.StoreRaw) != tt.want {
+				t.Fatalf("store JSON\n got %s\nwant %s", h.StoreRaw, tt.want)
+			}
+		})
+	}
+	for _, tt := range []struct{ block, want string }{
+		{"store redis redis://a:6379 {\n addresses b:6379\n}", "either a URL or addresses"},
+		{"store redis {\n addresses a:1 b:2\n master m\n cluster\n}", "exclude each other"},
+		{"store redis {\n addresses a:1 b:2\n db 3\n}", "only database 0"},
+		{"store redis {\n pool_size 20\n}", "needs a URL"},
+		{"store redis redis://a {\n pool_size none\n}", "pool_size"},
+		{"store redis redis://a {\n tls {\n verify\n }\n}", "server_name"},
+		{"store redis redis://a {\n sharding on\n}", "breaker_cooldown"},
+	} {
+		if _, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}"); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: got %v, want an error mentioning %q", tt.block, err, tt.want)
 		}
 	}
 }

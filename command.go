@@ -51,6 +51,7 @@ func pingFlags(fs *pflag.FlagSet) {
 	fs.String("lon", "", "JSON path of the longitude (default lon)")
 	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
 	fs.String("key-prefix", dedup.DefaultKeyPrefix, "key prefix")
+	fs.String("scope", "", "the key_scope value (e.g. the host or tenant) the ping was keyed in")
 	fs.String("shape", "", "tumbling, sliding or session (default tumbling)")
 }
 
@@ -136,10 +137,12 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("the ping cannot be keyed: %w", err)
 	}
+	asset := ping.Asset
+	ping.Asset = dedup.ScopedAsset(fs.String("scope"), asset)
 	obs := s.keyer.Observe(ping)
-	r := keyReport{Asset: obs.Asset, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
+	r := keyReport{Asset: asset, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
 	if s.policy.Shape != dedup.Tumbling {
-		r.StateKey, r.SeenKey = s.keyer.TrackKeys(obs.Asset, obs.Time)
+		r.StateKey, r.SeenKey = s.keyer.TrackKeys(ping.Asset, obs.Time)
 	}
 	if fs.Bool("json") {
 		return 0, json.NewEncoder(stdout).Encode(r)

@@ -26,6 +26,9 @@ var (
 		memoryKeys      prometheus.GaugeFunc
 		memoryEvictions prometheus.CounterFunc
 		stuckAssets     prometheus.GaugeFunc
+		breakersOpen    prometheus.GaugeFunc
+		// breakerTransitions is labelled by the state entered.
+		breakerTransitions *prometheus.CounterVec
 	}
 )
 
@@ -60,6 +63,11 @@ func initMetrics() {
 	metrics.stuckAssets = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("stuck_assets",
 		"Assets whose recent pings are nearly all suppressed with none accepted for stuck_after (see the admin endpoint).")),
 		func() float64 { return float64(len(allStuckAssets(time.Now()))) })
+	metrics.breakersOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("breakers_open",
+		"Redis connections whose circuit breaker is open (the store is skipped and on_store_error applies).")),
+		openBreakers)
+	metrics.breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("breaker_transitions_total",
+		"Circuit breaker transitions, by the state entered (open, half_open, closed).")), []string{"to"})
 }
 
 // registerMetrics adds the collectors to a config's registry. A second
@@ -72,6 +80,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	for _, c := range []prometheus.Collector{
 		metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.releases,
 		metrics.inFlight, metrics.memoryKeys, metrics.memoryEvictions, metrics.stuckAssets,
+		metrics.breakersOpen, metrics.breakerTransitions,
 	} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
@@ -91,6 +100,18 @@ func sumMemoryStores(f func(*dedup.MemoryStore) int) float64 {
 		return true
 	})
 	return float64(total)
+}
+
+// openBreakers counts the shared Redis connections whose breaker is open.
+func openBreakers() float64 {
+	open := 0
+	stores.Range(func(_, v any) bool {
+		if c, ok := v.(*redisConnection); ok && c.breaker.State() == dedup.BreakerOpen {
+			open++
+		}
+		return true
+	})
+	return float64(open)
 }
 
 // instrumentedStore times and counts every store operation. Its
@@ -138,6 +159,9 @@ func (s instrumentedStore) Release(ctx context.Context, c *dedup.Claim) (bool, e
 }
 
 func observeOp(duration prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
+	if errors.Is(err, dedup.ErrBreakerOpen) {
+		return // the call never reached the store
+	}
 	duration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		errs.Inc()

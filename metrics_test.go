@@ -23,6 +23,7 @@ func exportedMetricNames(t *testing.T) map[string]bool {
 	metrics.storeDuration.WithLabelValues("memory", "decide")
 	metrics.storeErrors.WithLabelValues("memory", "decide")
 	metrics.releases.WithLabelValues("released")
+	metrics.breakerTransitions.WithLabelValues("open")
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

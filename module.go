@@ -117,6 +117,12 @@ type Handler struct {
 	// Default: "dedup:".
 	KeyPrefix *string `json:"key_prefix,omitempty"`
 
+	// A placeholder template whose value becomes part of every key, such
+	// as {http.request.host} or {http.auth.user.id}, so that two tenants
+	// with the same asset ids never suppress each other. A request where it
+	// expands to nothing is rejected rather than put in a shared key space.
+	KeyScope string `json:"key_scope,omitempty"`
+
 	// The sender's retry schedule: offsets of its attempts after the first
 	// delivery. The key TTL is the last one plus outage_margin.
 	// Default: 1m 5m 30m 2h 6h.
@@ -269,7 +275,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 1. Normalise: a bounded read, restored for the next handler, and the
 	// configured fields parsed, reprojected and validated.
-	body, ping, err := h.normalise(r, repl)
+	body, ping, scope, err := h.normalise(r, repl)
 	switch {
 	case errors.Is(err, dedup.ErrNotAPing):
 		h.record(repl, decisionSkipped, reasonNotAPing)
@@ -279,8 +285,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 2. Quantise.
+	asset := ping.Asset
+	ping.Asset = dedup.ScopedAsset(scope, asset)
 	obs := h.keyer.Observe(ping)
-	setObservation(repl, obs)
+	setObservation(repl, asset, obs)
 
 	// 3. Claim, in one store round trip.
 	claim, verdict, err := h.deduper.Claim(r.Context(), obs)
@@ -305,22 +313,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
-// normalise reads the body and turns it into a validated ping.
-func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) ([]byte, dedup.Ping, error) {
-	body, err := readBody(r, h.maxBody)
-	if err != nil {
-		return body, dedup.Ping{}, err
+// normalise reads the body and turns it into a validated ping and the key
+// scope it belongs to.
+func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) (body []byte, ping dedup.Ping, scope string, err error) {
+	if body, err = readBody(r, h.maxBody); err != nil {
+		return body, ping, "", err
 	}
-	ping, err := h.parser.Extract(body)
-	if err != nil {
-		return body, ping, err
+	if ping, err = h.parser.Extract(body); err != nil {
+		return body, ping, "", err
 	}
 	if h.assetTemplate != "" {
-		if ping.Asset, err = expandAsset(repl, h.assetTemplate); err != nil {
-			return body, ping, err
+		if ping.Asset, err = expandTemplate(repl, "asset", h.assetTemplate); err != nil {
+			return body, ping, "", err
 		}
 	}
-	return body, ping, h.parser.Validate(ping, time.Now())
+	if h.keyScope != "" {
+		if scope, err = expandTemplate(repl, "key_scope", h.keyScope); err != nil {
+			return body, ping, "", err
+		}
+	}
+	return body, ping, scope, h.parser.Validate(ping, time.Now())
 }
 
 // forward passes a first sighting on and lets the upstream's real answer
@@ -373,7 +385,9 @@ func (h *Handler) finish(ctx context.Context, claim *dedup.Claim, failed bool) {
 
 // storeFailed applies on_store_error when the store cannot answer.
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, err error) error {
-	h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+	if !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
+		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+	}
 	if h.failClosed && !h.shadow {
 		h.record(repl, decisionUnavailable, reasonStoreError)
 		writeUnavailable(w)
@@ -468,21 +482,22 @@ const (
 	placeholderCell     = "http.telemetry_dedup.cell"
 )
 
-func setObservation(repl *caddy.Replacer, obs dedup.Observation) {
-	repl.Set(placeholderAsset, obs.Asset)
+func setObservation(repl *caddy.Replacer, asset string, obs dedup.Observation) {
+	repl.Set(placeholderAsset, asset)
 	repl.Set(placeholderBucket, strconv.FormatInt(obs.Bucket, 10))
 	repl.Set(placeholderCell, obs.Cell.String())
 }
 
-// expandAsset fills an asset template from the request. A placeholder that
-// is unknown or empty is an invalid ping, not a shared empty identity.
-func expandAsset(repl *caddy.Replacer, template string) (string, error) {
-	asset, err := repl.ReplaceOrErr(template, true, true)
+// expandTemplate fills the asset or key_scope template from the request. A
+// placeholder that is unknown or empty is an invalid ping, not a shared
+// empty identity.
+func expandTemplate(repl *caddy.Replacer, option, template string) (string, error) {
+	v, err := repl.ReplaceOrErr(template, true, true)
 	if err != nil {
-		return "", &dedup.InvalidPingError{Field: "asset", Rule: dedup.RuleRequired,
-			Detail: fmt.Sprintf("the asset template %s could not be filled from this request: %v", template, err)}
+		return "", &dedup.InvalidPingError{Field: option, Rule: dedup.RuleRequired,
+			Detail: fmt.Sprintf("the %s template %s could not be filled from this request: %v", option, template, err)}
 	}
-	return asset, nil
+	return v, nil
 }
 
 // Interface guards

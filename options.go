@@ -29,6 +29,7 @@ const (
 type settings struct {
 	parser           dedup.Parser
 	assetTemplate    string // a placeholder template for the asset, instead of paths
+	keyScope         string // a placeholder template that scopes every key
 	keyer            dedup.Keyer
 	policy           dedup.Policy
 	ttlFrom          string
@@ -67,6 +68,7 @@ func (h *Handler) resolve() (settings, error) {
 	if err := s.keyer.Check(); err != nil {
 		return s, err
 	}
+	s.keyScope = h.KeyScope
 
 	if s.policy, s.ttlFrom, err = h.resolvePolicy(s.keyer); err != nil {
 		return s, err
@@ -98,7 +100,7 @@ func (h *Handler) resolve() (settings, error) {
 	s.maxBody = cmp.Or(h.MaxBody, defaultMaxBody)
 
 	s.stuckRatio = cmp.Or(h.StuckRatio, dedup.DefaultStuckRatio)
-	if s.stuckRatio <= 0 || s.stuckRatio > 1 {
+	if !(s.stuckRatio > 0 && s.stuckRatio <= 1) { // also refuses NaN
 		return s, &dedup.ConfigError{Option: "stuck_ratio", Problem: fmt.Sprintf("%v is not a share in (0, 1]; use e.g. 0.95", h.StuckRatio)}
 	}
 	s.stuckAfter = orDefault(h.StuckAfter, 3*s.keyer.Window)

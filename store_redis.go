@@ -3,7 +3,13 @@ package telemetrydedup
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,22 +25,81 @@ func init() {
 	caddy.RegisterModule(RedisStore{})
 }
 
-// RedisStore keeps claims in Redis 7 or later, shared by every Caddy instance
-// pointed at the same server. Clients are shared across config reloads:
-// a reload with the same URL keeps its connections.
+// RedisStore keeps claims in Redis 7 or later: one server, a Sentinel-managed
+// master, or a Cluster. Every Caddy instance pointed at the same Redis shares
+// the same decisions. Clients are shared across config reloads: a reload with
+// the same connection settings keeps its connections. A circuit breaker
+// stops calling a Redis that keeps failing, so on_store_error applies at once
+// instead of after a timeout per request.
 type RedisStore struct {
-	// The server, as a URL: redis://[user:password@]host:port/db, or
-	// rediss:// for TLS. Placeholders such as {env.REDIS_URL} are expanded
-	// when the config loads. Required.
+	// One server, as a URL: redis://[user:password@]host:port/db, or
+	// rediss:// for TLS. With cluster, the URL's host is a seed node.
 	URL string `json:"url,omitempty"`
+
+	// Cluster seed nodes (host:port), or with master the Sentinel
+	// addresses. Two or more addresses without master mean a Cluster.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Treat a single address (or the URL) as a Cluster seed.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// The Sentinel master name; Addresses are then the sentinels.
+	Master string `json:"master,omitempty"`
+
+	// ACL user and password, for the data nodes. Override the URL's.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+
+	// ACL user and password for the sentinels, if they differ.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+
+	// The database number (not with Cluster). Overrides the URL's.
+	DB int `json:"db,omitempty"`
+
+	// TLS settings; a rediss:// URL turns TLS on with the system roots.
+	TLS *RedisTLS `json:"tls,omitempty"`
 
 	// The longest any one store operation may take before it counts as a
 	// store error (and on_store_error decides). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
+	// Connection-level timeouts. Default: go-redis's (5s dial, 3s
+	// read/write); the per-operation timeout bounds each wait anyway.
+	DialTimeout  caddy.Duration `json:"dial_timeout,omitempty"`
+	ReadTimeout  caddy.Duration `json:"read_timeout,omitempty"`
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+
+	// Connections per node. Default: 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// Consecutive store failures that open the circuit breaker. Default: 5.
+	BreakerFailures int `json:"breaker_failures,omitempty"`
+
+	// How long an open breaker skips the store before one probe request
+	// tries it again. Default: 5s.
+	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
+
 	poolKey string
-	client  *redis.Client
-	store   *dedup.RedisStore
+	client  redis.UniversalClient
+	store   dedup.Store
+	timeout time.Duration
+}
+
+// RedisTLS configures TLS to Redis. Placeholders are expanded in every field.
+type RedisTLS struct {
+	// PEM file of the CA that signed the server's certificate. Default: the
+	// system roots.
+	CA string `json:"ca,omitempty"`
+	// PEM files of a client certificate and its key, for servers that
+	// require one (tls-auth-clients).
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// The name to verify the server's certificate against. Default: the
+	// address's host.
+	ServerName string `json:"server_name,omitempty"`
+	// Skip certificate verification. Only for tests.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -45,39 +110,155 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision takes the shared client for this URL, creating it if no config
-// holds one yet. It does no network I/O: an unreachable Redis at start is a
-// runtime condition for on_store_error, not a reason to refuse the config.
+// Provision takes the shared client for these connection settings, creating
+// it if no config holds one yet. It does no network I/O: an unreachable
+// Redis at start is a runtime condition for on_store_error, not a reason to
+// refuse the config.
 func (r *RedisStore) Provision(ctx caddy.Context) error {
-	url := caddy.NewReplacer().ReplaceKnown(r.URL, "")
-	opts, err := parseRedisURL(url)
+	resolved := r.expanded()
+	opts, err := resolved.options()
 	if err != nil {
 		return err
 	}
-	opts.ContextTimeoutEnabled = true // the per-operation timeout must bound network waits
-
-	r.poolKey = "redis " + url
+	identity, _ := json.Marshal(resolved) // the resolved settings are the connection's identity
+	r.poolKey = "redis " + string(identity)
+	logger := ctx.Logger()
 	v, _, err := stores.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
-		return redisClient{redis.NewClient(opts)}, nil
+		return newRedisConnection(opts, resolved, logger), nil
 	})
 	if err != nil {
 		return err
 	}
-	r.client = v.(redisClient).Client
-	r.store = dedup.NewRedisStore(r.client, time.Duration(r.Timeout))
+	conn := v.(*redisConnection)
+	r.client = conn.client
+	r.timeout = cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
+	r.store = conn.breaker.Guard(dedup.NewRedisStore(conn.client, r.timeout))
 
-	go warnIfUnreachable(ctx, r.client, opts.Addr, ctx.Logger())
+	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
 	return nil
+}
+
+// expanded returns a copy with placeholders such as {env.REDIS_PASSWORD}
+// expanded, so that secrets stay out of the config.
+func (r *RedisStore) expanded() RedisStore {
+	repl := caddy.NewReplacer()
+	e := func(s string) string { return repl.ReplaceKnown(s, "") }
+	x := *r
+	x.URL, x.Master, x.Username, x.Password = e(r.URL), e(r.Master), e(r.Username), e(r.Password)
+	x.SentinelUsername, x.SentinelPassword = e(r.SentinelUsername), e(r.SentinelPassword)
+	x.Addresses = make([]string, len(r.Addresses))
+	for i, a := range r.Addresses {
+		x.Addresses[i] = e(a)
+	}
+	if r.TLS != nil {
+		t := *r.TLS
+		t.CA, t.Cert, t.Key, t.ServerName = e(t.CA), e(t.Cert), e(t.Key), e(t.ServerName)
+		x.TLS = &t
+	}
+	return x
+}
+
+// options builds the go-redis options: URL first, explicit fields over it.
+func (r RedisStore) options() (*redis.UniversalOptions, error) {
+	opts := &redis.UniversalOptions{
+		Addrs:                 r.Addresses,
+		MasterName:            r.Master,
+		IsClusterMode:         r.Cluster,
+		SentinelUsername:      r.SentinelUsername,
+		SentinelPassword:      r.SentinelPassword,
+		DialTimeout:           time.Duration(r.DialTimeout),
+		ReadTimeout:           time.Duration(r.ReadTimeout),
+		WriteTimeout:          time.Duration(r.WriteTimeout),
+		PoolSize:              r.PoolSize,
+		ContextTimeoutEnabled: true, // the per-operation timeout must bound network waits
+	}
+	switch {
+	case r.URL != "" && len(r.Addresses) > 0:
+		return nil, errors.New("store redis: give either a URL or addresses, not both")
+	case r.URL != "":
+		u, err := parseRedisURL(r.URL)
+		if err != nil {
+			return nil, err
+		}
+		opts.Addrs, opts.Username, opts.Password, opts.DB, opts.TLSConfig = []string{u.Addr}, u.Username, u.Password, u.DB, u.TLSConfig
+	case len(r.Addresses) == 0:
+		return nil, errors.New("store redis: needs a URL, or addresses (with master for Sentinel, two or more or cluster for Cluster)")
+	}
+	if r.Master != "" && r.Cluster {
+		return nil, errors.New("store redis: master (Sentinel) and cluster exclude each other")
+	}
+	if r.DB != 0 && (r.Cluster || (len(opts.Addrs) > 1 && r.Master == "")) {
+		return nil, errors.New("store redis: a Cluster has only database 0; drop db")
+	}
+	opts.Username = cmp.Or(r.Username, opts.Username)
+	opts.Password = cmp.Or(r.Password, opts.Password)
+	opts.DB = cmp.Or(r.DB, opts.DB)
+	if r.TLS != nil {
+		tlsConfig, err := r.TLS.config(opts.TLSConfig)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig = tlsConfig
+	}
+	return opts, nil
+}
+
+func (t RedisTLS) config(fromURL *tls.Config) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if fromURL != nil {
+		c = fromURL.Clone()
+	}
+	c.ServerName = cmp.Or(t.ServerName, c.ServerName)
+	c.InsecureSkipVerify = t.InsecureSkipVerify //nolint:gosec // an explicit, documented opt-in for tests
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("store redis: tls ca: %v", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("store redis: tls ca %s holds no PEM certificate", t.CA)
+		}
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return nil, errors.New("store redis: tls cert and key go together; give both or neither")
+	}
+	if t.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("store redis: tls client certificate: %v", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c, nil
 }
 
 // warnIfUnreachable tells the operator at start that Redis does not answer,
 // instead of letting the first store error in traffic be the news.
-func warnIfUnreachable(ctx context.Context, client *redis.Client, addr string, logger *zap.Logger) {
+func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil && ctx.Err() == nil {
 		logger.Warn("redis store does not answer; until it does, on_store_error decides what happens to pings",
-			zap.String("addr", addr), zap.Error(err))
+			zap.String("redis", where), zap.Error(err))
+	}
+}
+
+// describeTopology names a connection for logs, without secrets.
+func describeTopology(r RedisStore) string {
+	addrs := r.Addresses
+	if r.URL != "" {
+		if u, err := redis.ParseURL(r.URL); err == nil {
+			addrs = []string{u.Addr}
+		}
+	}
+	switch {
+	case r.Master != "":
+		return "sentinel master " + r.Master + " via " + strings.Join(addrs, ",")
+	case r.Cluster || len(addrs) > 1:
+		return "cluster via " + strings.Join(addrs, ",")
+	default:
+		return strings.Join(addrs, ",")
 	}
 }
 
@@ -96,43 +277,167 @@ func (r *RedisStore) Store() dedup.Store { return r.store }
 // redisClient lends the store's client, with its operation timeout, to the
 // dead-letter stream.
 func (r *RedisStore) redisClient() (redis.UniversalClient, time.Duration) {
-	return r.client, cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
+	return r.client, r.timeout
 }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
 //
-//	store redis <url> {
+//	store redis [<url>] {
+//		addresses <host:port>...
+//		cluster
+//		master <name>
+//		username <user>
+//		password <password>
+//		sentinel_username <user>
+//		sentinel_password <password>
+//		db <n>
+//		tls {
+//			ca <file>
+//			cert <file>
+//			key <file>
+//			server_name <name>
+//			insecure_skip_verify
+//		}
 //		timeout <duration>
+//		dial_timeout <duration>
+//		read_timeout <duration>
+//		write_timeout <duration>
+//		pool_size <n>
+//		breaker_failures <n>
+//		breaker_cooldown <duration>
 //	}
 func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume store name
-	if !d.NextArg() {
-		return d.Err("store redis needs a URL, e.g. store redis redis://127.0.0.1:6379/0 or store redis {env.REDIS_URL}")
+	if d.NextArg() {
+		r.URL = d.Val()
+		if !strings.Contains(r.URL, "{") { // placeholders are checked when they are expanded, at load
+			if _, err := parseRedisURL(r.URL); err != nil {
+				return d.Err(err.Error())
+			}
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
 	}
-	r.URL = d.Val()
-	if !strings.Contains(r.URL, "{") { // placeholders are checked when they are expanded, at load
-		if _, err := parseRedisURL(r.URL); err != nil {
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		option := d.Val()
+		if seen[option] {
+			return d.Errf("%s already specified", option)
+		}
+		seen[option] = true
+		if err := r.unmarshalOption(d, option); err != nil {
+			return err
+		}
+	}
+	if r.URL == "" && len(r.Addresses) == 0 {
+		return d.Err("store redis needs a URL, e.g. store redis redis://127.0.0.1:6379/0 or store redis {env.REDIS_URL}, " +
+			"or addresses in its block (with master for Sentinel, cluster for Cluster)")
+	}
+	// Check now, so the error points at the block, unless the settings wait
+	// for placeholders or TLS files, which are only read at load.
+	if !r.waitsForLoad() {
+		if _, err := r.options(); err != nil {
 			return d.Err(err.Error())
 		}
 	}
+	return nil
+}
+
+func (r *RedisStore) waitsForLoad() bool {
+	return r.TLS != nil || strings.Contains(strings.Join(append([]string{r.URL, r.Master, r.Username, r.Password}, r.Addresses...), " "), "{")
+}
+
+func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) error {
+	switch option {
+	case "addresses":
+		r.Addresses = d.RemainingArgs()
+		if len(r.Addresses) == 0 {
+			return d.Err("addresses needs at least one host:port")
+		}
+	case "cluster":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		r.Cluster = true
+	case "master":
+		return oneArg(d, &r.Master)
+	case "username":
+		return oneArg(d, &r.Username)
+	case "password":
+		return oneArg(d, &r.Password)
+	case "sentinel_username":
+		return oneArg(d, &r.SentinelUsername)
+	case "sentinel_password":
+		return oneArg(d, &r.SentinelPassword)
+	case "db":
+		return intArg(d, &r.DB, 0, "db", "a database number such as 0")
+	case "tls":
+		return r.unmarshalTLS(d)
+	case "timeout":
+		return durationArg(d, &r.Timeout)
+	case "dial_timeout":
+		return durationArg(d, &r.DialTimeout)
+	case "read_timeout":
+		return durationArg(d, &r.ReadTimeout)
+	case "write_timeout":
+		return durationArg(d, &r.WriteTimeout)
+	case "pool_size":
+		return intArg(d, &r.PoolSize, 1, "pool_size", "a number of connections such as 20")
+	case "breaker_failures":
+		return intArg(d, &r.BreakerFailures, 1, "breaker_failures", "a number of consecutive failures such as 5")
+	case "breaker_cooldown":
+		return durationArg(d, &r.BreakerCooldown)
+	default:
+		return d.Errf("unrecognized store redis option %q; the options are addresses, cluster, master, username, password, "+
+			"sentinel_username, sentinel_password, db, tls, timeout, dial_timeout, read_timeout, write_timeout, pool_size, "+
+			"breaker_failures and breaker_cooldown", option)
+	}
+	return nil
+}
+
+func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	for d.NextBlock(0) {
+	r.TLS = new(RedisTLS)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {
-		case "timeout":
-			if r.Timeout != 0 {
-				return d.Err("timeout already specified")
-			}
-			dur, err := parseDurationArg(d)
-			if err != nil {
+		case "ca":
+			if err := oneArg(d, &r.TLS.CA); err != nil {
 				return err
 			}
-			r.Timeout = caddy.Duration(dur)
+		case "cert":
+			if err := oneArg(d, &r.TLS.Cert); err != nil {
+				return err
+			}
+		case "key":
+			if err := oneArg(d, &r.TLS.Key); err != nil {
+				return err
+			}
+		case "server_name":
+			if err := oneArg(d, &r.TLS.ServerName); err != nil {
+				return err
+			}
+		case "insecure_skip_verify":
+			r.TLS.InsecureSkipVerify = true
 		default:
-			return d.Errf("unrecognized store redis option %q; the redis store takes timeout", d.Val())
+			return d.Errf("unrecognized tls option %q; use ca, cert, key, server_name or insecure_skip_verify", d.Val())
 		}
 	}
+	return nil
+}
+
+func intArg(d *caddyfile.Dispenser, dst *int, minimum int, option, example string) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < minimum {
+		return d.Errf("%s %q: use %s", option, s, example)
+	}
+	*dst = n
 	return nil
 }
 
@@ -147,11 +452,29 @@ func parseRedisURL(url string) (*redis.Options, error) {
 	return opts, nil
 }
 
-// redisClient lets a client live in the usage pool, closed with the last
-// config that used it.
-type redisClient struct{ *redis.Client }
+// redisConnection is one shared client and the breaker in front of it,
+// living in the usage pool and closed with the last config that used it.
+type redisConnection struct {
+	client  redis.UniversalClient
+	breaker *dedup.Breaker
+}
 
-func (c redisClient) Destruct() error { return c.Close() }
+func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
+	where := describeTopology(r)
+	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
+		metricsOnce.Do(initMetrics)
+		metrics.breakerTransitions.WithLabelValues(to.String()).Inc()
+		if to == dedup.BreakerOpen {
+			logger.Warn("redis store circuit breaker opened: skipping Redis and applying on_store_error until a probe succeeds",
+				zap.String("redis", where), zap.String("from", from.String()), zap.Error(cause))
+			return
+		}
+		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
+	})
+	return &redisConnection{client: redis.NewUniversalClient(opts), breaker: breaker}
+}
+
+func (c *redisConnection) Destruct() error { return c.client.Close() }
 
 // Interface guards
 var (

@@ -12,7 +12,8 @@ const (
 	// RuleRequired: the field is missing or null.
 	RuleRequired Rule = "required"
 	// RuleType: the field has the wrong JSON type (a string where a number
-	// belongs, an empty asset id, ...).
+	// belongs, an object as asset id), or an asset id that cannot be one:
+	// longer than 256 bytes, or holding control characters.
 	RuleType Rule = "type"
 	// RuleTimeFormat: the timestamp cannot be read in the configured format.
 	RuleTimeFormat Rule = "time_format"

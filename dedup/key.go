@@ -89,6 +89,17 @@ func (k Keyer) Key(asset string, bucket int64, cell h3.Cell) string {
 	return k.Prefix + hash128(raw)
 }
 
+// ScopedAsset is the asset's identity inside a key scope (a tenant, a host):
+// the scope's length, the scope and the asset, so that no two scope and
+// asset pairs spell the same identity. Without a scope it is the asset
+// itself, and the key layout is the article's.
+func ScopedAsset(scope, asset string) string {
+	if scope == "" {
+		return asset
+	}
+	return strconv.Itoa(len(scope)) + ":" + scope + "/" + asset
+}
+
 // TrackKeys returns the keys of the sliding and session shapes: the asset's
 // state, and the seen set of the minute of device time t. The asset's hash
 // sits in braces, a Redis Cluster hash tag, so that one script can reach

@@ -47,6 +47,9 @@ func TestParseReadsPings(t *testing.T) {
 		{"unix_ms", unixMS,
 			`{"asset_id":"a","occurred_at":1786190340000,"lat":1,"lon":2}`,
 			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"unix_ms with an exponent and a fraction", unixMS,
+			`{"asset_id":"a","occurred_at":1.7861903400005e12,"lat":1,"lon":2}`,
+			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 500e3, time.UTC), 1, 2}},
 		{"nested paths", nested,
 			`{"device":{"id":"t-1"},"position":{"fixTime":"2026-08-08T11:59:00Z","latitude":-33.9,"longitude":151.2}}`,
 			Ping{"t-1", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), -33.9, 151.2}},
@@ -56,6 +59,34 @@ func TestParseReadsPings(t *testing.T) {
 		{"within max_future", NewParser(),
 			`{"asset_id":"a","occurred_at":"2026-08-08T12:04:59Z","lat":1,"lon":2}`,
 			Ping{"a", time.Date(2026, 8, 8, 12, 4, 59, 0, time.UTC), 1, 2}},
+		{"30-digit numeric asset id kept as written", NewParser(),
+			`{"asset_id":123456789012345678901234567890,"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{"123456789012345678901234567890", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"asset id of exactly 256 bytes", NewParser(),
+			`{"asset_id":"` + strings.Repeat("x", MaxAssetBytes) + `","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{strings.Repeat("x", MaxAssetBytes), time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"non-ASCII asset id", NewParser(),
+			`{"asset_id":"Lkw-Müller-\u00e9-🚚","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{"Lkw-Müller-é-🚚", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"escaped key names are read unescaped", NewParser(),
+			`{"asset_\u0069d":"a","occurred_at":"2026-08-08T11:59:00Z","l\u0061t":1,"lon":2}`,
+			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"duplicate keys off the configured paths are not looked at", NewParser(),
+			`{"asset_id":"a","extra":{"x":1,"x":2},"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"keys differing in case from keys not read", NewParser(),
+			`{"asset_id":"a","speed":1,"SPEED":2,"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"duplicate keys beside a nested path", nested,
+			`{"device":{"id":"t-1","attributes":{"x":1,"x":2}},"position":{"fixTime":"2026-08-08T11:59:00Z","latitude":-33.9,"longitude":151.2,"attributes":{"a":1,"a":1}}}`,
+			Ping{"t-1", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), -33.9, 151.2}},
+		{"nesting of exactly 64 levels", NewParser(),
+			`{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2,"x":` +
+				strings.Repeat("[", MaxNesting-1) + strings.Repeat("]", MaxNesting-1) + `}`,
+			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
+		{"brackets and escaped quotes inside strings do not nest", NewParser(),
+			`{"asset_id":"a","note":"\\\"` + strings.Repeat("[{", 100) + `\\","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{"a", time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), 1, 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,8 +105,8 @@ func TestParseReadsPings(t *testing.T) {
 }
 
 func TestParseRejectsInvalidPings(t *testing.T) {
-	rfc, unix := NewParser(), NewParser()
-	rfc.TimeFormat, unix.TimeFormat = TimeRFC3339, TimeUnix
+	rfc, unix, unixMS := NewParser(), NewParser(), NewParser()
+	rfc.TimeFormat, unix.TimeFormat, unixMS.TimeFormat = TimeRFC3339, TimeUnix, TimeUnixMilli
 	tests := []struct {
 		name   string
 		parser Parser
@@ -103,6 +134,28 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"missing lat", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lon":2}`, "lat", RuleRequired},
 		{"string lat", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":"52.1","lon":2}`, "lat", RuleType},
 		{"null lon", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":null}`, "lon", RuleRequired},
+		// Huge numbers: a coordinate overflowing float64 is infinite, a time
+		// beyond any clock is unreadable, never a wrapped-around date.
+		{"longitude overflows to -infinity", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":-1e400}`, "lon", RuleFinite},
+		{"latitude 1e308 is finite but out of range", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1e308,"lon":2}`, "lat", RuleRange},
+		{"time 1e30", NewParser(), `{"asset_id":"a","occurred_at":1e30,"lat":1,"lon":2}`, "occurred_at", RuleTimeFormat},
+		{"time -1e30", NewParser(), `{"asset_id":"a","occurred_at":-1e30,"lat":1,"lon":2}`, "occurred_at", RuleTimeFormat},
+		{"time 1e30 under unix", unix, `{"asset_id":"a","occurred_at":1e30,"lat":1,"lon":2}`, "occurred_at", RuleTimeFormat},
+		{"time 1e400", NewParser(), `{"asset_id":"a","occurred_at":1e400,"lat":1,"lon":2}`, "occurred_at", RuleTimeFormat},
+		{"time 30 digits", NewParser(), `{"asset_id":"a","occurred_at":123456789012345678901234567890,"lat":1,"lon":2}`, "occurred_at", RuleTimeFormat},
+		// Epoch milliseconds written with an exponent or a fraction take the
+		// float path: 1e13 ms is the year 2286, never a wrapped-around 1677.
+		{"time 1e13 ms with an exponent", NewParser(), `{"asset_id":"a","occurred_at":1e13,"lat":1,"lon":2}`, "occurred_at", RuleFuture},
+		{"time 1e16 ms with a fraction", NewParser(), `{"asset_id":"a","occurred_at":9999999999999999.5,"lat":1,"lon":2}`, "occurred_at", RuleFuture},
+		{"time 1.8e12 ms with an exponent under unix_ms", unixMS, `{"asset_id":"a","occurred_at":1.8e12,"lat":1,"lon":2}`, "occurred_at", RuleFuture},
+		// Asset ids that are not ids.
+		{"asset id of 257 bytes", NewParser(), `{"asset_id":"` + strings.Repeat("x", MaxAssetBytes+1) + `","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"numeric asset id of 300 digits", NewParser(), `{"asset_id":` + strings.Repeat("7", 300) + `,"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with a newline", NewParser(), `{"asset_id":"veh-88\nINFO forged log line","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with a NUL", NewParser(), `{"asset_id":"veh\u0000","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with a tab", NewParser(), `{"asset_id":"veh\t88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with an escape sequence", NewParser(), `{"asset_id":"veh\u001b[31m","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with DEL", NewParser(), `{"asset_id":"veh\u007f","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,19 +197,159 @@ func TestNullIslandCanBeAllowed(t *testing.T) {
 }
 
 func TestParseRejectsMalformedBodies(t *testing.T) {
+	owntracks, _ := ParsePreset("owntracks")
+	traccar, _ := ParsePreset("traccar")
+	geojson, _ := ParsePreset("geojson")
+	const valid = `"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2`
+	many := ""
+	for i := range 40 {
+		many += `"k` + strings.Repeat("x", i) + `":1,`
+	}
+	tests := []struct {
+		name   string
+		parser Parser
+		body   string
+		want   string // in the message
+	}{
+		{"empty", NewParser(), ``, "empty"},
+		{"not JSON", NewParser(), `asset_id=veh-88`, "not valid JSON"},
+		{"truncated", NewParser(), `{"asset_id":"veh-88","lat":`, "not valid JSON"},
+		{"array", NewParser(), `[{"asset_id":"veh-88"}]`, "JSON object"},
+		{"bare string", NewParser(), `"veh-88"`, "JSON object"},
+		{"trailing junk", NewParser(), `{"asset_id":"a"} x`, "not valid JSON"},
+		{"bracket closed before opened", NewParser(), `}{` + valid + `}`, "not valid JSON"},
+		{"trailing closing bracket", NewParser(), `{` + valid + `}]`, "not valid JSON"},
+
+		// Invalid UTF-8, anywhere.
+		{"invalid UTF-8 in the asset id", NewParser(), `{"asset_id":"veh-` + "\xff" + `","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "not valid UTF-8"},
+		{"invalid UTF-8 in a key", NewParser(), `{"asset_id` + "\xc3" + `":"a",` + valid + `}`, "not valid UTF-8"},
+		{"invalid UTF-8 in an ignored field", NewParser(), `{` + valid + `,"note":"` + "\xe2\x82" + `"}`, "not valid UTF-8"},
+		{"overlong encoding of /", NewParser(), `{` + valid + `,"note":"` + "\xc0\xaf" + `"}`, "not valid UTF-8"},
+		{"UTF-8 encoded surrogate", NewParser(), `{` + valid + `,"note":"` + "\xed\xa0\x80" + `"}`, "not valid UTF-8"},
+		{"invalid UTF-8 outside strings", NewParser(), `{` + valid + `}` + "\xff", "not valid UTF-8"},
+		{"Latin-1 body", NewParser(), `{"asset_id":"M` + "\xfc" + `ller",` + valid[len(`"asset_id":"a",`):] + `}`, "not valid UTF-8"},
+
+		// Nesting beyond 64 levels, found before anything recurses.
+		{"65 levels", NewParser(), `{` + valid + `,"x":` + strings.Repeat("[", MaxNesting) + strings.Repeat("]", MaxNesting) + `}`, "more than 64 levels"},
+		{"65 levels of objects", NewParser(), strings.Repeat(`{"a":`, MaxNesting+1) + `1` + strings.Repeat("}", MaxNesting+1), "more than 64 levels"},
+		{"an escaped backslash ends the string", NewParser(), `{` + valid + `,"x":"\\\\",` + `"y":` + strings.Repeat("[", MaxNesting) + strings.Repeat("]", MaxNesting) + `}`, "more than 64 levels"},
+
+		// Duplicate keys on a configured path: gjson reads the first, many
+		// backends the last.
+		{"duplicate lat", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2,"lat":91}`, `duplicate key "lat"`},
+		{"duplicate asset id", NewParser(), `{"asset_id":"a",` + valid + `}`, `duplicate key "asset_id"`},
+		{"duplicate time", NewParser(), `{` + valid + `,"occurred_at":"2026-08-08T13:59:00Z"}`, `duplicate key "occurred_at"`},
+		{"duplicate of an ignored key", NewParser(), `{"speed":1,` + valid + `,"speed":2}`, `duplicate key "speed"`},
+		{"duplicate written with an escape", NewParser(), `{` + valid + `,"l\u0061t":91}`, `duplicate key "lat"`},
+		{"duplicate after 40 other keys", NewParser(), `{` + many + valid + `,"kxxx":2}`, `duplicate key "kxxx"`},
+		{"duplicate lat after 40 other keys", NewParser(), `{` + many + valid + `,"lat":91}`, `duplicate key "lat"`},
+		{"lat and LAT", NewParser(), `{` + valid + `,"LAT":91}`, `duplicate key "LAT"`},
+		{"lat and Lat before it", NewParser(), `{"Lat":91,` + valid + `}`, `duplicate key "lat"`},
+		// encoding/json folds like strings.EqualFold: the long s is an s.
+		{"asset_id and a\u017fset_id", NewParser(), `{` + valid + `,"a\u017fset_id":"b"}`, `duplicate key "aſset_id"`},
+		{"asset_id and aſset_id in UTF-8", NewParser(), `{` + valid + `,"aſset_id":"b"}`, `only in letter case`},
+		{"duplicate nested latitude", traccar,
+			`{"device":{"uniqueId":"t"},"position":{"fixTime":"2024-05-01T10:00:00Z","latitude":1,"longitude":2,"latitude":91}}`, `duplicate key "latitude"`},
+		{"duplicate intermediate object", traccar,
+			`{"device":{"uniqueId":"t"},"position":{"fixTime":"2024-05-01T10:00:00Z","latitude":1,"longitude":2},"position":{"latitude":91}}`, `duplicate key "position"`},
+		{"duplicate in the second asset path's object", traccar,
+			`{"device":{"uniqueId":"t","uniqueId":"u"},"position":{"fixTime":"2024-05-01T10:00:00Z","latitude":1,"longitude":2}}`, `duplicate key "uniqueId"`},
+		{"duplicate in a GeoJSON geometry", geojson,
+			`{"id":"a","geometry":{"type":"Point","coordinates":[1,2],"coordinates":[3,4]},"properties":{"time":"2024-05-01T10:00:00Z"}}`, `duplicate key "coordinates"`},
+		{"duplicate in GeoJSON properties", geojson,
+			`{"id":"a","geometry":{"type":"Point","coordinates":[1,2]},"properties":{"time":"2024-05-01T10:00:00Z","time":"2024-05-01T11:00:00Z"}}`, `duplicate key "time"`},
+		{"duplicate kind", owntracks, `{"_type":"card","_type":"location","tid":"jj","tst":1714557600,"lat":1,"lon":2}`, `duplicate key "_type"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.parser.Parse([]byte(tt.body), parseNow)
+			var me *MalformedError
+			if !errors.As(err, &me) {
+				t.Fatalf("got %v, want a MalformedError", err)
+			}
+			if !strings.Contains(me.Reason, tt.want) {
+				t.Fatalf("message %q does not say %q", me.Reason, tt.want)
+			}
+		})
+	}
+}
+
+// A megabyte of nesting is refused by a linear scan before gjson's validator,
+// which recurses once per level, ever sees it.
+func TestParseRejectsDeepNestingWithoutRecursing(t *testing.T) {
+	const mib = 1 << 20
 	for name, body := range map[string]string{
-		"empty":         ``,
-		"not JSON":      `asset_id=veh-88`,
-		"truncated":     `{"asset_id":"veh-88","lat":`,
-		"array":         `[{"asset_id":"veh-88"}]`,
-		"bare string":   `"veh-88"`,
-		"trailing junk": `{"asset_id":"a"} x`,
+		"arrays":              strings.Repeat("[", mib),
+		"objects":             strings.Repeat(`{"a":`, mib/5),
+		"inside a valid ping": `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2,"x":` + strings.Repeat("[", mib),
+		"balanced":            strings.Repeat("[", mib/2) + strings.Repeat("]", mib/2),
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := NewParser().Parse([]byte(body), parseNow)
 			var me *MalformedError
-			if !errors.As(err, &me) {
-				t.Fatalf("got %v, want a MalformedError", err)
+			if !errors.As(err, &me) || !strings.Contains(me.Reason, "more than 64 levels") {
+				t.Fatalf("got %v, want the nesting MalformedError", err)
+			}
+		})
+	}
+}
+
+// Asset ids that would bloat or break logs are refused wherever they come
+// from, a placeholder template included (no asset paths: field "asset").
+func TestValidateRejectsUnfitAssetIDs(t *testing.T) {
+	template := NewParser()
+	template.AssetPaths = nil
+	for _, asset := range []string{strings.Repeat("a", MaxAssetBytes+1), "user\r\nSet-Cookie: x", "a\x00b", "a\x1fb", "a\x7f"} {
+		var ie *InvalidPingError
+		err := template.Validate(Ping{Asset: asset, Time: parseNow, Lat: 1, Lon: 2}, parseNow)
+		if !errors.As(err, &ie) || ie.Field != "asset" || ie.Rule != RuleType || ie.Detail == "" {
+			t.Errorf("asset %.20q: got %v, want asset/type", asset, err)
+		}
+	}
+	for _, asset := range []string{"alice/phone", strings.Repeat("a", MaxAssetBytes), "ünïcödé ok", "a~b"} {
+		if err := template.Validate(Ping{Asset: asset, Time: parseNow, Lat: 1, Lon: 2}, parseNow); err != nil {
+			t.Errorf("asset %.20q: %v", asset, err)
+		}
+	}
+}
+
+// The asset id is a copy: remembering it (stuck detection keeps thousands)
+// must not keep the request body alive.
+func TestAssetDoesNotAliasTheBody(t *testing.T) {
+	body := []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`)
+	ping, err := NewParser().Parse(body, parseNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(body, strings.Repeat("x", len(body)))
+	if ping.Asset != "veh-88" {
+		t.Fatalf("asset %q changed with the body", ping.Asset)
+	}
+}
+
+// The parse alone, for the cost of the body checks: run with
+// go test -run XXX -bench 'Parse$' ./dedup/
+func BenchmarkParse(b *testing.B) {
+	traccar, _ := ParsePreset("traccar")
+	now := time.Date(2026, 8, 8, 12, 1, 0, 0, time.UTC)
+	for _, bc := range []struct {
+		name   string
+		parser Parser
+		body   []byte
+	}{
+		{"default", NewParser(), benchBody},
+		{"traccar", traccar, []byte(`{"position":{"id":0,"attributes":{"batteryLevel":87.0,"motion":false},"deviceId":1,` +
+			`"protocol":"osmand","serverTime":"2026-08-08T12:00:01.000+00:00","deviceTime":"2026-08-08T12:00:00.000+00:00",` +
+			`"fixTime":"2026-08-08T12:00:00.000+00:00","valid":true,"latitude":52.5200087,"longitude":13.4049547,` +
+			`"altitude":34.0,"speed":0.0,"course":0.0},"device":{"id":1,"name":"Truck 88","uniqueId":"358240051111110",` +
+			`"status":"online","category":"truck"}}`)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := bc.parser.Parse(bc.body, now); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

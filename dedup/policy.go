@@ -68,8 +68,8 @@ func (p Policy) Check(resolution int) error {
 	if p.Shape == Session && p.SessionIdle <= 0 {
 		return &ConfigError{Option: "session_idle", Problem: fmt.Sprintf("%s is not positive; use the device-time gap that ends a burst, e.g. 10m", p.SessionIdle)}
 	}
-	if p.Hysteresis < 0 {
-		return &ConfigError{Option: "hysteresis", Problem: fmt.Sprintf("%v is negative; use a distance in metres, or 0 for off", p.Hysteresis)}
+	if !(p.Hysteresis >= 0) { // also refuses NaN
+		return &ConfigError{Option: "hysteresis", Problem: fmt.Sprintf("%v is not a distance; use metres, or 0 for off", p.Hysteresis)}
 	}
 	if p.Hysteresis > 0 && p.Shape == Tumbling {
 		return &ConfigError{Option: "hysteresis", Problem: "needs shape sliding or session: tumbling keys on the cell alone and keeps no " +

@@ -100,7 +100,10 @@ func parseEpoch(v gjson.Result, f TimeFormat, field string) (time.Time, error) {
 		if ms, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
 			return time.UnixMilli(ms).UTC(), nil
 		}
-		return time.Unix(0, int64(n*1e6)).UTC(), nil
+		// Not int64(n*1e6) nanoseconds: that overflows beyond ±9.2e12 ms
+		// (the years 1677 and 2262), and 1e13 ms would become 1677.
+		ms, frac := math.Modf(n)
+		return time.UnixMilli(int64(ms)).Add(time.Duration(frac * 1e6)).UTC(), nil
 	}
 	if s, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
 		return time.Unix(s, 0).UTC(), nil

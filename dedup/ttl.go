@@ -16,6 +16,10 @@ var DefaultRetryLadder = []time.Duration{
 // survive without admitting a redelivery.
 const DefaultOutageMargin = 30 * time.Minute
 
+// maxTTL bounds every lifetime: ten years is longer than any retry ladder,
+// and far from overflowing a time.Duration.
+const maxTTL = 10 * 365 * 24 * time.Hour
+
 // ConfigError names the option that is wrong and says what to do about it.
 // The Caddyfile parser turns it into an error that points at the option's
 // line.
@@ -61,6 +65,10 @@ func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 	if margin < 0 {
 		return 0, "", &ConfigError{Option: "outage_margin", Problem: fmt.Sprintf("%s is negative; use 0 or more", margin)}
 	}
+	if margin > maxTTL-ladder[len(ladder)-1] {
+		return 0, "", &ConfigError{Option: "outage_margin", Problem: fmt.Sprintf(
+			"last retry %s + outage margin %s is longer than %s; no sender retries that long", ladder[len(ladder)-1], margin, maxTTL)}
+	}
 	horizon := ladder[len(ladder)-1] + margin
 
 	if p.TTL == 0 {
@@ -68,6 +76,9 @@ func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 			return p.Window, fmt.Sprintf("the window, which outlasts last retry %s + outage margin %s", ladder[len(ladder)-1], margin), nil
 		}
 		return horizon, fmt.Sprintf("last retry %s + outage margin %s", ladder[len(ladder)-1], margin), nil
+	}
+	if p.TTL > maxTTL {
+		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf("%s is longer than %s; no sender retries that long", p.TTL, maxTTL)}
 	}
 	if p.TTL < p.Window {
 		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf(

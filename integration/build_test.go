@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,9 +23,6 @@ import (
 // then Caddyfile.example served by the binary it built, answering the
 // README's pings as the README says.
 func TestXcaddyBuildServesTheExample(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds Caddy with xcaddy (minutes); skipped with -short")
-	}
 	caddy := buildCaddy(t)
 
 	out, err := exec.Command(caddy, "list-modules").CombinedOutput()
@@ -67,29 +65,53 @@ func TestXcaddyBuildServesTheExample(t *testing.T) {
 	}
 }
 
+// built is the Caddy binary of this test run, built once for every test
+// that needs a separate process.
+var built struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
 // buildCaddy builds Caddy with the module from this checkout, through the
-// same recipe and code as `go run ./tools/xbuild`.
+// same recipe and code as `go run ./tools/xbuild`, once per test binary.
 func buildCaddy(t *testing.T) string {
 	t.Helper()
-	recipe, err := xbuild.Load("..")
-	if err != nil {
-		t.Fatal(err)
+	if testing.Short() {
+		t.Skip("builds Caddy with xcaddy (minutes); skipped with -short")
 	}
-	output := filepath.Join(t.TempDir(), "caddy")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	cmd, err := recipe.Command(ctx, "..", output)
-	if err != nil {
-		t.Fatal(err)
+	built.once.Do(func() {
+		recipe, err := xbuild.Load("..")
+		if err != nil {
+			built.err = err
+			return
+		}
+		if built.dir, err = os.MkdirTemp("", "telemetry-dedup-caddy-"); err != nil {
+			built.err = err
+			return
+		}
+		built.path = filepath.Join(built.dir, "caddy")
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		cmd, err := recipe.Command(ctx, "..", built.path)
+		if err != nil {
+			built.err = err
+			return
+		}
+		var log bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &log, &log
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			built.err = fmt.Errorf("xcaddy build: %v\n%s", err, log.String())
+			return
+		}
+		fmt.Fprintf(os.Stderr, "xcaddy built Caddy %s in %s\n", recipe.CaddyVersion, time.Since(start).Round(time.Second))
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("xcaddy build: %v\n%s", err, log.String())
-	}
-	t.Logf("xcaddy built Caddy %s in %s", recipe.CaddyVersion, time.Since(start).Round(time.Second))
-	return output
+	return built.path
 }
 
 // serveExample runs the built Caddy on Caddyfile.example, moved to free
@@ -101,16 +123,30 @@ func serveExample(t *testing.T, caddy string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front, back, admin := freePort(t), freePort(t), freePort(t)
+	front, back := freePort(t), freePort(t)
 	config := strings.NewReplacer("8080", strconv.Itoa(front), "8081", strconv.Itoa(back)).Replace(string(src))
-	path := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+	return "http://" + runCaddy(t, caddy, config, front).listen + "/telemetry"
+}
+
+// caddyProcess is a Caddy binary running a Caddyfile.
+type caddyProcess struct {
+	listen string // host:port of the site
+	admin  string // host:port of the admin API
+}
+
+// runCaddy starts the built Caddy on a Caddyfile whose site listens on
+// port, and stops it when the test ends. Its admin API gets a free port.
+func runCaddy(t *testing.T, caddy, caddyfile string, port int) caddyProcess {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		t.Fatal(err)
 	}
-
+	p := caddyProcess{listen: fmt.Sprintf("127.0.0.1:%d", port), admin: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	cmd := exec.Command(caddy, "run", "--config", path)
-	cmd.Env = append(os.Environ(), "CADDY_ADMIN=127.0.0.1:"+strconv.Itoa(admin), "HOME="+t.TempDir())
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "caddy.log"))
+	cmd.Env = append(os.Environ(), "CADDY_ADMIN="+p.admin, "HOME="+dir)
+	logFile, err := os.Create(filepath.Join(dir, "caddy.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,17 +162,15 @@ func serveExample(t *testing.T, caddy string) string {
 			t.Logf("caddy output:\n%s", output())
 		}
 	})
-	addr := fmt.Sprintf("127.0.0.1:%d", front)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
+		if c, err := net.Dial("tcp", p.listen); err == nil {
 			c.Close()
-			break
+			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("caddy did not listen on %s:\n%s", addr, output())
+			t.Fatalf("caddy did not listen on %s:\n%s", p.listen, output())
 		}
 	}
-	return "http://" + addr + "/telemetry"
 }
 
 func freePort(t *testing.T) int {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,14 @@ import (
 
 	_ "github.com/telemetry-dedup/caddy-telemetry-dedup"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
 
 // siteURL is where caddytest's Caddy serves the test site.
 const siteURL = "http://localhost:9080/telemetry"
@@ -96,6 +105,12 @@ http://localhost:9080 {
 		header_up X-Dedup-Why {http.telemetry_dedup.reason}
 	}
 }`, "test:"+t.Name()+":", options, strings.TrimPrefix(up.URL, "http://")))
+}
+
+// caddytestClient is an HTTP client for caddytest's Caddy, which dials
+// 127.0.0.1 whatever the host.
+func caddytestClient() *http.Client {
+	return &http.Client{Transport: caddytest.CreateTestingTransport(), Timeout: 10 * time.Second}
 }
 
 // caddyTester loads a Caddyfile into caddytest's in-process Caddy.

@@ -9,8 +9,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
+
+// connectionsReceived is how many connections a Redis has accepted since it
+// started (INFO stats total_connections_received).
+func connectionsReceived(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(info, "total_connections_received:")
+	n, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
+	return n
+}
+
+// redisClientForDB returns a client on srv's database db.
+func redisClientForDB(t *testing.T, srv *redistest.Server, db int) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(strings.Replace(srv.URL(), "/0", "/"+strconv.Itoa(db), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.TLSConfig = srv.Client().Options().TLSConfig
+	opts.Username, opts.Password = srv.Client().Options().Username, srv.Client().Options().Password
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
 
 func redisOptions(srv *redistest.Server, extra string) string {
 	return fmt.Sprintf("store redis %s {\n\t\t\ttimeout 200ms\n\t\t}\n\t\t%s", srv.URL(), extra)
@@ -94,15 +123,7 @@ func TestReloadsReuseRedisConnections(t *testing.T) {
 	up := newUpstream(t)
 	at := base()
 
-	accepted := func() int {
-		info, err := inspector.Info(context.Background(), "stats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, rest, _ := strings.Cut(info, "total_connections_received:")
-		n, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
-		return n
-	}
+	accepted := func() int { return connectionsReceived(t, inspector) }
 	tester := startCaddy(t, up, redisOptions(srv, ""))
 	post(t, tester.Client, ping("veh-reload-0", at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
 	before := accepted()

@@ -1,0 +1,176 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Defaults of the store circuit breaker.
+const (
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = 5 * time.Second
+)
+
+// ErrBreakerOpen is returned instead of calling a store that has just failed
+// repeatedly: the handler applies on_store_error at once rather than making
+// every request wait for the store timeout.
+var ErrBreakerOpen = errors.New("the store's circuit breaker is open after repeated failures; skipping the store until a probe succeeds")
+
+// BreakerState is where a circuit breaker stands.
+type BreakerState int32
+
+// The breaker states.
+const (
+	// BreakerClosed: calls go to the store.
+	BreakerClosed BreakerState = iota
+	// BreakerHalfOpen: the cool-down is over and one probe call is allowed
+	// through; the others still fail fast.
+	BreakerHalfOpen
+	// BreakerOpen: calls fail fast with ErrBreakerOpen.
+	BreakerOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerHalfOpen:
+		return "half_open"
+	case BreakerOpen:
+		return "open"
+	default:
+		return "closed"
+	}
+}
+
+// Breaker counts consecutive store failures. After Failures in a row it
+// opens for Cooldown, then lets one probe through: success closes it, failure
+// opens it again. One breaker can guard the stores of several handlers that
+// share a connection.
+type Breaker struct {
+	failures int
+	cooldown time.Duration
+	onChange func(from, to BreakerState, cause error)
+	now      func() time.Time
+
+	mu          sync.Mutex
+	state       BreakerState
+	consecutive int
+	openedAt    time.Time
+	probing     bool
+}
+
+// NewBreaker returns a closed breaker (defaults for failures <= 0 and
+// cooldown <= 0). onChange, if not nil, is told of every transition, so that
+// the log gets one line per transition, not one per request.
+func NewBreaker(failures int, cooldown time.Duration, onChange func(from, to BreakerState, cause error)) *Breaker {
+	if failures <= 0 {
+		failures = DefaultBreakerFailures
+	}
+	if cooldown <= 0 {
+		cooldown = DefaultBreakerCooldown
+	}
+	return &Breaker{failures: failures, cooldown: cooldown, onChange: onChange, now: time.Now}
+}
+
+// State returns the current state.
+func (b *Breaker) State() BreakerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state
+}
+
+// Guard wraps s so that Decide and Settle go through the breaker. Release
+// always tries the store, since an accepted claim that cannot be released
+// may cost an observation, but its outcome still counts.
+func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b} }
+
+// allow reports whether a call may go to the store now. Past the cool-down
+// the first caller becomes the probe.
+func (b *Breaker) allow() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case BreakerClosed:
+		return true
+	case BreakerOpen:
+		if b.now().Sub(b.openedAt) < b.cooldown {
+			return false
+		}
+		b.transition(BreakerHalfOpen, nil)
+		b.probing = true
+		return true
+	default: // half open: one probe at a time
+		if b.probing {
+			return false
+		}
+		b.probing = true
+		return true
+	}
+}
+
+// done records a call's outcome. A call cancelled by its own caller (the
+// sender hung up) says nothing about the store.
+func (b *Breaker) done(err error) {
+	if errors.Is(err, context.Canceled) {
+		b.mu.Lock()
+		b.probing = false
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+	if err == nil {
+		b.consecutive = 0
+		if b.state != BreakerClosed {
+			b.transition(BreakerClosed, nil)
+		}
+		return
+	}
+	b.consecutive++
+	if b.state == BreakerHalfOpen || (b.state == BreakerClosed && b.consecutive >= b.failures) {
+		b.openedAt = b.now()
+		b.transition(BreakerOpen, err)
+	}
+}
+
+func (b *Breaker) transition(to BreakerState, cause error) {
+	from := b.state
+	b.state = to
+	if b.onChange != nil {
+		b.onChange(from, to, cause)
+	}
+}
+
+// guardedStore is a Store behind a Breaker.
+type guardedStore struct {
+	next    Store
+	breaker *Breaker
+}
+
+func (g guardedStore) Decide(ctx context.Context, c *Claim) (Verdict, error) {
+	if !g.breaker.allow() {
+		return Verdict{}, ErrBreakerOpen
+	}
+	v, err := g.next.Decide(ctx, c)
+	g.breaker.done(err)
+	return v, err
+}
+
+func (g guardedStore) Settle(ctx context.Context, c *Claim) error {
+	if !g.breaker.allow() {
+		return ErrBreakerOpen
+	}
+	err := g.next.Settle(ctx, c)
+	g.breaker.done(err)
+	return err
+}
+
+func (g guardedStore) Release(ctx context.Context, c *Claim) (bool, error) {
+	ok, err := g.next.Release(ctx, c)
+	if err != nil {
+		g.breaker.done(err)
+	}
+	return ok, err
+}
