@@ -53,6 +53,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		outage_margin  <duration>
 //		ttl            <duration>
 //		store memory|redis [<url>] { ... }
+//		near_cache     off|<entries>
 //		on_store_error open|closed
 //		release_on_failure on|off
 //		in_flight_timeout <duration>
@@ -61,6 +62,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		dead_letter_stream <key>
 //		dead_letter_maxlen <entries>
 //		max_body       <size>
+//		max_batch      <pings>
 //		max_future     <duration>
 //		null_island    reject|allow
 //		stuck_ratio    <share>
@@ -93,9 +95,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var optionNames = []string{
 	"preset", "asset", "time", "time_format", "lat", "lon", "crs",
 	"shape", "window", "session_idle", "resolution", "hysteresis", "key_prefix", "key_scope",
-	"retry_ladder", "outage_margin", "ttl", "store", "on_store_error", "release_on_failure",
+	"retry_ladder", "outage_margin", "ttl", "store", "near_cache", "on_store_error", "release_on_failure",
 	"in_flight_timeout", "mode", "on_invalid", "dead_letter_stream", "dead_letter_maxlen",
-	"max_body", "max_future", "null_island", "stuck_ratio", "stuck_after", "stuck_track",
+	"max_body", "max_batch", "max_future", "null_island", "stuck_ratio", "stuck_after", "stuck_track",
 }
 
 func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
@@ -192,6 +194,19 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 		return durationArg(d, &h.TTL)
 	case "store":
 		return h.unmarshalStore(d)
+	case "near_cache":
+		var s string
+		if err := oneArg(d, &s); err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(s)
+		if s == "off" {
+			n, err = 0, nil
+		}
+		if err != nil || n < 0 {
+			return d.Errf("near_cache %q: use off, or a number of keys such as 100000", s)
+		}
+		h.NearCache = &n
 	case "on_store_error":
 		return oneArg(d, &h.OnStoreError)
 	case "release_on_failure":
@@ -216,6 +231,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 			return d.Errf("max_body %q: use a size such as 1MiB or 64KB", s)
 		}
 		h.MaxBody = int64(size)
+	case "max_batch":
+		return intArg(d, &h.MaxBatch, 1, "max_batch", "a positive number of pings such as 1000")
 	case "max_future":
 		return durationArg(d, &h.MaxFuture)
 	case "null_island":

@@ -30,7 +30,7 @@ func TestCaddyfileDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := dedup.NewParser(); !reflect.DeepEqual(s.parser, want) {
+	if want := dedup.NewParser().Prepared(); !reflect.DeepEqual(s.parser, want) {
 		t.Errorf("parser %+v, want the defaults %+v", s.parser, dedup.NewParser())
 	}
 	if s.keyer != (dedup.Keyer{Window: 5 * time.Minute, Resolution: 12, Prefix: "dedup:"}) {
@@ -67,6 +67,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		store redis redis://user:secret@127.0.0.1:6390/2 {
 			timeout 75ms
 		}
+		near_cache off
 		on_store_error closed
 		release_on_failure off
 		in_flight_timeout 45s
@@ -75,6 +76,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		dead_letter_stream fleet:invalid
 		dead_letter_maxlen 5000
 		max_body 64KiB
+		max_batch 50
 		max_future 90s
 		null_island allow
 	}`)
@@ -86,8 +88,8 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		`"lat":"position.latitude","lon":"position.longitude","preset":"traccar","crs":"EPSG:32633","shape":"session","window":600000000000,` +
 		`"session_idle":1200000000000,"resolution":10,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
-		`"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
-		`"dead_letter_stream":"fleet:invalid","dead_letter_maxlen":5000,"max_body":65536,"max_future":90000000000,"null_island":"allow"}`
+		`"near_cache":0,"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
+		`"dead_letter_stream":"fleet:invalid","dead_letter_maxlen":5000,"max_body":65536,"max_batch":50,"max_future":90000000000,"null_island":"allow"}`
 	if string(got) != want {
 		t.Fatalf("JSON\n got %s\nwant %s", got, want)
 	}
@@ -151,6 +153,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"max_body overflowing", "telemetry_dedup {\n\tmax_body 10EiB\n}", []string{":2", "1MiB"}},
 		{"ladder + margin overflowing", "telemetry_dedup {\n\tretry_ladder 2562047h\n\toutage_margin 2562047h\n}", []string{":3", "no sender retries that long"}},
 		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},
+		{"near_cache", "telemetry_dedup {\n\tnear_cache lots\n}", []string{":2", "off"}},
+		{"max_batch", "telemetry_dedup {\n\tmax_batch 0\n}", []string{":2", "positive"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

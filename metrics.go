@@ -29,6 +29,11 @@ var (
 		breakersOpen    prometheus.GaugeFunc
 		// breakerTransitions is labelled by the state entered.
 		breakerTransitions *prometheus.CounterVec
+		roundTrips         prometheus.CounterFunc
+		commands           prometheus.CounterFunc
+		nearCacheLookups   *prometheus.CounterVec
+		nearCacheHit       prometheus.Counter
+		nearCacheMiss      prometheus.Counter
 	}
 )
 
@@ -68,6 +73,24 @@ func initMetrics() {
 		openBreakers)
 	metrics.breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("breaker_transitions_total",
 		"Circuit breaker transitions, by the state entered (open, half_open, closed).")), []string{"to"})
+	metrics.roundTrips = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_round_trips_total",
+		"Pipelines sent to Redis: the commands of concurrent requests and of a batch share one round trip.")),
+		func() float64 { rt, _ := pipelineTotals(); return float64(rt) })
+	metrics.commands = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_commands_total",
+		"Commands sent to Redis, in redis_round_trips_total round trips.")),
+		func() float64 { _, n := pipelineTotals(); return float64(n) })
+	metrics.nearCacheLookups = prometheus.NewCounterVec(prometheus.CounterOpts(opts("near_cache_lookups_total",
+		"Near cache lookups, by result: a hit is a duplicate answered without a store round trip.")), []string{"result"})
+	metrics.nearCacheHit = metrics.nearCacheLookups.WithLabelValues("hit")
+	metrics.nearCacheMiss = metrics.nearCacheLookups.WithLabelValues("miss")
+}
+
+func countNearCacheLookup(hit bool) {
+	if hit {
+		metrics.nearCacheHit.Inc()
+	} else {
+		metrics.nearCacheMiss.Inc()
+	}
 }
 
 // registerMetrics adds the collectors to a config's registry. A second
@@ -80,7 +103,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	for _, c := range []prometheus.Collector{
 		metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.releases,
 		metrics.inFlight, metrics.memoryKeys, metrics.memoryEvictions, metrics.stuckAssets,
-		metrics.breakersOpen, metrics.breakerTransitions,
+		metrics.breakersOpen, metrics.breakerTransitions, metrics.nearCacheLookups, metrics.roundTrips, metrics.commands,
 	} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
@@ -114,6 +137,19 @@ func openBreakers() float64 {
 	return float64(open)
 }
 
+// pipelineTotals sums the round trips and commands of the shared Redis
+// connections in use.
+func pipelineTotals() (roundTrips, commands uint64) {
+	stores.Range(func(_, v any) bool {
+		if c, ok := v.(*redisConnection); ok {
+			rt, n := c.pipeline.RoundTrips()
+			roundTrips, commands = roundTrips+rt, commands+n
+		}
+		return true
+	})
+	return roundTrips, commands
+}
+
 // instrumentedStore times and counts every store operation. Its
 // observers are resolved once, not looked up by label on every ping.
 type instrumentedStore struct {
@@ -137,25 +173,25 @@ func newInstrumentedStore(next dedup.Store, name string) instrumentedStore {
 	}
 }
 
-func (s instrumentedStore) Decide(ctx context.Context, c *dedup.Claim) (dedup.Verdict, error) {
+func (s instrumentedStore) Decide(ctx context.Context, claims []*dedup.Claim) ([]dedup.Verdict, error) {
 	start := time.Now()
-	v, err := s.next.Decide(ctx, c)
+	v, err := s.next.Decide(ctx, claims)
 	observeOp(s.decideTime, s.decideErrs, start, err)
 	return v, err
 }
 
-func (s instrumentedStore) Settle(ctx context.Context, c *dedup.Claim) error {
+func (s instrumentedStore) Settle(ctx context.Context, claims []*dedup.Claim) error {
 	start := time.Now()
-	err := s.next.Settle(ctx, c)
+	err := s.next.Settle(ctx, claims)
 	observeOp(s.settleTime, s.settleErrs, start, err)
 	return err
 }
 
-func (s instrumentedStore) Release(ctx context.Context, c *dedup.Claim) (bool, error) {
+func (s instrumentedStore) Release(ctx context.Context, claims []*dedup.Claim) ([]bool, error) {
 	start := time.Now()
-	ok, err := s.next.Release(ctx, c)
+	released, err := s.next.Release(ctx, claims)
 	observeOp(s.releaseTime, s.releaseErrs, start, err)
-	return ok, err
+	return released, err
 }
 
 func observeOp(duration prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {

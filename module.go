@@ -139,6 +139,12 @@ type Handler struct {
 	// http.handlers.telemetry_dedup.stores namespace. Default: memory.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.telemetry_dedup.stores inline_key=type"`
 
+	// How many settled keys to keep in process, so that duplicates of them
+	// (the repeat jitter of parked assets) are answered without a store
+	// round trip; 0 turns it off. Tumbling only. Default: 100000 with the
+	// redis store, off with the memory store (which is in process already).
+	NearCache *int `json:"near_cache,omitempty"`
+
 	// What to do when the store cannot be reached: "open" forwards the
 	// ping unchecked (a duplicate is recoverable downstream, a lost
 	// observation is not); "closed" answers 503. Default: open.
@@ -177,6 +183,10 @@ type Handler struct {
 	// Largest request body read, in bytes; larger ones are answered 413.
 	// Default: 1048576 (1 MiB).
 	MaxBody int64 `json:"max_body,omitempty"`
+
+	// Most pings in one batch body (a JSON array, or NDJSON); more are
+	// answered 413. Default: 1000.
+	MaxBatch int `json:"max_batch,omitempty"`
 
 	// How far ahead of the server clock a device time may be. Later pings
 	// are rejected: they would claim keys of buckets not yet lived.
@@ -243,7 +253,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	store := mod.(storeProvider)
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
-	h.deduper = &dedup.Deduper{Store: newInstrumentedStore(store.Store(), storeName), Keyer: h.keyer, Policy: h.policy}
+	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
+	if size := h.nearCacheSize(storeName); size > 0 {
+		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
+	}
+	h.deduper = &dedup.Deduper{Store: claims, Keyer: h.keyer, Policy: h.policy}
 	if h.deadLetter {
 		if h.deadLetters, err = newDeadLetters(store, h.deadLetterStream, h.deadLetterMaxLen); err != nil {
 			return err
@@ -256,6 +270,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		zap.Stringer("ttl", h.policy.TTL), zap.String("ttl_from", h.ttlFrom),
 		zap.String("store", storeName), zap.Bool("shadow", h.shadow))
 	return nil
+}
+
+// nearCacheSize is the near cache's size: as configured, or by default on
+// in front of Redis only, and never for the track shapes, which it cannot
+// serve.
+func (h *Handler) nearCacheSize(store string) int {
+	switch {
+	case h.policy.Shape != dedup.Tumbling:
+		return 0
+	case h.NearCache != nil:
+		return *h.NearCache
+	case store == "redis":
+		return dedup.DefaultNearCache
+	}
+	return 0
 }
 
 // Cleanup gives the shared stuck tracker back; the store module gives back
@@ -274,8 +303,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
 	// 1. Normalise: a bounded read, restored for the next handler, and the
-	// configured fields parsed, reprojected and validated.
-	body, ping, scope, err := h.normalise(r, repl)
+	// configured fields parsed, reprojected and validated. A JSON array or
+	// NDJSON body is a batch of pings, each decided on its own.
+	body, err := readBody(r, h.maxBody)
+	if err != nil {
+		return h.reject(w, r, next, repl, body, err)
+	}
+	if elements, isBatch, err := dedup.SplitBatch(body, isNDJSON(r), h.maxBatch); err != nil {
+		return h.reject(w, r, next, repl, body, err)
+	} else if isBatch {
+		return h.serveBatch(w, r, next, repl, elements)
+	}
+	ping, scope, err := h.normalise(body, repl)
 	switch {
 	case errors.Is(err, dedup.ErrNotAPing):
 		h.record(repl, decisionSkipped, reasonNotAPing)
@@ -285,10 +324,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 2. Quantise.
-	asset := ping.Asset
-	ping.Asset = dedup.ScopedAsset(scope, asset)
-	obs := h.keyer.Observe(ping)
-	setObservation(repl, asset, obs)
+	obs := h.observe(ping, scope)
+	setObservation(repl, ping.Asset, obs)
 
 	// 3. Claim, in one store round trip.
 	claim, verdict, err := h.deduper.Claim(r.Context(), obs)
@@ -313,34 +350,40 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
-// normalise reads the body and turns it into a validated ping and the key
-// scope it belongs to.
-func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) (body []byte, ping dedup.Ping, scope string, err error) {
-	if body, err = readBody(r, h.maxBody); err != nil {
-		return body, ping, "", err
-	}
+// normalise turns a body into a validated ping and the key scope it belongs
+// to.
+func (h *Handler) normalise(body []byte, repl *caddy.Replacer) (ping dedup.Ping, scope string, err error) {
 	if ping, err = h.parser.Extract(body); err != nil {
-		return body, ping, "", err
+		return ping, "", err
 	}
 	if h.assetTemplate != "" {
 		if ping.Asset, err = expandTemplate(repl, "asset", h.assetTemplate); err != nil {
-			return body, ping, "", err
+			return ping, "", err
 		}
 	}
 	if h.keyScope != "" {
 		if scope, err = expandTemplate(repl, "key_scope", h.keyScope); err != nil {
-			return body, ping, "", err
+			return ping, "", err
 		}
 	}
-	return body, ping, scope, h.parser.Validate(ping, time.Now())
+	return ping, scope, h.parser.Validate(ping, time.Now())
+}
+
+// observe quantises a ping in its key scope: the scope becomes part of the
+// identity the keys are made of.
+func (h *Handler) observe(ping dedup.Ping, scope string) dedup.Observation {
+	ping.Asset = dedup.ScopedAsset(scope, ping.Asset)
+	return h.keyer.Observe(ping)
 }
 
 // forward passes a first sighting on and lets the upstream's real answer
 // settle or release its claim. The upstream request is detached from the
 // sender's cancellation: a sender that hangs up does not undo an upstream
 // that went on to store the observation.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claim *dedup.Claim) error {
-	w.Header().Set(headerDecision, string(dedup.Accepted))
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims ...*dedup.Claim) error {
+	if w.Header().Get(headerDecision) == "" {
+		w.Header().Set(headerDecision, string(dedup.Accepted))
+	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
 	detached := context.WithoutCancel(r.Context())
 	metrics.inFlight.Inc()
@@ -350,36 +393,41 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// reverse_proxy aborts a broken response stream with a panic. If the
 		// upstream had answered below 500 by then, it has the observation.
 		if p := recover(); p != nil {
-			h.finish(detached, claim, rec.Status() == 0 || rec.Status() >= 500)
+			h.finish(detached, claims, rec.Status() == 0 || rec.Status() >= 500)
 			panic(p)
 		}
 	}()
 	err := next.ServeHTTP(rec, r.WithContext(detached))
-	h.finish(detached, claim, err != nil || rec.Status() >= 500)
+	h.finish(detached, claims, err != nil || rec.Status() >= 500)
 	return err
 }
 
-// finish settles the claim, or releases it when the upstream failed and
-// release_on_failure is on.
-func (h *Handler) finish(ctx context.Context, claim *dedup.Claim, failed bool) {
+// finish settles the claims of a forwarded request, or releases them when
+// the upstream failed and release_on_failure is on.
+func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool) {
+	if len(claims) == 0 { // a shadow-mode batch with nothing new
+		return
+	}
 	if !failed || !h.release {
-		if err := h.deduper.Settle(ctx, claim); err != nil {
+		if err := h.deduper.Settle(ctx, claims...); err != nil {
 			h.storeErrors.log("settling a claim failed; exact redeliveries wait for in_flight_timeout instead", err)
 		}
 		return
 	}
-	released, err := h.deduper.Release(ctx, claim)
-	metrics.releases.WithLabelValues(releaseOutcome(released, err)).Inc()
+	released, err := h.deduper.Release(ctx, claims...)
 	if err != nil {
-		// The claim stays; the sender's retries get 409 until
+		metrics.releases.WithLabelValues(releaseError).Add(float64(len(claims)))
+		// The claims stay; the sender's retries get 409 until
 		// in_flight_timeout, then count as duplicates. Rare, and worth a line
 		// of its own.
-		h.logger.Error("releasing the claim of a failed request failed; its retries may be suppressed",
-			zap.String("key", claim.Key()), zap.Error(err))
+		h.logger.Error("releasing the claims of a failed request failed; its retries may be suppressed",
+			zap.String("key", claims[0].Key()), zap.Int("claims", len(claims)), zap.Error(err))
 		return
 	}
-	if c := h.logger.Check(zapcore.DebugLevel, "released claim after upstream failure"); c != nil {
-		c.Write(zap.String("key", claim.Key()), zap.Bool("released", released))
+	metrics.releases.WithLabelValues(releaseReleased).Add(float64(released))
+	metrics.releases.WithLabelValues(releaseNotHeld).Add(float64(len(claims) - released))
+	if c := h.logger.Check(zapcore.DebugLevel, "released claims after upstream failure"); c != nil {
+		c.Write(zap.String("key", claims[0].Key()), zap.Int("released", released), zap.Int("claims", len(claims)))
 	}
 }
 
@@ -461,16 +509,12 @@ func (h *Handler) watchForStuck(asset string, v dedup.Verdict) {
 		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since))
 }
 
-func releaseOutcome(released bool, err error) string {
-	switch {
-	case err != nil:
-		return "error"
-	case released:
-		return "released"
-	default:
-		return "not_held"
-	}
-}
+// Outcomes of a release, as counted in releases_total.
+const (
+	releaseReleased = "released"
+	releaseNotHeld  = "not_held"
+	releaseError    = "error"
+)
 
 // Placeholders set on every request the handler sees.
 const (

@@ -40,6 +40,7 @@ type settings struct {
 	deadLetterStream string
 	deadLetterMaxLen int64
 	maxBody          int64
+	maxBatch         int
 	stuckRatio       float64
 	stuckAfter       time.Duration
 	stuckTrack       int
@@ -98,6 +99,13 @@ func (h *Handler) resolve() (settings, error) {
 		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a size such as 1MiB", h.MaxBody)}
 	}
 	s.maxBody = cmp.Or(h.MaxBody, defaultMaxBody)
+	if h.MaxBatch < 0 {
+		return s, &dedup.ConfigError{Option: "max_batch", Problem: fmt.Sprintf("%d is negative; use a number of pings such as 1000", h.MaxBatch)}
+	}
+	s.maxBatch = cmp.Or(h.MaxBatch, dedup.DefaultMaxBatch)
+	if h.NearCache != nil && *h.NearCache < 0 {
+		return s, &dedup.ConfigError{Option: "near_cache", Problem: fmt.Sprintf("%d is negative; use 0 (off) or a number of keys such as 100000", *h.NearCache)}
+	}
 
 	s.stuckRatio = cmp.Or(h.StuckRatio, dedup.DefaultStuckRatio)
 	if !(s.stuckRatio > 0 && s.stuckRatio <= 1) { // also refuses NaN
@@ -164,7 +172,7 @@ func (h *Handler) resolveParser() (dedup.Parser, string, error) {
 	if p.AllowNullIsland, err = choice("null_island", h.NullIsland, nullIslandReject, nullIslandAllow); err != nil {
 		return p, "", err
 	}
-	return p, template, nil
+	return p.Prepared(), template, nil
 }
 
 // resolvePolicy builds how claims are judged: shape, TTL, timeouts.

@@ -109,7 +109,10 @@ func rejectionFor(err error) (rejection, bool) {
 	var invalid *dedup.InvalidPingError
 	var malformed *dedup.MalformedError
 	var tooLarge *tooLargeError
+	var batchTooLarge *dedup.BatchTooLargeError
 	switch {
+	case errors.As(err, &batchTooLarge):
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error()}}, true
 	case errors.As(err, &invalid):
 		return rejection{http.StatusUnprocessableEntity, errorBody{
 			Decision: decisionRejected, Error: invalid.Error(), Field: invalid.Field, Rule: string(invalid.Rule)}}, true

@@ -132,7 +132,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	conn := v.(*redisConnection)
 	r.client = conn.client
 	r.timeout = cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
-	r.store = conn.breaker.Guard(dedup.NewRedisStore(conn.client, r.timeout))
+	r.store = conn.breaker.Guard(dedup.NewRedisStore(conn.pipeline, r.timeout))
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
 	return nil
@@ -452,11 +452,13 @@ func parseRedisURL(url string) (*redis.Options, error) {
 	return opts, nil
 }
 
-// redisConnection is one shared client and the breaker in front of it,
-// living in the usage pool and closed with the last config that used it.
+// redisConnection is one shared client, the pipeline that batches its
+// commands, and the breaker in front of it, living in the usage pool and
+// closed with the last config that used it.
 type redisConnection struct {
-	client  redis.UniversalClient
-	breaker *dedup.Breaker
+	client   redis.UniversalClient
+	pipeline *dedup.Pipeline
+	breaker  *dedup.Breaker
 }
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
@@ -471,10 +473,14 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		}
 		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
 	})
-	return &redisConnection{client: redis.NewUniversalClient(opts), breaker: breaker}
+	client := redis.NewUniversalClient(opts)
+	return &redisConnection{client: client, pipeline: dedup.NewPipeline(client), breaker: breaker}
 }
 
-func (c *redisConnection) Destruct() error { return c.client.Close() }
+func (c *redisConnection) Destruct() error {
+	c.pipeline.Close()
+	return c.client.Close()
+}
 
 // Interface guards
 var (

@@ -241,6 +241,7 @@ func (o AnalyzeOptions) withDefaults() AnalyzeOptions {
 	}
 	// Ignore max_future: with the largest duration nothing is ever ahead.
 	o.Parser.MaxFuture = math.MaxInt64
+	o.Parser = o.Parser.Prepared()
 	if o.Resolutions == nil {
 		o.Resolutions = DefaultAnalyzeResolutions
 	}

@@ -15,7 +15,7 @@ var benchBody = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z
 // The CPU cost of one ping before it touches a store: extraction,
 // validation, bucket, H3 cell and key.
 func BenchmarkParseValidateKey(b *testing.B) {
-	p, k := NewParser(), defaultKeyer()
+	p, k := NewParser().Prepared(), defaultKeyer()
 	now := articleBase.Add(time.Minute)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -24,6 +24,34 @@ func BenchmarkParseValidateKey(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = k.Observe(ping)
+	}
+}
+
+// The parse alone, for the cost of the body checks: run with
+// go test -run XXX -bench 'Parse$' ./dedup/
+func BenchmarkParse(b *testing.B) {
+	traccar, _ := ParsePreset("traccar")
+	now := time.Date(2026, 8, 8, 12, 1, 0, 0, time.UTC)
+	for _, bc := range []struct {
+		name   string
+		parser Parser
+		body   []byte
+	}{
+		{"default", NewParser().Prepared(), benchBody},
+		{"traccar", traccar.Prepared(), []byte(`{"position":{"id":0,"attributes":{"batteryLevel":87.0,"motion":false},"deviceId":1,` +
+			`"protocol":"osmand","serverTime":"2026-08-08T12:00:01.000+00:00","deviceTime":"2026-08-08T12:00:00.000+00:00",` +
+			`"fixTime":"2026-08-08T12:00:00.000+00:00","valid":true,"latitude":52.5200087,"longitude":13.4049547,` +
+			`"altitude":34.0,"speed":0.0,"course":0.0},"device":{"id":1,"name":"Truck 88","uniqueId":"358240051111110",` +
+			`"status":"online","category":"truck"}}`)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := bc.parser.Parse(bc.body, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
@@ -41,8 +69,8 @@ func BenchmarkDecide(b *testing.B) {
 					pol := testPolicy(shape)
 					ctx := context.Background()
 					dup := claimOf(pol, parked, 1, articleBase)
-					s.Decide(ctx, dup)
-					s.Settle(ctx, dup)
+					decideOne(ctx, s, dup)
+					settleOne(ctx, s, dup)
 					i := 0
 					b.ReportAllocs()
 					for b.Loop() {
@@ -54,7 +82,7 @@ func BenchmarkDecide(b *testing.B) {
 							fresh.Observation.Key, fresh.StateKey, fresh.SeenKey = "k"+id, "s"+id, "m"+id
 							c = &fresh
 						}
-						if _, err := s.Decide(ctx, c); err != nil {
+						if _, err := decideOne(ctx, s, c); err != nil {
 							b.Fatal(err)
 						}
 					}

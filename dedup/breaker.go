@@ -149,28 +149,28 @@ type guardedStore struct {
 	breaker *Breaker
 }
 
-func (g guardedStore) Decide(ctx context.Context, c *Claim) (Verdict, error) {
+func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
 	if !g.breaker.allow() {
-		return Verdict{}, ErrBreakerOpen
+		return nil, ErrBreakerOpen
 	}
-	v, err := g.next.Decide(ctx, c)
+	v, err := g.next.Decide(ctx, claims)
 	g.breaker.done(err)
 	return v, err
 }
 
-func (g guardedStore) Settle(ctx context.Context, c *Claim) error {
+func (g guardedStore) Settle(ctx context.Context, claims []*Claim) error {
 	if !g.breaker.allow() {
 		return ErrBreakerOpen
 	}
-	err := g.next.Settle(ctx, c)
+	err := g.next.Settle(ctx, claims)
 	g.breaker.done(err)
 	return err
 }
 
-func (g guardedStore) Release(ctx context.Context, c *Claim) (bool, error) {
-	ok, err := g.next.Release(ctx, c)
+func (g guardedStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	released, err := g.next.Release(ctx, claims)
 	if err != nil {
 		g.breaker.done(err)
 	}
-	return ok, err
+	return released, err
 }

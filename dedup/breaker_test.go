@@ -16,14 +16,14 @@ type flakyStore struct {
 	calls int
 }
 
-func (f *flakyStore) Decide(context.Context, *Claim) (Verdict, error) {
+func (f *flakyStore) Decide(context.Context, []*Claim) ([]Verdict, error) {
 	f.calls++
-	return accepted, f.down
+	return []Verdict{accepted}, f.down
 }
-func (f *flakyStore) Settle(context.Context, *Claim) error { f.calls++; return f.down }
-func (f *flakyStore) Release(context.Context, *Claim) (bool, error) {
+func (f *flakyStore) Settle(context.Context, []*Claim) error { f.calls++; return f.down }
+func (f *flakyStore) Release(context.Context, []*Claim) ([]bool, error) {
 	f.calls++
-	return f.down == nil, f.down
+	return []bool{f.down == nil}, f.down
 }
 
 func TestBreakerOpensProbesAndCloses(t *testing.T) {
@@ -114,7 +114,7 @@ func TestBreakerLetsReleasesThrough(t *testing.T) {
 	s := b.Guard(store)
 	s.Decide(context.Background(), nil)
 	store.down = nil
-	if ok, err := s.Release(context.Background(), nil); err != nil || !ok || store.calls != 2 {
+	if ok, err := s.Release(context.Background(), nil); err != nil || !ok[0] || store.calls != 2 {
 		t.Fatalf("release behind an open breaker: %v %v, %d calls", ok, err, store.calls)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -17,8 +16,7 @@ import (
 func TestClusterAgreesWithMemory(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
-	store := NewRedisStore(client, time.Second)
+	store := newRedisStoreOn(t, client)
 	for _, shape := range Shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			for seed := range uint64(10) {

@@ -25,6 +25,10 @@ type Claim struct {
 	// StateKey holds the asset's last accepted ping and SeenKey the pings
 	// seen in the observation's minute (Sliding and Session only).
 	StateKey, SeenKey string
+
+	// holder is, after a tumbling claim lost, the claim that holds its key,
+	// as the store returned it: what a near cache remembers.
+	holder *record
 }
 
 // Key is the key the decision was made on: the observation key in
@@ -52,25 +56,48 @@ type Deduper struct {
 // Claim decides obs. The returned claim is what Settle and Release need if
 // the verdict is Accepted.
 func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, error) {
-	c := &Claim{Observation: obs, Policy: &d.Policy, Token: rand.Uint64(), At: d.now()}
-	if d.Policy.Shape != Tumbling {
-		c.StateKey, c.SeenKey = d.Keyer.TrackKeys(obs.Asset, obs.Time)
+	claims, verdicts, err := d.ClaimAll(ctx, []Observation{obs})
+	if err != nil {
+		return claims[0], Verdict{}, err
 	}
-	v, err := d.Store.Decide(ctx, c)
-	return c, v, err
+	return claims[0], verdicts[0], nil
 }
 
-// Settle marks an accepted claim as settled: redeliveries from now on are
+// ClaimAll decides a batch of observations in one store round trip, in
+// order: an observation that repeats an earlier one of the batch is its
+// duplicate.
+func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, []Verdict, error) {
+	at := d.now()
+	claims := make([]*Claim, len(batch))
+	for i, obs := range batch {
+		c := &Claim{Observation: obs, Policy: &d.Policy, Token: rand.Uint64(), At: at}
+		if d.Policy.Shape != Tumbling {
+			c.StateKey, c.SeenKey = d.Keyer.TrackKeys(obs.Asset, obs.Time)
+		}
+		claims[i] = c
+	}
+	verdicts, err := d.Store.Decide(ctx, claims)
+	return claims, verdicts, err
+}
+
+// Settle marks accepted claims as settled: redeliveries from now on are
 // suppressed with 200 instead of asked to come back.
-func (d *Deduper) Settle(ctx context.Context, c *Claim) error {
-	return d.Store.Settle(ctx, c)
+func (d *Deduper) Settle(ctx context.Context, claims ...*Claim) error {
+	return d.Store.Settle(ctx, claims)
 }
 
-// Release undoes an accepted claim, so that the sender's retry of an
-// observation the upstream did not take is accepted. It reports whether
-// there was still something of this claim's to undo.
-func (d *Deduper) Release(ctx context.Context, c *Claim) (bool, error) {
-	return d.Store.Release(ctx, c)
+// Release undoes accepted claims, so that the sender's retry of an
+// observation the upstream did not take is accepted. It reports how many
+// claims still had something to undo.
+func (d *Deduper) Release(ctx context.Context, claims ...*Claim) (int, error) {
+	released, err := d.Store.Release(ctx, claims)
+	n := 0
+	for _, r := range released {
+		if r {
+			n++
+		}
+	}
+	return n, err
 }
 
 func (d *Deduper) now() time.Time {

@@ -113,8 +113,8 @@ func TestDeduperReleaseRestoresTheState(t *testing.T) {
 		if v.Decision != Accepted {
 			t.Fatalf("move: %+v", v)
 		}
-		if ok, err := d.Release(context.Background(), failed); err != nil || !ok {
-			t.Fatalf("release: %v %v", ok, err)
+		if n, err := d.Release(context.Background(), failed); err != nil || n != 1 {
+			t.Fatalf("release: %v %v", n, err)
 		}
 		if v := d.settled(t, moved); v.Decision != Accepted {
 			t.Fatalf("retry after release: %+v, want accepted", v)

@@ -3,7 +3,10 @@ package dedup
 import (
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/uber/h3-go/v4"
@@ -79,14 +82,14 @@ func (k Keyer) Bucket(t time.Time) int64 {
 // Key hashes exactly the three parts, in the layout of the design article,
 // so that keys computed by its Python reference and by this module agree.
 func (k Keyer) Key(asset string, bucket int64, cell h3.Cell) string {
-	var scratch [128]byte
-	raw := append(scratch[:0], asset...)
-	raw = append(raw, '|')
-	raw = strconv.AppendInt(raw, bucket, 10)
-	raw = append(raw, '|')
-	raw = strconv.AppendUint(raw, uint64(cell), 16)
-
-	return k.Prefix + hash128(raw)
+	h := hashers.Get().(*hasher)
+	defer hashers.Put(h)
+	h.buf = append(h.buf[:0], asset...)
+	h.buf = append(h.buf, '|')
+	h.buf = strconv.AppendInt(h.buf, bucket, 10)
+	h.buf = append(h.buf, '|')
+	h.buf = strconv.AppendUint(h.buf, uint64(cell), 16)
+	return h.key(k.Prefix, "")
 }
 
 // ScopedAsset is the asset's identity inside a key scope (a tenant, a host):
@@ -105,19 +108,39 @@ func ScopedAsset(scope, asset string) string {
 // sits in braces, a Redis Cluster hash tag, so that one script can reach
 // both keys.
 func (k Keyer) TrackKeys(asset string, t time.Time) (state, seen string) {
-	tag := k.Prefix + "{" + hash128([]byte(asset)) + "}"
+	h := hashers.Get().(*hasher)
+	defer hashers.Put(h)
+	h.buf = append(h.buf[:0], asset...)
+	tag := h.key(k.Prefix+"{", "}")
 	minute := t.Unix() - mod(t.Unix(), 60)
 	return tag + ":s", tag + ":m" + strconv.FormatInt(minute, 10)
 }
 
-// hash128 is hex(blake2b-128(b)).
-func hash128(b []byte) string {
+// hasher hashes key material without allocating: the BLAKE2b state and the
+// buffer the material is assembled in are reused through hashers.
+type hasher struct {
+	blake hash.Hash
+	buf   []byte
+	sum   [16]byte
+}
+
+var hashers = sync.Pool{New: func() any {
 	h, _ := blake2b.New(16, nil) // only fails for a size outside 1..64 or a key over 64 bytes
-	h.Write(b)
-	var sum [16]byte
-	var out [len(sum) * 2]byte
-	hex.Encode(out[:], h.Sum(sum[:0]))
-	return string(out[:])
+	return &hasher{blake: h, buf: make([]byte, 0, 128)}
+}}
+
+// key returns before + hex(blake2b-128(h.buf)) + after, in one allocation.
+func (h *hasher) key(before, after string) string {
+	h.blake.Reset()
+	h.blake.Write(h.buf)
+	var b strings.Builder
+	b.Grow(len(before) + 2*len(h.sum) + len(after))
+	b.WriteString(before)
+	var digits [2 * len(h.sum)]byte
+	hex.Encode(digits[:], h.blake.Sum(h.sum[:0]))
+	b.Write(digits[:])
+	b.WriteString(after)
+	return b.String()
 }
 
 // mod is the floor modulo, so that buckets before 1970 still floor downwards.

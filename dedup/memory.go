@@ -51,13 +51,18 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 }
 
 // Decide implements Store.
-func (m *MemoryStore) Decide(_ context.Context, c *Claim) (Verdict, error) {
+func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if c.Policy.Shape == Tumbling {
-		return m.decideTumbling(c), nil
+	verdicts := make([]Verdict, len(claims))
+	for i, c := range claims {
+		if c.Policy.Shape == Tumbling {
+			verdicts[i] = m.decideTumbling(c)
+		} else {
+			verdicts[i] = m.decideTrack(c)
+		}
 	}
-	return m.decideTrack(c), nil
+	return verdicts, nil
 }
 
 func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
@@ -95,39 +100,61 @@ func (m *MemoryStore) decideTrack(c *Claim) Verdict {
 }
 
 // Settle implements Store.
-func (m *MemoryStore) Settle(_ context.Context, c *Claim) error {
+func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if c.Policy.Shape == Tumbling {
-		if e := m.live(c.Observation.Key); e != nil {
-			if r := e.value.(record); r.token == c.Token {
-				r.settled = true
-				e.value = r
-			}
+	for _, c := range claims {
+		if c.Policy.Shape == Tumbling {
+			m.settleTumbling(c)
+		} else {
+			m.settleTrack(c)
 		}
-		return nil
 	}
+	return nil
+}
+
+func (m *MemoryStore) settleTumbling(c *Claim) {
+	if e := m.live(c.Observation.Key); e != nil {
+		if r := e.value.(record); r.token == c.Token {
+			r.settled = true
+			e.value = r
+		}
+	}
+}
+
+func (m *MemoryStore) settleTrack(c *Claim) {
 	field := seenField(c)
 	if v, ok := m.seenSet(c.SeenKey)[field]; ok && v.flag == flagPending && v.token == c.Token {
 		v.flag = flagSettled
 		m.seenSet(c.SeenKey)[field] = v
 	}
-	return nil
 }
 
 // Release implements Store.
-func (m *MemoryStore) Release(_ context.Context, c *Claim) (bool, error) {
+func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if c.Policy.Shape == Tumbling {
-		e := m.live(c.Observation.Key)
-		if e == nil || e.value.(record).token != c.Token {
-			return false, nil
+	released := make([]bool, len(claims))
+	for i, c := range claims {
+		if c.Policy.Shape == Tumbling {
+			released[i] = m.releaseTumbling(c)
+		} else {
+			released[i] = m.releaseTrack(c)
 		}
-		m.remove(e)
-		return true, nil
 	}
+	return released, nil
+}
 
+func (m *MemoryStore) releaseTumbling(c *Claim) bool {
+	e := m.live(c.Observation.Key)
+	if e == nil || e.value.(record).token != c.Token {
+		return false
+	}
+	m.remove(e)
+	return true
+}
+
+func (m *MemoryStore) releaseTrack(c *Claim) bool {
 	released := false
 	field := seenField(c)
 	if v, ok := m.seenSet(c.SeenKey)[field]; ok && v.flag != flagSuppressed && v.token == c.Token {
@@ -139,7 +166,7 @@ func (m *MemoryStore) Release(_ context.Context, c *Claim) (bool, error) {
 			m.remove(e)
 		}
 	}
-	return released, nil
+	return released
 }
 
 // Len returns the number of live keys.

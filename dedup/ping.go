@@ -2,11 +2,11 @@ package dedup
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -14,7 +14,8 @@ import (
 // Ping is one observation as the device reported it, normalised: an aware
 // UTC device time and a WGS 84 position in degrees.
 type Ping struct {
-	// Asset identifies the vehicle, tracker or phone.
+	// Asset identifies the vehicle, tracker or phone. From Extract it may
+	// share memory with the body; clone it to keep it longer than the body.
 	Asset string
 	// Time is the device's own timestamp, in UTC. Never the arrival time:
 	// a delayed ping must land in the bucket it belongs to.
@@ -78,6 +79,8 @@ type Parser struct {
 	// AllowNullIsland admits the exact position (0, 0), which is rejected by
 	// default because it is what a GPS module reports before it has a fix.
 	AllowNullIsland bool
+
+	plan *parsePlan // see Prepared
 }
 
 // NewParser returns a Parser with the default paths and rules.
@@ -114,31 +117,36 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 	if err := checkObject(body); err != nil {
 		return Ping{}, err
 	}
-	// One copy, which every gjson result below may alias; the asset is
-	// cloned, so a remembered id never pins the whole body.
-	json := string(body)
-	if err := p.checkDuplicateKeys(json); err != nil {
-		return Ping{}, err
+	plan := p.plan
+	if plan == nil {
+		plan = p.makePlan()
 	}
-	root := gjson.Parse(json)
-	if p.KindPath != "" && root.Get(p.KindPath).String() != p.Kind {
-		return Ping{}, ErrNotAPing
-	}
-	var ping Ping
-	var err error
-	if len(p.AssetPaths) > 0 {
-		if ping.Asset, err = p.asset(first(root, p.AssetPaths)); err != nil {
-			return Ping{}, err
-		}
-	}
-	if ping.Time, err = p.time(first(root, p.TimePaths)); err != nil {
-		return Ping{}, err
-	}
-	y, err := number(root.Get(p.LatPath), p.LatPath)
+	// The body is read in place, not copied; the caller must not change it
+	// while the ping is in use (see Ping.Asset).
+	json := unsafe.String(unsafe.SliceData(body), len(body))
+	var buf [16]keyCheck
+	checks, err := plan.scan(json, buf[:])
 	if err != nil {
 		return Ping{}, err
 	}
-	x, err := number(root.Get(p.LonPath), p.LonPath)
+	root := gjson.Parse(json)
+	if p.KindPath != "" && value(root, checks, plan.kind, p.KindPath).String() != p.Kind {
+		return Ping{}, ErrNotAPing
+	}
+	var ping Ping
+	if len(p.AssetPaths) > 0 {
+		if ping.Asset, err = p.asset(first(root, checks, plan.assets, p.AssetPaths)); err != nil {
+			return Ping{}, err
+		}
+	}
+	if ping.Time, err = p.time(first(root, checks, plan.times, p.TimePaths)); err != nil {
+		return Ping{}, err
+	}
+	y, err := number(value(root, checks, plan.lat, p.LatPath), p.LatPath)
+	if err != nil {
+		return Ping{}, err
+	}
+	x, err := number(value(root, checks, plan.lon, p.LonPath), p.LonPath)
 	if err != nil {
 		return Ping{}, err
 	}
@@ -146,6 +154,14 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 		return Ping{}, p.axisError(err)
 	}
 	return ping, nil
+}
+
+// Prepared returns p with the work that depends only on its configuration
+// done once: a parser used for many pings should be prepared after its last
+// field is set.
+func (p Parser) Prepared() Parser {
+	p.plan = p.makePlan()
+	return p
 }
 
 // Validate checks a ping against the coordinate and time rules. Coordinates
@@ -183,15 +199,8 @@ func checkObject(body []byte) error {
 		return &MalformedError{Reason: "the request body is empty; telemetry_dedup expects one JSON ping per request " +
 			"(use a matcher such as `telemetry_dedup POST /ingest` to limit which requests it examines)"}
 	}
-	if !utf8.Valid(body) {
-		return &MalformedError{Reason: "the request body is not valid UTF-8; send the JSON ping UTF-8 encoded " +
-			"(RFC 8259), as parsers disagree on what invalid bytes mean"}
-	}
-	if err := checkNesting(body); err != nil {
+	if err := checkJSON(body); err != nil {
 		return err
-	}
-	if !gjson.ValidBytes(body) {
-		return notJSON()
 	}
 	// Valid JSON starts with its value after optional whitespace.
 	for _, c := range body {
@@ -205,390 +214,32 @@ func checkObject(body []byte) error {
 	return &MalformedError{Reason: "the request body must be a JSON object holding one ping"}
 }
 
-func notJSON() error { return &MalformedError{Reason: "the request body is not valid JSON"} }
-
-// checkNesting rejects a body whose objects and arrays nest deeper than
-// MaxNesting, in one linear scan that skips strings (brackets in them do not
-// count) and keeps no stack: gjson's validator recurses once per level, so a
-// megabyte of "[" must never reach it.
-func checkNesting(body []byte) error {
-	depth := 0
-	for i := 0; i < len(body); i++ {
-		switch body[i] {
-		case '"':
-			// Skip the string: a backslash escapes the next byte, so \" does
-			// not end it and \\" does.
-			for i++; i < len(body) && body[i] != '"'; i++ {
-				if body[i] == '\\' {
-					i++
-				}
-			}
-		case '{', '[':
-			if depth++; depth > MaxNesting {
-				return &MalformedError{Reason: fmt.Sprintf("the request body nests objects and arrays more than %d levels deep; "+
-					"a ping needs a few levels at most", MaxNesting)}
-			}
-		case '}', ']':
-			if depth--; depth < 0 {
-				return notJSON() // a bracket closed that was never opened
-			}
-		}
+// checkJSON makes sure body is JSON that every parser reads alike: valid
+// UTF-8, not nested past MaxNesting (checked before gjson's validator, which
+// recurses), and valid.
+func checkJSON(body []byte) error {
+	if !utf8.Valid(body) {
+		return &MalformedError{Reason: "the request body is not valid UTF-8; send the JSON ping UTF-8 encoded " +
+			"(RFC 8259), as parsers disagree on what invalid bytes mean"}
+	}
+	if err := checkNesting(body); err != nil {
+		return err
+	}
+	if !gjson.ValidBytes(body) {
+		return notJSON()
 	}
 	return nil
 }
 
 // first returns the value at the first of paths that is present, or the
 // (missing) value of the first path.
-func first(root gjson.Result, paths []string) gjson.Result {
-	for _, path := range paths {
-		if v := root.Get(path); v.Exists() {
+func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) gjson.Result {
+	for i, path := range paths {
+		if v := value(root, checks, leaves[i], path); v.Exists() {
 			return v
 		}
 	}
 	return gjson.Result{}
-}
-
-// keyCheck is one step of a configured path: the object at prefix (the
-// body itself for "") and the key name the path reads from it, unescaped;
-// name is empty when the step is not a plain key (a wildcard, a query, ...).
-type keyCheck struct {
-	prefix, name string
-	child        string // the prefix of the object the step leads to, if the path goes on
-	value        string // the raw value of the key name, once found
-	seen         string // the first key found equal to name ignoring case
-	fold         byte   // name's first byte in lower case, 0 if not ASCII: a quick test before strings.EqualFold
-	found        bool
-	read         bool // the object at prefix has been read
-}
-
-// checkDuplicateKeys rejects a body in which an object that a configured
-// path passes through (the body itself, and each intermediate object of a
-// nested path) has a key twice. gjson reads the first of two equal keys,
-// Go's encoding/json and many backends the last: {"lat":1,"lat":91} would be
-// validated as 1 and stored as 91. Names are compared after JSON unescaping,
-// so "l\u0061t" is "lat". The key a path reads must moreover be there only
-// once ignoring letter case, because encoding/json also matches struct fields
-// case-insensitively (last one wins): {"lat":1,"LAT":91} would be read as 91.
-//
-// Each such object is read once, whatever the number of paths through it,
-// and only those objects: the rest of the body is skipped, never parsed. A
-// nested object on a path is read where it is met in its parent rather than
-// looked up again; the recursion is as deep as the configured paths, never
-// deeper, whatever the body. body must be valid JSON.
-func (p Parser) checkDuplicateKeys(body string) error {
-	var buf [16]keyCheck
-	checks := buf[:0]
-	for _, path := range p.AssetPaths {
-		checks = appendKeyChecks(checks, path)
-	}
-	for _, path := range p.TimePaths {
-		checks = appendKeyChecks(checks, path)
-	}
-	checks = appendKeyChecks(checks, p.LatPath)
-	checks = appendKeyChecks(checks, p.LonPath)
-	checks = appendKeyChecks(checks, p.KindPath)
-	if len(checks) == 0 {
-		return nil
-	}
-	start := strings.IndexByte(body, '{') // valid JSON: only whitespace before it
-	if _, err := readObject(body, start, checks, ""); err != nil {
-		return err
-	}
-	// Objects reached through an array index (a path such as "a.0.b") were
-	// not met on the way: gjson finds them. Their groups come after their
-	// parents', and a group read here reads its own children.
-	for i := range checks {
-		c := &checks[i]
-		if c.read || c.prefix == "" {
-			continue
-		}
-		for _, parent := range checks[:i] {
-			if parent.child == c.prefix && strings.HasPrefix(parent.value, "[") {
-				if obj := gjson.Get(body, c.prefix); obj.IsObject() {
-					if _, err := readObject(obj.Raw, 0, checks, c.prefix); err != nil {
-						return err
-					}
-				}
-				break
-			}
-		}
-	}
-	return nil
-}
-
-// appendKeyChecks adds the steps of path to checks, once each, grouped by
-// prefix. Only plain dotted paths are followed (escaped dots allowed): at
-// the first step with gjson syntax beyond that (wildcards, #, @, |, ...) the
-// object it is applied to is still checked, and the walk stops.
-func appendKeyChecks(checks []keyCheck, path string) []keyCheck {
-	prefix := ""
-	for start := 0; start < len(path); {
-		end, plain, escaped := componentEnd(path, start)
-		name := ""
-		if plain {
-			name = path[start:end]
-			if escaped {
-				name = unescapePathComponent(name)
-			}
-		}
-		c := keyCheck{prefix: prefix, name: name}
-		if name != "" {
-			c.fold = foldASCII(name[0])
-		}
-		if plain && end < len(path) {
-			c.child = path[:end]
-		}
-		checks = insertKeyCheck(checks, c)
-		if c.child == "" {
-			break
-		}
-		prefix = c.child
-		start = end + 1
-	}
-	return checks
-}
-
-// componentEnd returns where the path component starting at start ends (at
-// an unescaped dot or the end of path), whether it is a plain key name, and
-// whether it holds backslash escapes.
-func componentEnd(path string, start int) (end int, plain, escaped bool) {
-	plain = true
-	for end = start; end < len(path); end++ {
-		switch path[end] {
-		case '\\':
-			end++
-			escaped = true
-		case '.':
-			return end, plain && end > start, escaped
-		case '*', '?', '#', '@', '|', '!', '(', '[', '{':
-			plain = false
-		}
-	}
-	if end > len(path) {
-		end = len(path) // a trailing backslash
-	}
-	return end, plain && end > start, escaped
-}
-
-func unescapePathComponent(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+1 < len(s) {
-			i++
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// insertKeyCheck adds c after the last check of the same prefix, unless it
-// is there already.
-func insertKeyCheck(checks []keyCheck, c keyCheck) []keyCheck {
-	at := len(checks)
-	for i := range checks {
-		have := &checks[i]
-		if have.prefix != c.prefix {
-			continue
-		}
-		if have.name == c.name {
-			if have.child == "" {
-				have.child = c.child // the path goes on from here after all
-			}
-			return checks
-		}
-		at = i + 1
-	}
-	if at == len(checks) {
-		return append(checks, c)
-	}
-	checks = append(checks, keyCheck{})
-	copy(checks[at+1:], checks[at:])
-	checks[at] = c
-	return checks
-}
-
-// smallObjectKeys is how many key names of an object are compared one by
-// one before a map takes over.
-const smallObjectKeys = 16
-
-// readObject reads the keys of the object at raw[i] (a '{'), which is at
-// prefix, in one pass: it reports the first key that is there twice, or
-// that equals, ignoring case, the name a check of prefix reads while
-// another key does too. It reads the objects the paths go on to as it meets
-// them, and returns the index after the object.
-func readObject(raw string, i int, checks []keyCheck, prefix string) (int, error) {
-	lo, hi := 0, 0 // the checks of this object
-	for lo < len(checks) && checks[lo].prefix != prefix {
-		lo++
-	}
-	for hi = lo; hi < len(checks) && checks[hi].prefix == prefix; hi++ {
-		checks[hi].read = true
-	}
-	group := checks[lo:hi]
-
-	var small [smallObjectKeys]string
-	names := small[:0]
-	var set map[string]struct{}
-	for i++; ; {
-		i = skipSpace(raw, i)
-		if i >= len(raw) || raw[i] != '"' {
-			return i + 1, nil // the closing '}'
-		}
-		start := i
-		var escaped bool
-		i, escaped = skipString(raw, i)
-		name := raw[start+1 : i-1]
-		if escaped {
-			name = gjson.Parse(raw[start:i]).Str
-		}
-
-		dup := false
-		if set != nil {
-			_, dup = set[name]
-			set[name] = struct{}{}
-		} else {
-			for _, n := range names {
-				if n == name {
-					dup = true
-					break
-				}
-			}
-			if len(names) < cap(names) {
-				names = append(names, name)
-			} else {
-				set = make(map[string]struct{}, 4*smallObjectKeys)
-				for _, n := range names {
-					set[n] = struct{}{}
-				}
-				set[name] = struct{}{}
-			}
-		}
-		if dup {
-			return i, &MalformedError{Reason: fmt.Sprintf("duplicate key %q in %s: JSON parsers disagree on which of the two "+
-				"counts; send each key once", name, objectName(prefix))}
-		}
-
-		var read *keyCheck // the check whose name this is, exactly
-		fold := byte(0)
-		if name != "" {
-			fold = foldASCII(name[0])
-		}
-		for j := range group {
-			c := &group[j]
-			if c.name == "" || (c.fold != fold && c.fold != 0 && fold != 0) || !strings.EqualFold(name, c.name) {
-				continue
-			}
-			if c.found {
-				return i, &MalformedError{Reason: fmt.Sprintf("duplicate key %q in %s: it differs from %q only in letter case, "+
-					"and parsers that match keys ignoring case read the last one; send each key once", name, objectName(prefix), c.seen)}
-			}
-			c.seen, c.found = name, true
-			if name == c.name {
-				read = c
-			}
-		}
-
-		i = skipSpace(raw, i) + 1 // past the ':'
-		i = skipSpace(raw, i)
-		start = i
-		if read != nil && read.child != "" && i < len(raw) && raw[i] == '{' {
-			var err error
-			if i, err = readObject(raw, i, checks, read.child); err != nil {
-				return i, err
-			}
-		} else {
-			i = skipValue(raw, i)
-		}
-		if read != nil {
-			read.value = raw[start:i]
-		}
-		if i = skipSpace(raw, i); i < len(raw) && raw[i] == ',' {
-			i++
-		}
-	}
-}
-
-// foldASCII returns an ASCII byte in lower case, and 0 for the first byte
-// of a multi-byte character, which may still fold to ASCII (the Kelvin sign
-// is a k, the long s an s).
-func foldASCII(c byte) byte {
-	switch {
-	case c >= utf8.RuneSelf:
-		return 0
-	case 'A' <= c && c <= 'Z':
-		return c + 'a' - 'A'
-	}
-	return c
-}
-
-func skipSpace(raw string, i int) int {
-	for i < len(raw) && raw[i] <= ' ' {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index after the string starting at raw[i] (a '"')
-// and whether it holds escapes.
-func skipString(raw string, i int) (int, bool) {
-	escaped := false
-	for i++; i < len(raw); i++ {
-		switch raw[i] {
-		case '\\':
-			i++
-			escaped = true
-		case '"':
-			return i + 1, escaped
-		}
-	}
-	return i, escaped
-}
-
-// skipValue returns the index after the JSON value starting at raw[i],
-// without parsing it (gjson's ForEach would convert every number and string
-// only for them to be thrown away).
-func skipValue(raw string, i int) int {
-	if i >= len(raw) {
-		return i
-	}
-	switch raw[i] {
-	case '"':
-		i, _ = skipString(raw, i)
-		return i
-	case '{', '[':
-		depth := 0
-		for i < len(raw) {
-			switch raw[i] {
-			case '"':
-				i, _ = skipString(raw, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	}
-	for i < len(raw) { // a number, true, false or null
-		switch raw[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-		i++
-	}
-	return i
-}
-
-// objectName says which object a duplicate key is in, for the sender.
-func objectName(prefix string) string {
-	if prefix == "" {
-		return "the ping object"
-	}
-	return fmt.Sprintf("the object at %q", prefix)
 }
 
 func (p Parser) assetField() string {
@@ -604,11 +255,11 @@ func (p Parser) asset(v gjson.Result) (string, error) {
 		if v.Str == "" {
 			return "", invalid(p.assetField(), RuleRequired, "the asset id is empty")
 		}
-		return strings.Clone(v.Str), nil
+		return v.Str, nil
 	case gjson.Number:
 		// The number as written: 4711 and 4711.0 are different ids, and a
 		// 30-digit id stays exact instead of being rounded to a float.
-		return strings.Clone(v.Raw), nil
+		return v.Raw, nil
 	case gjson.Null:
 		if !v.Exists() {
 			return "", invalid(p.assetField(), RuleRequired, "missing; every ping needs an asset id at %s", oneOf(p.AssetPaths))

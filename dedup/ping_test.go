@@ -313,48 +313,6 @@ func TestValidateRejectsUnfitAssetIDs(t *testing.T) {
 	}
 }
 
-// The asset id is a copy: remembering it (stuck detection keeps thousands)
-// must not keep the request body alive.
-func TestAssetDoesNotAliasTheBody(t *testing.T) {
-	body := []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`)
-	ping, err := NewParser().Parse(body, parseNow)
-	if err != nil {
-		t.Fatal(err)
-	}
-	copy(body, strings.Repeat("x", len(body)))
-	if ping.Asset != "veh-88" {
-		t.Fatalf("asset %q changed with the body", ping.Asset)
-	}
-}
-
-// The parse alone, for the cost of the body checks: run with
-// go test -run XXX -bench 'Parse$' ./dedup/
-func BenchmarkParse(b *testing.B) {
-	traccar, _ := ParsePreset("traccar")
-	now := time.Date(2026, 8, 8, 12, 1, 0, 0, time.UTC)
-	for _, bc := range []struct {
-		name   string
-		parser Parser
-		body   []byte
-	}{
-		{"default", NewParser(), benchBody},
-		{"traccar", traccar, []byte(`{"position":{"id":0,"attributes":{"batteryLevel":87.0,"motion":false},"deviceId":1,` +
-			`"protocol":"osmand","serverTime":"2026-08-08T12:00:01.000+00:00","deviceTime":"2026-08-08T12:00:00.000+00:00",` +
-			`"fixTime":"2026-08-08T12:00:00.000+00:00","valid":true,"latitude":52.5200087,"longitude":13.4049547,` +
-			`"altitude":34.0,"speed":0.0,"course":0.0},"device":{"id":1,"name":"Truck 88","uniqueId":"358240051111110",` +
-			`"status":"online","category":"truck"}}`)},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := bc.parser.Parse(bc.body, now); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
 func TestNaiveTimestampErrorSaysWhatToSend(t *testing.T) {
 	_, err := NewParser().Parse([]byte(`{"asset_id":"a","occurred_at":"2026-08-08T11:59:00","lat":1,"lon":2}`), parseNow)
 	if err == nil || !strings.Contains(err.Error(), "2026-08-08T11:59:00Z") {

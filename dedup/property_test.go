@@ -126,12 +126,12 @@ func compareStreams(t *testing.T, seed uint64, pol *Policy, a, b Store) {
 			c := s.pending[j]
 			s.pending = append(s.pending[:j], s.pending[j+1:]...)
 			if s.rng.Float64() < 0.8 {
-				if errA, errB := a.Settle(ctx, c), b.Settle(ctx, c); errA != nil || errB != nil {
+				if errA, errB := settleOne(ctx, a, c), settleOne(ctx, b, c); errA != nil || errB != nil {
 					t.Fatalf("seed %d event %d: settle: %v / %v", seed, i, errA, errB)
 				}
 			} else {
-				okA, errA := a.Release(ctx, c)
-				okB, errB := b.Release(ctx, c)
+				okA, errA := releaseOne(ctx, a, c)
+				okB, errB := releaseOne(ctx, b, c)
 				if errA != nil || errB != nil || okA != okB {
 					t.Fatalf("seed %d event %d: release of %+v: memory %v (%v), redis %v (%v)", seed, i, c.Ping, okA, errA, okB, errB)
 				}
@@ -143,8 +143,8 @@ func compareStreams(t *testing.T, seed uint64, pol *Policy, a, b Store) {
 		if pol.Shape != Tumbling {
 			c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
 		}
-		va, errA := a.Decide(ctx, c)
-		vb, errB := b.Decide(ctx, c)
+		va, errA := decideOne(ctx, a, c)
+		vb, errB := decideOne(ctx, b, c)
 		if errA != nil || errB != nil {
 			t.Fatalf("seed %d event %d: %v / %v", seed, i, errA, errB)
 		}

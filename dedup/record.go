@@ -72,6 +72,7 @@ func decodeRecord(s string) (record, error) {
 // observation is a redelivery (asked to come back while the first is in
 // flight), the same coordinates a re-observation, anything else jitter.
 func judgeHeld(held record, c *Claim) Verdict {
+	c.holder = &held
 	sameCoords := held.lat == c.Lat && held.lon == c.Lon
 	switch {
 	case sameCoords && held.time.Equal(c.Time) && inFlight(!held.settled, held.claimedAt, c):

@@ -15,23 +15,25 @@ import (
 const DefaultRedisTimeout = 50 * time.Millisecond
 
 // RedisStore keeps claims in Redis (7.0 or later, or a compatible server),
-// shared by every Caddy instance that points at it. Every decision is one
-// round trip: a tumbling claim is one SET key value NX PX ttl GET (atomic,
-// with its expiry, returning the holder when it loses); the sliding and
-// session shapes run one Lua script, loaded once and called by SHA.
+// shared by every Caddy instance that points at it. A tumbling claim is one
+// SET key value NX PX ttl GET (atomic, with its expiry, returning the holder
+// when it loses); the sliding and session shapes run one Lua script per
+// claim, loaded once and called by SHA. The commands of a batch, and of
+// concurrent requests, travel together through a Pipeline: one round trip.
 type RedisStore struct {
-	client  redis.UniversalClient
-	timeout time.Duration
+	pipeline *Pipeline
+	timeout  time.Duration
 }
 
-// NewRedisStore returns a store on client whose operations each take at
-// most timeout (DefaultRedisTimeout if timeout <= 0). The client must have
-// ContextTimeoutEnabled set for the timeout to bound network waits.
-func NewRedisStore(client redis.UniversalClient, timeout time.Duration) *RedisStore {
+// NewRedisStore returns a store sending its commands through pipeline, whose
+// operations each take at most timeout (DefaultRedisTimeout if timeout <=
+// 0). The pipeline's client must have ContextTimeoutEnabled set for the
+// timeout to bound network waits.
+func NewRedisStore(pipeline *Pipeline, timeout time.Duration) *RedisStore {
 	if timeout <= 0 {
 		timeout = DefaultRedisTimeout
 	}
-	return &RedisStore{client: client, timeout: timeout}
+	return &RedisStore{pipeline: pipeline, timeout: timeout}
 }
 
 var (
@@ -54,18 +56,42 @@ var (
 )
 
 // Decide implements Store.
-func (s *RedisStore) Decide(ctx context.Context, c *Claim) (Verdict, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if c.Policy.Shape == Tumbling {
-		return s.decideTumbling(ctx, c)
+func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
+	cmds := make([]pipelineCmd, len(claims))
+	for i, c := range claims {
+		if c.Policy.Shape == Tumbling {
+			cmds[i] = claimCmd(c)
+		} else {
+			cmds[i] = trackDecideCmd(c)
+		}
 	}
-	return s.decideTrack(ctx, c)
+	if err := s.do(ctx, cmds); err != nil {
+		return nil, err
+	}
+	verdicts := make([]Verdict, len(claims))
+	for i, c := range claims {
+		var err error
+		if c.Policy.Shape == Tumbling {
+			verdicts[i], err = claimVerdict(c, cmds[i].cmd.(*redis.StatusCmd))
+		} else {
+			verdicts[i], err = trackVerdict(cmds[i].cmd.(*redis.Cmd))
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return verdicts, nil
 }
 
-func (s *RedisStore) decideTumbling(ctx context.Context, c *Claim) (Verdict, error) {
-	old, err := s.client.SetArgs(ctx, c.Observation.Key, newRecord(c).encode(),
-		redis.SetArgs{Mode: "NX", TTL: c.Policy.TTL, Get: true}).Result()
+func claimCmd(c *Claim) pipelineCmd {
+	key, value, ttl := c.Observation.Key, newRecord(c).encode(), c.Policy.TTL
+	return pipelineCmd{queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: ttl, Get: true})
+	}}
+}
+
+func claimVerdict(c *Claim, cmd *redis.StatusCmd) (Verdict, error) {
+	old, err := cmd.Result()
 	if errors.Is(err, redis.Nil) {
 		return accepted, nil
 	}
@@ -83,12 +109,16 @@ func (s *RedisStore) decideTumbling(ctx context.Context, c *Claim) (Verdict, err
 	return judgeHeld(held, c), nil
 }
 
-func (s *RedisStore) decideTrack(ctx context.Context, c *Claim) (Verdict, error) {
+func trackDecideCmd(c *Claim) pipelineCmd {
 	pol := c.Policy
-	res, err := trackDecideScript.Run(ctx, s.client, []string{c.StateKey, c.SeenKey},
+	return evalSha(trackDecideScript, []string{c.StateKey, c.SeenKey},
 		encodePoint(pointOf(c)), seenField(c), c.At.UnixMilli(), pol.TTL.Milliseconds(), string(pol.Shape),
 		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(),
-		strconv.FormatFloat(pol.Hysteresis, 'g', -1, 64), pol.InFlightTimeout.Milliseconds()).StringSlice()
+		strconv.FormatFloat(pol.Hysteresis, 'g', -1, 64), pol.InFlightTimeout.Milliseconds())
+}
+
+func trackVerdict(cmd *redis.Cmd) (Verdict, error) {
+	res, err := cmd.StringSlice()
 	if err != nil {
 		return Verdict{}, err
 	}
@@ -99,27 +129,46 @@ func (s *RedisStore) decideTrack(ctx context.Context, c *Claim) (Verdict, error)
 }
 
 // Settle implements Store.
-func (s *RedisStore) Settle(ctx context.Context, c *Claim) error {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if c.Policy.Shape == Tumbling {
-		r := newRecord(c)
-		r.settled = true
-		return claimSettleScript.Run(ctx, s.client, []string{c.Observation.Key}, r.encode()).Err()
+func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
+	cmds := make([]pipelineCmd, len(claims))
+	for i, c := range claims {
+		if c.Policy.Shape == Tumbling {
+			r := newRecord(c)
+			r.settled = true
+			cmds[i] = evalSha(claimSettleScript, []string{c.Observation.Key}, r.encode())
+		} else {
+			cmds[i] = evalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token))
+		}
 	}
-	return trackSettleScript.Run(ctx, s.client, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token)).Err()
+	return s.do(ctx, cmds)
 }
 
 // Release implements Store.
-func (s *RedisStore) Release(ctx context.Context, c *Claim) (bool, error) {
+func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	cmds := make([]pipelineCmd, len(claims))
+	for i, c := range claims {
+		if c.Policy.Shape == Tumbling {
+			cmds[i] = evalSha(claimReleaseScript, []string{c.Observation.Key}, tokenBytes(c.Token))
+		} else {
+			cmds[i] = evalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
+		}
+	}
+	if err := s.do(ctx, cmds); err != nil {
+		return nil, err
+	}
+	released := make([]bool, len(claims))
+	for i := range cmds {
+		n, err := cmds[i].cmd.(*redis.Cmd).Int()
+		if err != nil {
+			return nil, err
+		}
+		released[i] = n == 1
+	}
+	return released, nil
+}
+
+func (s *RedisStore) do(ctx context.Context, cmds []pipelineCmd) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	var n int
-	var err error
-	if c.Policy.Shape == Tumbling {
-		n, err = claimReleaseScript.Run(ctx, s.client, []string{c.Observation.Key}, tokenBytes(c.Token)).Int()
-	} else {
-		n, err = trackReleaseScript.Run(ctx, s.client, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token)).Int()
-	}
-	return n == 1, err
+	return s.pipeline.do(ctx, cmds)
 }

@@ -185,7 +185,7 @@ func TestTrackDecisionsAreAtomic(t *testing.T) {
 						p := parked
 						p.Time = articleBase.Add(time.Duration(i+1) * time.Second)
 						p.Lat += 0.0000010 * float64(i%3) // jitter in the same cell
-						v, _ := s.Decide(context.Background(), claimOf(pol, p, uint64(i+2), articleBase))
+						v, _ := decideOne(context.Background(), s, claimOf(pol, p, uint64(i+2), articleBase))
 						results <- v
 					}()
 				}

@@ -4,24 +4,27 @@ import "context"
 
 // Store decides claims. Everything a decision reads and writes happens in one
 // atomic step: one critical section in MemoryStore, one command or Lua
-// script (one round trip) in RedisStore. Expiries are set in the same step as
-// the values: a key without an expiry is how dedup stores grow without
-// bound.
+// script in RedisStore. Expiries are set in the same step as the values: a
+// key without an expiry is how dedup stores grow without bound.
 //
-// MemoryStore and RedisStore give the same verdicts for the same sequence of
-// claims; one test suite runs against both.
+// Every method takes a batch, decided in order as if one claim after the
+// other (a later claim of the batch sees what an earlier one wrote), in one
+// round trip: a single ping is a batch of one, an array of pings is one
+// batch. MemoryStore and RedisStore give the same verdicts for the same
+// sequence of claims; one test suite runs against both.
 type Store interface {
-	// Decide claims c's observation and returns the verdict. Only an
-	// Accepted claim may be settled or released afterwards.
-	Decide(ctx context.Context, c *Claim) (Verdict, error)
+	// Decide claims each claim's observation and returns one verdict per
+	// claim. Only an Accepted claim may be settled or released afterwards.
+	Decide(ctx context.Context, claims []*Claim) ([]Verdict, error)
 
-	// Settle marks an accepted claim as settled: its request has its
-	// upstream answer and the observation stands. Expiries are kept. It
-	// does nothing if the claim no longer holds its key.
-	Settle(ctx context.Context, c *Claim) error
+	// Settle marks accepted claims as settled: their requests have their
+	// upstream's answer and the observations stand. Expiries are kept. A
+	// claim that no longer holds its key is left alone.
+	Settle(ctx context.Context, claims []*Claim) error
 
-	// Release undoes an accepted claim, so that the sender's retry is
-	// judged as if the failed request had never come, and reports whether
-	// it did. It never undoes another request's claim.
-	Release(ctx context.Context, c *Claim) (bool, error)
+	// Release undoes accepted claims, so that the sender's retry is judged
+	// as if the failed request had never come, and reports per claim
+	// whether there was still something of it to undo. It never undoes
+	// another request's claim.
+	Release(ctx context.Context, claims []*Claim) ([]bool, error)
 }

@@ -30,8 +30,37 @@ func eachStoreAndShape(t *testing.T, test func(t *testing.T, s Store, pol *Polic
 
 func newRedisStore(t testing.TB, srv *redistest.Server) *RedisStore {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	return NewRedisStore(c, time.Second)
+	return newRedisStoreOn(t, c)
+}
+
+// newRedisStoreOn returns a store on client, with its own pipeline, both
+// closed when the test ends.
+func newRedisStoreOn(t testing.TB, client redis.UniversalClient) *RedisStore {
+	p := NewPipeline(client)
+	t.Cleanup(func() {
+		p.Close()
+		_ = client.Close()
+	})
+	return NewRedisStore(p, time.Second)
+}
+
+// decideOne, settleOne and releaseOne run one claim as a batch of one.
+func decideOne(ctx context.Context, s Store, c *Claim) (Verdict, error) {
+	v, err := s.Decide(ctx, []*Claim{c})
+	if err != nil {
+		return Verdict{}, err
+	}
+	return v[0], nil
+}
+
+func settleOne(ctx context.Context, s Store, c *Claim) error { return s.Settle(ctx, []*Claim{c}) }
+
+func releaseOne(ctx context.Context, s Store, c *Claim) (bool, error) {
+	r, err := s.Release(ctx, []*Claim{c})
+	if err != nil {
+		return false, err
+	}
+	return r[0], nil
 }
 
 func testPolicy(shape Shape) *Policy {
@@ -53,7 +82,7 @@ var parked = Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4
 
 func decide(t *testing.T, s Store, c *Claim) Verdict {
 	t.Helper()
-	v, err := s.Decide(context.Background(), c)
+	v, err := decideOne(context.Background(), s, c)
 	if err != nil {
 		t.Fatalf("decide %+v: %v", c.Ping, err)
 	}
@@ -84,7 +113,7 @@ func TestStoreRaceHasExactlyOneWinner(t *testing.T) {
 		for i := range 50 {
 			wg.Go(func() {
 				<-start
-				v, err := s.Decide(context.Background(), claimOf(pol, parked, uint64(i+1), articleBase))
+				v, err := decideOne(context.Background(), s, claimOf(pol, parked, uint64(i+1), articleBase))
 				if err != nil {
 					t.Errorf("claim %d: %v", i, err)
 				}
@@ -123,23 +152,23 @@ func TestStoreReleasesOnlyWithTheRightToken(t *testing.T) {
 		ctx := context.Background()
 		mine := claimOf(pol, parked, 1, articleBase)
 		decide(t, s, mine)
-		if ok, err := s.Release(ctx, claimOf(pol, parked, 2, articleBase)); err != nil || ok {
+		if ok, err := releaseOne(ctx, s, claimOf(pol, parked, 2, articleBase)); err != nil || ok {
 			t.Fatalf("release with another token: released=%v err=%v", ok, err)
 		}
 		if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != InFlight {
 			t.Fatalf("after a foreign release: %+v, want the claim still held", v)
 		}
-		if ok, err := s.Release(ctx, mine); err != nil || !ok {
+		if ok, err := releaseOne(ctx, s, mine); err != nil || !ok {
 			t.Fatalf("release with the right token: released=%v err=%v", ok, err)
 		}
-		if ok, _ := s.Release(ctx, mine); ok {
+		if ok, _ := releaseOne(ctx, s, mine); ok {
 			t.Fatal("released twice")
 		}
 		retry := claimOf(pol, parked, 4, articleBase)
 		if v := decide(t, s, retry); v.Decision != Accepted {
 			t.Fatalf("retry after release: %+v, want accepted", v)
 		}
-		if ok, _ := s.Release(ctx, mine); ok {
+		if ok, _ := releaseOne(ctx, s, mine); ok {
 			t.Fatal("the failed request released its retry's claim")
 		}
 	})
@@ -150,20 +179,20 @@ func TestStoreSettlesOnlyWithTheRightToken(t *testing.T) {
 		ctx := context.Background()
 		mine := claimOf(pol, parked, 1, articleBase)
 		decide(t, s, mine)
-		if err := s.Settle(ctx, claimOf(pol, parked, 2, articleBase)); err != nil {
+		if err := settleOne(ctx, s, claimOf(pol, parked, 2, articleBase)); err != nil {
 			t.Fatal(err)
 		}
 		if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != InFlight {
 			t.Fatalf("another token settled the claim: %+v", v)
 		}
-		if err := s.Settle(ctx, mine); err != nil {
+		if err := settleOne(ctx, s, mine); err != nil {
 			t.Fatal(err)
 		}
 		if v := decide(t, s, claimOf(pol, parked, 4, articleBase)); v.Decision != Suppressed || v.Reason != Redelivery {
 			t.Fatalf("after settling: %+v, want suppressed/redelivery", v)
 		}
 		gone := claimOf(pol, Ping{Asset: "never-claimed", Time: articleBase, Lat: 1, Lon: 2}, 5, articleBase)
-		if err := s.Settle(ctx, gone); err != nil {
+		if err := settleOne(ctx, s, gone); err != nil {
 			t.Fatalf("settling a claim that is not there: %v", err)
 		}
 		if v := decide(t, s, gone); v.Decision != Accepted {
@@ -188,7 +217,7 @@ func TestRedisKeysAlwaysCarryTheTTL(t *testing.T) {
 				p.Lat += float64(i%4) * 0.0003 // some moves, some jitter
 				claim := claimOf(pol, p, uint64(i+1), articleBase)
 				if v := decide(t, s, claim); v.Decision == Accepted && i%2 == 0 {
-					s.Settle(ctx, claim)
+					settleOne(ctx, s, claim)
 				}
 			}
 			keys, err := c.Keys(ctx, "*").Result()
@@ -210,7 +239,7 @@ func TestRedisStoreReportsAnUnreachableServer(t *testing.T) {
 	s := newRedisStore(t, srv)
 	pol := testPolicy(Tumbling)
 	srv.Kill()
-	if _, err := s.Decide(context.Background(), claimOf(pol, parked, 1, articleBase)); err == nil {
+	if _, err := decideOne(context.Background(), s, claimOf(pol, parked, 1, articleBase)); err == nil {
 		t.Fatal("claim against a dead server reported no error")
 	}
 	srv.Restart()
@@ -224,7 +253,7 @@ func TestRedisStoreRejectsForeignValues(t *testing.T) {
 	s, c := newRedisStore(t, srv), srv.Client()
 	claim := claimOf(testPolicy(Tumbling), parked, 1, articleBase)
 	c.Set(context.Background(), claim.Observation.Key, "hello", time.Hour)
-	if _, err := s.Decide(context.Background(), claim); err == nil {
+	if _, err := decideOne(context.Background(), s, claim); err == nil {
 		t.Fatal("a value written by someone else was read as a claim")
 	}
 }

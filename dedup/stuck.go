@@ -3,6 +3,7 @@ package dedup
 import (
 	"math/bits"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,7 +79,7 @@ func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn boo
 	h, ok := t.assets.Get(asset)
 	if !ok {
 		h = &assetHistory{lastAccepted: now}
-		t.assets.Add(asset, h)
+		t.assets.Add(strings.Clone(asset), h) // the id may share memory with a whole request body
 	}
 	h.pings++
 	h.recent <<= 1

@@ -3,6 +3,7 @@ package dedup
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -75,4 +76,26 @@ func TestStuckTrackerMemoryIsBounded(t *testing.T) {
 		t.Fatalf("heap grew %d MiB for %d tracked assets", grown>>20, tr.Len())
 	}
 	runtime.KeepAlive(tr)
+}
+
+// The parser's asset id shares memory with the request body, which is not
+// copied on the hot path; the tracker, which remembers thousands of ids,
+// keeps its own copies so that no body stays alive through it.
+func TestStuckTrackerKeepsItsOwnCopyOfTheAsset(t *testing.T) {
+	body := []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`)
+	ping, err := NewParser().Parse(body, parseNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := NewStuckTracker(DefaultStuckRatio, 0, 10)
+	for range stuckWindow {
+		tr.Observe(ping.Asset, suppressed(Jitter), articleBase)
+	}
+	copy(body, strings.Repeat("x", len(body)))
+	if ping.Asset == "veh-88" {
+		t.Fatal("the asset no longer shares the body; this test's premise changed")
+	}
+	if stuck := tr.Stuck(articleBase); len(stuck) != 1 || stuck[0].Asset != "veh-88" {
+		t.Fatalf("the tracker's copy changed with the body: %+v", stuck)
+	}
 }

@@ -1,0 +1,125 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+// nearCached is a near cache in front of a real Redis, with its lookups
+// counted.
+type nearCached struct {
+	*NearCache
+	redis      *RedisStore
+	hits, miss int
+}
+
+func newNearCached(t *testing.T) *nearCached {
+	n := &nearCached{redis: newRedisStore(t, redistest.Start(t))}
+	n.NearCache = NewNearCache(n.redis, 1000, func(hit bool) {
+		if hit {
+			n.hits++
+		} else {
+			n.miss++
+		}
+	})
+	return n
+}
+
+func (n *nearCached) roundTrips() uint64 {
+	rt, _ := n.redis.pipeline.RoundTrips()
+	return rt
+}
+
+// A settled key answers its duplicates from the process: no round trip.
+func TestNearCacheAnswersSettledKeysLocally(t *testing.T) {
+	n := newNearCached(t)
+	ctx := context.Background()
+	pol := testPolicy(Tumbling)
+	first := claimOf(pol, parked, 1, articleBase)
+	decide(t, n, first)
+	if err := settleOne(ctx, n, first); err != nil {
+		t.Fatal(err)
+	}
+	before := n.roundTrips()
+	for i, p := range []Ping{parked, at(20*time.Second, 52.5200087, 13.4049547), at(40*time.Second, 52.5200410, 13.4049920)} {
+		want := []Verdict{suppressed(Redelivery), suppressed(Reobservation), suppressed(Jitter)}[i]
+		if v := decide(t, n, claimOf(pol, p, uint64(i+2), articleBase)); v != want {
+			t.Fatalf("ping %d: %+v, want %+v", i, v, want)
+		}
+	}
+	if rt := n.roundTrips() - before; rt != 0 || n.hits != 3 {
+		t.Fatalf("%d round trips and %d hits for three duplicates of a settled key; want 0 and 3", rt, n.hits)
+	}
+}
+
+// Another instance's settled claim is cached when the store reports it.
+func TestNearCacheLearnsSettledHoldersFromTheStore(t *testing.T) {
+	n := newNearCached(t)
+	ctx := context.Background()
+	pol := testPolicy(Tumbling)
+	elsewhere := claimOf(pol, parked, 1, articleBase) // decided straight in Redis, as another Caddy would
+	decideOne(ctx, n.redis, elsewhere)
+	settleOne(ctx, n.redis, elsewhere)
+	decide(t, n, claimOf(pol, at(10*time.Second, 52.5200410, 13.4049920), 2, articleBase)) // a miss, then cached
+	before := n.roundTrips()
+	decide(t, n, claimOf(pol, at(20*time.Second, 52.5200410, 13.4049920), 3, articleBase))
+	if rt := n.roundTrips() - before; rt != 0 {
+		t.Fatalf("%d round trips after the holder was seen settled", rt)
+	}
+}
+
+// The cache never answers for a claim that could still be given back: not
+// while it is in flight, and not after it was released.
+func TestNearCacheNeverHoldsAReleasableClaim(t *testing.T) {
+	n := newNearCached(t)
+	ctx := context.Background()
+	pol := testPolicy(Tumbling)
+	first := claimOf(pol, parked, 1, articleBase)
+	decide(t, n, first)
+	if v := decide(t, n, claimOf(pol, parked, 2, articleBase)); v.Decision != InFlight {
+		t.Fatalf("redelivery while in flight: %+v", v)
+	}
+	if v := decide(t, n, claimOf(pol, at(time.Second, 52.5200410, 13.4049920), 3, articleBase)); v != suppressed(Jitter) {
+		t.Fatalf("jitter while in flight: %+v", v)
+	}
+	if n.hits != 0 || n.Len() != 0 {
+		t.Fatalf("%d hits, %d cached while the claim was in flight", n.hits, n.Len())
+	}
+	if ok, err := releaseOne(ctx, n, first); err != nil || !ok {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	if v := decide(t, n, claimOf(pol, parked, 4, articleBase)); v.Decision != Accepted {
+		t.Fatalf("retry after the release: %+v, want accepted", v)
+	}
+}
+
+func TestNearCacheEntriesEndBeforeTheirKeys(t *testing.T) {
+	n := newNearCached(t)
+	pol := testPolicy(Tumbling)
+	pol.TTL = time.Hour
+	first := claimOf(pol, parked, 1, articleBase)
+	decide(t, n, first)
+	settleOne(context.Background(), n, first)
+	if _, ok := n.lookup(claimOf(pol, parked, 2, articleBase.Add(time.Hour-nearCacheMargin-time.Millisecond))); !ok {
+		t.Fatal("not cached for the key's life")
+	}
+	if _, ok := n.lookup(claimOf(pol, parked, 3, articleBase.Add(time.Hour-nearCacheMargin))); ok {
+		t.Fatal("a cached key outlived its TTL minus the margin")
+	}
+}
+
+// With the cache or without, the verdicts are the same.
+func TestNearCacheChangesNoVerdict(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	for seed := range uint64(10) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			client.FlushAll(context.Background())
+			compareStreams(t, seed, testPolicy(Tumbling), NewMemoryStore(0), NewNearCache(newRedisStore(t, srv), 1000, nil))
+		})
+	}
+}

@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func postBatch(t *testing.T, client *http.Client, contentType string, body []byte) response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, siteURL, bytes.NewReader(body))
+	req.Header.Set("Content-Type", contentType)
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return response{res.StatusCode, res.Header, string(b)}
+}
+
+func TestBatchesForwardOnlyTheNewElements(t *testing.T) {
+	at := base()
+	p := func(asset string, offset time.Duration, lat float64) string {
+		return string(ping(asset, at.Add(offset), lat, 13.4049547))
+	}
+	for _, format := range []struct {
+		name, contentType string
+		join              func(elements ...string) string
+	}{
+		{"json array", "application/json", func(e ...string) string { return "[\n  " + strings.Join(e, ",\n  ") + "\n]" }},
+		{"ndjson", "application/x-ndjson", func(e ...string) string { return strings.Join(e, "\n") + "\n" }},
+	} {
+		t.Run(format.name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := startCaddy(t, up, "")
+			first := []string{p("veh-1", 0, 52.5200087), p("veh-2", 0, 52.5200087), p("veh-3", 0, 52.5200087)}
+
+			// All new: forwarded exactly as sent, whitespace and all.
+			body := format.join(first...)
+			res := postBatch(t, tester.Client, format.contentType, []byte(body))
+			res.expect(t, http.StatusCreated, "accepted")
+			if got := up.requests()[0]; string(got.body) != body || got.contentLength != int64(len(body)) {
+				t.Fatalf("an all-new batch reached the upstream as %q", got.body)
+			}
+
+			// All duplicates: answered here.
+			res = postBatch(t, tester.Client, format.contentType, []byte(format.join(first[2], first[0])))
+			res.expect(t, http.StatusOK, "suppressed")
+			if res.header.Get("X-Dedup-Suppressed") != "2" || up.count() != 1 {
+				t.Fatalf("suppressed %s, upstream count %d", res.header.Get("X-Dedup-Suppressed"), up.count())
+			}
+
+			// A mix: only the new elements go, each byte for byte, in order.
+			invalid := `{"asset_id":"veh-9","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+			fresh := []string{p("veh-1", time.Minute, 52.5241000), p("veh-4", 0, 52.5200087)}
+			res = postBatch(t, tester.Client, format.contentType, []byte(format.join(first[0], fresh[0], invalid, first[1], fresh[1])))
+			res.expect(t, http.StatusCreated, "partial")
+			if res.header.Get("X-Dedup-Accepted") != "2" || res.header.Get("X-Dedup-Suppressed") != "2" || res.header.Get("X-Dedup-Rejected") != "1" {
+				t.Fatalf("counts %s/%s/%s", res.header.Get("X-Dedup-Accepted"), res.header.Get("X-Dedup-Suppressed"), res.header.Get("X-Dedup-Rejected"))
+			}
+			var rejections []struct {
+				Index       int
+				Field, Rule string
+			}
+			if err := json.Unmarshal([]byte(res.header.Get("X-Dedup-Rejections")), &rejections); err != nil ||
+				len(rejections) != 1 || rejections[0].Index != 2 || rejections[0].Field != "occurred_at" || rejections[0].Rule != "timezone" {
+				t.Fatalf("rejections header %q (%v)", res.header.Get("X-Dedup-Rejections"), err)
+			}
+			want := "[" + fresh[0] + "," + fresh[1] + "]"
+			if format.name == "ndjson" {
+				want = fresh[0] + "\n" + fresh[1] + "\n"
+			}
+			if got := up.requests()[1]; string(got.body) != want || got.contentLength != int64(len(want)) {
+				t.Fatalf("the mixed batch reached the upstream as\n%q\nwant\n%q", got.body, want)
+			}
+		})
+	}
+}
+
+func TestBatchOfOnlyInvalidAndDuplicatesIsAnsweredPerElement(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "")
+	known := string(ping("veh-k", base(), 52.5200087, 13.4049547))
+	post(t, tester.Client, []byte(known)).expect(t, http.StatusCreated, "accepted")
+	res := postBatch(t, tester.Client, "application/json", []byte(`[`+known+`,{"asset_id":"x","occurred_at":"`+
+		base().Format(time.RFC3339)+`","lat":91,"lon":1},"not a ping"]`))
+	res.expect(t, http.StatusUnprocessableEntity, "partial")
+	var answer struct {
+		Elements []struct {
+			Index                         int
+			Decision, Reason, Field, Rule string
+		}
+	}
+	if err := json.Unmarshal([]byte(res.body), &answer); err != nil || len(answer.Elements) != 3 {
+		t.Fatalf("answer %s: %v", res.body, err)
+	}
+	e := answer.Elements
+	if e[0].Decision != "suppressed" || e[0].Reason != "redelivery" || e[1].Field != "lat" || e[1].Rule != "range" ||
+		e[2].Decision != "rejected" || e[2].Rule != "malformed" {
+		t.Fatalf("elements %+v", e)
+	}
+	if up.count() != 1 {
+		t.Fatalf("upstream saw %d requests", up.count())
+	}
+}
+
+// A failed upstream gets the claims of every element of the batch back.
+func TestBatchReleasesEveryKeyOnUpstreamFailure(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "")
+	batch := "[" + string(ping("veh-b1", base(), 52.52, 13.40)) + "," + string(ping("veh-b2", base(), 52.52, 13.40)) + "]"
+	up.setResponse(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+	postBatch(t, tester.Client, "application/json", []byte(batch)).expect(t, http.StatusServiceUnavailable, "accepted")
+	up.setResponse(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	res := postBatch(t, tester.Client, "application/json", []byte(batch))
+	res.expect(t, http.StatusCreated, "accepted")
+	if res.header.Get("X-Dedup-Accepted") != "2" {
+		t.Fatalf("the retry accepted %s elements, want both", res.header.Get("X-Dedup-Accepted"))
+	}
+}
+
+func TestBatchLimits(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "max_batch 3")
+	var elements []string
+	for i := range 4 {
+		elements = append(elements, string(ping("veh-limit", base().Add(time.Duration(i)*time.Minute), 52.52, 13.40)))
+	}
+	postBatch(t, tester.Client, "application/json", []byte("["+strings.Join(elements, ",")+"]")).expect(t, http.StatusRequestEntityTooLarge, "rejected")
+	postBatch(t, tester.Client, "application/x-ndjson", []byte(strings.Join(elements, "\n"))).expect(t, http.StatusRequestEntityTooLarge, "rejected")
+	postBatch(t, tester.Client, "application/json", []byte("[]")).expect(t, http.StatusBadRequest, "rejected")
+	if up.count() != 0 {
+		t.Fatalf("upstream saw %d requests", up.count())
+	}
+}
