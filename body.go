@@ -28,10 +28,10 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, &tooLargeError{limit}
 	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
+	if r.ContentLength >= 0 {
+		return readKnownLength(r)
 	}
+	var buf bytes.Buffer
 	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
 	switch {
 	case err != nil && isTooLarge(err):
@@ -46,6 +46,20 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, &tooLargeError{limit}
 	}
 	body := buf.Bytes()
+	restoreBody(r, body)
+	return body, nil
+}
+
+// readKnownLength reads a body whose Content-Length was sent into one
+// buffer of exactly that size; the server ends the body there.
+func readKnownLength(r *http.Request) ([]byte, error) {
+	body := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(r.Body, body); err != nil {
+		if isTooLarge(err) {
+			return nil, err
+		}
+		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
+	}
 	restoreBody(r, body)
 	return body, nil
 }

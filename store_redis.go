@@ -477,10 +477,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	return &redisConnection{client: client, pipeline: dedup.NewPipeline(client), breaker: breaker}
 }
 
-func (c *redisConnection) Destruct() error {
-	c.pipeline.Close()
-	return c.client.Close()
-}
+func (c *redisConnection) Destruct() error { return c.client.Close() }
 
 // Interface guards
 var (

@@ -26,9 +26,10 @@ type Claim struct {
 	// seen in the observation's minute (Sliding and Session only).
 	StateKey, SeenKey string
 
-	// holder is, after a tumbling claim lost, the claim that holds its key,
-	// as the store returned it: what a near cache remembers.
-	holder *record
+	// holder is, after a tumbling claim lost (held), the claim that holds
+	// its key, as the store returned it: what a near cache remembers.
+	holder record
+	held   bool
 }
 
 // Key is the key the decision was made on: the observation key in

@@ -115,7 +115,7 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 
 func (m *MemoryStore) settleTumbling(c *Claim) {
 	if e := m.live(c.Observation.Key); e != nil {
-		if r := e.value.(record); r.token == c.Token {
+		if r := e.value.(record); r.token == uint32(c.Token) {
 			r.settled = true
 			e.value = r
 		}
@@ -147,7 +147,7 @@ func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error
 
 func (m *MemoryStore) releaseTumbling(c *Claim) bool {
 	e := m.live(c.Observation.Key)
-	if e == nil || e.value.(record).token != c.Token {
+	if e == nil || e.value.(record).token != uint32(c.Token) {
 		return false
 	}
 	m.remove(e)

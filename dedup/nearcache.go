@@ -74,8 +74,8 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 	}
 	for j, c := range misses {
 		verdicts[at[j]] = decided[j]
-		if decided[j].Decision == Suppressed && c.holder != nil && c.holder.settled {
-			n.remember(c, *c.holder)
+		if decided[j].Decision == Suppressed && c.held && c.holder.settled {
+			n.remember(c, c.holder)
 		}
 	}
 	return verdicts, nil

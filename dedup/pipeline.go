@@ -13,24 +13,25 @@ import (
 )
 
 // Pipeline sends the Redis commands of concurrent requests together. A
-// request hands over its commands and waits; a writer takes everything that
-// is waiting, sends it as one pipeline (one round trip), and hands each
-// request its results. Under load, many requests share each round trip;
-// when a request comes alone, the writer sends it at once, so nothing waits
-// for a batch to fill. go-redis splits a pipeline per node on a Cluster, so
-// each node gets one round trip per batch.
+// request queues its commands; if fewer than pipelineWriters batches are on
+// their way, it sends the queue itself, at once, as one pipeline (one round
+// trip), so a request that comes alone waits for nothing and nobody. While
+// batches are on their way, requests queue up, and whoever sends next takes
+// them all. go-redis splits a pipeline per node on a Cluster, so each node
+// gets one round trip per batch.
 //
 // One Pipeline serves every store on one Redis connection.
 type Pipeline struct {
 	client redis.UniversalClient
-	jobs   chan *pipelineJob
-	stop   chan struct{}
-	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	queue   []*pipelineJob
+	sending int // batches on their way
 
 	roundTrips, commands atomic.Uint64
 }
 
-// pipelineWriters is how many pipelines may be in flight at once: two let
+// pipelineWriters is how many batches may be on their way at once: two let
 // one batch cross the network while the next is gathered, and keep batches
 // large.
 const pipelineWriters = 2
@@ -53,23 +54,14 @@ type pipelineCmd struct {
 	cmd    redis.Cmder // after the round trip
 }
 
-// NewPipeline starts the writers for client. Close stops them.
+// NewPipeline returns a pipeline on client. It starts nothing: batches are
+// sent by the requests themselves.
 func NewPipeline(client redis.UniversalClient) *Pipeline {
-	p := &Pipeline{client: client, jobs: make(chan *pipelineJob, maxPipeline), stop: make(chan struct{})}
-	for range pipelineWriters {
-		p.wg.Go(p.write)
-	}
-	return p
-}
-
-// Close stops the writers once the requests they hold are answered.
-func (p *Pipeline) Close() {
-	close(p.stop)
-	p.wg.Wait()
+	return &Pipeline{client: client}
 }
 
 // RoundTrips returns how many pipelines were sent, and how many commands
-// they carried, since the Pipeline started.
+// they carried, since the Pipeline was made.
 func (p *Pipeline) RoundTrips() (roundTrips, commands uint64) {
 	return p.roundTrips.Load(), p.commands.Load()
 }
@@ -83,12 +75,15 @@ func (p *Pipeline) do(ctx context.Context, cmds []pipelineCmd) error {
 		deadline = time.Now().Add(time.Minute)
 	}
 	job := &pipelineJob{cmds: cmds, deadline: deadline, done: make(chan error, 1)}
-	select {
-	case p.jobs <- job:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-p.stop:
-		return errors.New("the Redis store is closed")
+	p.mu.Lock()
+	p.queue = append(p.queue, job)
+	lead := p.sending < pipelineWriters
+	if lead {
+		p.sending++
+	}
+	p.mu.Unlock()
+	if lead {
+		p.sendQueued()
 	}
 	select {
 	case err := <-job.done:
@@ -98,30 +93,39 @@ func (p *Pipeline) do(ctx context.Context, cmds []pipelineCmd) error {
 	}
 }
 
-func (p *Pipeline) write() {
-	for {
-		select {
-		case job := <-p.jobs:
-			p.send(p.gather(job))
-		case <-p.stop:
-			return
-		}
+// sendQueued sends what is queued as one batch. If more has queued up
+// meanwhile, a new goroutine sends it, so that this request's caller gets
+// its answer now rather than after serving everyone else.
+func (p *Pipeline) sendQueued() {
+	p.mu.Lock()
+	batch := p.take()
+	if len(batch) == 0 { // another sender took it all
+		p.sending--
+		p.mu.Unlock()
+		return
 	}
+	p.mu.Unlock()
+	p.send(batch)
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.queue) > 0 {
+		go p.sendQueued()
+		return
+	}
+	p.sending--
 }
 
-// gather takes job and whatever else is waiting, up to maxPipeline
-// commands, without waiting for more.
-func (p *Pipeline) gather(job *pipelineJob) []*pipelineJob {
-	batch, n := []*pipelineJob{job}, len(job.cmds)
-	for n < maxPipeline {
-		select {
-		case next := <-p.jobs:
-			batch = append(batch, next)
-			n += len(next.cmds)
-		default:
-			return batch
-		}
+// take removes from the queue the jobs of one batch, up to maxPipeline
+// commands. The caller holds p.mu.
+func (p *Pipeline) take() []*pipelineJob {
+	n, i := 0, 0
+	for i < len(p.queue) && (i == 0 || n+len(p.queue[i].cmds) <= maxPipeline) {
+		n += len(p.queue[i].cmds)
+		i++
 	}
+	batch := slices.Clone(p.queue[:i])
+	p.queue = slices.Delete(p.queue, 0, i)
 	return batch
 }
 

@@ -3,31 +3,61 @@ package dedup
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"time"
 )
 
 // record is what a tumbling claim stores under its key: the request that
-// holds the claim, whether that request has finished, and the first
-// sighting the key was claimed for. Keeping the first sighting in the value
-// is what lets a lost claim be classified (redelivery, re-observation,
-// jitter) without a second round trip.
+// holds the claim, whether that request has finished, and fingerprints of
+// the first sighting the key was claimed for. They are what lets a lost
+// claim be classified (redelivery, re-observation, jitter) without a second
+// round trip; the first sighting itself is not needed, only whether another
+// ping equals it, and fingerprints keep a Redis key at 120 bytes.
 type record struct {
-	token     uint64
+	token     uint32    // the low 32 bits of the claiming request's token
 	claimedAt time.Time // server time, ms precision
 	settled   bool
-	time      time.Time // device time of the first sighting
-	lat, lon  float64
+	sighting  uint64 // fingerprint of the first sighting: device time and coordinates
+	position  uint32 // fingerprint of its coordinates alone
 }
 
 func newRecord(c *Claim) record {
 	// ms precision, as in Redis, so both stores time out in-flight claims alike
-	return record{token: c.Token, claimedAt: time.UnixMilli(c.At.UnixMilli()), time: c.Time, lat: c.Lat, lon: c.Lon}
+	return record{
+		token:     uint32(c.Token),
+		claimedAt: time.UnixMilli(c.At.UnixMilli()),
+		sighting:  sightingPrint(c.Ping),
+		position:  positionPrint(c.Ping),
+	}
 }
 
-// recordSize is the encoded length: small enough for Redis to store the
-// value inline with its object header (embstr, at most 44 bytes).
-const recordSize = 1 + 8 + 8 + 8 + 8 + 8
+// sightingPrint and positionPrint fingerprint a ping with FNV-1a, the same
+// in every process: an equal fingerprint is an equal observation but for a
+// 2^-64 (2^-32 for the position) chance, which could only mislabel the
+// reason of a ping that is suppressed anyway.
+func sightingPrint(p Ping) uint64 {
+	h := fnv.New64a()
+	var b [24]byte
+	binary.BigEndian.PutUint64(b[0:], uint64(p.Time.UnixNano()))
+	binary.BigEndian.PutUint64(b[8:], math.Float64bits(p.Lat))
+	binary.BigEndian.PutUint64(b[16:], math.Float64bits(p.Lon))
+	h.Write(b[:])
+	return h.Sum64()
+}
+
+func positionPrint(p Ping) uint32 {
+	h := fnv.New32a()
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[0:], math.Float64bits(p.Lat))
+	binary.BigEndian.PutUint64(b[8:], math.Float64bits(p.Lon))
+	h.Write(b[:])
+	return h.Sum32()
+}
+
+// recordSize is the encoded length: small enough for Redis to keep the value
+// inline with its object header in a 48-byte allocation.
+const recordSize = 1 + 4 + 6 + 8 + 4
 
 // Claim states, the first byte of an encoded record and of a seen value.
 const (
@@ -37,19 +67,20 @@ const (
 )
 
 // encode lays the record out as fixed-width big-endian fields: state,
-// token, claim time (Unix ms), device time (Unix ns), lat and lon (IEEE 754
-// bits). Exact float bits keep the redelivery comparison exact.
+// token (4 bytes), claim time (Unix ms, 6 bytes), the sighting's fingerprint
+// (8) and the position's (4).
 func (r record) encode() string {
 	var b [recordSize]byte
 	b[0] = flagPending
 	if r.settled {
 		b[0] = flagSettled
 	}
-	binary.BigEndian.PutUint64(b[1:], r.token)
-	binary.BigEndian.PutUint64(b[9:], uint64(r.claimedAt.UnixMilli()))
-	binary.BigEndian.PutUint64(b[17:], uint64(r.time.UnixNano()))
-	binary.BigEndian.PutUint64(b[25:], math.Float64bits(r.lat))
-	binary.BigEndian.PutUint64(b[33:], math.Float64bits(r.lon))
+	binary.BigEndian.PutUint32(b[1:], r.token)
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(r.claimedAt.UnixMilli()))
+	copy(b[5:11], ms[2:])
+	binary.BigEndian.PutUint64(b[11:], r.sighting)
+	binary.BigEndian.PutUint32(b[19:], r.position)
 	return string(b[:])
 }
 
@@ -57,14 +88,14 @@ func decodeRecord(s string) (record, error) {
 	if len(s) != recordSize || (s[0] != flagPending && s[0] != flagSettled) {
 		return record{}, fmt.Errorf("stored value of %d bytes is not a telemetry_dedup claim; is another application writing under the same key_prefix?", len(s))
 	}
-	b := []byte(s)
+	var ms [8]byte
+	copy(ms[2:], s[5:11])
 	return record{
-		settled:   b[0] == flagSettled,
-		token:     binary.BigEndian.Uint64(b[1:]),
-		claimedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(b[9:]))),
-		time:      time.Unix(0, int64(binary.BigEndian.Uint64(b[17:]))).UTC(),
-		lat:       math.Float64frombits(binary.BigEndian.Uint64(b[25:])),
-		lon:       math.Float64frombits(binary.BigEndian.Uint64(b[33:])),
+		settled:   s[0] == flagSettled,
+		token:     binary.BigEndian.Uint32([]byte(s[1:5])),
+		claimedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(ms[:]))),
+		sighting:  binary.BigEndian.Uint64([]byte(s[11:19])),
+		position:  binary.BigEndian.Uint32([]byte(s[19:23])),
 	}, nil
 }
 
@@ -72,14 +103,14 @@ func decodeRecord(s string) (record, error) {
 // observation is a redelivery (asked to come back while the first is in
 // flight), the same coordinates a re-observation, anything else jitter.
 func judgeHeld(held record, c *Claim) Verdict {
-	c.holder = &held
-	sameCoords := held.lat == c.Lat && held.lon == c.Lon
+	c.holder, c.held = held, true
+	sameObservation := held.sighting == sightingPrint(c.Ping)
 	switch {
-	case sameCoords && held.time.Equal(c.Time) && inFlight(!held.settled, held.claimedAt, c):
+	case sameObservation && inFlight(!held.settled, held.claimedAt, c):
 		return Verdict{Decision: InFlight, Reason: Redelivery}
-	case sameCoords && held.time.Equal(c.Time):
+	case sameObservation:
 		return suppressed(Redelivery)
-	case sameCoords:
+	case held.position == positionPrint(c.Ping):
 		return suppressed(Reobservation)
 	default:
 		return suppressed(Jitter)

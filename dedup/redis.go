@@ -103,7 +103,7 @@ func claimVerdict(c *Claim, cmd *redis.StatusCmd) (Verdict, error) {
 		return Verdict{}, err
 	}
 	// A retried SET whose first attempt landed finds this request's own value.
-	if held.token == c.Token {
+	if held.token == uint32(c.Token) {
 		return accepted, nil
 	}
 	return judgeHeld(held, c), nil
@@ -148,7 +148,7 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 	cmds := make([]pipelineCmd, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
-			cmds[i] = evalSha(claimReleaseScript, []string{c.Observation.Key}, tokenBytes(c.Token))
+			cmds[i] = evalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
 		} else {
 			cmds[i] = evalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
 		}

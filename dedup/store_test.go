@@ -33,15 +33,11 @@ func newRedisStore(t testing.TB, srv *redistest.Server) *RedisStore {
 	return newRedisStoreOn(t, c)
 }
 
-// newRedisStoreOn returns a store on client, with its own pipeline, both
-// closed when the test ends.
+// newRedisStoreOn returns a store on client, with its own pipeline; the
+// client is closed when the test ends.
 func newRedisStoreOn(t testing.TB, client redis.UniversalClient) *RedisStore {
-	p := NewPipeline(client)
-	t.Cleanup(func() {
-		p.Close()
-		_ = client.Close()
-	})
-	return NewRedisStore(p, time.Second)
+	t.Cleanup(func() { _ = client.Close() })
+	return NewRedisStore(NewPipeline(client), time.Second)
 }
 
 // decideOne, settleOne and releaseOne run one claim as a batch of one.

@@ -60,7 +60,10 @@ func TestRedisOverTLSWithACLAndDatabase(t *testing.T) {
 	// own directory, so hand Caddy the same PEM files under other names.
 	ca, cert, key := pemCopy(t, files.CA), pemCopy(t, files.ClientCert), pemCopy(t, files.ClientKey)
 	up := newUpstream(t)
+	// A generous timeout: the first TLS handshake with a client certificate,
+	// under the race detector, can take longer than the default 50ms.
 	tester := startCaddy(t, up, fmt.Sprintf(`store redis %s {
+			timeout 2s
 			username dedup
 			password s3cret
 			db 3

@@ -1,0 +1,60 @@
+package telemetrydedup
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// provisioned returns a handler provisioned as Caddy would, with the
+// memory store.
+func provisioned(tb testing.TB, h *Handler) *Handler {
+	tb.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	tb.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = h.Cleanup() })
+	h.logger = zap.NewNop() // as in production, where debug lines are off by default
+	return h
+}
+
+// serve runs one request through the handler, with next answering 201.
+func serve(h *Handler, body []byte) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", bytes.NewReader(body))
+	repl := caddy.NewReplacer()
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	w := httptest.NewRecorder()
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	_ = h.ServeHTTP(w, r, next)
+	return w
+}
+
+// The handler's own cost per request, memory store: a duplicate answered
+// here, and a new ping passed on.
+func BenchmarkServeHTTP(b *testing.B) {
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	dup := []byte(`{"asset_id":"veh-88","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547,"speed_kmh":0}`)
+	b.Run("duplicate", func(b *testing.B) {
+		prefix := "bench-dup:"
+		h := provisioned(b, &Handler{KeyPrefix: &prefix})
+		serve(h, dup)
+		b.ReportAllocs()
+		for b.Loop() {
+			if w := serve(h, dup); w.Code != http.StatusOK {
+				b.Fatal(w.Code)
+			}
+		}
+	})
+}
