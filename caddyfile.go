@@ -139,15 +139,11 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 	case "dead_letter_stream":
 		return oneArg(d, &h.DeadLetterStream)
 	case "dead_letter_maxlen":
-		var s string
-		if err := oneArg(d, &s); err != nil {
+		var n int
+		if err := intArg(d, &n, 1, "a positive number of entries, e.g. 100000"); err != nil {
 			return err
 		}
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n <= 0 {
-			return d.Errf("dead_letter_maxlen %q: use a positive number of entries, e.g. 100000", s)
-		}
-		h.DeadLetterMaxLen = n
+		h.DeadLetterMaxLen = int64(n)
 	case "time_format":
 		return oneArg(d, &h.TimeFormat)
 	case "lat":
@@ -157,13 +153,9 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 	case "window":
 		return durationArg(d, &h.Window)
 	case "resolution":
-		var s string
-		if err := oneArg(d, &s); err != nil {
+		var n int
+		if err := intArg(d, &n, 0, "a whole number from 0 to 15, e.g. resolution 12"); err != nil {
 			return err
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			return d.Errf("resolution %q: use a whole number from 0 to 15, e.g. resolution 12", s)
 		}
 		h.Resolution = &n
 	case "key_prefix":
@@ -232,7 +224,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 		}
 		h.MaxBody = int64(size)
 	case "max_batch":
-		return intArg(d, &h.MaxBatch, 1, "max_batch", "a positive number of pings such as 1000")
+		return intArg(d, &h.MaxBatch, 1, "a positive number of pings such as 1000")
 	case "max_future":
 		return durationArg(d, &h.MaxFuture)
 	case "null_island":
@@ -250,15 +242,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
 	case "stuck_after":
 		return durationArg(d, &h.StuckAfter)
 	case "stuck_track":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			return d.Errf("stuck_track %q: use a positive number of assets, e.g. stuck_track 10000", s)
-		}
-		h.StuckTrack = n
+		return intArg(d, &h.StuckTrack, 1, "a positive number of assets, e.g. stuck_track 10000")
 	default:
 		return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", option, strings.Join(optionNames, ", "))
 	}
@@ -287,6 +271,22 @@ func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	if !d.AllArgs(dst) {
 		return d.ArgErr()
 	}
+	return nil
+}
+
+// intArg reads the one whole-number argument of the current option, at
+// least minimum.
+func intArg(d *caddyfile.Dispenser, dst *int, minimum int, use string) error {
+	option := d.Val()
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < minimum {
+		return d.Errf("%s %q: use %s", option, s, use)
+	}
+	*dst = n
 	return nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -371,7 +370,7 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "sentinel_password":
 		return oneArg(d, &r.SentinelPassword)
 	case "db":
-		return intArg(d, &r.DB, 0, "db", "a database number such as 0")
+		return intArg(d, &r.DB, 0, "a database number such as 0")
 	case "tls":
 		return r.unmarshalTLS(d)
 	case "timeout":
@@ -383,9 +382,9 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "write_timeout":
 		return durationArg(d, &r.WriteTimeout)
 	case "pool_size":
-		return intArg(d, &r.PoolSize, 1, "pool_size", "a number of connections such as 20")
+		return intArg(d, &r.PoolSize, 1, "a number of connections such as 20")
 	case "breaker_failures":
-		return intArg(d, &r.BreakerFailures, 1, "breaker_failures", "a number of consecutive failures such as 5")
+		return intArg(d, &r.BreakerFailures, 1, "a number of consecutive failures such as 5")
 	case "breaker_cooldown":
 		return durationArg(d, &r.BreakerCooldown)
 	default:
@@ -425,19 +424,6 @@ func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized tls option %q; use ca, cert, key, server_name or insecure_skip_verify", d.Val())
 		}
 	}
-	return nil
-}
-
-func intArg(d *caddyfile.Dispenser, dst *int, minimum int, option, example string) error {
-	var s string
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < minimum {
-		return d.Errf("%s %q: use %s", option, s, example)
-	}
-	*dst = n
 	return nil
 }
 

@@ -28,6 +28,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// caddytestGlobals are the global options caddytest's in-process Caddy
+// needs: its admin API on 2999 and the test site's ports.
+const caddytestGlobals = `{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+	skip_install_trust
+}
+`
+
 // siteURL is where caddytest's Caddy serves the test site.
 const siteURL = "http://localhost:9080/telemetry"
 
@@ -83,14 +94,7 @@ func (u *upstream) count() int { return len(u.requests()) }
 // its own key_prefix: the memory store outlives a config load.
 func startCaddy(t *testing.T, up *upstream, options string) *caddytest.Tester {
 	t.Helper()
-	return caddyTester(t, fmt.Sprintf(`{
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-	skip_install_trust
-}
-
+	return caddyTester(t, fmt.Sprintf(caddytestGlobals+`
 http://localhost:9080 {
 	telemetry_dedup /telemetry {
 		key_prefix %q

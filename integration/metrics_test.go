@@ -119,14 +119,7 @@ func TestMetricsCountEveryDecisionAcrossReloads(t *testing.T) {
 // same metrics without a duplicate-registration panic.
 func TestTwoSitesWithTheDirective(t *testing.T) {
 	up := newUpstream(t)
-	tester := caddyTester(t, fmt.Sprintf(`{
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-	skip_install_trust
-}
-
+	tester := caddyTester(t, fmt.Sprintf(caddytestGlobals+`
 http://a.localhost:9080 {
 	telemetry_dedup {
 		key_prefix "two-sites-a:"

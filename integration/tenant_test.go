@@ -10,14 +10,7 @@ import (
 // host, neither suppresses the other's pings.
 func TestTenantsOnTwoHostsNeverSuppressEachOther(t *testing.T) {
 	up := newUpstream(t)
-	tester := caddyTester(t, fmt.Sprintf(`{
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-	skip_install_trust
-}
-
+	tester := caddyTester(t, fmt.Sprintf(caddytestGlobals+`
 http://fleet-a.localhost:9080, http://fleet-b.localhost:9080 {
 	telemetry_dedup {
 		key_prefix "tenants:"
