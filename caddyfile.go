@@ -6,7 +6,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -52,7 +51,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		retry_ladder   <duration>...
 //		outage_margin  <duration>
 //		ttl            <duration>
-//		store memory|redis [<url>] { ... }
+//		store          memory|redis [<url>] { ... }
 //		near_cache     off|<entries>
 //		on_store_error open|closed
 //		release_on_failure on|off
@@ -69,6 +68,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		stuck_after    <duration>
 //		stuck_track    <assets>
 //	}
+//
+// The list is caddyfileOptions; a test holds this comment and the README to
+// it.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
@@ -76,12 +78,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	lines := make(map[string]int) // option -> line, to report semantic errors where they were written
 	for d.NextBlock(0) {
-		option := d.Val()
-		if _, seen := lines[option]; seen {
-			return d.Errf("%s already specified on line %d; give each option once", option, lines[option])
+		name := d.Val()
+		if line, seen := lines[name]; seen {
+			return d.Errf("%s already specified on line %d; give each option once", name, line)
 		}
-		lines[option] = d.Line()
-		if err := h.unmarshalOption(d, option); err != nil {
+		lines[name] = d.Line()
+		option, ok := caddyfileOption(name)
+		if !ok {
+			return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", name, strings.Join(caddyfileOptionNames(), ", "))
+		}
+		if err := option.parse(h, d); err != nil {
 			return err
 		}
 	}
@@ -91,181 +97,130 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// optionNames lists the block's options, for the unknown-option error.
-var optionNames = []string{
-	"preset", "asset", "time", "time_format", "lat", "lon", "crs",
-	"shape", "window", "session_idle", "resolution", "hysteresis", "key_prefix", "key_scope",
-	"retry_ladder", "outage_margin", "ttl", "store", "near_cache", "on_store_error", "release_on_failure",
-	"in_flight_timeout", "mode", "on_invalid", "dead_letter_stream", "dead_letter_maxlen",
-	"max_body", "max_batch", "max_future", "null_island", "stuck_ratio", "stuck_after", "stuck_track",
+// option is one subdirective of the telemetry_dedup block: its name, its
+// arguments as the docs show them, and how it is read.
+type option struct {
+	name, syntax string
+	parse        func(h *Handler, d *caddyfile.Dispenser) error
 }
 
-func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, option string) error {
-	switch option {
-	case "preset":
-		return oneArg(d, &h.Preset)
-	case "asset":
-		h.Asset = d.RemainingArgs()
-		if len(h.Asset) == 0 {
-			return d.Err("asset needs a JSON path (or several, tried in order), or one placeholder template")
-		}
-	case "time":
-		h.Time = d.RemainingArgs()
-		if len(h.Time) == 0 {
-			return d.Err("time needs a JSON path (or several, tried in order)")
-		}
-	case "crs":
-		return oneArg(d, &h.CRS)
-	case "shape":
-		return oneArg(d, &h.Shape)
-	case "session_idle":
-		return durationArg(d, &h.SessionIdle)
-	case "hysteresis":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		m, err := strconv.ParseFloat(strings.TrimSuffix(s, "m"), 64)
-		if err != nil || math.IsNaN(m) || math.IsInf(m, 0) {
-			return d.Errf("hysteresis %q: use a distance in metres, e.g. hysteresis 5", s)
-		}
-		h.Hysteresis = m
-	case "key_scope":
-		return oneArg(d, &h.KeyScope)
-	case "mode":
-		return oneArg(d, &h.Mode)
-	case "on_invalid":
-		return oneArg(d, &h.OnInvalid)
-	case "dead_letter_stream":
-		return oneArg(d, &h.DeadLetterStream)
-	case "dead_letter_maxlen":
-		var n int
-		if err := intArg(d, &n, 1, "a positive number of entries, e.g. 100000"); err != nil {
-			return err
-		}
-		h.DeadLetterMaxLen = int64(n)
-	case "time_format":
-		return oneArg(d, &h.TimeFormat)
-	case "lat":
-		return oneArg(d, &h.Lat)
-	case "lon":
-		return oneArg(d, &h.Lon)
-	case "window":
-		return durationArg(d, &h.Window)
-	case "resolution":
-		var n int
-		if err := intArg(d, &n, 0, "a whole number from 0 to 15, e.g. resolution 12"); err != nil {
-			return err
-		}
-		h.Resolution = &n
-	case "key_prefix":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		h.KeyPrefix = &s
-	case "retry_ladder":
-		args := d.RemainingArgs()
-		if len(args) == 0 {
-			return d.Err("retry_ladder needs the sender's retry offsets after the first delivery, e.g. retry_ladder 1m 5m 30m 2h 6h")
-		}
-		for _, a := range args {
-			dur, err := caddy.ParseDuration(a)
-			if err != nil {
-				return d.Errf("retry_ladder %q: %v; use durations such as 1m 5m 30m 2h 6h", a, err)
-			}
-			h.RetryLadder = append(h.RetryLadder, caddy.Duration(dur))
-		}
-	case "outage_margin":
-		var m caddy.Duration
-		if err := durationArg(d, &m); err != nil {
-			return err
-		}
-		h.OutageMargin = &m
-	case "ttl":
-		return durationArg(d, &h.TTL)
-	case "store":
-		return h.unmarshalStore(d)
-	case "near_cache":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		n, err := strconv.Atoi(s)
-		if s == "off" {
-			n, err = 0, nil
-		}
-		if err != nil || n < 0 {
-			return d.Errf("near_cache %q: use off, or a number of keys such as 100000", s)
-		}
-		h.NearCache = &n
-	case "on_store_error":
-		return oneArg(d, &h.OnStoreError)
-	case "release_on_failure":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		if s != "on" && s != "off" {
-			return d.Errf("release_on_failure %q: use on (the default) or off", s)
-		}
-		release := s == "on"
-		h.ReleaseOnFailure = &release
-	case "in_flight_timeout":
-		return durationArg(d, &h.InFlightTimeout)
-	case "max_body":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		size, err := humanize.ParseBytes(s)
-		if err != nil || size == 0 || size > math.MaxInt64 {
-			return d.Errf("max_body %q: use a size such as 1MiB or 64KB", s)
-		}
-		h.MaxBody = int64(size)
-	case "max_batch":
+// caddyfileOptions is the one list of the block's subdirectives.
+var caddyfileOptions = []option{
+	{"preset", "owntracks|traccar|geojson", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Preset) }},
+	{"asset", "<json path>...|<placeholder template>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return someArgs(d, &h.Asset, "a JSON path (or several, tried in order), or one placeholder template")
+	}},
+	{"time", "<json path>...", func(h *Handler, d *caddyfile.Dispenser) error {
+		return someArgs(d, &h.Time, "a JSON path (or several, tried in order)")
+	}},
+	{"time_format", "auto|rfc3339|unix|unix_ms", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.TimeFormat) }},
+	{"lat", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Lat) }},
+	{"lon", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Lon) }},
+	{"crs", "EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.CRS) }},
+	{"shape", "tumbling|sliding|session", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Shape) }},
+	{"window", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.Window) }},
+	{"session_idle", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.SessionIdle) }},
+	{"resolution", "<0..15>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return intPtrArg(d, &h.Resolution, 0, "a whole number from 0 to 15, e.g. resolution 12")
+	}},
+	{"hysteresis", "<metres>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return floatArg(d, &h.Hysteresis, "m", "a distance in metres, e.g. hysteresis 5")
+	}},
+	{"key_prefix", "<prefix>", func(h *Handler, d *caddyfile.Dispenser) error {
+		h.KeyPrefix = new(string)
+		return oneArg(d, h.KeyPrefix)
+	}},
+	{"key_scope", "<placeholder template>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.KeyScope) }},
+	{"retry_ladder", "<duration>...", (*Handler).unmarshalRetryLadder},
+	{"outage_margin", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error {
+		h.OutageMargin = new(caddy.Duration)
+		return durationArg(d, h.OutageMargin)
+	}},
+	{"ttl", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.TTL) }},
+	{"store", "memory|redis [<url>] { ... }", (*Handler).unmarshalStore},
+	{"near_cache", "off|<entries>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return countOrOffArg(d, &h.NearCache, "off, or a number of keys such as 100000")
+	}},
+	{"on_store_error", "open|closed", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.OnStoreError) }},
+	{"release_on_failure", "on|off", func(h *Handler, d *caddyfile.Dispenser) error {
+		return onOffArg(d, &h.ReleaseOnFailure, "on (the default) or off")
+	}},
+	{"in_flight_timeout", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.InFlightTimeout) }},
+	{"mode", "enforce|shadow", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Mode) }},
+	{"on_invalid", "reject|dead_letter", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.OnInvalid) }},
+	{"dead_letter_stream", "<key>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.DeadLetterStream) }},
+	{"dead_letter_maxlen", "<entries>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return int64Arg(d, &h.DeadLetterMaxLen, 1, "a positive number of entries, e.g. 100000")
+	}},
+	{"max_body", "<size>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return sizeArg(d, &h.MaxBody, "a size such as 1MiB or 64KB")
+	}},
+	{"max_batch", "<pings>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return intArg(d, &h.MaxBatch, 1, "a positive number of pings such as 1000")
-	case "max_future":
-		return durationArg(d, &h.MaxFuture)
-	case "null_island":
-		return oneArg(d, &h.NullIsland)
-	case "stuck_ratio":
-		var s string
-		if err := oneArg(d, &s); err != nil {
-			return err
-		}
-		ratio, err := strconv.ParseFloat(s, 64)
-		if err != nil || math.IsNaN(ratio) {
-			return d.Errf("stuck_ratio %q: use a share between 0 and 1, e.g. stuck_ratio 0.95", s)
-		}
-		h.StuckRatio = ratio
-	case "stuck_after":
-		return durationArg(d, &h.StuckAfter)
-	case "stuck_track":
+	}},
+	{"max_future", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.MaxFuture) }},
+	{"null_island", "reject|allow", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.NullIsland) }},
+	{"stuck_ratio", "<share>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return floatArg(d, &h.StuckRatio, "", "a share between 0 and 1, e.g. stuck_ratio 0.95")
+	}},
+	{"stuck_after", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.StuckAfter) }},
+	{"stuck_track", "<assets>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return intArg(d, &h.StuckTrack, 1, "a positive number of assets, e.g. stuck_track 10000")
-	default:
-		return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", option, strings.Join(optionNames, ", "))
+	}},
+}
+
+func caddyfileOption(name string) (option, bool) {
+	for _, o := range caddyfileOptions {
+		if o.name == name {
+			return o, true
+		}
+	}
+	return option{}, false
+}
+
+func caddyfileOptionNames() []string {
+	names := make([]string, len(caddyfileOptions))
+	for i, o := range caddyfileOptions {
+		names[i] = o.name
+	}
+	return names
+}
+
+func (h *Handler) unmarshalRetryLadder(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return d.Err("retry_ladder needs the sender's retry offsets after the first delivery, e.g. retry_ladder 1m 5m 30m 2h 6h")
+	}
+	for _, a := range args {
+		dur, err := caddy.ParseDuration(a)
+		if err != nil {
+			return d.Errf("retry_ladder %q: %v; use durations such as 1m 5m 30m 2h 6h", a, err)
+		}
+		h.RetryLadder = append(h.RetryLadder, caddy.Duration(dur))
 	}
 	return nil
 }
 
-// unmarshalStore parses `store memory {...}` or `store redis <url> {...}`
-// through the store module's own UnmarshalCaddyfile.
+// unmarshalStore parses `store <name> [<args>] {...}` through the store
+// module's own UnmarshalCaddyfile.
 func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {
-		return d.Err("store needs a type: memory or redis")
+		return d.Errf("store needs a type: %s", storeNames())
 	}
 	name := d.Val()
-	if name != "memory" && name != "redis" {
-		return d.Errf("unknown store %q: use memory (the default) or redis <url>", name)
+	if _, err := caddy.GetModule(storesNamespace + "." + name); err != nil {
+		return d.Errf("unknown store %q: use %s", name, storeNames())
 	}
-	unm, err := caddyfile.UnmarshalModule(d, "http.handlers.telemetry_dedup.stores."+name)
+	unm, err := caddyfile.UnmarshalModule(d, storesNamespace+"."+name)
 	if err != nil {
 		return err
 	}
 	h.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
 	return nil
 }
+
+// The argument helpers below read the arguments of the current option and
+// say, on a bad one, what to use instead.
 
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	if !d.AllArgs(dst) {
@@ -274,8 +229,16 @@ func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	return nil
 }
 
-// intArg reads the one whole-number argument of the current option, at
-// least minimum.
+// someArgs reads one or more arguments.
+func someArgs(d *caddyfile.Dispenser, dst *[]string, use string) error {
+	option := d.Val()
+	if *dst = d.RemainingArgs(); len(*dst) == 0 {
+		return d.Errf("%s needs %s", option, use)
+	}
+	return nil
+}
+
+// intArg reads one whole number, at least minimum.
 func intArg(d *caddyfile.Dispenser, dst *int, minimum int, use string) error {
 	option := d.Val()
 	var s string
@@ -290,24 +253,93 @@ func intArg(d *caddyfile.Dispenser, dst *int, minimum int, use string) error {
 	return nil
 }
 
-func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	dur, err := parseDurationArg(d)
-	*dst = caddy.Duration(dur)
+func intPtrArg(d *caddyfile.Dispenser, dst **int, minimum int, use string) error {
+	*dst = new(int)
+	return intArg(d, *dst, minimum, use)
+}
+
+func int64Arg(d *caddyfile.Dispenser, dst *int64, minimum int, use string) error {
+	var n int
+	err := intArg(d, &n, minimum, use)
+	*dst = int64(n)
 	return err
 }
 
-// parseDurationArg reads the one duration argument of the current option.
-func parseDurationArg(d *caddyfile.Dispenser) (time.Duration, error) {
+// countOrOffArg reads off (0) or a whole number of at least 0.
+func countOrOffArg(d *caddyfile.Dispenser, dst **int, use string) error {
+	option := d.Val()
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if s == "off" {
+		n, err = 0, nil
+	}
+	if err != nil || n < 0 {
+		return d.Errf("%s %q: use %s", option, s, use)
+	}
+	*dst = &n
+	return nil
+}
+
+// floatArg reads one finite number, with an optional unit suffix.
+func floatArg(d *caddyfile.Dispenser, dst *float64, unit, use string) error {
+	option := d.Val()
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	f, err := strconv.ParseFloat(strings.TrimSuffix(s, unit), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return d.Errf("%s %q: use %s", option, s, use)
+	}
+	*dst = f
+	return nil
+}
+
+// onOffArg reads on or off.
+func onOffArg(d *caddyfile.Dispenser, dst **bool, use string) error {
+	option := d.Val()
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	if s != "on" && s != "off" {
+		return d.Errf("%s %q: use %s", option, s, use)
+	}
+	on := s == "on"
+	*dst = &on
+	return nil
+}
+
+// sizeArg reads a positive size such as 1MiB.
+func sizeArg(d *caddyfile.Dispenser, dst *int64, use string) error {
+	option := d.Val()
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	size, err := humanize.ParseBytes(s)
+	if err != nil || size == 0 || size > math.MaxInt64 {
+		return d.Errf("%s %q: use %s", option, s, use)
+	}
+	*dst = int64(size)
+	return nil
+}
+
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	option := d.Val()
 	var s string
 	if !d.AllArgs(&s) {
-		return 0, d.ArgErr()
+		return d.ArgErr()
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		return 0, d.Errf("%s %q: %v; use a duration such as 30s, 5m or 6h30m", option, s, err)
+		return d.Errf("%s %q: %v; use a duration such as 30s, 5m or 6h30m", option, s, err)
 	}
-	return dur, nil
+	*dst = caddy.Duration(dur)
+	return nil
 }
 
 // optionError reports a semantic error at the line of the option it names,

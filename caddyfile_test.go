@@ -2,8 +2,13 @@ package telemetrydedup
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +18,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 func parse(t *testing.T, input string) (*Handler, error) {
@@ -30,14 +36,14 @@ func TestCaddyfileDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := dedup.NewParser().Prepared(); !reflect.DeepEqual(s.parser, want) {
-		t.Errorf("parser %+v, want the defaults %+v", s.parser, dedup.NewParser())
+	if want := ping.NewParser().Prepared(); !reflect.DeepEqual(s.parser, want) {
+		t.Errorf("parser %+v, want the defaults %+v", s.parser, ping.NewParser())
 	}
 	if s.keyer != (dedup.Keyer{Window: 5 * time.Minute, Resolution: 12, Prefix: "dedup:"}) {
 		t.Errorf("keyer %+v", s.keyer)
 	}
 	if s.policy != (dedup.Policy{Shape: dedup.Tumbling, Window: 5 * time.Minute, SessionIdle: 10 * time.Minute, TTL: 6*time.Hour + 30*time.Minute, InFlightTimeout: 30 * time.Second}) ||
-		s.maxBody != 1<<20 || s.failClosed || !s.release || s.shadow || s.deadLetter || s.assetTemplate != "" {
+		s.maxBody != 1<<20 || s.onStoreError != decisionUnchecked || !s.release || s.shadow || s.deadLetterInvalid || s.assetTemplate != "" {
 		t.Errorf("settings %+v", s)
 	}
 	if h.StoreRaw != nil {
@@ -172,7 +178,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 }
 
 func TestEveryListedOptionIsParsed(t *testing.T) {
-	for _, name := range optionNames {
+	for _, name := range caddyfileOptionNames() {
 		_, err := parse(t, "telemetry_dedup {\n\t"+name+"\n}")
 		if err == nil || strings.Contains(err.Error(), "unrecognized") {
 			t.Errorf("option %s: got %v, want an argument error", name, err)
@@ -340,5 +346,70 @@ func TestDirectiveOrder(t *testing.T) {
 		strings.Index(s, `"static_response"`), strings.Index(s, `"reverse_proxy"`)
 	if !(auth < dedupAt && dedupAt < respond && respond < proxy) || auth < 0 {
 		t.Fatalf("order authentication=%d telemetry_dedup=%d respond=%d reverse_proxy=%d in %s", auth, dedupAt, respond, proxy, s)
+	}
+}
+
+// The doc comment of UnmarshalCaddyfile and the README's option block and
+// table list exactly the options caddyfileOptions parses, with the syntax
+// it documents: one list, and the docs held to it.
+func TestDocsListEveryCaddyfileOption(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "caddyfile.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc string
+	for _, decl := range f.Decls {
+		if fn, ok := decl.(*ast.FuncDecl); ok && fn.Name.Name == "UnmarshalCaddyfile" {
+			doc = fn.Doc.Text()
+		}
+	}
+	var want []string
+	for _, o := range caddyfileOptions {
+		want = append(want, o.name+" "+o.syntax)
+	}
+	var documented []string
+	for _, line := range strings.Split(doc, "\n") {
+		if fields := strings.Fields(line); strings.HasPrefix(line, "\t\t") && len(fields) >= 2 {
+			documented = append(documented, fields[0]+" "+strings.Join(fields[1:], " "))
+		}
+	}
+	if strings.Join(documented, "\n") != strings.Join(want, "\n") {
+		t.Errorf("UnmarshalCaddyfile's doc comment lists\n%s\nbut the options are\n%s", strings.Join(documented, "\n"), strings.Join(want, "\n"))
+	}
+
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)### Options.*?```caddyfile\ntelemetry_dedup \\[<matcher>\\] \\{\n(.*?)\n\\}\n```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("README has no options block under ### Options")
+	}
+	var inBlock, inTable []string
+	for _, line := range strings.Split(string(block[1]), "\n") {
+		if fields := strings.Fields(line); len(fields) > 0 && fields[0] != "}" && !strings.HasPrefix(line, "\t\t") {
+			inBlock = append(inBlock, fields[0])
+		}
+	}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)`(?:, `([a-z_]+)`)? \\|").FindAllSubmatch(readme, -1) {
+		for _, name := range m[1:] {
+			if len(name) > 0 && slices.Contains(caddyfileOptionNames(), string(name)) && !slices.Contains(inTable, string(name)) {
+				inTable = append(inTable, string(name))
+			}
+		}
+	}
+	for _, name := range caddyfileOptionNames() {
+		if !slices.Contains(inBlock, name) {
+			t.Errorf("README's options block lacks %s", name)
+		}
+		if !slices.Contains(inTable, name) {
+			t.Errorf("README's options table lacks %s", name)
+		}
+	}
+	for _, name := range inBlock {
+		if !slices.Contains(caddyfileOptionNames(), name) {
+			t.Errorf("README's options block lists %s, which is no option", name)
+		}
 	}
 }

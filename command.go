@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/uber/h3-go/v4"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/analyze"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
@@ -193,7 +194,7 @@ the retry ladder, e.g.
 		Args: cobra.MaximumNArgs(1),
 	}
 	pingFlags(cmd.Flags())
-	cmd.Flags().IntSlice("resolutions", dedup.DefaultAnalyzeResolutions, "candidate H3 resolutions")
+	cmd.Flags().IntSlice("resolutions", analyze.DefaultResolutions, "candidate H3 resolutions")
 	cmd.Flags().StringSlice("windows", []string{"1m", "5m", "15m"}, "candidate windows")
 	cmd.Flags().Float64("hysteresis", 0, "hysteresis in metres (shapes sliding and session)")
 	cmd.Flags().Duration("session-idle", dedup.DefaultSessionIdle, "session idle gap (shape session)")
@@ -220,7 +221,7 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 		defer f.Close()
 		in = f
 	}
-	report, err := dedup.Analyze(in, opts)
+	report, err := analyze.Analyze(in, opts)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
@@ -234,16 +235,16 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 
 // analyzeOptions reads the flags, resolving the ping options exactly as the
 // directive does.
-func analyzeOptions(fs caddycmd.Flags) (dedup.AnalyzeOptions, error) {
+func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 	h, err := handlerFromFlags(fs)
 	if err != nil {
-		return dedup.AnalyzeOptions{}, err
+		return analyze.Options{}, err
 	}
 	s, err := h.resolve()
 	if err != nil {
-		return dedup.AnalyzeOptions{}, err
+		return analyze.Options{}, err
 	}
-	opts := dedup.AnalyzeOptions{
+	opts := analyze.Options{
 		Parser:      s.parser,
 		Shape:       s.policy.Shape,
 		SessionIdle: fs.Duration("session-idle"),

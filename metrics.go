@@ -61,24 +61,24 @@ func initMetrics() {
 	metrics.inFlight = prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight",
 		"Accepted pings waiting for their upstream's answer.")))
 	metrics.memoryKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("memory_store_keys",
-		"Keys held by the memory stores.")), func() float64 { return sumMemoryStores((*dedup.MemoryStore).Len) })
+		"Keys held by the memory stores.")), func() float64 { return float64(sumStoreStats().keys) })
 	metrics.memoryEvictions = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("memory_store_evictions_total",
 		"Unexpired keys the memory stores dropped to stay within max_keys.")),
-		func() float64 { return sumMemoryStores(func(m *dedup.MemoryStore) int { return int(m.Evictions()) }) })
+		func() float64 { return float64(sumStoreStats().evictions) })
 	metrics.stuckAssets = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("stuck_assets",
 		"Assets whose recent pings are nearly all suppressed with none accepted for stuck_after (see the admin endpoint).")),
 		func() float64 { return float64(len(allStuckAssets(time.Now()))) })
 	metrics.breakersOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("breakers_open",
 		"Redis connections whose circuit breaker is open (the store is skipped and on_store_error applies).")),
-		openBreakers)
+		func() float64 { return float64(openBreakers()) })
 	metrics.breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("breaker_transitions_total",
 		"Circuit breaker transitions, by the state entered (open, half_open, closed).")), []string{"to"})
 	metrics.roundTrips = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_round_trips_total",
 		"Pipelines sent to Redis: the commands of concurrent requests and of a batch share one round trip.")),
-		func() float64 { rt, _ := pipelineTotals(); return float64(rt) })
+		func() float64 { return float64(sumStoreStats().roundTrips) })
 	metrics.commands = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_commands_total",
 		"Commands sent to Redis, in redis_round_trips_total round trips.")),
-		func() float64 { _, n := pipelineTotals(); return float64(n) })
+		func() float64 { return float64(sumStoreStats().commands) })
 	metrics.nearCacheLookups = prometheus.NewCounterVec(prometheus.CounterOpts(opts("near_cache_lookups_total",
 		"Near cache lookups, by result: a hit is a duplicate answered without a store round trip.")), []string{"result"})
 	metrics.nearCacheHit = metrics.nearCacheLookups.WithLabelValues("hit")
@@ -111,43 +111,6 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
-}
-
-// sumMemoryStores adds up f over every memory store currently in use.
-func sumMemoryStores(f func(*dedup.MemoryStore) int) float64 {
-	total := 0
-	stores.Range(func(_, v any) bool {
-		if m, ok := v.(memoryStoreValue); ok {
-			total += f(m.MemoryStore)
-		}
-		return true
-	})
-	return float64(total)
-}
-
-// openBreakers counts the shared Redis connections whose breaker is open.
-func openBreakers() float64 {
-	open := 0
-	stores.Range(func(_, v any) bool {
-		if c, ok := v.(*redisConnection); ok && c.breaker.State() == dedup.BreakerOpen {
-			open++
-		}
-		return true
-	})
-	return float64(open)
-}
-
-// pipelineTotals sums the round trips and commands of the shared Redis
-// connections in use.
-func pipelineTotals() (roundTrips, commands uint64) {
-	stores.Range(func(_, v any) bool {
-		if c, ok := v.(*redisConnection); ok {
-			rt, n := c.pipeline.RoundTrips()
-			roundTrips, commands = roundTrips+rt, commands+n
-		}
-		return true
-	})
-	return roundTrips, commands
 }
 
 // instrumentedStore times and counts every store operation. Its

@@ -5,37 +5,21 @@
 package telemetrydedup
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
 func init() {
 	caddy.RegisterModule(Handler{})
-}
-
-// stores shares store clients across config reloads: a new config is
-// provisioned before the old one is cleaned up, so the pool hands it the
-// same memory store or Redis connections instead of new ones.
-var stores = caddy.NewUsagePool()
-
-// storeProvider is implemented by the modules in the
-// http.handlers.telemetry_dedup.stores namespace.
-type storeProvider interface {
-	Store() dedup.Store
 }
 
 // Handler deduplicates moving-asset telemetry. Each JSON ping is keyed by
@@ -211,9 +195,10 @@ type Handler struct {
 	// Default: 10000.
 	StuckTrack int `json:"stuck_track,omitempty"`
 
-	settings
+	// settings are the options above, with defaults applied and checked.
+	settings    settings
 	deduper     *dedup.Deduper
-	deadLetters *deadLetters
+	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
 	storeErrors *throttledLog
@@ -236,6 +221,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.settings, err = h.resolve(); err != nil {
 		return err
 	}
+	s := &h.settings
 	h.storeErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
@@ -251,38 +237,34 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading telemetry_dedup store: %v", err)
 	}
-	store := mod.(storeProvider)
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
-	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
-	if size := h.nearCacheSize(storeName); size > 0 {
+	var claims dedup.Store = newInstrumentedStore(mod.(storeModule).Store(), storeName)
+	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
 	}
-	h.deduper = &dedup.Deduper{Store: claims, Keyer: h.keyer, Policy: h.policy}
-	if h.deadLetter {
-		if h.deadLetters, err = newDeadLetters(store, h.deadLetterStream, h.deadLetterMaxLen); err != nil {
-			return err
-		}
+	h.deduper = &dedup.Deduper{Store: claims, Keyer: s.keyer, Policy: s.policy}
+	if s.deadLetterInvalid {
+		h.deadLetters = mod.(deadLetterer).DeadLetters(s.deadLetterStream, s.deadLetterMaxLen)
 	}
 
 	h.logger.Info("telemetry_dedup ready",
-		zap.String("shape", string(h.policy.Shape)), zap.Stringer("window", h.keyer.Window),
-		zap.Int("resolution", h.keyer.Resolution), zap.String("key_prefix", h.keyer.Prefix),
-		zap.Stringer("ttl", h.policy.TTL), zap.String("ttl_from", h.ttlFrom),
-		zap.String("store", storeName), zap.Bool("shadow", h.shadow))
+		zap.String("shape", string(s.policy.Shape)), zap.Stringer("window", s.keyer.Window),
+		zap.Int("resolution", s.keyer.Resolution), zap.String("key_prefix", s.keyer.Prefix),
+		zap.Stringer("ttl", s.policy.TTL), zap.String("ttl_from", s.ttlFrom),
+		zap.String("store", storeName), zap.Bool("shadow", s.shadow))
 	return nil
 }
 
-// nearCacheSize is the near cache's size: as configured, or by default on
-// in front of Redis only, and never for the track shapes, which it cannot
-// serve.
-func (h *Handler) nearCacheSize(store string) int {
-	switch {
-	case h.policy.Shape != dedup.Tumbling:
+// nearCacheSize is the near cache's size: as configured, or the store's
+// default, and never for the track shapes, which it cannot serve.
+func (h *Handler) nearCacheSize(store any) int {
+	switch nc, ok := store.(nearCacher); {
+	case h.settings.policy.Shape != dedup.Tumbling:
 		return 0
 	case h.NearCache != nil:
 		return *h.NearCache
-	case store == "redis":
-		return dedup.DefaultNearCache
+	case ok:
+		return nc.DefaultNearCache()
 	}
 	return 0
 }
@@ -297,251 +279,23 @@ func (h *Handler) Cleanup() error {
 	return err
 }
 
-// ServeHTTP runs the four layers for one request: normalise, quantise,
-// claim, record.
+// ServeHTTP runs the four layers for every ping of the request, whether it
+// came alone or in a batch, then answers or forwards it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
-	// 1. Normalise: a bounded read, restored for the next handler, and the
-	// configured fields parsed, reprojected and validated. A JSON array or
-	// NDJSON body is a batch of pings, each decided on its own.
-	body, err := readBody(r, h.maxBody)
-	if err != nil {
-		return h.reject(w, r, next, repl, body, err)
-	}
-	if elements, isBatch, err := dedup.SplitBatch(body, isNDJSON(r), h.maxBatch); err != nil {
-		return h.reject(w, r, next, repl, body, err)
-	} else if isBatch {
-		return h.serveBatch(w, r, next, repl, elements)
-	}
-	ping, scope, err := h.normalise(body, repl)
-	switch {
-	case errors.Is(err, dedup.ErrNotAPing):
-		h.record(repl, decisionSkipped, reasonNotAPing)
-		return passOn(w, r, next, decisionSkipped, "")
-	case err != nil:
-		return h.reject(w, r, next, repl, body, err)
-	}
+	// 1. Normalise: a bounded read, restored for the next handler, split
+	// into its pings, each parsed, reprojected and validated.
+	req := h.normalise(r, repl)
+	// 2. Quantise: bucket, cell and key of each valid ping.
+	h.quantise(req)
+	// 3. Claim: all of them in one store round trip.
+	h.claim(r.Context(), req)
+	// 4. Record each outcome: metrics, dead letters, stuck assets,
+	// placeholders, debug log.
+	h.record(r, repl, req)
 
-	// 2. Quantise.
-	obs := h.observe(ping, scope)
-	setObservation(repl, ping.Asset, obs)
-
-	// 3. Claim, in one store round trip.
-	claim, verdict, err := h.deduper.Claim(r.Context(), obs)
-	repl.Set(placeholderKey, claim.Key())
-	if err != nil {
-		return h.storeFailed(w, r, next, repl, err)
-	}
-
-	// 4. Record, and answer or forward.
-	h.record(repl, string(verdict.Decision), string(verdict.Reason))
-	h.watchForStuck(obs.Asset, verdict)
-	switch {
-	case verdict.Decision == dedup.Accepted:
-		return h.forward(w, r, next, claim)
-	case h.shadow:
-		return passOn(w, r, next, decisionWouldSuppress, string(verdict.Reason))
-	case verdict.Decision == dedup.InFlight:
-		writeInFlight(w, verdict.Reason)
-	default:
-		writeSuppressed(w, verdict.Reason)
-	}
-	return nil
-}
-
-// normalise turns a body into a validated ping and the key scope it belongs
-// to.
-func (h *Handler) normalise(body []byte, repl *caddy.Replacer) (ping dedup.Ping, scope string, err error) {
-	if ping, err = h.parser.Extract(body); err != nil {
-		return ping, "", err
-	}
-	if h.assetTemplate != "" {
-		if ping.Asset, err = expandTemplate(repl, "asset", h.assetTemplate); err != nil {
-			return ping, "", err
-		}
-	}
-	if h.keyScope != "" {
-		if scope, err = expandTemplate(repl, "key_scope", h.keyScope); err != nil {
-			return ping, "", err
-		}
-	}
-	return ping, scope, h.parser.Validate(ping, time.Now())
-}
-
-// observe quantises a ping in its key scope: the scope becomes part of the
-// identity the keys are made of.
-func (h *Handler) observe(ping dedup.Ping, scope string) dedup.Observation {
-	ping.Asset = dedup.ScopedAsset(scope, ping.Asset)
-	return h.keyer.Observe(ping)
-}
-
-// forward passes a first sighting on and lets the upstream's real answer
-// settle or release its claim. The upstream request is detached from the
-// sender's cancellation: a sender that hangs up does not undo an upstream
-// that went on to store the observation.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims ...*dedup.Claim) error {
-	if w.Header().Get(headerDecision) == "" {
-		w.Header().Set(headerDecision, string(dedup.Accepted))
-	}
-	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
-	detached := context.WithoutCancel(r.Context())
-	metrics.inFlight.Inc()
-	defer metrics.inFlight.Dec()
-
-	defer func() {
-		// reverse_proxy aborts a broken response stream with a panic. If the
-		// upstream had answered below 500 by then, it has the observation.
-		if p := recover(); p != nil {
-			h.finish(detached, claims, rec.Status() == 0 || rec.Status() >= 500)
-			panic(p)
-		}
-	}()
-	err := next.ServeHTTP(rec, r.WithContext(detached))
-	h.finish(detached, claims, err != nil || rec.Status() >= 500)
-	return err
-}
-
-// finish settles the claims of a forwarded request, or releases them when
-// the upstream failed and release_on_failure is on.
-func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool) {
-	if len(claims) == 0 { // a shadow-mode batch with nothing new
-		return
-	}
-	if !failed || !h.release {
-		if err := h.deduper.Settle(ctx, claims...); err != nil {
-			h.storeErrors.log("settling a claim failed; exact redeliveries wait for in_flight_timeout instead", err)
-		}
-		return
-	}
-	released, err := h.deduper.Release(ctx, claims...)
-	if err != nil {
-		metrics.releases.WithLabelValues(releaseError).Add(float64(len(claims)))
-		// The claims stay; the sender's retries get 409 until
-		// in_flight_timeout, then count as duplicates. Rare, and worth a line
-		// of its own.
-		h.logger.Error("releasing the claims of a failed request failed; its retries may be suppressed",
-			zap.String("key", claims[0].Key()), zap.Int("claims", len(claims)), zap.Error(err))
-		return
-	}
-	metrics.releases.WithLabelValues(releaseReleased).Add(float64(released))
-	metrics.releases.WithLabelValues(releaseNotHeld).Add(float64(len(claims) - released))
-	if c := h.logger.Check(zapcore.DebugLevel, "released claims after upstream failure"); c != nil {
-		c.Write(zap.String("key", claims[0].Key()), zap.Int("released", released), zap.Int("claims", len(claims)))
-	}
-}
-
-// storeFailed applies on_store_error when the store cannot answer.
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, err error) error {
-	if !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
-	}
-	if h.failClosed && !h.shadow {
-		h.record(repl, decisionUnavailable, reasonStoreError)
-		writeUnavailable(w)
-		return nil
-	}
-	h.record(repl, decisionUnchecked, reasonStoreError)
-	return passOn(w, r, next, decisionUnchecked, "")
-}
-
-// reject answers a ping that cannot be keyed: 400, 413 or 422 with a JSON
-// body naming the problem, or 202 once it is in the dead-letter stream.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, body []byte, err error) error {
-	rej, ok := rejectionFor(err)
-	if !ok {
-		return err
-	}
-	decision := decisionRejected
-	if h.deadLetters != nil && rej.deadLetterable() {
-		if err := h.deadLetters.add(r, body, rej); err != nil {
-			h.storeErrors.log("dead-lettering an invalid ping failed; rejecting it instead", err)
-		} else {
-			decision = decisionDeadLettered
-		}
-	}
-	h.record(repl, decision, rej.reason())
-	switch {
-	case h.shadow:
-		return passOn(w, r, next, decisionWouldReject, rej.reason())
-	case decision == decisionDeadLettered:
-		writeDeadLettered(w, rej)
-	default:
-		writeRejection(w, rej)
-	}
-	return nil
-}
-
-// passOn forwards the request without a claim, saying why in X-Dedup.
-func passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, decision, reason string) error {
-	w.Header().Set(headerDecision, decision)
-	if reason != "" {
-		w.Header().Set(headerReason, reason)
-	}
-	return next.ServeHTTP(w, r)
-}
-
-// record counts the decision with its reason, sets the placeholders and
-// logs it at debug level: per-request info logs are noise at telemetry
-// rates.
-func (h *Handler) record(repl *caddy.Replacer, decision, reason string) {
-	metrics.decisions.WithLabelValues(decision, reason).Inc()
-	repl.Set(placeholderDecision, decision)
-	repl.Set(placeholderReason, reason)
-	if c := h.logger.Check(zapcore.DebugLevel, "telemetry_dedup decision"); c != nil {
-		asset, _ := repl.GetString(placeholderAsset)
-		key, _ := repl.GetString(placeholderKey)
-		c.Write(zap.String("decision", decision), zap.String("reason", reason), zap.String("asset", asset), zap.String("key", key))
-	}
-}
-
-// watchForStuck feeds the stuck-asset tracker and warns, once per asset
-// per hour, about an asset that looks stuck.
-func (h *Handler) watchForStuck(asset string, v dedup.Verdict) {
-	now := time.Now()
-	if !h.stuck.Observe(asset, v, now) {
-		return
-	}
-	a, _ := h.stuck.Lookup(asset, now)
-	h.logger.Warn("asset looks stuck: nearly all its recent pings are suppressed and none was accepted for stuck_after; "+
-		"is it repeating a cached fix or is its clock frozen?",
-		zap.String("asset", asset), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
-		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since))
-}
-
-// Outcomes of a release, as counted in releases_total.
-const (
-	releaseReleased = "released"
-	releaseNotHeld  = "not_held"
-	releaseError    = "error"
-)
-
-// Placeholders set on every request the handler sees.
-const (
-	placeholderDecision = "http.telemetry_dedup.decision"
-	placeholderReason   = "http.telemetry_dedup.reason"
-	placeholderKey      = "http.telemetry_dedup.key"
-	placeholderAsset    = "http.telemetry_dedup.asset"
-	placeholderBucket   = "http.telemetry_dedup.bucket"
-	placeholderCell     = "http.telemetry_dedup.cell"
-)
-
-func setObservation(repl *caddy.Replacer, asset string, obs dedup.Observation) {
-	repl.Set(placeholderAsset, asset)
-	repl.Set(placeholderBucket, strconv.FormatInt(obs.Bucket, 10))
-	repl.Set(placeholderCell, obs.Cell.String())
-}
-
-// expandTemplate fills the asset or key_scope template from the request. A
-// placeholder that is unknown or empty is an invalid ping, not a shared
-// empty identity.
-func expandTemplate(repl *caddy.Replacer, option, template string) (string, error) {
-	v, err := repl.ReplaceOrErr(template, true, true)
-	if err != nil {
-		return "", &dedup.InvalidPingError{Field: option, Rule: dedup.RuleRequired,
-			Detail: fmt.Sprintf("the %s template %s could not be filled from this request: %v", option, template, err)}
-	}
-	return v, nil
+	return h.respond(w, r, next, req)
 }
 
 // Interface guards

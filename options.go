@@ -2,12 +2,13 @@ package telemetrydedup
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // Option values and defaults that live in the handler rather than in dedup.
@@ -27,23 +28,27 @@ const (
 
 // settings are the handler's options with defaults applied and checked.
 type settings struct {
-	parser           dedup.Parser
-	assetTemplate    string // a placeholder template for the asset, instead of paths
-	keyScope         string // a placeholder template that scopes every key
-	keyer            dedup.Keyer
-	policy           dedup.Policy
-	ttlFrom          string
-	failClosed       bool
-	release          bool
-	shadow           bool
-	deadLetter       bool
-	deadLetterStream string
-	deadLetterMaxLen int64
-	maxBody          int64
-	maxBatch         int
-	stuckRatio       float64
-	stuckAfter       time.Duration
-	stuckTrack       int
+	parser        ping.Parser
+	assetTemplate string // a placeholder template for the asset, instead of paths
+	keyScope      string // a placeholder template that scopes every key
+	keyer         dedup.Keyer
+	policy        dedup.Policy
+	ttlFrom       string
+	// onStoreError is what a ping becomes when the store cannot answer:
+	// unchecked (forwarded) or unavailable (503).
+	onStoreError dedup.Decision
+	release      bool
+	shadow       bool
+	// deadLetterInvalid sends the pings that cannot be keyed to the
+	// store's dead letters instead of rejecting them.
+	deadLetterInvalid bool
+	deadLetterStream  string
+	deadLetterMaxLen  int64
+	maxBody           int64
+	maxBatch          int
+	stuckRatio        float64
+	stuckAfter        time.Duration
+	stuckTrack        int
 }
 
 // resolve applies defaults and checks every option, returning a
@@ -75,19 +80,26 @@ func (h *Handler) resolve() (settings, error) {
 		return s, err
 	}
 
-	if s.failClosed, err = choice("on_store_error", h.OnStoreError, onStoreErrorOpen, onStoreErrorClosed); err != nil {
+	failClosed, err := choice("on_store_error", h.OnStoreError, onStoreErrorOpen, onStoreErrorClosed)
+	if err != nil {
 		return s, err
 	}
 	if s.shadow, err = choice("mode", h.Mode, modeEnforce, modeShadow); err != nil {
 		return s, err
 	}
+	s.onStoreError = decisionUnchecked
+	if failClosed && !s.shadow { // shadow mode forwards everything, a store outage included
+		s.onStoreError = decisionUnavailable
+	}
 	s.release = h.ReleaseOnFailure == nil || *h.ReleaseOnFailure
 
-	if s.deadLetter, err = choice("on_invalid", h.OnInvalid, onInvalidReject, onInvalidDead); err != nil {
+	if s.deadLetterInvalid, err = choice("on_invalid", h.OnInvalid, onInvalidReject, onInvalidDead); err != nil {
 		return s, err
 	}
-	if s.deadLetter && storeType(h.StoreRaw) != "redis" {
-		return s, &dedup.ConfigError{Option: "on_invalid", Problem: "dead_letter appends to a Redis stream on the store's server: use store redis <url>, or on_invalid reject"}
+	if s.deadLetterInvalid {
+		if err := h.checkStoreKeepsDeadLetters(); err != nil {
+			return s, err
+		}
 	}
 	s.deadLetterStream = cmp.Or(h.DeadLetterStream, s.keyer.Prefix+"dead_letter")
 	s.deadLetterMaxLen = cmp.Or(h.DeadLetterMaxLen, defaultDeadLetterMaxLen)
@@ -102,7 +114,7 @@ func (h *Handler) resolve() (settings, error) {
 	if h.MaxBatch < 0 {
 		return s, &dedup.ConfigError{Option: "max_batch", Problem: fmt.Sprintf("%d is negative; use a number of pings such as 1000", h.MaxBatch)}
 	}
-	s.maxBatch = cmp.Or(h.MaxBatch, dedup.DefaultMaxBatch)
+	s.maxBatch = cmp.Or(h.MaxBatch, ping.DefaultMaxBatch)
 	if h.NearCache != nil && *h.NearCache < 0 {
 		return s, &dedup.ConfigError{Option: "near_cache", Problem: fmt.Sprintf("%d is negative; use 0 (off) or a number of keys such as 100000", *h.NearCache)}
 	}
@@ -122,13 +134,28 @@ func (h *Handler) resolve() (settings, error) {
 	return s, nil
 }
 
+// checkStoreKeepsDeadLetters makes sure on_invalid dead_letter has a store
+// that can keep them.
+func (h *Handler) checkStoreKeepsDeadLetters() error {
+	mod, err := storeModuleOf(h.StoreRaw)
+	if err != nil {
+		return err
+	}
+	if _, ok := mod.(deadLetterer); !ok {
+		return &dedup.ConfigError{Option: "on_invalid", Problem: fmt.Sprintf(
+			"dead_letter needs a store that keeps dead letters, and store %s does not: use store redis <url> (a Redis stream), or on_invalid reject",
+			mod.CaddyModule().ID.Name())}
+	}
+	return nil
+}
+
 // resolveParser builds the ping parser from the preset and the path
 // options, and returns the asset template if the asset is one.
-func (h *Handler) resolveParser() (dedup.Parser, string, error) {
-	p := dedup.NewParser()
+func (h *Handler) resolveParser() (ping.Parser, string, error) {
+	p := ping.NewParser()
 	if h.Preset != "" {
 		var err error
-		if p, err = dedup.ParsePreset(h.Preset); err != nil {
+		if p, err = ping.ParsePreset(h.Preset); err != nil {
 			return p, "", &dedup.ConfigError{Option: "preset", Problem: err.Error()}
 		}
 	}
@@ -151,20 +178,20 @@ func (h *Handler) resolveParser() (dedup.Parser, string, error) {
 	p.LatPath = cmp.Or(h.Lat, p.LatPath)
 	p.LonPath = cmp.Or(h.Lon, p.LonPath)
 	if h.TimeFormat != "" {
-		tf, err := dedup.ParseTimeFormat(h.TimeFormat)
+		tf, err := ping.ParseTimeFormat(h.TimeFormat)
 		if err != nil {
 			return p, "", &dedup.ConfigError{Option: "time_format", Problem: err.Error()}
 		}
 		p.TimeFormat = tf
 	}
 	if h.CRS != "" {
-		crs, err := dedup.ParseCRS(h.CRS)
+		crs, err := geo.ParseCRS(h.CRS)
 		if err != nil {
 			return p, "", &dedup.ConfigError{Option: "crs", Problem: err.Error()}
 		}
 		p.CRS = crs
 	}
-	p.MaxFuture = orDefault(h.MaxFuture, dedup.DefaultMaxFuture)
+	p.MaxFuture = orDefault(h.MaxFuture, ping.DefaultMaxFuture)
 	if p.MaxFuture < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
 	}
@@ -231,15 +258,6 @@ func choice(option, value, byDefault, alternative string) (bool, error) {
 		return true, nil
 	}
 	return false, &dedup.ConfigError{Option: option, Problem: fmt.Sprintf("%q is not allowed; use %s (the default) or %s", value, byDefault, alternative)}
-}
-
-// storeType is the "type" of a store's JSON, "memory" when none is given.
-func storeType(raw json.RawMessage) string {
-	var s struct{ Type string }
-	if raw == nil || json.Unmarshal(raw, &s) != nil {
-		return "memory"
-	}
-	return s.Type
 }
 
 func orDefault[D ~int64](d D, def time.Duration) time.Duration {

@@ -1,10 +1,12 @@
 package telemetrydedup
 
 import (
-	"encoding/json"
-	"errors"
+	"context"
 	"net/http"
 	"strconv"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
@@ -13,21 +15,39 @@ import (
 const (
 	headerDecision = "X-Dedup"
 	headerReason   = "X-Dedup-Reason"
+
+	// A batch's counts, and its rejected elements as JSON: the upstream's
+	// body answers for the rest.
+	headerAccepted   = "X-Dedup-Accepted"
+	headerSuppressed = "X-Dedup-Suppressed"
+	headerRejected   = "X-Dedup-Rejected"
+	headerInFlight   = "X-Dedup-In-Flight"
+	headerRejections = "X-Dedup-Rejections"
+
+	// maxRejectionsHeader caps the rejections listed in a header.
+	maxRejectionsHeader = 20
 )
 
-// Decisions the handler makes without a claim, in addition to dedup's
-// accepted, suppressed and in_flight.
+// Decisions the handler makes itself, beside dedup's accepted, suppressed
+// and in_flight. They are sent in X-Dedup and are part of the public
+// interface.
 const (
-	decisionRejected     = "rejected"
-	decisionDeadLettered = "dead_lettered"
-	decisionUnchecked    = "unchecked"
-	decisionUnavailable  = "unavailable"
-	decisionSkipped      = "skipped"
+	decisionRejected     dedup.Decision = "rejected"
+	decisionDeadLettered dedup.Decision = "dead_lettered"
+	decisionUnchecked    dedup.Decision = "unchecked"
+	decisionUnavailable  dedup.Decision = "unavailable"
+	decisionSkipped      dedup.Decision = "skipped"
+	// decisionPartial is a batch whose pings were decided differently.
+	decisionPartial dedup.Decision = "partial"
 
 	// What shadow mode says instead of answering.
-	decisionWouldSuppress = "would_suppress"
-	decisionWouldReject   = "would_reject"
+	decisionWouldSuppress dedup.Decision = "would_suppress"
+	decisionWouldReject   dedup.Decision = "would_reject"
+	decisionWouldPartial  dedup.Decision = "would_partial"
+)
 
+// Reasons the handler gives itself, beside dedup's and the rules.
+const (
 	reasonStoreError = "store_error"
 	reasonMalformed  = "malformed"
 	reasonTooLarge   = "too_large"
@@ -37,112 +57,185 @@ const (
 // unavailableRetryAfter is the Retry-After, in seconds, of a fail-closed 503.
 const unavailableRetryAfter = "5"
 
-func writeSuppressed(w http.ResponseWriter, reason dedup.Reason) {
-	h := w.Header()
-	h.Set(headerDecision, string(dedup.Suppressed))
-	h.Set(headerReason, string(reason))
-	h.Set("Content-Length", "0")
-	w.WriteHeader(http.StatusOK)
-}
-
-// writeInFlight asks the sender to come back: the first delivery of this
-// observation may still fail, and then the retry is the one that counts.
-func writeInFlight(w http.ResponseWriter, reason dedup.Reason) {
-	h := w.Header()
-	h.Set(headerDecision, string(dedup.InFlight))
-	h.Set(headerReason, string(reason))
-	h.Set("Retry-After", "1")
-	writeJSON(w, http.StatusConflict, errorBody{
-		Decision: string(dedup.InFlight),
-		Error:    "the first delivery of this observation is still being processed; retry shortly",
-	})
-}
-
-func writeUnavailable(w http.ResponseWriter) {
-	w.Header().Set(headerDecision, decisionUnavailable)
-	w.Header().Set("Retry-After", unavailableRetryAfter)
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{
-		Decision: decisionUnavailable,
-		Error:    "the deduplication store is unavailable and on_store_error is closed; retry later",
-	})
-}
-
-// rejection is a ping answered with a 4xx and a JSON body saying why.
-type rejection struct {
-	status int
-	body   errorBody
-}
-
-// reason is the {http.telemetry_dedup.reason} of a rejection: the rule an
-// invalid ping broke, or what was wrong with the body.
-func (r rejection) reason() string {
-	if r.body.Rule != "" {
-		return r.body.Rule
+// respond answers the request or forwards it: the one place where a single
+// ping and a batch differ.
+func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request) error {
+	for _, e := range req.elements {
+		if e.err != nil {
+			return e.err
+		}
 	}
-	if r.status == http.StatusRequestEntityTooLarge {
-		return reasonTooLarge
+	if req.single() {
+		return h.respondPing(w, r, next, &req.elements[0])
 	}
-	return reasonMalformed
+	return h.respondBatch(w, r, next, req)
 }
 
-// deadLetterable: malformed and invalid pings go to the dead-letter stream;
-// an oversize body stays a 413, it was never read whole.
-func (r rejection) deadLetterable() bool {
-	return r.status != http.StatusRequestEntityTooLarge
-}
-
-// errorBody is the JSON answered with every 4xx and 5xx the handler writes.
-type errorBody struct {
-	// Decision repeats X-Dedup.
-	Decision string `json:"decision"`
-	// Error says what is wrong, for a person.
-	Error string `json:"error"`
-	// Field is the JSON path of the offending field of an invalid ping.
-	Field string `json:"field,omitempty"`
-	// Rule is the rule the field broke.
-	Rule string `json:"rule,omitempty"`
-}
-
-// rejectionFor maps parse and read errors to their answer. Other errors (a
-// body read that failed mid-way) are not the sender's ping to judge.
-func rejectionFor(err error) (rejection, bool) {
-	var invalid *dedup.InvalidPingError
-	var malformed *dedup.MalformedError
-	var tooLarge *tooLargeError
-	var batchTooLarge *dedup.BatchTooLargeError
+// respondPing answers a request of one ping.
+func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *element) error {
+	d := e.decision
 	switch {
-	case errors.As(err, &batchTooLarge):
-		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error()}}, true
-	case errors.As(err, &invalid):
-		return rejection{http.StatusUnprocessableEntity, errorBody{
-			Decision: decisionRejected, Error: invalid.Error(), Field: invalid.Field, Rule: string(invalid.Rule)}}, true
-	case errors.As(err, &malformed):
-		return rejection{http.StatusBadRequest, errorBody{Decision: decisionRejected, Error: malformed.Error()}}, true
-	case errors.As(err, &tooLarge):
-		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: tooLarge.Error()}}, true
+	case d == dedup.Accepted:
+		return h.forward(w, r, next, d, "", []*dedup.Claim{e.claim})
+	case d == decisionUnchecked || d == decisionSkipped:
+		return h.forward(w, r, next, d, "", nil)
+	case h.settings.shadow:
+		return h.forward(w, r, next, shadowDecision(d), e.reason, nil)
+	case d == dedup.Suppressed:
+		writeSuppressed(w, e.reason)
+	case d == dedup.InFlight:
+		writeInFlight(w, e.reason)
+	case d == decisionUnavailable:
+		writeUnavailable(w)
+	case d == decisionDeadLettered:
+		writeDeadLettered(w, *e.rejection)
 	default:
-		return rejection{}, false
+		writeRejection(w, *e.rejection)
+	}
+	return nil
+}
+
+// respondBatch answers a batch: its new pings go upstream together, in
+// order and byte for byte, the rest are answered here.
+func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request) error {
+	c := countElements(req.elements)
+	decision := c.decision()
+	setBatchHeaders(w, c, req.elements)
+	claims, forwarded := acceptedClaims(req.elements), forwardedElements(req.elements)
+	switch {
+	case h.settings.shadow:
+		return h.forward(w, r, next, shadowDecision(decision), "", claims)
+	case c.inFlight > 0 || c.unavailable > 0:
+		// Some pings must come back later, so the whole batch must: keep
+		// nothing of it.
+		h.giveBack(r.Context(), claims)
+		writeBatchRetry(w, decision, req.elements, c.inFlight > 0)
+		return nil
+	case len(forwarded) == 0:
+		writeBatchAnswered(w, decision, c, req.elements)
+		return nil
+	}
+	if len(forwarded) < len(req.elements) {
+		restoreBody(r, req.batch.Join(forwarded))
+	}
+	return h.forward(w, r, next, decision, "", claims)
+}
+
+// giveBack releases the claims of a batch that is sent back for retry.
+func (h *Handler) giveBack(ctx context.Context, claims []*dedup.Claim) {
+	if len(claims) == 0 {
+		return
+	}
+	if _, err := h.deduper.Release(context.WithoutCancel(ctx), claims...); err != nil {
+		h.logger.Error("releasing the claims of a batch sent back for retry failed; its retries may be suppressed", zap.Error(err))
 	}
 }
 
-func writeRejection(w http.ResponseWriter, r rejection) {
-	w.Header().Set(headerDecision, decisionRejected)
-	writeJSON(w, r.status, r.body)
+// acceptedClaims are the claims a forwarded batch settles or releases.
+func acceptedClaims(elements []element) []*dedup.Claim {
+	var claims []*dedup.Claim
+	for _, e := range elements {
+		if e.decision == dedup.Accepted {
+			claims = append(claims, e.claim)
+		}
+	}
+	return claims
 }
 
-// writeDeadLettered answers 202: the ping is kept, though not as a ping.
-func writeDeadLettered(w http.ResponseWriter, r rejection) {
-	w.Header().Set(headerDecision, decisionDeadLettered)
-	r.body.Decision = decisionDeadLettered
-	writeJSON(w, http.StatusAccepted, r.body)
+// forwardedElements are the pings of a batch that go upstream: the new
+// ones, the unchecked ones, and the messages that are not positions, each
+// as it would alone.
+func forwardedElements(elements []element) [][]byte {
+	var raws [][]byte
+	for _, e := range elements {
+		switch e.decision {
+		case dedup.Accepted, decisionUnchecked, decisionSkipped:
+			raws = append(raws, e.raw)
+		}
+	}
+	return raws
 }
 
-func writeJSON(w http.ResponseWriter, status int, body errorBody) {
-	b, _ := json.Marshal(body) // a struct of strings always marshals
-	b = append(b, '\n')
+// elementCounts sums a batch's elements by what became of them.
+type elementCounts struct {
+	n                                        int
+	accepted, suppressed, inFlight, rejected int // rejected counts the dead-lettered too
+	deadLettered, unchecked, unavailable     int
+	skipped                                  int
+}
+
+func countElements(elements []element) elementCounts {
+	c := elementCounts{n: len(elements)}
+	for _, e := range elements {
+		switch e.decision {
+		case dedup.Accepted:
+			c.accepted++
+		case dedup.Suppressed:
+			c.suppressed++
+		case dedup.InFlight:
+			c.inFlight++
+		case decisionRejected:
+			c.rejected++
+		case decisionDeadLettered:
+			c.rejected++
+			c.deadLettered++
+		case decisionUnchecked:
+			c.unchecked++
+		case decisionUnavailable:
+			c.unavailable++
+		case decisionSkipped:
+			c.skipped++
+		}
+	}
+	return c
+}
+
+// decision is the X-Dedup of a batch: the decision all its elements got,
+// partial for a mix; in_flight or unavailable when any must come back.
+func (c elementCounts) decision() dedup.Decision {
+	switch {
+	case c.inFlight > 0:
+		return dedup.InFlight
+	case c.unavailable > 0:
+		return decisionUnavailable
+	case c.accepted == c.n:
+		return dedup.Accepted
+	case c.suppressed == c.n:
+		return dedup.Suppressed
+	case c.deadLettered == c.n:
+		return decisionDeadLettered
+	case c.rejected == c.n:
+		return decisionRejected
+	case c.unchecked == c.n:
+		return decisionUnchecked
+	case c.skipped == c.n:
+		return decisionSkipped
+	}
+	return decisionPartial
+}
+
+// shadowDecision is what shadow mode says instead of what enforce does.
+func shadowDecision(d dedup.Decision) dedup.Decision {
+	switch d {
+	case dedup.Suppressed, dedup.InFlight:
+		return decisionWouldSuppress
+	case decisionRejected, decisionDeadLettered:
+		return decisionWouldReject
+	case decisionPartial:
+		return decisionWouldPartial
+	}
+	return d
+}
+
+func setBatchHeaders(w http.ResponseWriter, c elementCounts, elements []element) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	h.Set(headerAccepted, strconv.Itoa(c.accepted))
+	h.Set(headerSuppressed, strconv.Itoa(c.suppressed))
+	h.Set(headerRejected, strconv.Itoa(c.rejected))
+	if c.inFlight > 0 {
+		h.Set(headerInFlight, strconv.Itoa(c.inFlight))
+	}
+	if c.rejected > 0 {
+		h.Set(headerRejections, rejectionsJSON(elements))
+	}
 }

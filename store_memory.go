@@ -107,10 +107,15 @@ type memoryStoreValue struct{ *dedup.MemoryStore }
 
 func (memoryStoreValue) Destruct() error { return nil }
 
+func (m memoryStoreValue) stats() storeStats {
+	return storeStats{keys: uint64(m.Len()), evictions: m.Evictions()}
+}
+
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*MemoryStore)(nil)
 	_ caddy.CleanerUpper    = (*MemoryStore)(nil)
 	_ caddyfile.Unmarshaler = (*MemoryStore)(nil)
-	_ storeProvider         = (*MemoryStore)(nil)
+	_ storeModule           = (*MemoryStore)(nil)
+	_ statsReporter         = memoryStoreValue{}
 )

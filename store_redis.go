@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 func init() {
@@ -137,22 +139,32 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// expanded returns a copy with placeholders such as {env.REDIS_PASSWORD}
-// expanded, so that secrets stay out of the config.
-func (r *RedisStore) expanded() RedisStore {
-	repl := caddy.NewReplacer()
-	e := func(s string) string { return repl.ReplaceKnown(s, "") }
-	x := *r
-	x.URL, x.Master, x.Username, x.Password = e(r.URL), e(r.Master), e(r.Username), e(r.Password)
-	x.SentinelUsername, x.SentinelPassword = e(r.SentinelUsername), e(r.SentinelPassword)
-	x.Addresses = make([]string, len(r.Addresses))
-	for i, a := range r.Addresses {
-		x.Addresses[i] = e(a)
+// placeholderFields are the settings that may hold placeholders such as
+// {env.REDIS_PASSWORD}: the one list both expanding them and checking for
+// them go by.
+func (r *RedisStore) placeholderFields() []*string {
+	fields := []*string{&r.URL, &r.Master, &r.Username, &r.Password, &r.SentinelUsername, &r.SentinelPassword}
+	for i := range r.Addresses {
+		fields = append(fields, &r.Addresses[i])
 	}
 	if r.TLS != nil {
+		fields = append(fields, &r.TLS.CA, &r.TLS.Cert, &r.TLS.Key, &r.TLS.ServerName)
+	}
+	return fields
+}
+
+// expanded returns a copy with placeholders expanded, so that secrets stay
+// out of the config.
+func (r *RedisStore) expanded() RedisStore {
+	x := *r
+	x.Addresses = slices.Clone(r.Addresses)
+	if r.TLS != nil {
 		t := *r.TLS
-		t.CA, t.Cert, t.Key, t.ServerName = e(t.CA), e(t.Cert), e(t.Key), e(t.ServerName)
 		x.TLS = &t
+	}
+	repl := caddy.NewReplacer()
+	for _, f := range x.placeholderFields() {
+		*f = repl.ReplaceKnown(*f, "")
 	}
 	return x
 }
@@ -273,10 +285,43 @@ func (r *RedisStore) Cleanup() error {
 // Store returns the claim store.
 func (r *RedisStore) Store() dedup.Store { return r.store }
 
-// redisClient lends the store's client, with its operation timeout, to the
-// dead-letter stream.
-func (r *RedisStore) redisClient() (redis.UniversalClient, time.Duration) {
-	return r.client, r.timeout
+// DefaultNearCache is the near cache a Redis store gets unless near_cache
+// says otherwise: its round trips are what the cache saves.
+func (r *RedisStore) DefaultNearCache() int { return dedup.DefaultNearCache }
+
+// DeadLetters returns a sink that appends to a Redis stream on the store's
+// server (XADD MAXLEN ~), with the store's operation timeout.
+func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
+	return redisDeadLetters{client: r.client, stream: stream, maxLen: maxLen, timeout: r.timeout}
+}
+
+// redisDeadLetters appends dead letters to a Redis stream.
+type redisDeadLetters struct {
+	client  redis.UniversalClient
+	stream  string
+	maxLen  int64
+	timeout time.Duration
+}
+
+// add appends one letter. It is detached from the sender's cancellation,
+// like a claim's settlement: a sender that hangs up does not undo the
+// record.
+func (d redisDeadLetters) add(ctx context.Context, l deadLetter) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.timeout)
+	defer cancel()
+	return d.client.XAdd(ctx, &redis.XAddArgs{
+		Stream: d.stream,
+		MaxLen: d.maxLen,
+		Approx: true,
+		Values: []any{
+			"reason", l.reason,
+			"field", l.field,
+			"error", l.error,
+			"body", l.body,
+			"received_at", l.receivedAt.Format(time.RFC3339Nano),
+			"remote_addr", l.remoteAddr,
+		},
+	}).Err()
 }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
@@ -343,8 +388,10 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// waitsForLoad reports settings that can only be checked at load: they
+// hold placeholders, or name TLS files.
 func (r *RedisStore) waitsForLoad() bool {
-	return r.TLS != nil || strings.Contains(strings.Join(append([]string{r.URL, r.Master, r.Username, r.Password}, r.Addresses...), " "), "{")
+	return r.TLS != nil || slices.ContainsFunc(r.placeholderFields(), func(f *string) bool { return strings.Contains(*f, "{") })
 }
 
 func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) error {
@@ -443,7 +490,7 @@ func parseRedisURL(url string) (*redis.Options, error) {
 // closed with the last config that used it.
 type redisConnection struct {
 	client   redis.UniversalClient
-	pipeline *dedup.Pipeline
+	pipeline *pipeline.Pipeline
 	breaker  *dedup.Breaker
 }
 
@@ -460,16 +507,23 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
 	})
 	client := redis.NewUniversalClient(opts)
-	return &redisConnection{client: client, pipeline: dedup.NewPipeline(client), breaker: breaker}
+	return &redisConnection{client: client, pipeline: pipeline.New(client), breaker: breaker}
 }
 
 func (c *redisConnection) Destruct() error { return c.client.Close() }
+
+func (c *redisConnection) stats() storeStats {
+	rt, n := c.pipeline.RoundTrips()
+	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n}
+}
 
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*RedisStore)(nil)
 	_ caddy.CleanerUpper    = (*RedisStore)(nil)
 	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
-	_ storeProvider         = (*RedisStore)(nil)
-	_ redisClienter         = (*RedisStore)(nil)
+	_ storeModule           = (*RedisStore)(nil)
+	_ deadLetterer          = (*RedisStore)(nil)
+	_ nearCacher            = (*RedisStore)(nil)
+	_ statsReporter         = (*redisConnection)(nil)
 )

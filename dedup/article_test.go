@@ -3,6 +3,8 @@ package dedup
 import (
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // The design article's verification tests, with its exact coordinates. The
@@ -15,8 +17,8 @@ var articleBase = time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
 // defaults (5 minute window, H3 resolution 12, prefix "dedup:").
 func windowKey(t *testing.T, asset string, at time.Time, lat, lon float64) string {
 	t.Helper()
-	p := Ping{Asset: asset, Time: at, Lat: lat, Lon: lon}
-	if err := NewParser().Validate(p, at); err != nil {
+	p := ping.Ping{Asset: asset, Time: at, Lat: lat, Lon: lon}
+	if err := ping.NewParser().Validate(p, at); err != nil {
 		t.Fatalf("article ping %+v rejected: %v", p, err)
 	}
 	return defaultKeyer().Observe(p).Key
@@ -64,8 +66,8 @@ func TestTwoAssetsNeverShareAKey(t *testing.T) {
 func TestCoarseResolutionSwallowsRealMovement(t *testing.T) {
 	k := defaultKeyer()
 	k.Resolution = 6
-	a := k.Observe(Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547})
-	b := k.Observe(Ping{Asset: "veh-88", Time: articleBase.Add(20 * time.Second), Lat: 52.5241000, Lon: 13.4102000})
+	a := k.Observe(ping.Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547})
+	b := k.Observe(ping.Ping{Asset: "veh-88", Time: articleBase.Add(20 * time.Second), Lat: 52.5241000, Lon: 13.4102000})
 	if a.Key != b.Key {
 		t.Fatalf("expected resolution 6 to swallow the move (cells %s, %s)", a.Cell, b.Cell)
 	}
@@ -77,7 +79,7 @@ func TestCoarseResolutionSwallowsRealMovement(t *testing.T) {
 //
 //	"dedup:" + blake2b(b"veh-88|1786190400|8c1f1d48945d9ff", digest_size=16).hexdigest()
 func TestKeyLayoutMatchesTheArticle(t *testing.T) {
-	o := defaultKeyer().Observe(Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547})
+	o := defaultKeyer().Observe(ping.Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547})
 	if o.Bucket != 1786190400 || o.Cell.String() != "8c1f1d48945d9ff" {
 		t.Fatalf("bucket %d cell %s, want 1786190400 8c1f1d48945d9ff", o.Bucket, o.Cell)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 type testDeduper struct {
@@ -17,7 +19,7 @@ func newTestDeduper(s Store, shape Shape) *testDeduper {
 	return td
 }
 
-func (td *testDeduper) claim(t *testing.T, p Ping) (*Claim, Verdict) {
+func (td *testDeduper) claim(t *testing.T, p ping.Ping) (*Claim, Verdict) {
 	t.Helper()
 	c, v, err := td.Claim(context.Background(), td.Keyer.Observe(p))
 	if err != nil {
@@ -26,14 +28,14 @@ func (td *testDeduper) claim(t *testing.T, p Ping) (*Claim, Verdict) {
 	return c, v
 }
 
-func (td *testDeduper) verdict(t *testing.T, p Ping) Verdict {
+func (td *testDeduper) verdict(t *testing.T, p ping.Ping) Verdict {
 	t.Helper()
 	_, v := td.claim(t, p)
 	return v
 }
 
 // settled claims p and settles it, as a request whose upstream answered.
-func (td *testDeduper) settled(t *testing.T, p Ping) Verdict {
+func (td *testDeduper) settled(t *testing.T, p ping.Ping) Verdict {
 	t.Helper()
 	c, v := td.claim(t, p)
 	if v.Decision == Accepted {
@@ -44,8 +46,8 @@ func (td *testDeduper) settled(t *testing.T, p Ping) Verdict {
 	return v
 }
 
-func at(offset time.Duration, lat, lon float64) Ping {
-	return Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: lon}
+func at(offset time.Duration, lat, lon float64) ping.Ping {
+	return ping.Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: lon}
 }
 
 func TestDeduperNamesEachDuplicate(t *testing.T) {
@@ -55,7 +57,7 @@ func TestDeduperNamesEachDuplicate(t *testing.T) {
 		d.settled(t, first)
 		tests := []struct {
 			name   string
-			ping   Ping
+			ping   ping.Ping
 			reason Reason
 		}{
 			{"redelivery", first, Redelivery},

@@ -1,13 +1,16 @@
-// Package dedup is the Caddy-independent core of telemetry_dedup: it turns a
-// JSON telemetry ping into a validated observation, keys it by asset, device
-// time bucket and H3 cell, and claims that key atomically in a Store.
+// Package dedup is the claim core of telemetry_dedup: it quantises a
+// validated ping (package ping) into its bucket, H3 cell and key, judges it
+// by the window shape, and claims it atomically in a Store, so that each
+// observation of a moving asset is let through once.
 //
-// The four layers of one request map onto this package as follows:
+// The four layers of one request map onto the packages as follows:
 //
-//   - normalise: Parser reads the configured fields and validates them;
+//   - normalise: ping.Parser reads the configured fields and validates them;
 //   - quantise: Keyer computes the bucket, the cell and the key;
-//   - claim: a Store (MemoryStore or RedisStore) claims the key once;
-//   - record: Classify names the decision and its reason.
+//   - claim: a Store (MemoryStore or RedisStore, optionally behind a
+//     NearCache and a Breaker) claims the key once, in one round trip;
+//   - record: the Verdict names the decision and its reason, and a
+//     StuckTracker watches each asset's verdicts.
 //
 // Nothing here imports Caddy, so the rules can be read and tested alone.
 package dedup

@@ -1,61 +1,13 @@
 package dedup
 
-import "fmt"
-
-// Rule names the validation rule a ping broke. Rules appear in the JSON error
-// body answered to the sender, so their values are part of the public
-// interface.
-type Rule string
-
-// The rules a ping is checked against, in the order they are checked.
-const (
-	// RuleRequired: the field is missing or null.
-	RuleRequired Rule = "required"
-	// RuleType: the field has the wrong JSON type (a string where a number
-	// belongs, an object as asset id), or an asset id that cannot be one:
-	// longer than 256 bytes, or holding control characters.
-	RuleType Rule = "type"
-	// RuleTimeFormat: the timestamp cannot be read in the configured format.
-	RuleTimeFormat Rule = "time_format"
-	// RuleTimezone: the timestamp has no UTC offset. It is never assumed to
-	// be UTC: a device reporting local time would be bucketed hours away.
-	RuleTimezone Rule = "timezone"
-	// RuleFinite: a coordinate is NaN or infinite.
-	RuleFinite Rule = "finite"
-	// RuleRange: latitude outside [-90, 90] or longitude outside [-180, 180].
-	RuleRange Rule = "range"
-	// RuleNullIsland: exactly (0, 0), a GPS module that has no fix yet.
-	RuleNullIsland Rule = "null_island"
-	// RuleFuture: the device time is further ahead of the server clock than
-	// max_future; it would claim keys of buckets not yet lived.
-	RuleFuture Rule = "max_future"
-)
-
-// MalformedError reports a request body that is not a JSON ping at all. The
-// handler answers it with 400.
-type MalformedError struct {
-	// Reason says what is wrong with the body, for the sender.
-	Reason string
+// ConfigError names the option that is wrong and says what to do about it.
+// The Caddyfile parser turns it into an error that points at the option's
+// line.
+type ConfigError struct {
+	// Option is the Caddyfile subdirective (and JSON field) at fault.
+	Option string
+	// Problem explains what is wrong and how to fix it.
+	Problem string
 }
 
-func (e *MalformedError) Error() string { return e.Reason }
-
-// InvalidPingError reports a well-formed body whose ping breaks a rule. The
-// handler answers it with 422 and a JSON body carrying Field and Rule.
-type InvalidPingError struct {
-	// Field is the configured JSON path of the offending field, as the
-	// sender wrote it (for example "position.latitude").
-	Field string
-	// Rule is the rule the field broke.
-	Rule Rule
-	// Detail says what was found and what is allowed.
-	Detail string
-}
-
-func (e *InvalidPingError) Error() string {
-	return fmt.Sprintf("%s: %s", e.Field, e.Detail)
-}
-
-func invalid(field string, rule Rule, format string, args ...any) *InvalidPingError {
-	return &InvalidPingError{Field: field, Rule: rule, Detail: fmt.Sprintf(format, args...)}
-}
+func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }

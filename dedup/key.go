@@ -11,6 +11,8 @@ import (
 
 	"github.com/uber/h3-go/v4"
 	"golang.org/x/crypto/blake2b"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // Defaults of the key contract. Changing any of them invalidates every key
@@ -35,7 +37,7 @@ type Keyer struct {
 
 // Observation is a ping with its quantised parts and key.
 type Observation struct {
-	Ping
+	ping.Ping
 	// Bucket is the device epoch second floored to the window.
 	Bucket int64
 	// Cell is the H3 cell of the position at the configured resolution.
@@ -60,7 +62,7 @@ func (k Keyer) Check() error {
 // Observe quantises a validated ping. The coordinates must already have
 // passed Parser.Validate: H3 turns a latitude of 91 into a valid-looking
 // cell that no real position maps to.
-func (k Keyer) Observe(p Ping) Observation {
+func (k Keyer) Observe(p ping.Ping) Observation {
 	o := Observation{
 		Ping:   p,
 		Bucket: k.Bucket(p.Time),

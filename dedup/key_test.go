@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 func TestBucketFloorsDeviceTimeToTheWindow(t *testing.T) {
@@ -29,9 +31,9 @@ func TestBucketFloorsDeviceTimeToTheWindow(t *testing.T) {
 // land in different buckets and are both admitted.
 func TestBucketBoundaryAdmitsBothSides(t *testing.T) {
 	d := newTestDeduper(NewMemoryStore(0), Tumbling)
-	before := Ping{Asset: "veh-88", Time: articleBase.Add(4*time.Minute + 58*time.Second), Lat: 52.5200087, Lon: 13.4049547}
-	after := Ping{Asset: "veh-88", Time: articleBase.Add(5*time.Minute + 2*time.Second), Lat: 52.5200087, Lon: 13.4049547}
-	for _, p := range []Ping{before, after} {
+	before := ping.Ping{Asset: "veh-88", Time: articleBase.Add(4*time.Minute + 58*time.Second), Lat: 52.5200087, Lon: 13.4049547}
+	after := ping.Ping{Asset: "veh-88", Time: articleBase.Add(5*time.Minute + 2*time.Second), Lat: 52.5200087, Lon: 13.4049547}
+	for _, p := range []ping.Ping{before, after} {
 		if v := d.verdict(t, p); v.Decision != Accepted {
 			t.Fatalf("ping at %v: %s, want accepted on its side of the boundary", p.Time, v.Decision)
 		}
@@ -42,11 +44,11 @@ func TestBucketBoundaryAdmitsBothSides(t *testing.T) {
 // never the bucket of its arrival.
 func TestOutOfOrderArrivalIsKeyedOnDeviceTime(t *testing.T) {
 	d := newTestDeduper(NewMemoryStore(0), Tumbling)
-	parked := func(offset time.Duration, lat float64) Ping {
-		return Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: 13.4049547}
+	parked := func(offset time.Duration, lat float64) ping.Ping {
+		return ping.Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: 13.4049547}
 	}
 	steps := []struct {
-		ping     Ping
+		ping     ping.Ping
 		decision Decision
 	}{
 		{parked(6*time.Minute, 52.5200087), Accepted},   // arrives first, bucket 12:05
@@ -85,7 +87,7 @@ func TestKeyerCheck(t *testing.T) {
 }
 
 func TestKeyPrefixStartsAFreshKeySpace(t *testing.T) {
-	p := Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
+	p := ping.Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
 	a, b := defaultKeyer(), defaultKeyer()
 	b.Prefix = "fleet-b:"
 	ka, kb := a.Observe(p).Key, b.Observe(p).Key

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // nearCached is a near cache in front of a real Redis, with its lookups
@@ -45,7 +46,7 @@ func TestNearCacheAnswersSettledKeysLocally(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := n.roundTrips()
-	for i, p := range []Ping{parked, at(20*time.Second, 52.5200087, 13.4049547), at(40*time.Second, 52.5200410, 13.4049920)} {
+	for i, p := range []ping.Ping{parked, at(20*time.Second, 52.5200087, 13.4049547), at(40*time.Second, 52.5200410, 13.4049920)} {
 		want := []Verdict{suppressed(Redelivery), suppressed(Reobservation), suppressed(Jitter)}[i]
 		if v := decide(t, n, claimOf(pol, p, uint64(i+2), articleBase)); v != want {
 			t.Fatalf("ping %d: %+v, want %+v", i, v, want)

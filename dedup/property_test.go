@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // The memory store runs the decisions in Go, the Redis store in SET NX GET
@@ -41,7 +42,7 @@ func TestStoresAgreeOnRandomStreams(t *testing.T) {
 type stream struct {
 	rng     *rand.Rand
 	assets  []*asset
-	sent    []Ping
+	sent    []ping.Ping
 	pending []*Claim // accepted, neither settled nor released yet
 	clock   time.Time
 }
@@ -49,7 +50,7 @@ type stream struct {
 type asset struct {
 	id               string
 	anchorLat, anLon float64
-	last             Ping
+	last             ping.Ping
 	t                time.Time
 }
 
@@ -63,7 +64,7 @@ func newStream(seed uint64) *stream {
 }
 
 // next returns the next ping and a description for failure messages.
-func (s *stream) next() (Ping, string) {
+func (s *stream) next() (ping.Ping, string) {
 	if len(s.sent) > 0 && s.rng.Float64() < 0.15 {
 		return s.sent[s.rng.IntN(len(s.sent))], "redelivery"
 	}
@@ -72,32 +73,32 @@ func (s *stream) next() (Ping, string) {
 	jitter := func() (float64, float64) {
 		return a.anchorLat + (s.rng.Float64()-0.5)*6e-5, a.anLon + (s.rng.Float64()-0.5)*9e-5 // about ±3 m
 	}
-	var p Ping
+	var p ping.Ping
 	var kind string
 	switch r := s.rng.Float64(); {
 	case r < 0.40:
 		a.t = a.t.Add(step)
 		lat, lon := jitter()
-		p, kind = Ping{Time: a.t, Lat: lat, Lon: lon}, "jitter"
+		p, kind = ping.Ping{Time: a.t, Lat: lat, Lon: lon}, "jitter"
 	case r < 0.52 && !a.last.Time.IsZero():
 		a.t = a.t.Add(step)
-		p, kind = Ping{Time: a.t, Lat: a.last.Lat, Lon: a.last.Lon}, "re-observation"
+		p, kind = ping.Ping{Time: a.t, Lat: a.last.Lat, Lon: a.last.Lon}, "re-observation"
 	case r < 0.70:
 		a.anchorLat += (s.rng.Float64() - 0.5) * 0.004
 		a.anLon += (s.rng.Float64() - 0.5) * 0.006
 		a.t = a.t.Add(step)
-		p, kind = Ping{Time: a.t, Lat: a.anchorLat, Lon: a.anLon}, "move"
+		p, kind = ping.Ping{Time: a.t, Lat: a.anchorLat, Lon: a.anLon}, "move"
 	case r < 0.85:
 		lat, lon := jitter()
-		p, kind = Ping{Time: a.t.Add(-time.Duration(s.rng.IntN(600)) * time.Second), Lat: lat, Lon: lon}, "out of order"
+		p, kind = ping.Ping{Time: a.t.Add(-time.Duration(s.rng.IntN(600)) * time.Second), Lat: lat, Lon: lon}, "out of order"
 	case r < 0.90:
 		a.t = a.t.Add(time.Duration(11+s.rng.IntN(20)) * time.Minute)
 		lat, lon := jitter()
-		p, kind = Ping{Time: a.t, Lat: lat, Lon: lon}, "after an idle gap"
+		p, kind = ping.Ping{Time: a.t, Lat: lat, Lon: lon}, "after an idle gap"
 	default:
 		a.t = a.t.Add(time.Millisecond * time.Duration(1+s.rng.IntN(999)))
 		lat, lon := jitter()
-		p, kind = Ping{Time: a.t, Lat: lat, Lon: lon}, "sub-second"
+		p, kind = ping.Ping{Time: a.t, Lat: lat, Lon: lon}, "sub-second"
 	}
 	p.Asset = a.id
 	a.last = p

@@ -6,6 +6,8 @@ import (
 	"hash/fnv"
 	"math"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // record is what a tumbling claim stores under its key: the request that
@@ -36,7 +38,7 @@ func newRecord(c *Claim) record {
 // in every process: an equal fingerprint is an equal observation but for a
 // 2^-64 (2^-32 for the position) chance, which could only mislabel the
 // reason of a ping that is suppressed anyway.
-func sightingPrint(p Ping) uint64 {
+func sightingPrint(p ping.Ping) uint64 {
 	h := fnv.New64a()
 	var b [24]byte
 	binary.BigEndian.PutUint64(b[0:], uint64(p.Time.UnixNano()))
@@ -46,7 +48,7 @@ func sightingPrint(p Ping) uint64 {
 	return h.Sum64()
 }
 
-func positionPrint(p Ping) uint32 {
+func positionPrint(p ping.Ping) uint32 {
 	h := fnv.New32a()
 	var b [16]byte
 	binary.BigEndian.PutUint64(b[0:], math.Float64bits(p.Lat))

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 // DefaultRedisTimeout bounds each store operation when timeout is not set.
@@ -21,19 +23,19 @@ const DefaultRedisTimeout = 50 * time.Millisecond
 // claim, loaded once and called by SHA. The commands of a batch, and of
 // concurrent requests, travel together through a Pipeline: one round trip.
 type RedisStore struct {
-	pipeline *Pipeline
+	pipeline *pipeline.Pipeline
 	timeout  time.Duration
 }
 
-// NewRedisStore returns a store sending its commands through pipeline, whose
+// NewRedisStore returns a store sending its commands through pipe, whose
 // operations each take at most timeout (DefaultRedisTimeout if timeout <=
 // 0). The pipeline's client must have ContextTimeoutEnabled set for the
 // timeout to bound network waits.
-func NewRedisStore(pipeline *Pipeline, timeout time.Duration) *RedisStore {
+func NewRedisStore(pipe *pipeline.Pipeline, timeout time.Duration) *RedisStore {
 	if timeout <= 0 {
 		timeout = DefaultRedisTimeout
 	}
-	return &RedisStore{pipeline: pipeline, timeout: timeout}
+	return &RedisStore{pipeline: pipe, timeout: timeout}
 }
 
 var (
@@ -57,7 +59,7 @@ var (
 
 // Decide implements Store.
 func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
-	cmds := make([]pipelineCmd, len(claims))
+	cmds := make([]pipeline.Cmd, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
 			cmds[i] = claimCmd(c)
@@ -72,9 +74,9 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 	for i, c := range claims {
 		var err error
 		if c.Policy.Shape == Tumbling {
-			verdicts[i], err = claimVerdict(c, cmds[i].cmd.(*redis.StatusCmd))
+			verdicts[i], err = claimVerdict(c, cmds[i].Result.(*redis.StatusCmd))
 		} else {
-			verdicts[i], err = trackVerdict(cmds[i].cmd.(*redis.Cmd))
+			verdicts[i], err = trackVerdict(cmds[i].Result.(*redis.Cmd))
 		}
 		if err != nil {
 			return nil, err
@@ -83,9 +85,9 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 	return verdicts, nil
 }
 
-func claimCmd(c *Claim) pipelineCmd {
+func claimCmd(c *Claim) pipeline.Cmd {
 	key, value, ttl := c.Observation.Key, newRecord(c).encode(), c.Policy.TTL
-	return pipelineCmd{queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+	return pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: ttl, Get: true})
 	}}
 }
@@ -109,9 +111,9 @@ func claimVerdict(c *Claim, cmd *redis.StatusCmd) (Verdict, error) {
 	return judgeHeld(held, c), nil
 }
 
-func trackDecideCmd(c *Claim) pipelineCmd {
+func trackDecideCmd(c *Claim) pipeline.Cmd {
 	pol := c.Policy
-	return evalSha(trackDecideScript, []string{c.StateKey, c.SeenKey},
+	return pipeline.EvalSha(trackDecideScript, []string{c.StateKey, c.SeenKey},
 		encodePoint(pointOf(c)), seenField(c), c.At.UnixMilli(), pol.TTL.Milliseconds(), string(pol.Shape),
 		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(),
 		strconv.FormatFloat(pol.Hysteresis, 'g', -1, 64), pol.InFlightTimeout.Milliseconds())
@@ -130,14 +132,14 @@ func trackVerdict(cmd *redis.Cmd) (Verdict, error) {
 
 // Settle implements Store.
 func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
-	cmds := make([]pipelineCmd, len(claims))
+	cmds := make([]pipeline.Cmd, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
 			r := newRecord(c)
 			r.settled = true
-			cmds[i] = evalSha(claimSettleScript, []string{c.Observation.Key}, r.encode())
+			cmds[i] = pipeline.EvalSha(claimSettleScript, []string{c.Observation.Key}, r.encode())
 		} else {
-			cmds[i] = evalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token))
+			cmds[i] = pipeline.EvalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token))
 		}
 	}
 	return s.do(ctx, cmds)
@@ -145,12 +147,12 @@ func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
-	cmds := make([]pipelineCmd, len(claims))
+	cmds := make([]pipeline.Cmd, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
-			cmds[i] = evalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
+			cmds[i] = pipeline.EvalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
 		} else {
-			cmds[i] = evalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
+			cmds[i] = pipeline.EvalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
 		}
 	}
 	if err := s.do(ctx, cmds); err != nil {
@@ -158,7 +160,7 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 	}
 	released := make([]bool, len(claims))
 	for i := range cmds {
-		n, err := cmds[i].cmd.(*redis.Cmd).Int()
+		n, err := cmds[i].Result.(*redis.Cmd).Int()
 		if err != nil {
 			return nil, err
 		}
@@ -167,8 +169,8 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 	return released, nil
 }
 
-func (s *RedisStore) do(ctx context.Context, cmds []pipelineCmd) error {
+func (s *RedisStore) do(ctx context.Context, cmds []pipeline.Cmd) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.pipeline.do(ctx, cmds)
+	return s.pipeline.Do(ctx, cmds)
 }

@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // The article's Figure 2: one vehicle, six pings, two of them 4 s apart
@@ -15,7 +18,7 @@ import (
 func TestFigure2(t *testing.T) {
 	const lat, lon = 52.5200087, 13.4049547
 	boundary := articleBase.Add(5 * time.Minute) // 12:05:00
-	pings := []Ping{
+	pings := []ping.Ping{
 		{Time: boundary.Add(-64 * time.Second)},                // 12:03:56, first of the burst
 		{Time: boundary.Add(-4 * time.Second), Lat: 0.0000120}, // 12:04:56, jitter
 		{Time: boundary},                      // 12:05:00, 4 s later, across the boundary
@@ -106,25 +109,27 @@ func TestOutOfOrderPingsDoNotMoveTheStateBackwards(t *testing.T) {
 
 // edgePair returns two fixes less than a metre apart on either side of an
 // edge of the cell of (lat, lon) at the default resolution.
-func edgePair(t *testing.T, lat, lon float64) (inside, outside Ping) {
+func edgePair(t *testing.T, lat, lon float64) (inside, outside ping.Ping) {
 	t.Helper()
 	cell := h3.LatLngToCell(h3.NewLatLng(lat, lon), DefaultResolution)
 	b, c := cell.Boundary(), cell.LatLng()
 	mid := h3.LatLng{Lat: (b[0].Lat + b[1].Lat) / 2, Lng: (b[0].Lng + b[1].Lng) / 2}
-	step := func(f float64) Ping {
-		return Ping{Asset: "veh-88", Lat: mid.Lat + (c.Lat-mid.Lat)*f, Lon: mid.Lng + (c.Lng-mid.Lng)*f}
+	step := func(f float64) ping.Ping {
+		return ping.Ping{Asset: "veh-88", Lat: mid.Lat + (c.Lat-mid.Lat)*f, Lon: mid.Lng + (c.Lng-mid.Lng)*f}
 	}
 	inside, outside = step(0.05), step(-0.05)
 	if cellOf(inside) != cell || cellOf(outside) == cell {
 		t.Fatalf("edge pair %v %v not on both sides of %s", inside, outside, cell)
 	}
-	if d := distanceM(inside.Lat, inside.Lon, outside.Lat, outside.Lon); d > 1.5 {
+	if d := geo.DistanceM(inside.Lat, inside.Lon, outside.Lat, outside.Lon); d > 1.5 {
 		t.Fatalf("edge pair %.2f m apart", d)
 	}
 	return inside, outside
 }
 
-func cellOf(p Ping) h3.Cell { return h3.LatLngToCell(h3.NewLatLng(p.Lat, p.Lon), DefaultResolution) }
+func cellOf(p ping.Ping) h3.Cell {
+	return h3.LatLngToCell(h3.NewLatLng(p.Lat, p.Lon), DefaultResolution)
+}
 
 func TestHysteresisHoldsAParkedFixAcrossACellEdge(t *testing.T) {
 	inside, outside := edgePair(t, 52.5200087, 13.4049547)

@@ -9,7 +9,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // eachStore runs one test against both stores. Both must give the same
@@ -37,7 +39,7 @@ func newRedisStore(t testing.TB, srv *redistest.Server) *RedisStore {
 // client is closed when the test ends.
 func newRedisStoreOn(t testing.TB, client redis.UniversalClient) *RedisStore {
 	t.Cleanup(func() { _ = client.Close() })
-	return NewRedisStore(NewPipeline(client), time.Second)
+	return NewRedisStore(pipeline.New(client), time.Second)
 }
 
 // decideOne, settleOne and releaseOne run one claim as a batch of one.
@@ -64,7 +66,7 @@ func testPolicy(shape Shape) *Policy {
 }
 
 // claimOf builds the claim a Deduper would make for p.
-func claimOf(pol *Policy, p Ping, token uint64, at time.Time) *Claim {
+func claimOf(pol *Policy, p ping.Ping, token uint64, at time.Time) *Claim {
 	k := defaultKeyer()
 	k.Window = pol.Window
 	c := &Claim{Observation: k.Observe(p), Policy: pol, Token: token, At: at}
@@ -74,7 +76,7 @@ func claimOf(pol *Policy, p Ping, token uint64, at time.Time) *Claim {
 	return c
 }
 
-var parked = Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
+var parked = ping.Ping{Asset: "veh-88", Time: articleBase, Lat: 52.5200087, Lon: 13.4049547}
 
 func decide(t *testing.T, s Store, c *Claim) Verdict {
 	t.Helper()
@@ -187,7 +189,7 @@ func TestStoreSettlesOnlyWithTheRightToken(t *testing.T) {
 		if v := decide(t, s, claimOf(pol, parked, 4, articleBase)); v.Decision != Suppressed || v.Reason != Redelivery {
 			t.Fatalf("after settling: %+v, want suppressed/redelivery", v)
 		}
-		gone := claimOf(pol, Ping{Asset: "never-claimed", Time: articleBase, Lat: 1, Lon: 2}, 5, articleBase)
+		gone := claimOf(pol, ping.Ping{Asset: "never-claimed", Time: articleBase, Lat: 1, Lon: 2}, 5, articleBase)
 		if err := settleOne(ctx, s, gone); err != nil {
 			t.Fatalf("settling a claim that is not there: %v", err)
 		}
@@ -292,10 +294,10 @@ func TestMemoryStoreDropsExpiredKeysBeforeEvicting(t *testing.T) {
 	for i, ttl := range []time.Duration{time.Minute, time.Hour} {
 		pol := *pol
 		pol.TTL = ttl
-		decide(t, m, claimOf(&pol, Ping{Asset: fmt.Sprint(i), Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
+		decide(t, m, claimOf(&pol, ping.Ping{Asset: fmt.Sprint(i), Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
 	}
 	now = now.Add(2 * time.Minute)
-	decide(t, m, claimOf(pol, Ping{Asset: "c", Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
+	decide(t, m, claimOf(pol, ping.Ping{Asset: "c", Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
 	if m.Evictions() != 0 || m.Len() != 2 {
 		t.Fatalf("evictions %d len %d: an expired key should make room without evicting", m.Evictions(), m.Len())
 	}

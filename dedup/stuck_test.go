@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 func TestStuckTrackerSpotsACachedFix(t *testing.T) {
@@ -83,16 +85,16 @@ func TestStuckTrackerMemoryIsBounded(t *testing.T) {
 // keeps its own copies so that no body stays alive through it.
 func TestStuckTrackerKeepsItsOwnCopyOfTheAsset(t *testing.T) {
 	body := []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`)
-	ping, err := NewParser().Parse(body, parseNow)
+	p, err := ping.NewParser().Parse(body, articleBase)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr := NewStuckTracker(DefaultStuckRatio, 0, 10)
 	for range stuckWindow {
-		tr.Observe(ping.Asset, suppressed(Jitter), articleBase)
+		tr.Observe(p.Asset, suppressed(Jitter), articleBase)
 	}
 	copy(body, strings.Repeat("x", len(body)))
-	if ping.Asset == "veh-88" {
+	if p.Asset == "veh-88" {
 		t.Fatal("the asset no longer shares the body; this test's premise changed")
 	}
 	if stuck := tr.Stuck(articleBase); len(stuck) != 1 || stuck[0].Asset != "veh-88" {

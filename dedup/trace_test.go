@@ -1,82 +1,42 @@
 package dedup
 
 import (
-	"bufio"
 	"context"
 	"math"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/nmea"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
-// Real GPS traces in testdata/ (see testdata/SOURCES.md): a car in Mountain
-// View at 1 Hz with loops and stop-and-go, and a consumer receiver standing
-// still in Amsterdam.
+// The real GPS traces of testdata/traces: a car in Mountain View at 1 Hz
+// with loops and stop-and-go, and a consumer receiver standing still in
+// Amsterdam.
 const (
-	carTrace    = "testdata/ublox-f9k-car-mountain-view-2020-rmc-gga.nmea"
-	parkedTrace = "testdata/signalk-gps-stationary-amsterdam-2014.nmea"
+	carTrace    = nmea.CarTrace
+	parkedTrace = nmea.ParkedTrace
 )
 
-// fix is one valid RMC sentence.
+// fix is one fix of a trace, as a ping of the asset named after the trace.
 type fix struct {
-	Ping
+	ping.Ping
 	knots float64
 }
 
-// readRMC returns the valid ($..RMC with status A) fixes of an NMEA file.
-func readRMC(t *testing.T, path string) []fix {
+func readRMC(t *testing.T, trace string) []fix {
 	t.Helper()
-	f, err := os.Open(path)
+	rmc, err := nmea.ReadRMC(trace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	var fixes []fix
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(strings.TrimSpace(sc.Text()), ",")
-		if len(fields) < 10 || !strings.HasSuffix(fields[0], "RMC") || fields[2] != "A" {
-			continue
-		}
-		at, err := time.Parse("020106 150405", fields[9]+" "+fields[1][:6])
-		if err != nil {
-			t.Fatalf("%s: %v", sc.Text(), err)
-		}
-		frac, _ := strconv.ParseFloat("0"+fields[1][6:], 64)
-		knots, _ := strconv.ParseFloat(fields[7], 64)
-		fixes = append(fixes, fix{
-			Ping: Ping{
-				Asset: path,
-				Time:  at.Add(time.Duration(frac * float64(time.Second))),
-				Lat:   nmeaDegrees(t, fields[3], fields[4]),
-				Lon:   nmeaDegrees(t, fields[5], fields[6]),
-			},
-			knots: knots,
-		})
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
+	fixes := make([]fix, len(rmc))
+	for i, f := range rmc {
+		fixes[i] = fix{Ping: ping.Ping{Asset: trace, Time: f.Time, Lat: f.Lat, Lon: f.Lon}, knots: f.SpeedMS / 0.514444}
 	}
 	return fixes
-}
-
-// nmeaDegrees reads ddmm.mmmm (or dddmm.mmmm) with its hemisphere.
-func nmeaDegrees(t *testing.T, v, hemisphere string) float64 {
-	dot := strings.IndexByte(v, '.')
-	deg, err1 := strconv.ParseFloat(v[:dot-2], 64)
-	min, err2 := strconv.ParseFloat(v[dot-2:], 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("NMEA coordinate %q", v)
-	}
-	d := deg + min/60
-	if hemisphere == "S" || hemisphere == "W" {
-		d = -d
-	}
-	return d
 }
 
 // replayStats is what one shape made of a trace.
@@ -94,7 +54,7 @@ func replay(t *testing.T, fixes []fix, pol *Policy) replayStats {
 	d.Policy = *pol
 	twoCells := 4 * h3.HexagonEdgeLengthAvgM(DefaultResolution)
 	var st replayStats
-	var last Ping
+	var last ping.Ping
 	for _, f := range fixes {
 		d.clock = f.Time
 		c, v := d.claim(t, f.Ping)
@@ -105,7 +65,7 @@ func replay(t *testing.T, fixes []fix, pol *Policy) replayStats {
 			continue
 		}
 		st.suppressed++
-		if dist := distanceM(f.Lat, f.Lon, last.Lat, last.Lon); f.knots*0.514444 > 1 && dist > twoCells {
+		if dist := geo.DistanceM(f.Lat, f.Lon, last.Lat, last.Lon); f.knots*0.514444 > 1 && dist > twoCells {
 			st.farSuppressed++
 			st.maxFar = math.Max(st.maxFar, dist)
 			if st.minFar == 0 || dist < st.minFar {

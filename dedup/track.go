@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // The sliding and session shapes judge each ping against what the store
@@ -128,19 +130,7 @@ func trackReason(p, last trackPoint, shape Shape) Reason {
 
 // samePlace: the same cell, or within the hysteresis distance.
 func samePlace(a, b trackPoint, hysteresis float64) bool {
-	return a.cell == b.cell || (hysteresis > 0 && distanceM(a.lat, a.lon, b.lat, b.lon) <= hysteresis)
-}
-
-// earthRadiusM is the mean Earth radius (IUGG), as used by H3.
-const earthRadiusM = 6371007.180918475
-
-// distanceM is the haversine distance in metres.
-func distanceM(lat1, lon1, lat2, lon2 float64) float64 {
-	const rad = math.Pi / 180
-	sinLat := math.Sin((lat2 - lat1) * rad / 2)
-	sinLon := math.Sin((lon2 - lon1) * rad / 2)
-	a := sinLat*sinLat + math.Cos(lat1*rad)*math.Cos(lat2*rad)*sinLon*sinLon
-	return 2 * earthRadiusM * math.Asin(math.Sqrt(a))
+	return a.cell == b.cell || (hysteresis > 0 && geo.DistanceM(a.lat, a.lon, b.lat, b.lon) <= hysteresis)
 }
 
 func abs(x int64) int64 {

@@ -20,18 +20,6 @@ const DefaultOutageMargin = 30 * time.Minute
 // and far from overflowing a time.Duration.
 const maxTTL = 10 * 365 * 24 * time.Hour
 
-// ConfigError names the option that is wrong and says what to do about it.
-// The Caddyfile parser turns it into an error that points at the option's
-// line.
-type ConfigError struct {
-	// Option is the Caddyfile subdirective (and JSON field) at fault.
-	Option string
-	// Problem explains what is wrong and how to fix it.
-	Problem string
-}
-
-func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }
-
 // TTLPolicy is how long a claimed key lives. The window says how much
 // re-observation to collapse; the TTL says how long a redelivery can still
 // arrive. They answer different questions: a TTL derived from the window

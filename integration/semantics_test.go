@@ -10,7 +10,7 @@ import (
 
 	"github.com/uber/h3-go/v4"
 
-	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
@@ -163,7 +163,7 @@ func TestProjectedPingsAreReprojected(t *testing.T) {
 	// Zone 33N's central meridian (15°E) at 45°N: easting 500000 exactly.
 	body := fmt.Appendf(nil, `{"asset_id":"utm-1","occurred_at":%q,"lat":4982950.4,"lon":500000}`, base().Format(time.RFC3339))
 	post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
-	crs, _ := dedup.ParseCRS("EPSG:32633")
+	crs, _ := geo.ParseCRS("EPSG:32633")
 	lat, lon, err := crs.ToWGS84(500000, 4982950.4)
 	if err != nil || lon != 15 || lat < 44.99 || lat > 45.01 {
 		t.Fatalf("reference point: %v %v %v", lat, lon, err)

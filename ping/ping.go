@@ -1,4 +1,4 @@
-package dedup
+package ping
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // Ping is one observation as the device reported it, normalised: an aware
@@ -70,7 +72,7 @@ type Parser struct {
 	TimeFormat TimeFormat
 	// CRS is the coordinate system of the position; WGS84 (the zero
 	// value) needs no reprojection.
-	CRS CRS
+	CRS geo.CRS
 	// KindPath and Kind, when set, make only bodies whose KindPath holds
 	// the string Kind pings; any other body is ErrNotAPing.
 	KindPath, Kind string
@@ -299,12 +301,12 @@ func (p Parser) time(v gjson.Result) (time.Time, error) {
 
 // axisError names the field of a projected coordinate the CRS refused.
 func (p Parser) axisError(err error) error {
-	var ae *AxisError
+	var ae *geo.AxisError
 	if !errors.As(err, &ae) {
 		return err
 	}
 	field := p.LonPath
-	if ae.Axis == AxisY {
+	if ae.Axis == geo.AxisY {
 		field = p.LatPath
 	}
 	return invalid(field, RuleRange, "%s", ae.Detail)

@@ -1,4 +1,7 @@
-package dedup
+// Package pipeline sends the Redis commands of concurrent requests together,
+// one round trip for whatever is waiting, so that a busy handler pays for
+// far fewer round trips than it has pings.
+package pipeline
 
 import (
 	"context"
@@ -41,22 +44,25 @@ const maxPipeline = 512
 
 // pipelineJob is one request's commands.
 type pipelineJob struct {
-	cmds     []pipelineCmd
+	cmds     []Cmd
 	deadline time.Time
 	done     chan error // receives nil or the first command error
 }
 
-// pipelineCmd is one command: a plain one (queue only), or a script, which
-// is sent as EVALSHA and loaded once if Redis does not know it yet.
-type pipelineCmd struct {
-	queue  func(ctx context.Context, p redis.Pipeliner) redis.Cmder
-	script *redis.Script
-	cmd    redis.Cmder // after the round trip
+// Cmd is one command: a plain one (Queue only), or a script, which is sent
+// as EVALSHA and loaded once if Redis does not know it yet (see EvalSha).
+type Cmd struct {
+	// Queue adds the command to a pipeline and returns it.
+	Queue func(ctx context.Context, p redis.Pipeliner) redis.Cmder
+	// Script is the script Queue runs by SHA, if it is one.
+	Script *redis.Script
+	// Result is the command, with its answer, after the round trip.
+	Result redis.Cmder
 }
 
-// NewPipeline returns a pipeline on client. It starts nothing: batches are
-// sent by the requests themselves.
-func NewPipeline(client redis.UniversalClient) *Pipeline {
+// New returns a pipeline on client. It starts nothing: batches are sent by
+// the requests themselves.
+func New(client redis.UniversalClient) *Pipeline {
 	return &Pipeline{client: client}
 }
 
@@ -66,10 +72,10 @@ func (p *Pipeline) RoundTrips() (roundTrips, commands uint64) {
 	return p.roundTrips.Load(), p.commands.Load()
 }
 
-// do runs cmds in one round trip (shared with other requests) and returns
+// Do runs cmds in one round trip (shared with other requests) and returns
 // the first command error; redis.Nil, an absent key, is not one. It gives
 // up when ctx ends.
-func (p *Pipeline) do(ctx context.Context, cmds []pipelineCmd) error {
+func (p *Pipeline) Do(ctx context.Context, cmds []Cmd) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(time.Minute)
@@ -142,12 +148,12 @@ func (p *Pipeline) send(batch []*pipelineJob) {
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
 	defer cancel()
 
-	p.exec(ctx, batch, func(*pipelineCmd) bool { return true })
+	p.exec(ctx, batch, func(*Cmd) bool { return true })
 	if scripts := unknownScripts(batch); len(scripts) > 0 {
 		for _, s := range scripts {
 			s.Load(ctx, p.client) // a Cluster client loads it on every master
 		}
-		p.exec(ctx, batch, func(c *pipelineCmd) bool { return isNoScript(c.cmd.Err()) })
+		p.exec(ctx, batch, func(c *Cmd) bool { return isNoScript(c.Result.Err()) })
 	}
 	for _, job := range batch {
 		job.done <- job.err()
@@ -155,13 +161,13 @@ func (p *Pipeline) send(batch []*pipelineJob) {
 }
 
 // exec sends the commands that want says need sending, as one pipeline.
-func (p *Pipeline) exec(ctx context.Context, batch []*pipelineJob, want func(*pipelineCmd) bool) {
+func (p *Pipeline) exec(ctx context.Context, batch []*pipelineJob, want func(*Cmd) bool) {
 	pipe := p.client.Pipeline()
 	n := 0
 	for _, job := range batch {
 		for i := range job.cmds {
 			if c := &job.cmds[i]; want(c) {
-				c.cmd = c.queue(ctx, pipe)
+				c.Result = c.Queue(ctx, pipe)
 				n++
 			}
 		}
@@ -178,8 +184,8 @@ func unknownScripts(batch []*pipelineJob) []*redis.Script {
 	var scripts []*redis.Script
 	for _, job := range batch {
 		for _, c := range job.cmds {
-			if c.script != nil && isNoScript(c.cmd.Err()) && !slices.Contains(scripts, c.script) {
-				scripts = append(scripts, c.script)
+			if c.Script != nil && isNoScript(c.Result.Err()) && !slices.Contains(scripts, c.Script) {
+				scripts = append(scripts, c.Script)
 			}
 		}
 	}
@@ -194,19 +200,19 @@ func isNoScript(err error) bool {
 // error.
 func (job *pipelineJob) err() error {
 	for _, c := range job.cmds {
-		if err := c.cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		if err := c.Result.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return err
 		}
 	}
 	return nil
 }
 
-// evalSha queues a script by SHA: the round trip carries the hash, not the
+// EvalSha queues a script by SHA: the round trip carries the hash, not the
 // script, and the script is loaded the first time Redis says it lacks it.
-func evalSha(s *redis.Script, keys []string, args ...any) pipelineCmd {
-	return pipelineCmd{
-		script: s,
-		queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+func EvalSha(s *redis.Script, keys []string, args ...any) Cmd {
+	return Cmd{
+		Script: s,
+		Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 			return s.EvalSha(ctx, p, keys, args...)
 		},
 	}

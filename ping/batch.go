@@ -1,4 +1,4 @@
-package dedup
+package ping
 
 import (
 	"bytes"
@@ -22,24 +22,52 @@ func (e *BatchTooLargeError) Error() string {
 	return fmt.Sprintf("the batch holds %d pings; at most %d are allowed (max_batch): split it", e.Count, e.Max)
 }
 
-// SplitBatch returns the raw elements of a batch body: the elements of a
-// JSON array, or the non-blank lines of NDJSON (ndjson set from the
-// request's Content-Type). Each element is a slice of body, untouched, so a
-// batch can be forwarded with some elements left out and the others byte
-// for byte as sent. A body that is neither is not a batch. Elements are not
-// checked here: each is a ping for Parser.Extract.
-func SplitBatch(body []byte, ndjson bool, max int) (elements [][]byte, isBatch bool, err error) {
+// Framing is how a request body holds its pings.
+type Framing int
+
+// The framings of a body.
+const (
+	// Single is one JSON object: a batch of one.
+	Single Framing = iota
+	// Array is a JSON array of pings.
+	Array
+	// Lines is NDJSON: one ping per line.
+	Lines
+)
+
+// Batch is a request body split into its pings. Each element is a slice of
+// the body, untouched, so that a batch can be forwarded with some elements
+// left out and the others byte for byte as sent.
+type Batch struct {
+	// Framing is how the body holds its pings.
+	Framing Framing
+	// Elements are the pings' bytes, in the body's order. A Single batch
+	// has one element, the whole body.
+	Elements [][]byte
+}
+
+// Split returns the pings of a body: the elements of a JSON array, the
+// non-blank lines of NDJSON (ndjson set from the request's Content-Type),
+// or else the body itself as a batch of one. Elements are not checked here:
+// each is a ping for Parser.Extract.
+func Split(body []byte, ndjson bool, max int) (Batch, error) {
 	if ndjson {
-		elements, err = splitLines(body, max)
-		return elements, true, err
+		lines, err := splitLines(body, max)
+		return Batch{Framing: Lines, Elements: lines}, err
 	}
 	if start := bytes.TrimLeft(body, " \t\r\n"); len(start) == 0 || start[0] != '[' {
-		return nil, false, nil
+		return Batch{Framing: Single, Elements: [][]byte{body}}, nil
 	}
+	elements, err := splitArray(body, max)
+	return Batch{Framing: Array, Elements: elements}, err
+}
+
+func splitArray(body []byte, max int) ([][]byte, error) {
 	if err := checkJSON(body); err != nil {
-		return nil, true, err
+		return nil, err
 	}
 	json := unsafe.String(unsafe.SliceData(body), len(body))
+	var elements [][]byte
 	n := 0
 	gjson.Parse(json).ForEach(func(_, v gjson.Result) bool {
 		if n++; n <= max {
@@ -49,11 +77,11 @@ func SplitBatch(body []byte, ndjson bool, max int) (elements [][]byte, isBatch b
 	})
 	switch {
 	case n > max:
-		return nil, true, &BatchTooLargeError{Count: n, Max: max}
+		return nil, &BatchTooLargeError{Count: n, Max: max}
 	case n == 0:
-		return nil, true, &MalformedError{Reason: "the batch is an empty array; send at least one ping"}
+		return nil, &MalformedError{Reason: "the batch is an empty array; send at least one ping"}
 	}
-	return elements, true, nil
+	return elements, nil
 }
 
 func splitLines(body []byte, max int) ([][]byte, error) {
@@ -79,10 +107,10 @@ func splitLines(body []byte, max int) ([][]byte, error) {
 	return lines, nil
 }
 
-// JoinBatch builds a batch body of the given elements in the format of the
-// original: a JSON array, or NDJSON lines.
-func JoinBatch(elements [][]byte, ndjson bool) []byte {
-	if ndjson {
+// Join builds the body of a batch of the given elements, in the batch's
+// framing: a JSON array, or NDJSON lines.
+func (b Batch) Join(elements [][]byte) []byte {
+	if b.Framing == Lines {
 		return append(bytes.Join(elements, []byte("\n")), '\n')
 	}
 	out := append([]byte("["), bytes.Join(elements, []byte(","))...)

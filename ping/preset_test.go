@@ -1,10 +1,12 @@
-package dedup
+package ping
 
 import (
 	"errors"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // Each preset reads a real sample of its tracker's format.
@@ -96,10 +98,10 @@ func TestEveryPresetExists(t *testing.T) {
 // A projected position is reprojected before validation and keying: the
 // fields name the axis the CRS refused.
 func TestParserReprojects(t *testing.T) {
-	utm33, _ := ParseCRS("EPSG:32633")
-	webMercator, _ := ParseCRS("EPSG:3857")
+	utm33, _ := geo.ParseCRS("EPSG:32633")
+	webMercator, _ := geo.ParseCRS("EPSG:3857")
 	for _, tt := range []struct {
-		crs      CRS
+		crs      geo.CRS
 		x, y     string
 		lat, lon float64
 	}{

@@ -1,4 +1,4 @@
-package dedup
+package analyze
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ func BenchmarkAnalyze1M(b *testing.B) {
 	capture := fleet.capture()
 	pings := fleet.assets * fleet.cycles * (fleet.parked + fleet.moving)
 	for b.Loop() {
-		rep, err := Analyze(bytes.NewReader(capture), AnalyzeOptions{})
+		rep, err := Analyze(bytes.NewReader(capture), Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

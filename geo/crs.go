@@ -3,7 +3,7 @@
 // bug) is off by up to 1.5e-4° (~17 m), while Karney's (2011) 6th-order Krüger
 // series below is accurate to nanometres and needs no dependency.
 
-package dedup
+package geo
 
 import (
 	"fmt"

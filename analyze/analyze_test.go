@@ -1,4 +1,4 @@
-package dedup
+package analyze
 
 import (
 	"bytes"
@@ -14,6 +14,10 @@ import (
 	"time"
 
 	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // synthFleet describes a synthetic capture with known properties: every
@@ -32,13 +36,13 @@ type synthFleet struct {
 var synthStart = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 
 // mPerDegree is the length of a degree of latitude on H3's sphere.
-const mPerDegree = earthRadiusM * math.Pi / 180
+const mPerDegree = geo.EarthRadiusM * math.Pi / 180
 
 // capture returns the fleet's pings as NDJSON, interleaved as a fleet's
 // pings arrive: one round of every asset per cadence.
 func (f synthFleet) capture() []byte {
 	rng := rand.New(rand.NewPCG(f.seed, 0))
-	tracks := make([][]Ping, f.assets)
+	tracks := make([][]ping.Ping, f.assets)
 	for a := range tracks {
 		tracks[a] = f.track(rng, fmt.Sprintf("veh-%04d", a))
 	}
@@ -55,13 +59,13 @@ func (f synthFleet) capture() []byte {
 	return buf.Bytes()
 }
 
-func (f synthFleet) track(rng *rand.Rand, asset string) []Ping {
+func (f synthFleet) track(rng *rand.Rand, asset string) []ping.Ping {
 	lat, lon := 52.3+0.4*rng.Float64(), 13.1+0.6*rng.Float64()
 	t := synthStart.Add(time.Duration(rng.IntN(int(f.cadence/time.Second))) * time.Second)
-	var track []Ping
+	var track []ping.Ping
 	emit := func() {
 		nLat, nLon := offsetM(lat, lon, f.sigmaM*rng.NormFloat64(), f.sigmaM*rng.NormFloat64())
-		track = append(track, Ping{Asset: asset, Time: t, Lat: nLat, Lon: nLon})
+		track = append(track, ping.Ping{Asset: asset, Time: t, Lat: nLat, Lon: nLon})
 		t = t.Add(f.cadence)
 	}
 	for range f.cycles {
@@ -82,7 +86,7 @@ func offsetM(lat, lon, northM, eastM float64) (float64, float64) {
 	return lat + northM/mPerDegree, lon + eastM/(mPerDegree*math.Cos(lat*math.Pi/180))
 }
 
-func pingLine(p Ping) []byte {
+func pingLine(p ping.Ping) []byte {
 	return fmt.Appendf(nil, `{"asset_id":%q,"occurred_at":%q,"lat":%.8f,"lon":%.8f,"speed_kmh":0}`+"\n",
 		p.Asset, p.Time.Format(time.RFC3339), p.Lat, p.Lon)
 }
@@ -95,7 +99,7 @@ var testFleet = synthFleet{
 	cadence: 10 * time.Second, sigmaM: 2, stepM: 30, redeliveryShare: 0.02, seed: 7,
 }
 
-func analyze(t *testing.T, capture []byte, opts AnalyzeOptions) *Report {
+func analyze(t *testing.T, capture []byte, opts Options) *Report {
 	t.Helper()
 	rep, err := Analyze(bytes.NewReader(capture), opts)
 	if err != nil {
@@ -105,7 +109,7 @@ func analyze(t *testing.T, capture []byte, opts AnalyzeOptions) *Report {
 }
 
 func TestAnalyzeMeasuresRayleighJitter(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	rep := analyze(t, testFleet.capture(), Options{})
 	sigma := testFleet.sigmaM
 	for _, tt := range []struct {
 		name      string
@@ -128,7 +132,7 @@ func TestAnalyzeMeasuresRayleighJitter(t *testing.T) {
 }
 
 func TestAnalyzeSwallowedMoves(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	rep := analyze(t, testFleet.capture(), Options{})
 	if steps := testFleet.assets * testFleet.cycles * (testFleet.moving - 1); rep.Moves.Count < steps {
 		t.Errorf("%d real moves, want at least the %d steps between moving fixes", rep.Moves.Count, steps)
 	}
@@ -159,7 +163,7 @@ func resolutionStats(t *testing.T, rep *Report, res int) ResolutionStats {
 }
 
 func TestAnalyzeRecommends(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	rep := analyze(t, testFleet.capture(), Options{})
 	p95 := testFleet.sigmaM * math.Sqrt(2*math.Log(20))
 	if h3.HexagonEdgeLengthAvgM(12) < p95 || h3.HexagonEdgeLengthAvgM(13) >= p95 {
 		t.Fatalf("the fleet's p95 %.1f m does not single out resolution 12", p95)
@@ -179,7 +183,7 @@ func TestAnalyzeRecommends(t *testing.T) {
 		t.Errorf("notes %q, want none", rep.Notes)
 	}
 	margin := time.Hour
-	rep = analyze(t, testFleet.capture(), AnalyzeOptions{RetryLadder: []time.Duration{time.Minute, time.Hour}, OutageMargin: &margin})
+	rep = analyze(t, testFleet.capture(), Options{RetryLadder: []time.Duration{time.Minute, time.Hour}, OutageMargin: &margin})
 	if rep.Recommended.TTL != 2*time.Hour {
 		t.Errorf("ttl %s from ladder 1m 1h and margin 1h, want 2h", rep.Recommended.TTL)
 	}
@@ -196,11 +200,11 @@ func TestAnalyzeRecommendationFallbacks(t *testing.T) {
 		want   func(Recommendation) bool
 		noteOn string
 	}{
-		{"no stationary runs", moving, func(r Recommendation) bool { return r.Resolution == DefaultResolution }, "no stationary run"},
+		{"no stationary runs", moving, func(r Recommendation) bool { return r.Resolution == dedup.DefaultResolution }, "no stationary run"},
 		{"no window spans ten intervals", sparse, func(r Recommendation) bool { return r.Window == 15*time.Minute }, "largest candidate"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			rep := analyze(t, tt.fleet.capture(), AnalyzeOptions{})
+			rep := analyze(t, tt.fleet.capture(), Options{})
 			if !tt.want(rep.Recommended) {
 				t.Errorf("recommended %+v", rep.Recommended)
 			}
@@ -217,11 +221,11 @@ func TestAnalyzeRecommendationFallbacks(t *testing.T) {
 func TestAnalyzeMatchesADirectReplay(t *testing.T) {
 	capture := testFleet.capture()
 	const res, window = 12, 5 * time.Minute
-	for _, shape := range Shapes {
+	for _, shape := range dedup.Shapes {
 		t.Run(string(shape), func(t *testing.T) {
-			rep := analyze(t, capture, AnalyzeOptions{Shape: shape, Resolutions: []int{res}, Windows: []time.Duration{window}})
-			want := directReplay(t, capture, Policy{Shape: shape, Window: window, SessionIdle: DefaultSessionIdle,
-				TTL: 24 * time.Hour, InFlightTimeout: DefaultInFlightTimeout}, res)
+			rep := analyze(t, capture, Options{Shape: shape, Resolutions: []int{res}, Windows: []time.Duration{window}})
+			want := directReplay(t, capture, dedup.Policy{Shape: shape, Window: window, SessionIdle: dedup.DefaultSessionIdle,
+				TTL: 24 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}, res)
 			if got := rep.Candidates[0]; !reflect.DeepEqual(got, want) {
 				t.Errorf("Analyze %+v\ndirect  %+v", got, want)
 			}
@@ -229,14 +233,14 @@ func TestAnalyzeMatchesADirectReplay(t *testing.T) {
 	}
 }
 
-func directReplay(t *testing.T, capture []byte, pol Policy, res int) CandidateStats {
+func directReplay(t *testing.T, capture []byte, pol dedup.Policy, res int) CandidateStats {
 	t.Helper()
-	parser := NewParser()
+	parser := ping.NewParser()
 	parser.MaxFuture = math.MaxInt64
 	var now time.Time
-	d := Deduper{Store: NewMemoryStore(0), Keyer: Keyer{Window: pol.Window, Resolution: res, Prefix: "analyze:"},
+	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: dedup.Keyer{Window: pol.Window, Resolution: res, Prefix: "analyze:"},
 		Policy: pol, Now: func() time.Time { return now }}
-	stats := CandidateStats{Resolution: res, Window: pol.Window, Suppressed: map[Reason]int{}}
+	stats := CandidateStats{Resolution: res, Window: pol.Window, Suppressed: map[dedup.Reason]int{}}
 	for line := range bytes.Lines(capture) {
 		p, err := parser.Parse(line, time.Time{})
 		if err != nil {
@@ -248,7 +252,7 @@ func directReplay(t *testing.T, capture []byte, pol Policy, res int) CandidateSt
 			t.Fatal(err)
 		}
 		stats.Pings++
-		if v.Decision != Accepted {
+		if v.Decision != dedup.Accepted {
 			stats.Suppressed[v.Reason]++
 			continue
 		}
@@ -270,11 +274,11 @@ func TestAnalyzeCountsBadLines(t *testing.T) {
 		{" \t", ""},
 		{`not json`, SkipMalformed},
 		{`[1, 2]`, SkipMalformed},
-		{`{"occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`, string(RuleRequired)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00","lat":52.5,"lon":13.4}`, string(RuleTimezone)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":91,"lon":13.4}`, string(RuleRange)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":"52.5","lon":13.4}`, string(RuleType)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":0,"lon":0}`, string(RuleNullIsland)},
+		{`{"occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`, string(ping.RuleRequired)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00","lat":52.5,"lon":13.4}`, string(ping.RuleTimezone)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":91,"lon":13.4}`, string(ping.RuleRange)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":"52.5","lon":13.4}`, string(ping.RuleType)},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":0,"lon":0}`, string(ping.RuleNullIsland)},
 		{`{"asset_id":"a","pad":"` + strings.Repeat("x", maxLineBytes) + `"}`, SkipTooLarge},
 		{valid + "\r", ""}, // CRLF line ends
 		{valid, ""},        // the last line has no newline
@@ -293,7 +297,7 @@ func TestAnalyzeCountsBadLines(t *testing.T) {
 			wantSkipped[l.skip]++
 		}
 	}
-	rep := analyze(t, []byte(strings.Join(capture, "\n")), AnalyzeOptions{})
+	rep := analyze(t, []byte(strings.Join(capture, "\n")), Options{})
 	if rep.Lines != wantLines || rep.Pings != wantPings || !reflect.DeepEqual(rep.Skipped, wantSkipped) {
 		t.Errorf("%d lines, %d pings, skipped %v; want %d, %d, %v",
 			rep.Lines, rep.Pings, rep.Skipped, wantLines, wantPings, wantSkipped)
@@ -301,7 +305,7 @@ func TestAnalyzeCountsBadLines(t *testing.T) {
 }
 
 func TestAnalyzeWithAPreset(t *testing.T) {
-	parser, err := ParsePreset("owntracks")
+	parser, err := ping.ParsePreset("owntracks")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,54 +315,54 @@ func TestAnalyzeWithAPreset(t *testing.T) {
 		`{"_type":"location","tid":"ab","tst":1772323210,"lat":52.52,"lon":13.40}`,
 		`{"_type":"location","tid":"cd","tst":1772323200,"lat":48.85,"lon":2.35}`,
 	}, "\n")
-	rep := analyze(t, []byte(capture), AnalyzeOptions{Parser: parser})
+	rep := analyze(t, []byte(capture), Options{Parser: parser})
 	if rep.Pings != 3 || rep.Assets != 2 || rep.Skipped[SkipNotAPing] != 1 {
 		t.Errorf("%d pings of %d assets, skipped %v; want 3 pings of 2 assets, one not a ping", rep.Pings, rep.Assets, rep.Skipped)
 	}
-	if c := rep.Candidates[0]; c.Admitted != 2 || c.Suppressed[Reobservation] != 1 {
+	if c := rep.Candidates[0]; c.Admitted != 2 || c.Suppressed[dedup.Reobservation] != 1 {
 		t.Errorf("candidate %+v, want 2 admitted and the repeated fix a re-observation", c)
 	}
 }
 
 func TestAnalyzeSkipsResolutionsFinerThanTheHysteresis(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), AnalyzeOptions{Shape: Sliding, Hysteresis: 5})
+	rep := analyze(t, testFleet.capture(), Options{Shape: dedup.Sliding, Hysteresis: 5})
 	for _, c := range rep.Candidates {
 		if c.Resolution > 12 {
 			t.Errorf("resolution %d (%.1f m edge) replayed with 5 m hysteresis", c.Resolution, h3.HexagonEdgeLengthAvgM(c.Resolution))
 		}
 	}
-	if len(rep.Candidates) != 4*len(DefaultAnalyzeWindows) || len(rep.Notes) != 2 {
+	if len(rep.Candidates) != 4*len(DefaultWindows) || len(rep.Notes) != 2 {
 		t.Errorf("%d candidates, notes %q; want resolutions 9 to 12 and a note each for 13 and 14", len(rep.Candidates), rep.Notes)
 	}
-	if len(rep.Resolutions) != len(DefaultAnalyzeResolutions) {
-		t.Errorf("swallowed moves for %d resolutions, want all %d", len(rep.Resolutions), len(DefaultAnalyzeResolutions))
+	if len(rep.Resolutions) != len(DefaultResolutions) {
+		t.Errorf("swallowed moves for %d resolutions, want all %d", len(rep.Resolutions), len(DefaultResolutions))
 	}
 }
 
 func TestAnalyzeRejectsBadOptions(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
-		opts   AnalyzeOptions
+		opts   Options
 		option string
 	}{
-		{"fractional window", AnalyzeOptions{Windows: []time.Duration{1500 * time.Millisecond}}, "window"},
-		{"resolution 16", AnalyzeOptions{Resolutions: []int{16}}, "resolution"},
-		{"ladder not increasing", AnalyzeOptions{RetryLadder: []time.Duration{time.Hour, time.Minute}}, "retry_ladder"},
-		{"hysteresis on tumbling", AnalyzeOptions{Hysteresis: 5}, "hysteresis"},
-		{"unknown shape", AnalyzeOptions{Shape: "hopping"}, "shape"},
+		{"fractional window", Options{Windows: []time.Duration{1500 * time.Millisecond}}, "window"},
+		{"resolution 16", Options{Resolutions: []int{16}}, "resolution"},
+		{"ladder not increasing", Options{RetryLadder: []time.Duration{time.Hour, time.Minute}}, "retry_ladder"},
+		{"hysteresis on tumbling", Options{Hysteresis: 5}, "hysteresis"},
+		{"unknown shape", Options{Shape: "hopping"}, "shape"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Analyze(strings.NewReader(""), tt.opts)
-			var ce *ConfigError
+			var ce *dedup.ConfigError
 			if !errors.As(err, &ce) || ce.Option != tt.option {
-				t.Errorf("error %v, want a ConfigError on %s", err, tt.option)
+				t.Errorf("error %v, want a dedup.ConfigError on %s", err, tt.option)
 			}
 		})
 	}
 }
 
 func TestAnalyzeTableShowsTheRecommendation(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), AnalyzeOptions{})
+	rep := analyze(t, testFleet.capture(), Options{})
 	var out strings.Builder
 	if err := rep.WriteTable(&out); err != nil {
 		t.Fatal(err)
@@ -372,7 +376,7 @@ func TestAnalyzeTableShowsTheRecommendation(t *testing.T) {
 }
 
 func TestAnalyzeReportJSONRoundTrips(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), AnalyzeOptions{Shape: Session})
+	rep := analyze(t, testFleet.capture(), Options{Shape: dedup.Session})
 	b, err := json.Marshal(rep)
 	if err != nil {
 		t.Fatal(err)

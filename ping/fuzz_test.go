@@ -1,4 +1,4 @@
-package dedup
+package ping
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // Run a target with, for example:
@@ -64,7 +66,7 @@ func fuzzParsers(tb testing.TB) map[string]Parser {
 		}
 		parsers[name] = p
 	}
-	utm, err := ParseCRS("EPSG:32633")
+	utm, err := geo.ParseCRS("EPSG:32633")
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,0 +1,255 @@
+// Package analyze sizes telemetry_dedup from a capture of an operator's own
+// pings: it replays them through the production decision code for a grid of
+// resolutions and windows, measures the parked jitter and the real moves,
+// and recommends a configuration. Printing the report for people (table.go)
+// is apart from computing it.
+package analyze
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// Default candidate grid of Analyze.
+var (
+	// DefaultResolutions spans city-block cells (9, 174 m edges) to
+	// survey-grade ones (14, 1.3 m).
+	DefaultResolutions = []int{9, 10, 11, 12, 13, 14}
+	// DefaultWindows are the windows operators usually weigh.
+	DefaultWindows = []time.Duration{time.Minute, 5 * time.Minute, 15 * time.Minute}
+)
+
+// The definitions behind Analyze's measurements and recommendations.
+const (
+	// stationaryRadiusM and stationaryMinDuration define a stationary run:
+	// wide enough for consumer-GPS jitter, long enough that a traffic light
+	// is not mistaken for parking.
+	stationaryRadiusM     = 25.0
+	stationaryMinDuration = 2 * time.Minute
+	// minMoveM is the floor of the real-move threshold, so that a capture
+	// with (almost) no jitter does not count rounding noise as moves.
+	minMoveM = 1.0
+	// windowIntervals is how many report intervals the recommended window
+	// spans: a parked asset then keeps at most one ping in ten.
+	windowIntervals = 10
+	// maxLineBytes matches the handler's default max_body: a longer line
+	// would be answered 413, not decided.
+	maxLineBytes = 1 << 20
+	// analyzeTTL keeps every claim for the whole capture: the replay asks
+	// what the window and resolution do, and the TTL is answered apart.
+	analyzeTTL = 100 * 365 * 24 * time.Hour
+	// analyzePrefix starts the keys of the replay's private stores.
+	analyzePrefix = "analyze:"
+)
+
+// Reasons a capture line is skipped, besides the Rule an invalid ping broke.
+const (
+	// SkipMalformed: the line is not a JSON object.
+	SkipMalformed = "malformed"
+	// SkipNotAPing: the parser's kind filter says the line is another
+	// message type (ErrNotAPing).
+	SkipNotAPing = "not_a_ping"
+	// SkipTooLarge: the line is longer than the handler's default max_body
+	// (1 MiB).
+	SkipTooLarge = "too_large"
+)
+
+// Options says how to read a capture and which candidates to try.
+type Options struct {
+	// Parser reads each NDJSON line (paths, preset, CRS) and applies the
+	// handler's validation rules, except max_future: Analyze ignores
+	// MaxFuture, since a capture is judged after the fact and its server
+	// clock is gone. A Parser without TimePaths (the zero value) means
+	// NewParser().
+	Parser ping.Parser
+	// Resolutions are the candidate H3 resolutions; nil means
+	// DefaultResolutions.
+	Resolutions []int
+	// Windows are the candidate windows; nil means DefaultWindows.
+	Windows []time.Duration
+	// Shape is the window shape to replay with; empty means Tumbling.
+	Shape dedup.Shape
+	// SessionIdle is the gap that opens a new session (Session only); zero
+	// means DefaultSessionIdle.
+	SessionIdle time.Duration
+	// Hysteresis is as in Policy. A candidate resolution whose cell edge is
+	// shorter is not replayed, and a note says so.
+	Hysteresis float64
+	// RetryLadder holds the sender's retry offsets for the TTL; nil means
+	// DefaultRetryLadder.
+	RetryLadder []time.Duration
+	// OutageMargin is added to the last retry for the TTL; nil means
+	// DefaultOutageMargin.
+	OutageMargin *time.Duration
+}
+
+// Analyze reads an NDJSON capture of pings (one JSON ping per line, blank
+// lines ignored) and replays it through the production Deduper for every
+// (resolution, window) candidate, in capture order, one asset at a time
+// with fresh memory stores: the keys carry the asset, so decisions never
+// span assets. It measures the parked jitter, the report interval and the
+// real moves each resolution swallows, and recommends a resolution, a
+// window and a TTL. A line that cannot be read as a ping is counted in
+// Report.Skipped, never fatal; invalid options and read errors are.
+func Analyze(r io.Reader, opts Options) (*Report, error) {
+	opts = opts.withDefaults()
+	a, err := newAnalyzer(opts)
+	if err != nil {
+		return nil, err
+	}
+	assets, err := a.read(r)
+	if err != nil {
+		return nil, err
+	}
+	for _, as := range assets {
+		if err := a.addAsset(as); err != nil {
+			return nil, err
+		}
+	}
+	if err := a.finish(); err != nil {
+		return nil, err
+	}
+	return a.report, nil
+}
+
+func (o Options) withDefaults() Options {
+	if len(o.Parser.TimePaths) == 0 {
+		o.Parser = ping.NewParser()
+	}
+	// Ignore max_future: with the largest duration nothing is ever ahead.
+	o.Parser.MaxFuture = math.MaxInt64
+	o.Parser = o.Parser.Prepared()
+	if o.Resolutions == nil {
+		o.Resolutions = DefaultResolutions
+	}
+	if o.Windows == nil {
+		o.Windows = DefaultWindows
+	}
+	o.Resolutions, o.Windows = sortedUnique(o.Resolutions), sortedUnique(o.Windows)
+	o.Shape = cmp.Or(o.Shape, dedup.Tumbling)
+	o.SessionIdle = cmp.Or(o.SessionIdle, dedup.DefaultSessionIdle)
+	return o
+}
+
+func sortedUnique[T cmp.Ordered](s []T) []T {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+func (o Options) policy(window time.Duration) dedup.Policy {
+	return dedup.Policy{Shape: o.Shape, Window: window, SessionIdle: o.SessionIdle, Hysteresis: o.Hysteresis,
+		TTL: analyzeTTL, InFlightTimeout: dedup.DefaultInFlightTimeout}
+}
+
+func (o Options) ttl(window time.Duration) (time.Duration, string, error) {
+	return dedup.TTLPolicy{Window: window, RetryLadder: o.RetryLadder, OutageMargin: o.OutageMargin}.Resolve()
+}
+
+// fixPoint is one ping of a known asset.
+type fixPoint struct {
+	t        time.Time
+	lat, lon float64
+}
+
+// assetFixes holds one asset's pings in capture order.
+type assetFixes struct {
+	name  string
+	fixes []fixPoint
+}
+
+// read parses the capture and groups its pings by asset, in order of first
+// appearance, keeping capture order within each asset.
+func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
+	var assets []*assetFixes
+	byName := map[string]*assetFixes{}
+	lr := lineReader{r: bufio.NewReaderSize(r, 64<<10)}
+	for {
+		line, tooLong, err := lr.next()
+		if err == io.EOF {
+			return assets, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the capture after line %d: %w", lr.n, err)
+		}
+		if !tooLong && len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		a.report.Lines++
+		if tooLong {
+			a.report.Skipped[SkipTooLarge]++
+			continue
+		}
+		p, err := a.opts.Parser.Parse(line, time.Time{}) // any clock: max_future is off
+		if err != nil {
+			a.report.Skipped[skipReason(err)]++
+			continue
+		}
+		a.report.Pings++
+		as := byName[p.Asset]
+		if as == nil {
+			// Clone: the parser's strings may share the reused line buffer.
+			as = &assetFixes{name: strings.Clone(p.Asset)}
+			byName[as.name] = as
+			assets = append(assets, as)
+		}
+		as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon})
+	}
+}
+
+// skipReason names why a line is not a ping.
+func skipReason(err error) string {
+	var invalid *ping.InvalidPingError
+	switch {
+	case errors.As(err, &invalid):
+		return string(invalid.Rule)
+	case errors.Is(err, ping.ErrNotAPing):
+		return SkipNotAPing
+	default:
+		return SkipMalformed
+	}
+}
+
+// lineReader splits NDJSON into lines without giving up on an overlong one,
+// unlike bufio.Scanner, which stops at the first.
+type lineReader struct {
+	r   *bufio.Reader
+	buf []byte
+	n   int // lines returned so far
+}
+
+// next returns the next line (valid until the following call), whether it
+// was longer than maxLineBytes (then it is dropped), or io.EOF.
+func (lr *lineReader) next() (line []byte, tooLong bool, err error) {
+	lr.buf = lr.buf[:0]
+	for {
+		chunk, err := lr.r.ReadSlice('\n')
+		if len(lr.buf)+len(chunk) > maxLineBytes+1 { // +1: the newline
+			tooLong = true
+		}
+		if !tooLong {
+			lr.buf = append(lr.buf, chunk...)
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF && (len(lr.buf) > 0 || tooLong):
+			err = nil // a last line without a newline
+		case err != nil:
+			return nil, false, err
+		}
+		lr.n++
+		return lr.buf, tooLong, nil
+	}
+}

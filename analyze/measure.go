@@ -1,0 +1,128 @@
+package analyze
+
+import (
+	"slices"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+)
+
+// measure adds one asset's report intervals, stationary runs and move
+// candidates, all in device-time order.
+func (a *analyzer) measure(fixes []fixPoint) {
+	a.order = a.order[:0]
+	for i := range fixes {
+		a.order = append(a.order, int32(i))
+	}
+	slices.SortStableFunc(a.order, func(x, y int32) int { return fixes[x].t.Compare(fixes[y].t) })
+
+	for k := 1; k < len(a.order); k++ {
+		if gap := fixes[a.order[k]].t.Sub(fixes[a.order[k-1]].t); gap > 0 {
+			a.gaps = append(a.gaps, gap)
+		}
+	}
+	a.findRuns(fixes)
+	a.findMoves(fixes)
+}
+
+// findRuns marks the stationary runs in a.runOf (by position in a.order;
+// 0 is none, else run number) and samples their jitter.
+func (a *analyzer) findRuns(fixes []fixPoint) {
+	a.runOf = slices.Grow(a.runOf[:0], len(a.order))[:len(a.order)]
+	clear(a.runOf)
+	at := func(k int) fixPoint { return fixes[a.order[k]] }
+	for start := 0; start < len(a.order); {
+		first := at(start)
+		end := start + 1
+		for end < len(a.order) && geo.DistanceM(first.lat, first.lon, at(end).lat, at(end).lon) <= stationaryRadiusM {
+			end++
+		}
+		// Too short: a later start may still open a run within this span.
+		if at(end-1).t.Sub(first.t) < stationaryMinDuration {
+			start++
+			continue
+		}
+		a.report.Jitter.Runs++
+		for k := start; k < end; k++ {
+			a.runOf[k] = int32(a.report.Jitter.Runs)
+		}
+		a.sampleRun(fixes, a.order[start:end])
+		start = end
+	}
+}
+
+// sampleRun adds the distance of each fix of a run to the run's median
+// position.
+func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
+	median := func(coord func(fixPoint) float64) float64 {
+		a.scratch = a.scratch[:0]
+		for _, i := range run {
+			a.scratch = append(a.scratch, coord(fixes[i]))
+		}
+		slices.Sort(a.scratch)
+		return nearestRank(a.scratch, 50)
+	}
+	lat := median(func(f fixPoint) float64 { return f.lat })
+	lon := median(func(f fixPoint) float64 { return f.lon })
+	for _, i := range run {
+		a.samples = append(a.samples, geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon))
+	}
+}
+
+// findMoves keeps the consecutive pairs that may be real moves, with the
+// resolutions at which they stay in one cell.
+func (a *analyzer) findMoves(fixes []fixPoint) {
+	for k := 1; k < len(a.order); k++ {
+		if a.runOf[k] != 0 && a.runOf[k] == a.runOf[k-1] {
+			continue
+		}
+		i, j := a.order[k-1], a.order[k]
+		d := geo.DistanceM(fixes[i].lat, fixes[i].lon, fixes[j].lat, fixes[j].lon)
+		if d <= minMoveM {
+			continue
+		}
+		m := move{distM: d}
+		for r, cells := range a.cells {
+			if cells[i] == cells[j] {
+				m.sameCell |= 1 << r
+			}
+		}
+		a.moves = append(a.moves, m)
+	}
+}
+
+func (a *analyzer) countMoves() {
+	rep := a.report
+	rep.Moves.ThresholdM = max(rep.Jitter.P95M, minMoveM)
+	for _, m := range a.moves {
+		if m.distM <= rep.Moves.ThresholdM {
+			continue
+		}
+		rep.Moves.Count++
+		for r := range rep.Resolutions {
+			if m.sameCell&(1<<r) != 0 {
+				rep.Resolutions[r].Swallowed++
+			}
+		}
+	}
+	for r := range rep.Resolutions {
+		rep.Resolutions[r].SwallowedShare = ratio(rep.Resolutions[r].Swallowed, rep.Moves.Count)
+	}
+}
+
+// nearestRank returns the pct-th percentile of sorted values, the zero
+// value if there are none.
+func nearestRank[T any](sorted []T, pct int) T {
+	if len(sorted) == 0 {
+		var zero T
+		return zero
+	}
+	rank := max((pct*len(sorted)+99)/100, 1) // ceil(pct/100 · n), in integers to stay exact
+	return sorted[rank-1]
+}
+
+func ratio(part, whole int) float64 {
+	if whole == 0 {
+		return 0
+	}
+	return float64(part) / float64(whole)
+}

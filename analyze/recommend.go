@@ -1,0 +1,76 @@
+package analyze
+
+import (
+	"slices"
+	"time"
+
+	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// finish turns the pooled measurements into the report's statistics and
+// recommendations.
+func (a *analyzer) finish() error {
+	rep := a.report
+	slices.Sort(a.gaps)
+	rep.MedianInterval = nearestRank(a.gaps, 50)
+
+	slices.Sort(a.samples)
+	rep.Jitter.Samples = len(a.samples)
+	rep.Jitter.P50M = nearestRank(a.samples, 50)
+	rep.Jitter.P95M = nearestRank(a.samples, 95)
+	rep.Jitter.P99M = nearestRank(a.samples, 99)
+
+	a.countMoves()
+	for i := range rep.Candidates {
+		c := &rep.Candidates[i]
+		c.SuppressionRatio = ratio(c.Pings-c.Admitted, c.Pings)
+	}
+	a.recommendResolution()
+	a.recommendWindow()
+	ttl, from, err := a.opts.ttl(rep.Recommended.Window)
+	rep.Recommended.TTL, rep.Recommended.TTLFrom = ttl, from
+	return err
+}
+
+func (a *analyzer) recommendResolution() {
+	rec := &a.report.Recommended
+	rec.Resolution = dedup.DefaultResolution
+	if a.report.Jitter.Samples == 0 {
+		a.note("no stationary run (%s of fixes within %g m of the first) to measure jitter on; resolution is the default %d",
+			stationaryMinDuration, stationaryRadiusM, dedup.DefaultResolution)
+	} else {
+		rec.Resolution = finestResolutionOver(a.report.Jitter.P95M)
+	}
+	rec.EdgeM = h3.HexagonEdgeLengthAvgM(rec.Resolution)
+	if !slices.Contains(a.opts.Resolutions, rec.Resolution) {
+		a.note("recommended resolution %d is not among the candidates; add it to see its replay", rec.Resolution)
+	}
+}
+
+// finestResolutionOver returns the finest H3 resolution whose average edge
+// is at least m metres, so that jitter of that size stays in one cell.
+func finestResolutionOver(m float64) int {
+	res := 0
+	for r := 1; r <= 15 && h3.HexagonEdgeLengthAvgM(r) >= m; r++ {
+		res = r
+	}
+	return res
+}
+
+func (a *analyzer) recommendWindow() {
+	rec, ws := &a.report.Recommended, a.opts.Windows
+	interval := a.report.MedianInterval
+	if interval == 0 {
+		rec.Window = dedup.DefaultWindow
+		a.note("no asset reported twice at different times; window is the default %s", dedup.DefaultWindow)
+		return
+	}
+	i := slices.IndexFunc(ws, func(w time.Duration) bool { return w >= windowIntervals*interval })
+	if i < 0 {
+		i = len(ws) - 1
+		a.note("no candidate window spans %d median report intervals (%s); window is the largest candidate", windowIntervals, windowIntervals*interval)
+	}
+	rec.Window = ws[i]
+}

@@ -1,0 +1,214 @@
+package telemetrydedup
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// rejection is a ping answered with a 4xx and a JSON body saying why.
+type rejection struct {
+	status int
+	body   errorBody
+}
+
+// reason is the {http.telemetry_dedup.reason} of a rejection: the rule an
+// invalid ping broke, or what was wrong with the body.
+func (r rejection) reason() string {
+	if r.body.Rule != "" {
+		return r.body.Rule
+	}
+	if r.status == http.StatusRequestEntityTooLarge {
+		return reasonTooLarge
+	}
+	return reasonMalformed
+}
+
+// deadLetterable: malformed and invalid pings go to the dead-letter stream;
+// an oversize body stays a 413, it was never read whole.
+func (r rejection) deadLetterable() bool {
+	return r.status != http.StatusRequestEntityTooLarge
+}
+
+// errorBody is the JSON answered with every 4xx and 5xx the handler writes.
+type errorBody struct {
+	// Decision repeats X-Dedup.
+	Decision dedup.Decision `json:"decision"`
+	// Error says what is wrong, for a person.
+	Error string `json:"error"`
+	// Field is the JSON path of the offending field of an invalid ping.
+	Field string `json:"field,omitempty"`
+	// Rule is the rule the field broke.
+	Rule string `json:"rule,omitempty"`
+}
+
+// rejectionFor maps parse and read errors to their answer. Other errors (a
+// body read that failed mid-way) are not the sender's ping to judge.
+func rejectionFor(err error) (rejection, bool) {
+	var invalid *ping.InvalidPingError
+	var malformed *ping.MalformedError
+	var tooLarge *tooLargeError
+	var batchTooLarge *ping.BatchTooLargeError
+	switch {
+	case errors.As(err, &batchTooLarge):
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error()}}, true
+	case errors.As(err, &invalid):
+		return rejection{http.StatusUnprocessableEntity, errorBody{
+			Decision: decisionRejected, Error: invalid.Error(), Field: invalid.Field, Rule: string(invalid.Rule)}}, true
+	case errors.As(err, &malformed):
+		return rejection{http.StatusBadRequest, errorBody{Decision: decisionRejected, Error: malformed.Error()}}, true
+	case errors.As(err, &tooLarge):
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: tooLarge.Error()}}, true
+	default:
+		return rejection{}, false
+	}
+}
+
+func writeSuppressed(w http.ResponseWriter, reason string) {
+	h := w.Header()
+	h.Set(headerDecision, string(dedup.Suppressed))
+	h.Set(headerReason, reason)
+	h.Set("Content-Length", "0")
+	w.WriteHeader(http.StatusOK)
+}
+
+// writeInFlight asks the sender to come back: the first delivery of this
+// observation may still fail, and then the retry is the one that counts.
+func writeInFlight(w http.ResponseWriter, reason string) {
+	h := w.Header()
+	h.Set(headerDecision, string(dedup.InFlight))
+	h.Set(headerReason, reason)
+	h.Set("Retry-After", "1")
+	writeJSON(w, http.StatusConflict, errorBody{
+		Decision: dedup.InFlight,
+		Error:    "the first delivery of this observation is still being processed; retry shortly",
+	})
+}
+
+func writeUnavailable(w http.ResponseWriter) {
+	w.Header().Set(headerDecision, string(decisionUnavailable))
+	w.Header().Set("Retry-After", unavailableRetryAfter)
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{
+		Decision: decisionUnavailable,
+		Error:    "the deduplication store is unavailable and on_store_error is closed; retry later",
+	})
+}
+
+func writeRejection(w http.ResponseWriter, r rejection) {
+	w.Header().Set(headerDecision, string(decisionRejected))
+	writeJSON(w, r.status, r.body)
+}
+
+// writeDeadLettered answers 202: the ping is kept, though not as a ping.
+func writeDeadLettered(w http.ResponseWriter, r rejection) {
+	w.Header().Set(headerDecision, string(decisionDeadLettered))
+	r.body.Decision = decisionDeadLettered
+	writeJSON(w, http.StatusAccepted, r.body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	b, _ := json.Marshal(body) // structs of strings and numbers always marshal
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// elementReport is one ping of a batch in a batch's JSON answer.
+type elementReport struct {
+	Index    int            `json:"index"`
+	Decision dedup.Decision `json:"decision"`
+	Reason   string         `json:"reason,omitempty"`
+	Field    string         `json:"field,omitempty"`
+	Rule     string         `json:"rule,omitempty"`
+	Error    string         `json:"error,omitempty"`
+}
+
+func reportOf(i int, e element) elementReport {
+	r := elementReport{Index: i, Decision: e.decision}
+	if e.rejection == nil {
+		r.Reason = e.reason
+		return r
+	}
+	r.Field, r.Rule, r.Error = e.rejection.body.Field, e.rejection.reason(), e.rejection.body.Error
+	return r
+}
+
+// batchAnswer is the JSON answered when no ping of a batch goes upstream.
+type batchAnswer struct {
+	Decision dedup.Decision  `json:"decision"`
+	Error    string          `json:"error,omitempty"`
+	Elements []elementReport `json:"elements"`
+}
+
+func batchAnswerOf(decision dedup.Decision, msg string, elements []element) batchAnswer {
+	a := batchAnswer{Decision: decision, Error: msg, Elements: make([]elementReport, len(elements))}
+	for i, e := range elements {
+		a.Elements[i] = reportOf(i, e)
+	}
+	return a
+}
+
+// writeBatchRetry sends a whole batch back: some of its pings were still in
+// flight, or the store was unavailable.
+func writeBatchRetry(w http.ResponseWriter, decision dedup.Decision, elements []element, inFlight bool) {
+	w.Header().Set(headerDecision, string(decision))
+	if inFlight {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusConflict, batchAnswerOf(decision,
+			"the first delivery of some pings of this batch is still being processed; retry the batch shortly", elements))
+		return
+	}
+	w.Header().Set("Retry-After", unavailableRetryAfter)
+	writeJSON(w, http.StatusServiceUnavailable, batchAnswerOf(decision,
+		"the deduplication store is unavailable and on_store_error is closed; retry the batch later", elements))
+}
+
+// writeBatchAnswered answers a batch none of whose pings goes upstream:
+// duplicates only, or duplicates beside pings that cannot be keyed.
+func writeBatchAnswered(w http.ResponseWriter, decision dedup.Decision, c elementCounts, elements []element) {
+	w.Header().Set(headerDecision, string(decision))
+	switch {
+	case c.rejected > c.deadLettered:
+		writeJSON(w, rejectedBatchStatus(elements), batchAnswerOf(decision,
+			"no ping of this batch is new, and some cannot be keyed: see elements", elements))
+	case c.deadLettered > 0:
+		writeJSON(w, http.StatusAccepted, batchAnswerOf(decision,
+			"no ping of this batch is new; the ones that cannot be keyed are in the dead-letter stream", elements))
+	default:
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// rejectedBatchStatus is 400 when every rejected ping of a batch was
+// malformed, and 422 when some were invalid: the status each gets alone.
+func rejectedBatchStatus(elements []element) int {
+	for _, e := range elements {
+		if e.decision == decisionRejected && e.rejection.status != http.StatusBadRequest {
+			return http.StatusUnprocessableEntity
+		}
+	}
+	return http.StatusBadRequest
+}
+
+// rejectionsJSON lists a batch's rejected and dead-lettered pings, at most
+// maxRejectionsHeader of them.
+func rejectionsJSON(elements []element) string {
+	var listed []elementReport
+	for i, e := range elements {
+		if e.rejection != nil && len(listed) < maxRejectionsHeader {
+			r := reportOf(i, e)
+			r.Error = "" // a header line stays short; the field and rule say what is wrong
+			listed = append(listed, r)
+		}
+	}
+	b, _ := json.Marshal(listed)
+	return string(b)
+}

@@ -1,0 +1,251 @@
+package telemetrydedup
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// A ping gets exactly the same decision, reason and fate upstream whether
+// it comes alone or as an element of a batch: one table of cases, each run
+// both ways against fresh key spaces, with the memory store and a real
+// Redis.
+func TestAPingIsABatchOfOne(t *testing.T) {
+	rdb := redistest.Start(t)
+	dead := "redis://127.0.0.1:1/0" // nothing listens there: the store is down
+	at := time.Now().UTC().Truncate(5 * time.Minute).Add(-time.Hour)
+	p := func(asset string, offset time.Duration, lat, lon float64) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%v,"lon":%v}`, asset, at.Add(offset).Format(time.RFC3339Nano), lat, lon)
+	}
+	parked := p("veh-1", 0, 52.5200087, 13.4049547)
+
+	type store struct{ name, json string }
+	memory := store{"memory", ""}
+	redisStore := store{"redis", fmt.Sprintf(`{"type":"redis","url":%q}`, rdb.URL())}
+	down := store{"redis down", fmt.Sprintf(`{"type":"redis","url":%q,"timeout":20000000,"breaker_failures":1000}`, dead)}
+
+	for _, tt := range []struct {
+		name     string
+		stores   []store
+		options  string   // JSON fields of the handler beside store and key_prefix
+		before   []string // pings sent first, alone, and settled
+		inFlight []string // pings claimed first and left in flight
+		ping     string
+		header   http.Header
+		decision string // the element's decision, as counted
+		reason   string
+	}{
+		{name: "first sighting", ping: parked, decision: "accepted"},
+		{name: "redelivery", before: []string{parked}, ping: parked, decision: "suppressed", reason: "redelivery"},
+		{name: "re-observation", before: []string{parked}, ping: p("veh-1", 20*time.Second, 52.5200087, 13.4049547),
+			decision: "suppressed", reason: "reobservation"},
+		{name: "jitter", before: []string{parked}, ping: p("veh-1", 40*time.Second, 52.5200410, 13.4049920),
+			decision: "suppressed", reason: "jitter"},
+		{name: "a move", before: []string{parked}, ping: p("veh-1", time.Minute, 52.5241, 13.4102), decision: "accepted"},
+		{name: "redelivery in flight", inFlight: []string{parked}, ping: parked, decision: "in_flight", reason: "redelivery"},
+		{name: "latitude 91", ping: p("veh-1", 0, 91, 13.4), decision: "rejected", reason: "range"},
+		{name: "naive time", ping: `{"asset_id":"veh-1","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`,
+			decision: "rejected", reason: "timezone"},
+		{name: "not an object", ping: `42`, decision: "rejected", reason: "malformed"},
+		{name: "duplicate key", ping: `{"asset_id":"veh-1","lat":1,"lat":91}`, decision: "rejected", reason: "malformed"},
+		{name: "not a position", options: `"preset":"owntracks"`, ping: `{"_type":"card","name":"Anna","tid":"an"}`,
+			decision: "skipped", reason: "not_a_ping"},
+		{name: "asset from an absent header", options: `"asset":["{http.request.header.X-Device}"]`, ping: parked,
+			decision: "rejected", reason: "required"},
+		{name: "asset from a header", options: `"asset":["{http.request.header.X-Device}"]`, ping: parked,
+			header: http.Header{"X-Device": {"truck-9"}}, decision: "accepted"},
+		{name: "store down, open", stores: []store{down}, ping: parked, decision: "unchecked", reason: "store_error"},
+		{name: "store down, closed", stores: []store{down}, options: `"on_store_error":"closed"`, ping: parked,
+			decision: "unavailable", reason: "store_error"},
+		{name: "store down, invalid ping", stores: []store{down}, ping: p("veh-1", 0, 91, 13.4), decision: "rejected", reason: "range"},
+		{name: "dead letter", stores: []store{redisStore}, options: `"on_invalid":"dead_letter"`, ping: p("veh-1", 0, 91, 13.4),
+			decision: "dead_lettered", reason: "range"},
+		{name: "shadow duplicate", options: `"mode":"shadow"`, before: []string{parked}, ping: parked, decision: "suppressed", reason: "redelivery"},
+	} {
+		stores := tt.stores
+		if stores == nil {
+			stores = []store{memory, redisStore}
+		}
+		for _, st := range stores {
+			t.Run(tt.name+"/"+st.name, func(t *testing.T) {
+				run := func(kind string, body func(carrier string) (string, string)) outcome {
+					config := fmt.Sprintf(`{"key_prefix":%q`, "table:"+t.Name()+":"+kind+":")
+					if st.json != "" {
+						config += `,"store":` + st.json
+					}
+					if tt.options != "" {
+						config += "," + tt.options
+					}
+					h := tableHandler(t, config+"}")
+					for _, b := range tt.before {
+						if res := h.post(b, "application/json", tt.header); res.status >= 300 {
+							t.Fatalf("setup ping answered %d: %s", res.status, res.body)
+						}
+					}
+					for _, b := range tt.inFlight {
+						h.claimInFlight(t, b)
+					}
+					carrier := p("carrier-"+kind, 0, 48.1, 11.6) // always new: a batch with it has something to forward
+					b, contentType := body(carrier)
+					return h.outcome(b, contentType, tt.header, tt.ping)
+				}
+				alone := run("alone", func(string) (string, string) { return tt.ping, "application/json" })
+				carrier := run("carrier", func(c string) (string, string) { return c, "application/json" }).decisions
+				for _, batch := range []struct {
+					name string
+					body func(carrier string) (string, string)
+				}{
+					{"array", func(c string) (string, string) { return "[" + tt.ping + "," + c + "]", "application/json" }},
+					{"ndjson", func(c string) (string, string) { return c + "\n" + tt.ping + "\n", "application/x-ndjson" }},
+				} {
+					got := run(batch.name, batch.body)
+					got.decisions.minus(carrier)
+					if got.decisions.String() != alone.decisions.String() || got.forwarded != alone.forwarded {
+						t.Errorf("in a batch (%s) the ping got %v, forwarded %v; alone %v, forwarded %v",
+							batch.name, got.decisions, got.forwarded, alone.decisions, alone.forwarded)
+					}
+				}
+				if want := (decisionCounts{tt.decision + "/" + tt.reason: 1}); alone.decisions.String() != want.String() {
+					t.Errorf("alone the ping got %v (status %d), want %v", alone.decisions, alone.status, want)
+				}
+			})
+		}
+	}
+}
+
+// tableTester is a provisioned handler with an upstream that records what
+// reaches it.
+type tableTester struct {
+	h        *Handler
+	upstream [][]byte
+}
+
+func tableHandler(t *testing.T, config string) *tableTester {
+	t.Helper()
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(config), h); err != nil {
+		t.Fatal(err)
+	}
+	return &tableTester{h: provisioned(t, h)}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (tt *tableTester) post(body, contentType string, header http.Header) response {
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	r.Header.Set("Content-Type", contentType)
+	repl := caddyhttp.NewTestReplacer(r) // with the request's placeholders, as Caddy's server sets them
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	w := httptest.NewRecorder()
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		b, _ := io.ReadAll(r.Body)
+		tt.upstream = append(tt.upstream, b)
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	if err := tt.h.ServeHTTP(w, r, next); err != nil {
+		return response{status: http.StatusInternalServerError, body: err.Error()}
+	}
+	return response{w.Code, w.Header(), w.Body.String()}
+}
+
+// claimInFlight claims a ping as a request still waiting for its upstream
+// would: decided, neither settled nor released.
+func (tt *tableTester) claimInFlight(t *testing.T, body string) {
+	t.Helper()
+	repl := caddy.NewReplacer()
+	req := tt.h.normaliseBatch(pingBatch(body), repl)
+	tt.h.quantise(req)
+	tt.h.claim(context.Background(), req)
+	if req.elements[0].decision != "accepted" {
+		t.Fatalf("in-flight setup: %+v", req.elements[0])
+	}
+}
+
+// outcome is what became of one ping: its decisions as counted (the
+// metric's delta), whether it reached the upstream, and the answer.
+type outcome struct {
+	decisions decisionCounts
+	forwarded bool
+	status    int
+}
+
+func (tt *tableTester) outcome(body, contentType string, header http.Header, ping string) outcome {
+	before := decisionCountsNow()
+	sent := len(tt.upstream)
+	res := tt.post(body, contentType, header)
+	o := outcome{decisions: decisionCountsNow().since(before), status: res.status}
+	for _, b := range tt.upstream[sent:] {
+		o.forwarded = o.forwarded || slices.ContainsFunc(upstreamElements(b), func(e []byte) bool { return string(e) == ping })
+	}
+	return o
+}
+
+// upstreamElements splits what reached the upstream into its pings.
+func upstreamElements(body []byte) [][]byte {
+	batch, err := ping.Split(body, !bytes.HasPrefix(body, []byte("[")) && bytes.Count(body, []byte("\n")) > 0, 1000)
+	if err != nil {
+		return [][]byte{body}
+	}
+	return batch.Elements
+}
+
+// pingBatch is a body of one ping.
+func pingBatch(body string) ping.Batch {
+	return ping.Batch{Framing: ping.Single, Elements: [][]byte{[]byte(body)}}
+}
+
+// decisionCounts counts decisions by "decision/reason".
+type decisionCounts map[string]int
+
+func decisionCountsNow() decisionCounts {
+	c := decisionCounts{}
+	for _, d := range decisionTotals() {
+		c[string(d.Decision)+"/"+d.Reason] = int(d.Count)
+	}
+	return c
+}
+
+func (c decisionCounts) since(before decisionCounts) decisionCounts {
+	delta := decisionCounts{}
+	for k, n := range c {
+		if n != before[k] {
+			delta[k] = n - before[k]
+		}
+	}
+	return delta
+}
+
+func (c decisionCounts) minus(other decisionCounts) {
+	for k, n := range other {
+		if c[k] -= n; c[k] == 0 {
+			delete(c, k)
+		}
+	}
+}
+
+func (c decisionCounts) String() string {
+	b, _ := json.Marshal(map[string]int(c)) // sorted keys
+	return string(b)
+}

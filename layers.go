@@ -1,0 +1,173 @@
+package telemetrydedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// request is one request's pings and what became of each. A single ping is
+// a batch of one: every ping takes the same path through the four layers,
+// and only the answer is rendered differently.
+type request struct {
+	batch    ping.Batch
+	elements []element
+}
+
+// element is one ping of a request and what became of it.
+type element struct {
+	raw   []byte // the ping as sent, for the upstream and the dead letters
+	asset string // the asset id as sent, outside any key scope
+	scope string
+	obs   dedup.Observation
+	// claim is the element's claim on the store, once it was claimed.
+	claim *dedup.Claim
+
+	// decision is empty while the element waits for its claim.
+	decision dedup.Decision
+	// reason is why: the reason of a suppression, the rule a rejected ping
+	// broke, or what else happened (store_error, not_a_ping).
+	reason string
+	// rejection is the answer a ping that cannot be keyed gets alone.
+	rejection *rejection
+	// err is a failure no rule names; the request fails with it (500).
+	err error
+}
+
+// single reports a request whose body was one ping, not a batch.
+func (req *request) single() bool { return req.batch.Framing == ping.Single }
+
+// normalise reads the body within max_body (restored for the next handler),
+// splits it into its pings and reads and validates each. A body that cannot
+// be read or split is one element, rejected as a whole.
+func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
+	body, err := readBody(r, h.settings.maxBody)
+	if err == nil {
+		var batch ping.Batch
+		if batch, err = ping.Split(body, isNDJSON(r), h.settings.maxBatch); err == nil {
+			return h.normaliseBatch(batch, repl)
+		}
+	}
+	req := &request{batch: ping.Batch{Framing: ping.Single, Elements: [][]byte{body}}, elements: []element{{raw: body}}}
+	req.elements[0].refuse(err)
+	return req
+}
+
+func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
+	req := &request{batch: batch, elements: make([]element, len(batch.Elements))}
+	now := time.Now()
+	for i, raw := range batch.Elements {
+		e := &req.elements[i]
+		e.raw = raw
+		p, scope, err := h.readPing(raw, repl, now)
+		switch {
+		case errors.Is(err, ping.ErrNotAPing):
+			e.decision, e.reason = decisionSkipped, reasonNotAPing
+		case err != nil:
+			e.refuse(err)
+		default:
+			e.obs.Ping, e.asset, e.scope = p, p.Asset, scope
+		}
+	}
+	return req
+}
+
+// readPing reads and validates one ping, and the key scope it belongs to.
+func (h *Handler) readPing(raw []byte, repl *caddy.Replacer, now time.Time) (p ping.Ping, scope string, err error) {
+	s := &h.settings
+	if p, err = s.parser.Extract(raw); err != nil {
+		return p, "", err
+	}
+	if s.assetTemplate != "" {
+		if p.Asset, err = expandTemplate(repl, "asset", s.assetTemplate); err != nil {
+			return p, "", err
+		}
+	}
+	if s.keyScope != "" {
+		if scope, err = expandTemplate(repl, "key_scope", s.keyScope); err != nil {
+			return p, "", err
+		}
+	}
+	return p, scope, s.parser.Validate(p, now)
+}
+
+// refuse marks an element that cannot be keyed: rejected with the answer
+// its error calls for, or failed when no rule names the error.
+func (e *element) refuse(err error) {
+	rej, ok := rejectionFor(err)
+	if !ok {
+		e.err = err
+		return
+	}
+	e.decision, e.reason, e.rejection = decisionRejected, rej.reason(), &rej
+}
+
+// quantise computes the bucket, cell and key of every ping still waiting,
+// in its key scope: the scope becomes part of the identity keys are made of.
+func (h *Handler) quantise(req *request) {
+	for i := range req.elements {
+		if e := &req.elements[i]; e.waiting() {
+			p := e.obs.Ping
+			p.Asset = dedup.ScopedAsset(e.scope, p.Asset)
+			e.obs = h.settings.keyer.Observe(p)
+		}
+	}
+}
+
+// waiting reports an element that is a valid ping, not yet claimed.
+func (e *element) waiting() bool { return e.decision == "" && e.err == nil }
+
+// claim claims every waiting ping of the request in one store call. When
+// the store cannot answer, on_store_error decides for each of them.
+func (h *Handler) claim(ctx context.Context, req *request) {
+	var batch []dedup.Observation
+	var at []int
+	for i := range req.elements {
+		if req.elements[i].waiting() {
+			batch = append(batch, req.elements[i].obs)
+			at = append(at, i)
+		}
+	}
+	if len(batch) == 0 {
+		return
+	}
+	claims, verdicts, err := h.deduper.ClaimAll(ctx, batch)
+	if err != nil && !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
+		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+	}
+	for j, i := range at {
+		e := &req.elements[i]
+		e.claim = claims[j]
+		if err != nil {
+			e.decision, e.reason = h.settings.onStoreError, reasonStoreError
+			continue
+		}
+		e.decision, e.reason = verdicts[j].Decision, string(verdicts[j].Reason)
+	}
+}
+
+// isNDJSON reports a newline-delimited JSON body: a batch, one ping a line.
+func isNDJSON(r *http.Request) bool {
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	return mt == "application/x-ndjson" || mt == "application/ndjson" || mt == "application/jsonl"
+}
+
+// expandTemplate fills the asset or key_scope template from the request. A
+// placeholder that is unknown or empty is an invalid ping, not a shared
+// empty identity.
+func expandTemplate(repl *caddy.Replacer, option, template string) (string, error) {
+	v, err := repl.ReplaceOrErr(template, true, true)
+	if err != nil {
+		return "", &ping.InvalidPingError{Field: option, Rule: ping.RuleRequired,
+			Detail: fmt.Sprintf("the %s template %s could not be filled from this request: %v", option, template, err)}
+	}
+	return v, nil
+}

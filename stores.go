@@ -1,0 +1,110 @@
+package telemetrydedup
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// storesNamespace is where the store modules live: a store is a Caddy
+// module there, and says what it offers through the interfaces below, so
+// that adding a store touches its own file only.
+const storesNamespace = "http.handlers.telemetry_dedup.stores"
+
+// stores shares store clients across config reloads: a new config is
+// provisioned before the old one is cleaned up, so the pool hands it the
+// same memory store or Redis connections instead of new ones. Its values
+// may report to the metrics (statsReporter).
+var stores = caddy.NewUsagePool()
+
+// storeModule is what every store module implements: the claim store.
+type storeModule interface {
+	Store() dedup.Store
+}
+
+// deadLetterer is a store that can keep the pings that cannot be keyed
+// beside its claims (on_invalid dead_letter).
+type deadLetterer interface {
+	DeadLetters(stream string, maxLen int64) deadLetterSink
+}
+
+// nearCacher is a store whose round trips a near cache saves: it says how
+// many settled keys the near cache holds by default.
+type nearCacher interface {
+	DefaultNearCache() int
+}
+
+// statsReporter is a shared store value in the pool that reports to the
+// metrics. Each fills in what it has.
+type statsReporter interface {
+	stats() storeStats
+}
+
+// storeStats is what one shared store reports.
+type storeStats struct {
+	keys, evictions      uint64 // held in process, and dropped to stay bounded
+	breakerOpen          bool
+	roundTrips, commands uint64
+}
+
+// sumStoreStats adds up the reports of every shared store in use.
+func sumStoreStats() storeStats {
+	var total storeStats
+	stores.Range(func(_, v any) bool {
+		if r, ok := v.(statsReporter); ok {
+			s := r.stats()
+			total.keys += s.keys
+			total.evictions += s.evictions
+			total.roundTrips += s.roundTrips
+			total.commands += s.commands
+		}
+		return true
+	})
+	return total
+}
+
+// openBreakers counts the shared stores whose circuit breaker is open.
+func openBreakers() int {
+	open := 0
+	stores.Range(func(_, v any) bool {
+		if r, ok := v.(statsReporter); ok && r.stats().breakerOpen {
+			open++
+		}
+		return true
+	})
+	return open
+}
+
+// storeModuleOf returns a new, unprovisioned instance of the store a
+// handler's JSON names (memory when it names none), to ask what it offers
+// before Caddy loads it.
+func storeModuleOf(raw json.RawMessage) (caddy.Module, error) {
+	name := "memory"
+	if raw != nil {
+		var s struct{ Type string }
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, &dedup.ConfigError{Option: "store", Problem: err.Error()}
+		}
+		name = s.Type
+	}
+	info, err := caddy.GetModule(storesNamespace + "." + name)
+	if err != nil {
+		return nil, &dedup.ConfigError{Option: "store", Problem: fmt.Sprintf("unknown store %q; use %s", name, storeNames())}
+	}
+	return info.New(), nil
+}
+
+// storeNames lists the registered stores for error messages.
+func storeNames() string {
+	var names []string
+	for _, m := range caddy.GetModules(storesNamespace) {
+		names = append(names, m.ID.Name())
+	}
+	slices.Sort(names)
+	return strings.Join(names, " or ")
+}
