@@ -26,6 +26,25 @@ type Ping struct {
 	Lat float64
 	// Lon is the longitude in degrees.
 	Lon float64
+
+	// Accuracy is the fix's horizontal accuracy radius in metres, as the
+	// device reported it; 0 when the ping carries none. A fix whose
+	// uncertainty covers a distance is no evidence of a move that far.
+	Accuracy float64
+	// Speed is the speed over ground the device reported, in m/s; it means
+	// something only when HasSpeed is set.
+	Speed    float64
+	HasSpeed bool
+
+	// Event names what the ping reports besides its position (an alarm, a
+	// manual publish, a region transition); empty for a plain position. A
+	// ping with an event is never suppressed but as its own exact
+	// redelivery.
+	Event string
+	// State is the value of the configured state fields (an ignition, say);
+	// empty when none is configured. A change against the asset's last
+	// accepted ping admits the ping.
+	State string
 }
 
 // Default field paths and rules, as documented for the Caddyfile.
