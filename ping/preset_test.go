@@ -21,7 +21,7 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 			// OwnTracks HTTP mode, as the Android app posts a location.
 			`{"_type":"location","acc":12,"alt":41,"batt":83,"bs":1,"conn":"w","created_at":1714557660,"lat":52.5200087,` +
 				`"lon":13.4049547,"m":1,"t":"u","tid":"jj","tst":1714557600,"vac":3,"vel":0}`,
-			Ping{"jj", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 52.5200087, 13.4049547}},
+			Ping{Asset: "jj", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 52.5200087, Lon: 13.4049547}},
 		{"traccar",
 			// Traccar position forwarding with forward.json enabled.
 			`{"position":{"id":0,"attributes":{"batteryLevel":87.0,"distance":0.0,"totalDistance":1234.5,"motion":false},` +
@@ -31,19 +31,19 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 				`"device":{"id":1,"attributes":{},"groupId":0,"calendarId":0,"name":"Truck 88","uniqueId":"358240051111110",` +
 				`"status":"online","lastUpdate":"2024-05-01T10:00:01.000+00:00","positionId":0,"phone":null,"model":null,` +
 				`"contact":null,"category":"truck","disabled":false,"expirationTime":null}}`,
-			Ping{"358240051111110", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 52.5200087, 13.4049547}},
+			Ping{Asset: "358240051111110", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 52.5200087, Lon: 13.4049547}},
 		{"traccar",
 			// Without the device object, the position's deviceId names the asset.
 			`{"position":{"deviceId":7,"fixTime":"2024-05-01T12:00:00.000+0200","latitude":-33.8688,"longitude":151.2093}}`,
-			Ping{"7", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), -33.8688, 151.2093}},
+			Ping{Asset: "7", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: -33.8688, Lon: 151.2093}},
 		{"geojson",
 			`{"type":"Feature","id":"veh-88","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
 				`"properties":{"time":"2024-05-01T10:00:00Z","speed":0}}`,
-			Ping{"veh-88", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 52.5200087, 13.4049547}},
+			Ping{Asset: "veh-88", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 52.5200087, Lon: 13.4049547}},
 		{"geojson",
 			`{"type":"Feature","geometry":{"type":"Point","coordinates":[-122.0936,37.4263,12.5]},` +
 				`"properties":{"id":42,"timestamp":1714557600000}}`,
-			Ping{"42", time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), 37.4263, -122.0936}},
+			Ping{Asset: "42", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 37.4263, Lon: -122.0936}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.preset, func(t *testing.T) {
