@@ -45,6 +45,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		window         <duration>
 //		session_idle   <duration>
 //		resolution     <0..15>
+//		radius         <metres>
 //		hysteresis     <metres>
 //		key_prefix     <prefix>
 //		key_scope      <placeholder template>
@@ -123,8 +124,11 @@ var caddyfileOptions = []option{
 	{"resolution", "<0..15>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return intPtrArg(d, &h.Resolution, 0, "a whole number from 0 to 15, e.g. resolution 12")
 	}},
+	{"radius", "<metres>", func(h *Handler, d *caddyfile.Dispenser) error {
+		return floatArg(d, &h.Radius, "m", "a distance in metres above your receivers' parked jitter, e.g. radius 25")
+	}},
 	{"hysteresis", "<metres>", func(h *Handler, d *caddyfile.Dispenser) error {
-		return floatArg(d, &h.Hysteresis, "m", "a distance in metres, e.g. hysteresis 5")
+		return floatArg(d, &h.Hysteresis, "m", "a distance in metres; hysteresis is retired: remove it, and set radius if needed")
 	}},
 	{"key_prefix", "<prefix>", func(h *Handler, d *caddyfile.Dispenser) error {
 		h.KeyPrefix = new(string)

@@ -42,7 +42,7 @@ func TestCaddyfileDefaults(t *testing.T) {
 	if s.keyer != (dedup.Keyer{Window: 5 * time.Minute, Resolution: 12, Prefix: "dedup:"}) {
 		t.Errorf("keyer %+v", s.keyer)
 	}
-	if s.policy != (dedup.Policy{Shape: dedup.Tumbling, Window: 5 * time.Minute, SessionIdle: 10 * time.Minute, TTL: 6*time.Hour + 30*time.Minute, InFlightTimeout: 30 * time.Second}) ||
+	if s.policy != (dedup.Policy{Shape: dedup.Tumbling, Window: 5 * time.Minute, SessionIdle: 10 * time.Minute, Radius: dedup.DefaultRadius, TTL: 6*time.Hour + 30*time.Minute, InFlightTimeout: 30 * time.Second}) ||
 		s.maxBody != 1<<20 || s.onStoreError != decisionUnchecked || !s.release || s.shadow || s.deadLetterInvalid || s.assetTemplate != "" {
 		t.Errorf("settings %+v", s)
 	}
@@ -65,6 +65,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		session_idle 20m
 		key_scope {http.request.host}
 		resolution 10
+		radius 30
 		hysteresis 12.5
 		key_prefix ""
 		retry_ladder 30s 2m 1h
@@ -92,7 +93,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 	got, _ := json.Marshal(h)
 	want := `{"asset":["device.uniqueId","position.deviceId"],"time":["position.fixTime","position.deviceTime"],"time_format":"rfc3339",` +
 		`"lat":"position.latitude","lon":"position.longitude","preset":"traccar","crs":"EPSG:32633","shape":"session","window":600000000000,` +
-		`"session_idle":1200000000000,"resolution":10,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
+		`"session_idle":1200000000000,"resolution":10,"radius":30,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
 		`"near_cache":0,"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
 		`"dead_letter_stream":"fleet:invalid","dead_letter_maxlen":5000,"max_body":65536,"max_batch":50,"max_future":90000000000,"null_island":"allow"}`
@@ -142,8 +143,9 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"memory bad max_keys", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys -1\n\t}\n}", []string{":3", "positive"}},
 		{"directive argument", "telemetry_dedup fast", []string{":1", "matcher"}},
 		{"unknown shape", "telemetry_dedup {\n\tshape hopping\n}", []string{":2", "tumbling", "sliding", "session"}},
-		{"hysteresis on tumbling", "telemetry_dedup {\n\thysteresis 4\n}", []string{":2", "sliding or session"}},
-		{"hysteresis wider than a cell", "telemetry_dedup {\n\tshape sliding\n\thysteresis 30\n}", []string{":3", "9.4m"}},
+		{"radius on tumbling", "telemetry_dedup {\n\tradius 20\n}", []string{":2", "sliding or session"}},
+		{"radius too wide", "telemetry_dedup {\n\tshape sliding\n\tradius 5km\n}", []string{":3", "metres"}},
+		{"radius negative", "telemetry_dedup {\n\tshape session\n\tradius -4\n}", []string{":3", "radius", "25"}},
 		{"hysteresis not a number", "telemetry_dedup {\n\thysteresis close\n}", []string{":2", "metres"}},
 		{"session idle", "telemetry_dedup {\n\tshape session\n\tsession_idle -1m\n}", []string{":3", "not positive"}},
 		{"unknown preset", "telemetry_dedup {\n\tpreset teltonika\n}", []string{":2", "owntracks"}},

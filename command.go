@@ -196,7 +196,7 @@ the retry ladder, e.g.
 	pingFlags(cmd.Flags())
 	cmd.Flags().IntSlice("resolutions", analyze.DefaultResolutions, "candidate H3 resolutions")
 	cmd.Flags().StringSlice("windows", []string{"1m", "5m", "15m"}, "candidate windows")
-	cmd.Flags().Float64("hysteresis", 0, "hysteresis in metres (shapes sliding and session)")
+	cmd.Flags().Float64("radius", dedup.DefaultRadius, "stay radius in metres to replay shapes sliding and session with")
 	cmd.Flags().Duration("session-idle", dedup.DefaultSessionIdle, "session idle gap (shape session)")
 	cmd.Flags().String("retry-ladder", "1m 5m 30m 2h 6h", "the sender's retry offsets after the first delivery")
 	cmd.Flags().Duration("outage-margin", dedup.DefaultOutageMargin, "outage to survive beyond the last retry")
@@ -248,7 +248,7 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 		Parser:      s.parser,
 		Shape:       s.policy.Shape,
 		SessionIdle: fs.Duration("session-idle"),
-		Hysteresis:  fs.Float64("hysteresis"),
+		Radius:      fs.Float64("radius"),
 	}
 	if opts.Resolutions, err = fs.GetIntSlice("resolutions"); err != nil {
 		return opts, err

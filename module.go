@@ -92,9 +92,16 @@ type Handler struct {
 	// Default: 12 (edges of ~9 m).
 	Resolution *int `json:"resolution,omitempty"`
 
-	// Metres within which a fix in a neighbouring cell still counts as the
-	// last accepted fix's place, so a parked asset on a cell edge does not
-	// flap (shapes sliding and session only). Default: 0 (off).
+	// How far, in metres, a fix may lie from where its asset stays (an
+	// anchor refined from the fixes judged to be there) and still be the
+	// same place; a suppressed fix never lies farther than 1.5 radii from
+	// the asset's last accepted ping (shapes sliding and session only; the
+	// jitter a stay shows and a fix's own accuracy widen it). Default: 25.
+	Radius float64 `json:"radius,omitempty"`
+
+	// Retired: sliding and session no longer judge the place by H3 cell,
+	// so there is no cell edge to hold a fix across; radius covers it. A
+	// config that sets it still loads, with a warning.
 	Hysteresis float64 `json:"hysteresis,omitempty"`
 
 	// Prefix of every key in the store. Part of the key contract.
@@ -247,6 +254,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.deadLetters = mod.(deadLetterer).DeadLetters(s.deadLetterStream, s.deadLetterMaxLen)
 	}
 
+	if h.Hysteresis != 0 {
+		h.logger.Warn("hysteresis is retired and ignored: sliding and session judge the same place by the asset's stay, "+
+			"within radius of its anchor, not by H3 cell; remove it, and set radius if the default does not fit",
+			zap.Float64("hysteresis", h.Hysteresis), zap.Float64("radius", s.policy.Radius))
+	}
 	h.logger.Info("telemetry_dedup ready",
 		zap.String("shape", string(s.policy.Shape)), zap.Stringer("window", s.keyer.Window),
 		zap.Int("resolution", s.keyer.Resolution), zap.String("key_prefix", s.keyer.Prefix),

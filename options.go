@@ -208,7 +208,7 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 		Shape:       dedup.Tumbling,
 		Window:      k.Window,
 		SessionIdle: orDefault(h.SessionIdle, dedup.DefaultSessionIdle),
-		Hysteresis:  h.Hysteresis,
+		Radius:      cmp.Or(h.Radius, dedup.DefaultRadius),
 	}
 	if h.Shape != "" {
 		shape, err := dedup.ParseShape(h.Shape)
@@ -217,7 +217,11 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 		}
 		pol.Shape = shape
 	}
-	if err := pol.Check(k.Resolution); err != nil {
+	if h.Radius != 0 && pol.Shape == dedup.Tumbling {
+		return pol, "", &dedup.ConfigError{Option: "radius", Problem: "needs shape sliding or session: tumbling keys on the H3 cell " +
+			"and keeps no stay to measure a distance from; choose the cell size with resolution instead"}
+	}
+	if err := pol.Check(); err != nil {
 		return pol, "", err
 	}
 	ttl, ttlFrom, err := h.ttlPolicy(k.Window).Resolve()

@@ -83,9 +83,9 @@ type Options struct {
 	// SessionIdle is the gap that opens a new session (Session only); zero
 	// means DefaultSessionIdle.
 	SessionIdle time.Duration
-	// Hysteresis is as in Policy. A candidate resolution whose cell edge is
-	// shorter is not replayed, and a note says so.
-	Hysteresis float64
+	// Radius is the stay radius the sliding and session shapes are replayed
+	// with; zero means dedup.DefaultRadius.
+	Radius float64
 	// RetryLadder holds the sender's retry offsets for the TTL; nil means
 	// DefaultRetryLadder.
 	RetryLadder []time.Duration
@@ -139,6 +139,7 @@ func (o Options) withDefaults() Options {
 	o.Resolutions, o.Windows = sortedUnique(o.Resolutions), sortedUnique(o.Windows)
 	o.Shape = cmp.Or(o.Shape, dedup.Tumbling)
 	o.SessionIdle = cmp.Or(o.SessionIdle, dedup.DefaultSessionIdle)
+	o.Radius = cmp.Or(o.Radius, dedup.DefaultRadius)
 	return o
 }
 
@@ -149,7 +150,7 @@ func sortedUnique[T cmp.Ordered](s []T) []T {
 }
 
 func (o Options) policy(window time.Duration) dedup.Policy {
-	return dedup.Policy{Shape: o.Shape, Window: window, SessionIdle: o.SessionIdle, Hysteresis: o.Hysteresis,
+	return dedup.Policy{Shape: o.Shape, Window: window, SessionIdle: o.SessionIdle, Radius: o.Radius,
 		TTL: analyzeTTL, InFlightTimeout: dedup.DefaultInFlightTimeout}
 }
 

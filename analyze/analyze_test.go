@@ -170,8 +170,9 @@ func TestAnalyzeRecommends(t *testing.T) {
 	}
 	want := Recommendation{
 		Resolution: 12, EdgeM: h3.HexagonEdgeLengthAvgM(12),
-		Window: 5 * time.Minute, // the smallest candidate of at least 10 × 10 s
-		TTL:    6*time.Hour + 30*time.Minute, TTLFrom: "last retry 6h0m0s + outage margin 30m0s",
+		RadiusM: 10,              // the floor: 1.25 × the p99 jitter of σ = 2 m is 7.6 m
+		Window:  5 * time.Minute, // the smallest candidate of at least 10 × 10 s
+		TTL:     6*time.Hour + 30*time.Minute, TTLFrom: "last retry 6h0m0s + outage margin 30m0s",
 	}
 	if rep.Recommended != want {
 		t.Errorf("recommended %+v, want %+v", rep.Recommended, want)
@@ -224,7 +225,7 @@ func TestAnalyzeMatchesADirectReplay(t *testing.T) {
 	for _, shape := range dedup.Shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			rep := analyze(t, capture, Options{Shape: shape, Resolutions: []int{res}, Windows: []time.Duration{window}})
-			want := directReplay(t, capture, dedup.Policy{Shape: shape, Window: window, SessionIdle: dedup.DefaultSessionIdle,
+			want := directReplay(t, capture, dedup.Policy{Shape: shape, Window: window, SessionIdle: dedup.DefaultSessionIdle, Radius: dedup.DefaultRadius,
 				TTL: 24 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}, res)
 			if got := rep.Candidates[0]; !reflect.DeepEqual(got, want) {
 				t.Errorf("Analyze %+v\ndirect  %+v", got, want)
@@ -324,18 +325,20 @@ func TestAnalyzeWithAPreset(t *testing.T) {
 	}
 }
 
-func TestAnalyzeSkipsResolutionsFinerThanTheHysteresis(t *testing.T) {
-	rep := analyze(t, testFleet.capture(), Options{Shape: dedup.Sliding, Hysteresis: 5})
-	for _, c := range rep.Candidates {
-		if c.Resolution > 12 {
-			t.Errorf("resolution %d (%.1f m edge) replayed with 5 m hysteresis", c.Resolution, h3.HexagonEdgeLengthAvgM(c.Resolution))
-		}
+// The radius of sliding and session sits a quarter above the p99 of the
+// measured parked jitter, so a stay holds its receiver's jitter.
+func TestAnalyzeRecommendsARadiusAboveTheJitter(t *testing.T) {
+	noisy := testFleet
+	noisy.sigmaM = 5
+	rep := analyze(t, noisy.capture(), Options{Shape: dedup.Sliding})
+	p99 := noisy.sigmaM * math.Sqrt(2*math.Log(100)) // Rayleigh
+	if r := rep.Recommended.RadiusM; r != math.Ceil(1.25*rep.Jitter.P99M) || r < 1.1*p99 || r > 1.5*p99 {
+		t.Errorf("radius %g m for measured p99 %.1f m (true %.1f m)", r, rep.Jitter.P99M, p99)
 	}
-	if len(rep.Candidates) != 4*len(DefaultWindows) || len(rep.Notes) != 2 {
-		t.Errorf("%d candidates, notes %q; want resolutions 9 to 12 and a note each for 13 and 14", len(rep.Candidates), rep.Notes)
-	}
-	if len(rep.Resolutions) != len(DefaultResolutions) {
-		t.Errorf("swallowed moves for %d resolutions, want all %d", len(rep.Resolutions), len(DefaultResolutions))
+	moving := testFleet
+	moving.parked = 0
+	if rep := analyze(t, moving.capture(), Options{}); rep.Recommended.RadiusM != dedup.DefaultRadius {
+		t.Errorf("radius %g m without stationary runs, want the default", rep.Recommended.RadiusM)
 	}
 }
 
@@ -348,7 +351,7 @@ func TestAnalyzeRejectsBadOptions(t *testing.T) {
 		{"fractional window", Options{Windows: []time.Duration{1500 * time.Millisecond}}, "window"},
 		{"resolution 16", Options{Resolutions: []int{16}}, "resolution"},
 		{"ladder not increasing", Options{RetryLadder: []time.Duration{time.Hour, time.Minute}}, "retry_ladder"},
-		{"hysteresis on tumbling", Options{Hysteresis: 5}, "hysteresis"},
+		{"negative radius", Options{Shape: dedup.Sliding, Radius: -3}, "radius"},
 		{"unknown shape", Options{Shape: "hopping"}, "shape"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -368,7 +371,7 @@ func TestAnalyzeTableShowsTheRecommendation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + out.String())
-	for _, want := range []string{"resolution 12 (9.4 m edges)", "window 5m0s", "ttl 6h30m0s (last retry 6h0m0s + outage margin 30m0s)", "<- recommended"} {
+	for _, want := range []string{"resolution 12 (9.4 m edges)", "radius 10 m", "window 5m0s", "ttl 6h30m0s (last retry 6h0m0s + outage margin 30m0s)", "<- recommended"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q", want)
 		}

@@ -1,6 +1,7 @@
 package analyze
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -28,6 +29,7 @@ func (a *analyzer) finish() error {
 		c.SuppressionRatio = ratio(c.Pings-c.Admitted, c.Pings)
 	}
 	a.recommendResolution()
+	a.recommendRadius()
 	a.recommendWindow()
 	ttl, from, err := a.opts.ttl(rep.Recommended.Window)
 	rep.Recommended.TTL, rep.Recommended.TTLFrom = ttl, from
@@ -47,6 +49,26 @@ func (a *analyzer) recommendResolution() {
 	if !slices.Contains(a.opts.Resolutions, rec.Resolution) {
 		a.note("recommended resolution %d is not among the candidates; add it to see its replay", rec.Resolution)
 	}
+}
+
+// The radius recommendation: a margin over the parked jitter (measured from
+// each stationary run's median, which the anchor of a stay approaches), and
+// a floor, so that an RTK-grade receiver's stays are not ruled by rounding.
+const (
+	radiusOverP99 = 1.25
+	minRadiusM    = 10
+)
+
+// recommendRadius recommends the stay radius of sliding and session: a
+// quarter above the p99 parked jitter, in whole metres.
+func (a *analyzer) recommendRadius() {
+	rec := &a.report.Recommended
+	if a.report.Jitter.Samples == 0 {
+		rec.RadiusM = dedup.DefaultRadius
+		a.note("no stationary run to measure jitter on; radius is the default %g m", dedup.DefaultRadius)
+		return
+	}
+	rec.RadiusM = max(minRadiusM, math.Ceil(radiusOverP99*a.report.Jitter.P99M))
 }
 
 // finestResolutionOver returns the finest H3 resolution whose average edge

@@ -63,8 +63,7 @@ func newAnalyzer(opts Options) (*analyzer, error) {
 	if _, _, err := opts.ttl(0); err != nil {
 		return nil, err
 	}
-	// Resolution 0 has the longest edge: what fails there fails everywhere.
-	if err := opts.policy(dedup.DefaultWindow).Check(0); err != nil {
+	if err := opts.policy(dedup.DefaultWindow).Check(); err != nil {
 		return nil, err
 	}
 	for _, res := range opts.Resolutions {
@@ -86,10 +85,6 @@ func newAnalyzer(opts Options) (*analyzer, error) {
 	}
 	for i, res := range opts.Resolutions {
 		a.report.Resolutions = append(a.report.Resolutions, ResolutionStats{Resolution: res, EdgeM: h3.HexagonEdgeLengthAvgM(res)})
-		if err := opts.policy(dedup.DefaultWindow).Check(res); err != nil {
-			a.note("resolution %d is not replayed: %v", res, err)
-			continue
-		}
 		for j, w := range opts.Windows {
 			k := dedup.Keyer{Window: w, Resolution: res, Prefix: analyzePrefix}
 			a.report.Candidates = append(a.report.Candidates, CandidateStats{Resolution: res, Window: w, Suppressed: map[dedup.Reason]int{}})

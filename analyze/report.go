@@ -111,6 +111,10 @@ type Recommendation struct {
 	Resolution int `json:"resolution"`
 	// EdgeM is that resolution's average cell edge, in metres.
 	EdgeM float64 `json:"edge_m"`
+	// RadiusM is the stay radius of the sliding and session shapes: 1.25
+	// times the p99 parked jitter, at least 10 m, in whole metres;
+	// dedup.DefaultRadius without stationary samples.
+	RadiusM float64 `json:"radius_m"`
 	// Window is the smallest candidate window of at least ten median report
 	// intervals, else the largest candidate; DefaultWindow when no interval
 	// was measured.

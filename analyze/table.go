@@ -77,6 +77,8 @@ func (r *Report) reasons() []dedup.Reason {
 func (r *Report) writeRecommendation(w io.Writer) {
 	rec := r.Recommended
 	fmt.Fprintf(w, "recommended\tresolution %d (%.1f m edges)\n", rec.Resolution, rec.EdgeM)
+	fmt.Fprintf(w, "\tradius %g m (shapes sliding and session: a suppressed ping then lies at most %g m from the last accepted one)\n",
+		rec.RadiusM, dedup.LagFactor*rec.RadiusM)
 	fmt.Fprintf(w, "\twindow %s\n", rec.Window)
 	fmt.Fprintf(w, "\tttl %s (%s)\n", rec.TTL, rec.TTLFrom)
 	for _, n := range r.Notes {

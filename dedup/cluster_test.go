@@ -27,9 +27,6 @@ func TestClusterAgreesWithMemory(t *testing.T) {
 					t.Fatal(err)
 				}
 				pol := testPolicy(shape)
-				if shape != Tumbling {
-					pol.Hysteresis = 4
-				}
 				compareStreams(t, seed, pol, NewMemoryStore(0), store)
 			}
 		})

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -64,9 +65,12 @@ func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, 
 	return claims[0], verdicts[0], nil
 }
 
-// ClaimAll decides a batch of observations in one store round trip, in
-// order: an observation that repeats an earlier one of the batch is its
-// duplicate.
+// ClaimAll decides a batch of observations in one store round trip. They
+// are judged in device-time order, whatever order they came in, as the
+// devices observed them: a sender's offline backlog, shuffled, is then
+// judged like the live stream it would have been. Observations of equal
+// device time keep their order: one that repeats an earlier one of the
+// batch is its duplicate.
 func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, []Verdict, error) {
 	at := d.now()
 	claims := make([]*Claim, len(batch))
@@ -77,8 +81,38 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 		}
 		claims[i] = c
 	}
-	verdicts, err := d.Store.Decide(ctx, claims)
-	return claims, verdicts, err
+	order := deviceTimeOrder(claims)
+	if order == nil {
+		verdicts, err := d.Store.Decide(ctx, claims)
+		return claims, verdicts, err
+	}
+	sorted := make([]*Claim, len(claims))
+	for i, j := range order {
+		sorted[i] = claims[j]
+	}
+	decided, err := d.Store.Decide(ctx, sorted)
+	if err != nil {
+		return claims, nil, err
+	}
+	verdicts := make([]Verdict, len(claims))
+	for i, j := range order {
+		verdicts[j] = decided[i]
+	}
+	return claims, verdicts, nil
+}
+
+// deviceTimeOrder returns the indices of claims in device-time order, or
+// nil when they are in that order already (a single ping, a live batch).
+func deviceTimeOrder(claims []*Claim) []int {
+	if slices.IsSortedFunc(claims, func(a, b *Claim) int { return a.Time.Compare(b.Time) }) {
+		return nil
+	}
+	order := make([]int, len(claims))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return claims[a].Time.Compare(claims[b].Time) })
+	return order
 }
 
 // Settle marks accepted claims as settled: redeliveries from now on are

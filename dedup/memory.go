@@ -29,17 +29,17 @@ type MemoryStore struct {
 	evictions uint64
 }
 
-// memoryEntry holds one key's value: a record (tumbling), a *trackState or
-// a seenSet (sliding and session).
+// memoryEntry holds one key's value: a record (tumbling), a *trackState, or
+// one seen ping's seenValue (sliding and session). Each seen ping is an
+// entry of its own, under its seen set's key and field, so that max_keys
+// bounds them like any key: Redis keeps them as fields of one hash per
+// asset-minute, which cannot be counted or evicted one by one.
 type memoryEntry struct {
 	key     string
 	value   any
 	expires time.Time
 	index   int // position in byExpiry
 }
-
-// seenSet is one minute of an asset's seen pings, by seenField.
-type seenSet map[string]seenValue
 
 // NewMemoryStore returns an empty store holding at most maxKeys keys
 // (DefaultMaxKeys if maxKeys <= 0).
@@ -78,10 +78,10 @@ func (m *MemoryStore) decideTrack(c *Claim) Verdict {
 	if e := m.live(c.StateKey); e != nil {
 		st = e.value.(*trackState)
 	}
-	field := seenField(c)
-	seen := m.seenSet(c.SeenKey)
+	seenKey := memorySeenKey(c)
 	var prior *seenValue
-	if v, ok := seen[field]; ok {
+	if e := m.live(seenKey); e != nil {
+		v := e.value.(seenValue)
 		prior = &v
 	}
 
@@ -90,13 +90,15 @@ func (m *MemoryStore) decideTrack(c *Claim) Verdict {
 		m.put(c.StateKey, next, c.Policy.TTL)
 	}
 	if record != nil {
-		if seen == nil {
-			seen = make(seenSet)
-		}
-		seen[field] = *record
-		m.put(c.SeenKey, seen, c.Policy.TTL)
+		m.put(seenKey, *record, c.Policy.TTL)
 	}
 	return v
+}
+
+// memorySeenKey is the entry of one seen ping: its seen set's key and its
+// field in it.
+func memorySeenKey(c *Claim) string {
+	return c.SeenKey + "\x00" + seenField(c)
 }
 
 // Settle implements Store.
@@ -123,10 +125,11 @@ func (m *MemoryStore) settleTumbling(c *Claim) {
 }
 
 func (m *MemoryStore) settleTrack(c *Claim) {
-	field := seenField(c)
-	if v, ok := m.seenSet(c.SeenKey)[field]; ok && v.flag == flagPending && v.token == c.Token {
-		v.flag = flagSettled
-		m.seenSet(c.SeenKey)[field] = v
+	if e := m.live(memorySeenKey(c)); e != nil {
+		if v := e.value.(seenValue); v.flag == flagPending && v.token == c.Token {
+			v.flag = flagSettled
+			e.value = v
+		}
 	}
 }
 
@@ -156,10 +159,11 @@ func (m *MemoryStore) releaseTumbling(c *Claim) bool {
 
 func (m *MemoryStore) releaseTrack(c *Claim) bool {
 	released := false
-	field := seenField(c)
-	if v, ok := m.seenSet(c.SeenKey)[field]; ok && v.flag != flagSuppressed && v.token == c.Token {
-		delete(m.seenSet(c.SeenKey), field)
-		released = true
+	if e := m.live(memorySeenKey(c)); e != nil {
+		if v := e.value.(seenValue); v.flag != flagSuppressed && v.token == c.Token {
+			m.remove(e)
+			released = true
+		}
 	}
 	if e := m.live(c.StateKey); e != nil {
 		if st := e.value.(*trackState); !st.undo(c.Token) {
@@ -183,13 +187,6 @@ func (m *MemoryStore) Evictions() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.evictions
-}
-
-func (m *MemoryStore) seenSet(key string) seenSet {
-	if e := m.live(key); e != nil {
-		return e.value.(seenSet)
-	}
-	return nil
 }
 
 // live returns the unexpired entry for key, removing it if it has expired.

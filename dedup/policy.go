@@ -3,8 +3,6 @@ package dedup
 import (
 	"fmt"
 	"time"
-
-	"github.com/uber/h3-go/v4"
 )
 
 // Shape is how the window is laid over an asset's pings.
@@ -16,12 +14,12 @@ const (
 	// ping. Two pings seconds apart across a bucket boundary are both
 	// admitted; that is its price.
 	Tumbling Shape = "tumbling"
-	// Sliding also compares each ping with the asset's last accepted one:
-	// the same place less than a window of device time away is suppressed,
-	// across bucket boundaries.
+	// Sliding judges each ping against where its asset stays: at the stay,
+	// it is suppressed for a window of device time after the last accepted
+	// ping there, across bucket boundaries.
 	Sliding Shape = "sliding"
 	// Session opens a new session after a gap of more than SessionIdle of
-	// device time; inside a session, pings in the same place are suppressed
+	// device time; inside a session, pings at the stay are suppressed
 	// however long the burst.
 	Session Shape = "session"
 )
@@ -52,33 +50,29 @@ type Policy struct {
 	Window time.Duration
 	// SessionIdle is the gap that opens a new session (Session only).
 	SessionIdle time.Duration
-	// Hysteresis, in metres, makes a fix in a neighbouring cell within this
-	// distance of the last accepted fix count as the same place (Sliding and
-	// Session only). Zero turns it off.
-	Hysteresis float64
+	// Radius, in metres, is how far from its stay's anchor a fix still
+	// counts as the same place (Sliding and Session only): above the GPS
+	// jitter of a parked asset, below the moves the backend must see.
+	Radius float64
 	// TTL is how long a claim lives in the store.
 	TTL time.Duration
 	// InFlightTimeout is how long an unsettled claim counts as in flight.
 	InFlightTimeout time.Duration
 }
 
-// Check reports a Policy that contradicts itself or the resolution, naming
-// the option to fix.
-func (p Policy) Check(resolution int) error {
+// maxRadius bounds the radius: a stay wider than this swallows whole
+// streets, and what a fix at such a distance reports is a move.
+const maxRadius = 1000.0
+
+// Check reports a Policy that contradicts itself, naming the option to fix.
+func (p Policy) Check() error {
 	if p.Shape == Session && p.SessionIdle <= 0 {
 		return &ConfigError{Option: "session_idle", Problem: fmt.Sprintf("%s is not positive; use the device-time gap that ends a burst, e.g. 10m", p.SessionIdle)}
 	}
-	if !(p.Hysteresis >= 0) { // also refuses NaN
-		return &ConfigError{Option: "hysteresis", Problem: fmt.Sprintf("%v is not a distance; use metres, or 0 for off", p.Hysteresis)}
-	}
-	if p.Hysteresis > 0 && p.Shape == Tumbling {
-		return &ConfigError{Option: "hysteresis", Problem: "needs shape sliding or session: tumbling keys on the cell alone and keeps no " +
-			"last position to measure the distance from, so a neighbouring cell is always a new key"}
-	}
-	if edge := h3.HexagonEdgeLengthAvgM(resolution); p.Hysteresis > edge {
-		return &ConfigError{Option: "hysteresis", Problem: fmt.Sprintf(
-			"%gm is wider than a resolution-%d cell edge (%.1fm): real moves shorter than that would be swallowed; "+
-				"use at most %.1fm, or a coarser resolution", p.Hysteresis, resolution, edge, edge)}
+	if p.Shape != Tumbling && !(p.Radius > 0 && p.Radius <= maxRadius) { // also refuses NaN
+		return &ConfigError{Option: "radius", Problem: fmt.Sprintf(
+			"%gm is not a distance a stay can have; use metres above your receivers' parked jitter, such as the default %gm (at most %gm)",
+			p.Radius, DefaultRadius, maxRadius)}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -20,17 +21,17 @@ func TestStoresAgreeOnRandomStreams(t *testing.T) {
 	srv := redistest.Start(t)
 	redisStore, client := newRedisStore(t, srv), srv.Client()
 	for _, shape := range Shapes {
-		for _, hysteresis := range []float64{0, 4} {
-			if shape == Tumbling && hysteresis > 0 {
+		for _, radius := range []float64{DefaultRadius, 4} {
+			if shape == Tumbling && radius != DefaultRadius {
 				continue
 			}
-			t.Run(fmt.Sprintf("%s/hysteresis=%v", shape, hysteresis), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/radius=%v", shape, radius), func(t *testing.T) {
 				for seed := range uint64(20) {
 					if err := client.FlushAll(context.Background()).Err(); err != nil {
 						t.Fatal(err)
 					}
 					pol := testPolicy(shape)
-					pol.Hysteresis = hysteresis
+					pol.Radius = radius
 					compareStreams(t, seed, pol, NewMemoryStore(0), redisStore)
 				}
 			})
@@ -95,15 +96,41 @@ func (s *stream) next() (ping.Ping, string) {
 		a.t = a.t.Add(time.Duration(11+s.rng.IntN(20)) * time.Minute)
 		lat, lon := jitter()
 		p, kind = ping.Ping{Time: a.t, Lat: lat, Lon: lon}, "after an idle gap"
+	case r < 0.94:
+		a.t = a.t.Add(step)
+		// Around the radius, the lag bound and the outlier bound: 10 to 150 m.
+		d := 10 + 140*s.rng.Float64()
+		angle := 2 * math.Pi * s.rng.Float64()
+		p, kind = ping.Ping{Time: a.t, Lat: a.anchorLat + d*math.Sin(angle)/111_000, Lon: a.anLon + d*math.Cos(angle)/68_000}, "outlier"
 	default:
 		a.t = a.t.Add(time.Millisecond * time.Duration(1+s.rng.IntN(999)))
 		lat, lon := jitter()
 		p, kind = ping.Ping{Time: a.t, Lat: lat, Lon: lon}, "sub-second"
 	}
+	s.sayMore(&p)
 	p.Asset = a.id
 	a.last = p
 	s.sent = append(s.sent, p)
 	return p, kind
+}
+
+// sayMore adds what some formats carry besides the position: now and then
+// an accuracy radius, a reported speed (at rest, slow or under way), an
+// event, and a state that changes.
+func (s *stream) sayMore(p *ping.Ping) {
+	if s.rng.Float64() < 0.3 {
+		p.Accuracy = 5 + 55*s.rng.Float64()
+	}
+	if s.rng.Float64() < 0.4 {
+		p.HasSpeed = true
+		p.Speed = []float64{0.2, 1.5, 12}[s.rng.IntN(3)] * s.rng.Float64() * 2
+	}
+	if s.rng.Float64() < 0.05 {
+		p.Event = "alarm"
+	}
+	if s.rng.Float64() < 0.5 {
+		p.State = []string{"ignition=true", "ignition=false"}[s.rng.IntN(2)]
+	}
 }
 
 // tick advances the server clock, now and then past the in-flight timeout.
@@ -119,7 +146,7 @@ func compareStreams(t *testing.T, seed uint64, pol *Policy, a, b Store) {
 	ctx := context.Background()
 	s := newStream(seed)
 	k := defaultKeyer()
-	for i := range 200 {
+	for i := range 400 {
 		s.tick()
 		// Finish an earlier request now and then, as its upstream answers.
 		if len(s.pending) > 0 && s.rng.Float64() < 0.5 {

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -114,9 +113,8 @@ func claimVerdict(c *Claim, cmd *redis.StatusCmd) (Verdict, error) {
 func trackDecideCmd(c *Claim) pipeline.Cmd {
 	pol := c.Policy
 	return pipeline.EvalSha(trackDecideScript, []string{c.StateKey, c.SeenKey},
-		encodePoint(pointOf(c)), seenField(c), c.At.UnixMilli(), pol.TTL.Milliseconds(), string(pol.Shape),
-		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(),
-		strconv.FormatFloat(pol.Hysteresis, 'g', -1, 64), pol.InFlightTimeout.Milliseconds())
+		encodeFix(fixOf(c), pol.Radius), seenField(c), c.At.UnixMilli(), pol.TTL.Milliseconds(), string(pol.Shape),
+		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(), pol.InFlightTimeout.Milliseconds())
 }
 
 func trackVerdict(cmd *redis.Cmd) (Verdict, error) {

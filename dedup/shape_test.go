@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -131,29 +132,22 @@ func cellOf(p ping.Ping) h3.Cell {
 	return h3.LatLngToCell(h3.NewLatLng(p.Lat, p.Lon), DefaultResolution)
 }
 
-func TestHysteresisHoldsAParkedFixAcrossACellEdge(t *testing.T) {
+// A parked fix that jitters across a cell edge is still the same place: the
+// track shapes judge the place by the stay, not by the cell of one fix.
+func TestAParkedFixAcrossACellEdgeIsTheSamePlace(t *testing.T) {
 	inside, outside := edgePair(t, 52.5200087, 13.4049547)
-	for _, shape := range []Shape{Sliding, Session} {
-		for _, tt := range []struct {
-			hysteresis float64
-			want       Verdict
-		}{
-			{0, accepted},
-			{3, suppressed(Jitter)},
-		} {
-			t.Run(string(shape), func(t *testing.T) {
-				eachStore(t, func(t *testing.T, s Store) {
-					d := newTestDeduper(s, shape)
-					d.Policy.Hysteresis = tt.hysteresis
-					inside.Time, outside.Time = articleBase, articleBase.Add(10*time.Second)
-					d.settled(t, inside)
-					if v := d.settled(t, outside); v != tt.want {
-						t.Fatalf("hysteresis %vm: fix across the edge %+v, want %+v", tt.hysteresis, v, tt.want)
-					}
-				})
-			})
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		inside.Time, outside.Time = articleBase, articleBase.Add(10*time.Second)
+		d.settled(t, inside)
+		want := suppressed(Jitter)
+		if pol.Shape == Tumbling {
+			want = accepted // its key is the cell
 		}
-	}
+		if v := d.settled(t, outside); v != want {
+			t.Fatalf("fix across the edge %+v, want %+v", v, want)
+		}
+	})
 }
 
 func TestPolicyCheck(t *testing.T) {
@@ -161,18 +155,21 @@ func TestPolicyCheck(t *testing.T) {
 		policy Policy
 		option string
 	}{
-		{Policy{Shape: Tumbling, Hysteresis: 2}, "hysteresis"},
-		{Policy{Shape: Sliding, Hysteresis: -1}, "hysteresis"},
-		{Policy{Shape: Sliding, Hysteresis: 12}, "hysteresis"}, // a res-12 edge is ~9.4 m
-		{Policy{Shape: Session, SessionIdle: 0}, "session_idle"},
+		{Policy{Shape: Sliding, Radius: 0}, "radius"},
+		{Policy{Shape: Sliding, Radius: -1}, "radius"},
+		{Policy{Shape: Session, Radius: math.NaN(), SessionIdle: time.Minute}, "radius"},
+		{Policy{Shape: Sliding, Radius: 5000}, "radius"},
+		{Policy{Shape: Session, Radius: DefaultRadius, SessionIdle: 0}, "session_idle"},
 	} {
-		err := tt.policy.Check(DefaultResolution)
+		err := tt.policy.Check()
 		if ce, ok := err.(*ConfigError); !ok || ce.Option != tt.option {
 			t.Errorf("%+v: got %v, want an error about %s", tt.policy, err, tt.option)
 		}
 	}
-	if err := (Policy{Shape: Sliding, Hysteresis: 5}).Check(DefaultResolution); err != nil {
-		t.Errorf("sliding with 5 m hysteresis rejected: %v", err)
+	for _, ok := range []Policy{{Shape: Tumbling}, {Shape: Sliding, Radius: 5}, {Shape: Session, Radius: 40, SessionIdle: time.Minute}} {
+		if err := ok.Check(); err != nil {
+			t.Errorf("%+v rejected: %v", ok, err)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -62,7 +63,7 @@ func releaseOne(ctx context.Context, s Store, c *Claim) (bool, error) {
 }
 
 func testPolicy(shape Shape) *Policy {
-	return &Policy{Shape: shape, Window: DefaultWindow, SessionIdle: DefaultSessionIdle, TTL: time.Hour, InFlightTimeout: DefaultInFlightTimeout}
+	return &Policy{Shape: shape, Window: DefaultWindow, SessionIdle: DefaultSessionIdle, Radius: DefaultRadius, TTL: time.Hour, InFlightTimeout: DefaultInFlightTimeout}
 }
 
 // claimOf builds the claim a Deduper would make for p.
@@ -300,5 +301,58 @@ func TestMemoryStoreDropsExpiredKeysBeforeEvicting(t *testing.T) {
 	decide(t, m, claimOf(pol, ping.Ping{Asset: "c", Time: articleBase, Lat: 1, Lon: 1}, 1, articleBase))
 	if m.Evictions() != 0 || m.Len() != 2 {
 		t.Fatalf("evictions %d len %d: an expired key should make room without evicting", m.Evictions(), m.Len())
+	}
+}
+
+// Every entry of the memory store counts toward max_keys, in every shape:
+// the seen pings of sliding and session too. A million distinct pings
+// leave it at its bound, and the heap with it.
+func TestMemoryStoreHoldsItsBoundInEveryShape(t *testing.T) {
+	const maxKeys, pings = 1000, 1_000_000
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			m := NewMemoryStore(maxKeys)
+			pol := testPolicy(shape)
+			k := defaultKeyer()
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			ctx := context.Background()
+			batch := make([]*Claim, 0, 100)
+			assets := make([]string, 50)
+			for i := range assets {
+				assets[i] = fmt.Sprintf("veh-%d", i)
+			}
+			cell := k.Observe(parked).Cell
+			for i := range pings {
+				p := parked
+				p.Asset = assets[i%len(assets)]
+				p.Time = articleBase.Add(time.Duration(i) * time.Second)
+				p.Lat += float64(i%97) * 1e-6
+				obs := Observation{Ping: p, Bucket: k.Bucket(p.Time), Cell: cell}
+				obs.Key = k.Key(p.Asset, int64(i), cell) // distinct: a claim per ping
+				c := &Claim{Observation: obs, Policy: pol, Token: uint64(i + 1), At: articleBase}
+				if shape != Tumbling {
+					c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
+				}
+				if batch = append(batch, c); len(batch) == cap(batch) {
+					if _, err := m.Decide(ctx, batch); err != nil {
+						t.Fatal(err)
+					}
+					batch = batch[:0]
+				}
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			t.Logf("%d pings: %d keys, %d evictions, heap %+d KiB", pings, m.Len(), m.Evictions(), grown/1024)
+			if m.Len() > maxKeys {
+				t.Errorf("%d keys held, max_keys is %d", m.Len(), maxKeys)
+			}
+			if grown > 16<<20 {
+				t.Errorf("heap grew %d MiB for %d keys", grown>>20, maxKeys)
+			}
+			runtime.KeepAlive(m)
+		})
 	}
 }

@@ -2,10 +2,9 @@ package dedup
 
 import (
 	"encoding/binary"
+	"hash/fnv"
 	"math"
 	"time"
-
-	"github.com/uber/h3-go/v4"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
@@ -13,37 +12,127 @@ import (
 // The sliding and session shapes judge each ping against what the store
 // remembers of its asset, in two keys:
 //
-//   - the state: the last accepted ping (and the one before it, so that a
-//     failed request can be undone), the latest device time seen, and where
-//     the current session started;
+//   - the track: where the asset stays (an anchor refined from the fixes
+//     judged to be there), the last accepted ping at the stay (what the
+//     backend last heard of it), an accepted ping outside the stay that may
+//     yet prove an outlier, and what it takes to undo the last acceptance;
 //   - the seen set of the ping's minute: every ping seen, accepted or
-//     suppressed, by exact device time and coordinates. A redelivery of any
-//     ping is found here for the whole TTL, even after the asset moved on.
+//     suppressed, by exact device time, coordinates and event. A
+//     redelivery of any ping is found here for the whole TTL, even after
+//     the asset moved on.
 //
 // judgeTrack is the decision. MemoryStore runs it in Go; RedisStore runs the
 // same rules in Lua (track_decide.lua), and a property test holds the two to
-// identical verdicts.
+// identical verdicts. To keep them identical to the bit, every
+// transcendental function is computed here in Go and handed to Lua as a
+// number (a ping's metres per degree of longitude); the rules themselves
+// use only +, -, * and / on doubles.
+
+// The physics behind the stay.
+const (
+	// DefaultRadius is how far from the stay's anchor a fix still counts as
+	// the same place: above the jitter of consumer GPS (σ of 3 to 5 m per
+	// axis, multipath outliers at four σ), below the moves a backend needs.
+	DefaultRadius = 25.0
+	// LagFactor bounds, as a multiple of the radius, how far a suppressed
+	// fix may lie from the last accepted ping at the stay: the backend's
+	// last known position never lags the asset by more than that, however
+	// its anchor drifts.
+	LagFactor = 1.5
+	// outlierFactor bounds, as a multiple of the radius, the outliers a
+	// receiver throws: a fix farther than that that a vehicle could have
+	// reached is a real excursion, and a return from it a real move.
+	outlierFactor = 4.0
+	// maxAccel and maxSpeed bound how far an asset at rest can get in a
+	// given time: a fix beyond that is an outlier wherever it lies.
+	maxAccel = 4.0  // m/s², harder than any car accelerates
+	maxSpeed = 70.0 // m/s
+	// movingSpeed is a reported speed no parked receiver shows (their
+	// noise stays under 2 m/s): a fix reporting it has left the stay.
+	movingSpeed = 2.5 // m/s
+	// restSpeed is a reported speed below that of any vehicle under way: a
+	// fix reporting it is no evidence of a move, however far it lies.
+	restSpeed = 1.0 // m/s
+	// anchorMemory is how many fixes the anchor averages at most, so that
+	// it follows a receiver's slow drift.
+	anchorMemory = 64
+	// noiseFactor2 widens the radius to the jitter the stay itself shows:
+	// it is 3.2², for 3.2 times the root mean square distance of the stay's
+	// fixes from its anchor, about 4.5 σ per axis, which Gaussian jitter
+	// leaves once in some 25,000 fixes. The radius never grows past the lag
+	// bound. (Written out, not as 3.2*3.2, so that Go and Lua hold the same
+	// double.)
+	noiseFactor2 = 10.24
+	// settledFixes is how many fixes a stay needs before a reported speed
+	// counts as a departure from it.
+	settledFixes = 3
+	// metresPerDegree is the length of a degree of latitude on H3's sphere.
+	metresPerDegree = math.Pi / 180 * geo.EarthRadiusM
+)
 
 // trackPoint is one ping as the track shapes remember it.
 type trackPoint struct {
 	t        int64 // device time in µs: exact in a Lua number, unlike ns
 	lat, lon float64
-	cell     h3.Cell
 	bucket   int64
 	token    uint64
 }
 
-func pointOf(c *Claim) trackPoint {
-	return trackPoint{t: c.Time.UnixMicro(), lat: c.Lat, lon: c.Lon, cell: c.Cell, bucket: c.Bucket, token: c.Token}
+// fix is a ping being judged: its point and what the stream says of it.
+type fix struct {
+	trackPoint
+	kx       float64 // metres per degree of longitude at the fix
+	accuracy float64 // metres, 0 when unknown
+	moving   bool    // it reports a speed of travel
+	atRest   bool    // it reports a speed no asset under way has
+	event    bool
+	state    uint64 // fingerprint of the state fields, 0 when none
 }
 
-// trackState is an asset's memory.
+func fixOf(c *Claim) fix {
+	return fix{
+		trackPoint: trackPoint{t: c.Time.UnixMicro(), lat: c.Lat, lon: c.Lon, bucket: c.Bucket, token: c.Token},
+		kx:         float64(math.Cos(c.Lat*math.Pi/180)) * metresPerDegree,
+		accuracy:   max(c.Accuracy, 0),
+		moving:     c.HasSpeed && c.Speed >= movingSpeed,
+		atRest:     c.HasSpeed && c.Speed < restSpeed,
+		event:      c.Event != "",
+		state:      statePrint(c.State),
+	}
+}
+
+// stay is where an asset is judged to be.
+type stay struct {
+	lat, lon float64 // the anchor
+	spread2  float64 // mean squared distance of its fixes from the anchor, m²
+	n        int64   // fixes averaged into them, at most anchorMemory
+	startT   int64   // device time the asset arrived there, µs
+	lastT    int64   // device time of the latest fix judged there, µs
+}
+
+// track is an asset's memory, apart from its undo record.
+type track struct {
+	stay stay
+	// ref is the last accepted ping at the stay.
+	ref trackPoint
+	// last is the last accepted ping: what the backend last heard of the
+	// asset. With hasCand it lies outside the stay and is either a
+	// departure or, if the next fix is back at the stay and outlier says it
+	// could be one, an outlier.
+	last             trackPoint
+	hasCand, outlier bool
+	sessionStart     int64
+	state            uint64
+}
+
+// trackState is what the store keeps of an asset: its track, the track as
+// it was before the last acceptance (so that a failed request can be
+// undone), and the latest device time seen.
 type trackState struct {
-	last, prev       trackPoint
-	hasPrev          bool
-	seenMax          int64 // latest device time seen, µs
-	sessionStart     int64 // device time that opened the current session, µs
-	prevSessionStart int64 // sessionStart before last was accepted
+	track
+	prev    track
+	hasPrev bool
+	seenMax int64
 }
 
 // seenValue is what the seen set holds for one ping.
@@ -63,46 +152,191 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 		}
 		return suppressed(Redelivery), nil, nil
 	}
-	p := pointOf(c)
+	f := fixOf(c)
 	pending := &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
 	if st == nil {
-		return accepted, &trackState{last: p, seenMax: p.t, sessionStart: p.t}, pending
+		return accepted, newTrackState(f), pending
 	}
-
-	pol := c.Policy
-	newSession := pol.Shape == Session && p.t-st.seenMax > pol.SessionIdle.Microseconds()
-	var suppress bool
-	if samePlace(p, st.last, pol.Hysteresis) {
-		switch pol.Shape {
-		case Sliding:
-			suppress = abs(p.t-st.last.t) < pol.Window.Microseconds()
-		case Session:
-			// A ping from before the current session started belongs to a
-			// session this state no longer describes: admit rather than risk
-			// losing it.
-			suppress = !newSession && p.t >= st.sessionStart
-		}
-	}
-
 	next := *st
-	next.seenMax = max(st.seenMax, p.t)
-	if suppress {
-		return suppressed(trackReason(p, st.last, pol.Shape)), &next, &seenValue{flag: flagSuppressed}
+	next.seenMax = max(st.seenMax, f.t)
+	v := next.judge(st, f, c.Policy)
+	if v.Decision == Accepted {
+		return v, &next, pending
 	}
-	// An out-of-order ping is admitted without moving the state backwards.
-	if p.t >= st.last.t {
-		next.prev, next.hasPrev, next.prevSessionStart = st.last, true, st.sessionStart
-		next.last = p
-		if newSession {
-			next.sessionStart = p.t
-		}
-	}
-	return accepted, &next, pending
+	return v, &next, &seenValue{flag: flagSuppressed}
 }
 
-// undo reverts the state change an accepted claim with token made, if it is
-// still the last accepted ping. It reports false when the state should be
-// deleted (the claim was the asset's first).
+func newTrackState(f fix) *trackState {
+	st := &trackState{seenMax: f.t}
+	st.stay = stay{lat: f.lat, lon: f.lon, n: 1, startT: f.t, lastT: f.t}
+	st.ref, st.last, st.sessionStart, st.state = f.trackPoint, f.trackPoint, f.t, f.state
+	return st
+}
+
+// judge decides f and updates st (a copy of old) to what follows from it.
+func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
+	if f.t < st.last.t {
+		return st.judgeLate(f, pol)
+	}
+	newSession := pol.Shape == Session && f.t-old.seenMax > pol.SessionIdle.Microseconds()
+	forced := f.event || f.state != st.state || newSession
+	switch {
+	case st.holds(f, pol):
+		// Back from an excursion too far to be an outlier: a real move.
+		returned := st.hasCand && !st.outlier
+		st.settle(f)
+		if !forced && !returned && st.withinWindow(f, pol) {
+			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+		}
+		st.accept(old, f, newSession, func(t *track) { t.ref, t.last, t.hasCand = f.trackPoint, f.trackPoint, false })
+	case st.hasCand:
+		// The asset is neither at its stay nor back: it left for where the
+		// last accepted ping was. Judge f at that new stay.
+		st.stay = stay{lat: st.last.lat, lon: st.last.lon, n: 1, startT: st.last.t, lastT: st.last.t}
+		st.ref, st.hasCand = st.last, false
+		return st.judge(old, f, pol)
+	case !forced && st.outlierAtRest(f, pol):
+		return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+	default:
+		outlier := st.couldBeOutlier(f, pol)
+		st.accept(old, f, newSession, func(t *track) { t.last, t.hasCand, t.outlier = f.trackPoint, true, outlier })
+	}
+	return accepted
+}
+
+// judgeLate decides a ping older than the last accepted one, against the
+// stay as it is, which it never moves: it is suppressed only if it lies at
+// a settled stay the asset had already reached at its device time. Any
+// other late ping may fill a gap of the backend's track (an offline batch
+// uploaded late, shuffled): admitting it costs a duplicate where
+// suppressing it could cost an observation. In session, a ping from before
+// the current session belongs to one this state no longer describes.
+func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
+	if f.event || f.state != st.state || f.t < st.stay.startT || st.stay.n < settledFixes ||
+		(pol.Shape == Session && f.t < st.sessionStart) || !st.holds(f, pol) {
+		return accepted
+	}
+	return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+}
+
+// accept records an accepted fix, keeping the track as it was for undo.
+func (st *trackState) accept(old *trackState, f fix, newSession bool, change func(*track)) {
+	st.prev, st.hasPrev = old.track, true
+	change(&st.track)
+	st.state = f.state
+	if newSession {
+		st.sessionStart = f.t
+	}
+}
+
+// holds reports whether f is at the stay: within the radius of the anchor
+// (or of the fix's own uncertainty, which is no evidence of a move), not
+// reporting a speed of travel away from a settled stay, and close enough to
+// the last accepted ping, whatever it was, that the backend's picture stays
+// true: a suppressed fix of an asset under way never lies farther than
+// LagFactor radii from it.
+func (st *trackState) holds(f fix, pol *Policy) bool {
+	settled := st.stay.n >= settledFixes
+	if f.moving && settled {
+		return false
+	}
+	if f.distance2(st.stay.lat, st.stay.lon) > st.radius2(f, pol) {
+		return false
+	}
+	// A fix that says it is at rest is no part of a move the backend could
+	// miss, so at a settled stay it needs no lag bound.
+	return (f.atRest && settled) || f.distance2(st.last.lat, st.last.lon) <= lag2(f, pol)
+}
+
+// radius2 is the square of the stay's radius for f: the configured radius,
+// widened to the jitter the stay shows (up to the lag bound) and to the
+// fix's own uncertainty.
+func (st *trackState) radius2(f fix, pol *Policy) float64 {
+	lag := LagFactor * pol.Radius
+	r2 := min(noiseFactor2*st.stay.spread2, lag*lag)
+	return max(r2, pol.Radius*pol.Radius, f.accuracy*f.accuracy)
+}
+
+// lag2 is the square of how far from the last accepted ping a suppressed
+// fix may lie: LagFactor radii, or the fix's own uncertainty.
+func lag2(f fix, pol *Policy) float64 {
+	lag := max(LagFactor*pol.Radius, f.accuracy)
+	return lag * lag
+}
+
+// outlierAtRest reports a fix outside a settled stay that is no evidence
+// of a move: it says the asset is at rest, or it lies farther than the
+// asset could have got since it was last seen at the stay (a vehicle at
+// rest is not 40 m away a second later). It must also lie close enough to
+// the last accepted ping that suppressing it keeps the backend's picture
+// true. Such a fix is jitter: a receiver's outlier.
+func (st *trackState) outlierAtRest(f fix, pol *Policy) bool {
+	if f.moving || st.stay.n < settledFixes || f.distance2(st.last.lat, st.last.lon) > lag2(f, pol) {
+		return false
+	}
+	if f.atRest {
+		return true
+	}
+	reach := st.reach(f, pol)
+	return f.distance2(st.stay.lat, st.stay.lon) > reach*reach
+}
+
+// reach is how far from the anchor an asset at rest at the stay can be by
+// f's time: the stay's radius, and what it can travel since it was last seen
+// there at maxAccel, up to maxSpeed.
+func (st *trackState) reach(f fix, pol *Policy) float64 {
+	dt := float64(f.t-st.stay.lastT) / 1e6
+	return math.Sqrt(st.radius2(f, pol)) + min(float64(0.5*maxAccel)*float64(dt*dt), float64(maxSpeed*dt))
+}
+
+// withinWindow reports whether the shape suppresses a fix at the stay: in
+// sliding, less than a window after the last accepted ping there; in
+// session, whenever no idle gap opened a new one.
+func (st *trackState) withinWindow(f fix, pol *Policy) bool {
+	if pol.Shape == Sliding {
+		return f.t-st.ref.t < pol.Window.Microseconds()
+	}
+	return true
+}
+
+// settle refines the stay with a fix judged to be there: the anchor is the
+// mean of its latest fixes, so one outlier moves it little and a receiver's
+// slow drift is followed. An accepted ping outside the stay is no longer a
+// departure: the asset is back.
+func (st *trackState) settle(f fix) {
+	d2 := f.distance2(st.stay.lat, st.stay.lon)
+	st.stay.n = min(st.stay.n+1, anchorMemory)
+	n := float64(st.stay.n)
+	st.stay.lat += (f.lat - st.stay.lat) / n
+	st.stay.lon += (f.lon - st.stay.lon) / n
+	st.stay.spread2 += (d2 - st.stay.spread2) / n
+	st.stay.lastT = max(st.stay.lastT, f.t)
+	st.hasCand = false
+}
+
+// couldBeOutlier reports whether a fix outside the stay may be a receiver's
+// outlier rather than a move: close enough to be one, or farther than the
+// asset could have got since it was last seen at the stay.
+func (st *trackState) couldBeOutlier(f fix, pol *Policy) bool {
+	d2 := f.distance2(st.stay.lat, st.stay.lon)
+	far := outlierFactor * math.Sqrt(st.radius2(f, pol))
+	reach := st.reach(f, pol)
+	return d2 <= far*far || d2 > reach*reach
+}
+
+// distance2 is the squared distance in metres from f to a position, on the
+// plane tangent at f: at the scales of jitter and stays it is within a
+// fraction of a percent of the great-circle distance. The explicit
+// conversions keep every operation rounded as Lua rounds it.
+func (f fix) distance2(lat, lon float64) float64 {
+	dy := float64(f.lat-lat) * float64(metresPerDegree)
+	dx := float64(f.lon-lon) * f.kx
+	return float64(dx*dx) + float64(dy*dy)
+}
+
+// undo reverts the last acceptance, if it was the claim with token. It
+// reports false when the state should be deleted (the claim was the
+// asset's first).
 func (st *trackState) undo(token uint64) (keep bool) {
 	if st.last.token != token {
 		return true
@@ -110,57 +344,72 @@ func (st *trackState) undo(token uint64) (keep bool) {
 	if !st.hasPrev {
 		return false
 	}
-	st.last, st.hasPrev, st.sessionStart = st.prev, false, st.prevSessionStart
+	st.track, st.hasPrev = st.prev, false
 	return true
 }
 
 // trackReason names a suppression: the classic reasons when tumbling would
-// have suppressed it too (same bucket), the shape's name when only the shape
-// did.
-func trackReason(p, last trackPoint, shape Shape) Reason {
+// have suppressed it too (same bucket as the last accepted ping at the
+// stay), the shape's name when only the shape did.
+func trackReason(p, ref trackPoint, shape Shape) Reason {
 	switch {
-	case p.bucket != last.bucket:
+	case p.bucket != ref.bucket:
 		return Reason(shape)
-	case p.lat == last.lat && p.lon == last.lon:
+	case p.lat == ref.lat && p.lon == ref.lon:
 		return Reobservation
 	default:
 		return Jitter
 	}
 }
 
-// samePlace: the same cell, or within the hysteresis distance.
-func samePlace(a, b trackPoint, hysteresis float64) bool {
-	return a.cell == b.cell || (hysteresis > 0 && geo.DistanceM(a.lat, a.lon, b.lat, b.lon) <= hysteresis)
-}
-
-func abs(x int64) int64 {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-// seenField identifies a ping within its seen set: exact device time and
-// coordinates, 24 bytes.
+// seenField identifies a ping within its seen set: exact device time,
+// coordinates and event, so that an event reported at the very fix of a
+// plain ping is not taken for its redelivery.
 func seenField(c *Claim) string {
-	var b [24]byte
+	b := make([]byte, 24, 24+len(c.Event))
 	binary.BigEndian.PutUint64(b[0:], uint64(c.Time.UnixNano()))
 	binary.BigEndian.PutUint64(b[8:], math.Float64bits(c.Lat))
 	binary.BigEndian.PutUint64(b[16:], math.Float64bits(c.Lon))
-	return string(b[:])
+	return string(append(b, c.Event...))
 }
 
-// encodePoint lays a point out as the Lua scripts read it with
-// struct.unpack('>i8ddc8i8c8'): time µs, lat, lon, cell, bucket, token.
-func encodePoint(p trackPoint) string {
-	var b [48]byte
-	binary.BigEndian.PutUint64(b[0:], uint64(p.t))
-	binary.BigEndian.PutUint64(b[8:], math.Float64bits(p.lat))
-	binary.BigEndian.PutUint64(b[16:], math.Float64bits(p.lon))
-	binary.BigEndian.PutUint64(b[24:], uint64(p.cell))
-	binary.BigEndian.PutUint64(b[32:], uint64(p.bucket))
-	binary.BigEndian.PutUint64(b[40:], p.token)
-	return string(b[:])
+// encodeFix lays a fix and the radius out as the Lua script reads them with
+// struct.unpack('>i8ddi8c8dddBBBc8d'): device time µs, lat, lon, bucket,
+// token, metres per degree of longitude and of latitude, accuracy, moving,
+// at rest, event, state print, radius. Doubles travel as their bits, so Lua computes
+// with exactly the numbers Go does.
+func encodeFix(f fix, radius float64) string {
+	b := make([]byte, 0, 90)
+	b = binary.BigEndian.AppendUint64(b, uint64(f.t))
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.lat))
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.lon))
+	b = binary.BigEndian.AppendUint64(b, uint64(f.bucket))
+	b = binary.BigEndian.AppendUint64(b, f.token)
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.kx))
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(metresPerDegree))
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.accuracy))
+	b = append(b, boolByte(f.moving), boolByte(f.atRest), boolByte(f.event))
+	b = binary.BigEndian.AppendUint64(b, f.state)
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(radius))
+	return string(b)
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// statePrint fingerprints the state fields' value (FNV-1a), 0 for none:
+// only whether it changed matters.
+func statePrint(state string) uint64 {
+	if state == "" {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(state))
+	return h.Sum64() | 1 // never 0, which means none
 }
 
 func tokenBytes(token uint64) string {

@@ -56,8 +56,9 @@ type Score struct {
 	// decider that lets a parked asset through once per window.
 	ParkedAdmissionsPerWindow float64 `json:"parked_admissions_per_window"`
 
-	// Departures counts the transitions from parked to driving that were
-	// followed by at least one moving ping.
+	// Departures counts the transitions from parked to driving whose moving
+	// pings went farther than LostMoveM: a run that ends a few metres into a
+	// drive has nothing the backend must hear of yet.
 	Departures int `json:"departures"`
 	// DeparturesNeverAdmitted is how many of them had no moving ping of
 	// their driving phase accepted.
@@ -82,8 +83,9 @@ type outcome struct {
 	accepted []Ping
 	// missed is every moving ping that was not accepted.
 	missed []Ping
-	// departures maps each departure phase to the odometer at its start.
-	departures map[int]float64
+	// departures maps each departure phase to the odometer at its start
+	// and at its farthest moving ping.
+	departures map[int]odometers
 }
 
 // score judges the decisions, accepted[i][j] for ping j of delivery i,
@@ -103,7 +105,7 @@ func score(cfg Config, f fleet, accepted [][]bool) Score {
 		for j, p := range d.Pings {
 			o := assets[p.Asset]
 			if o == nil {
-				o = &outcome{departures: map[int]float64{}}
+				o = &outcome{departures: map[int]odometers{}}
 				assets[p.Asset] = o
 			}
 			s.count(p, accepted[i][j])
@@ -157,9 +159,15 @@ func (o *outcome) record(p Ping, accepted bool) {
 		o.missed = append(o.missed, p)
 	}
 	if p.truth.departure {
-		o.departures[p.truth.phase] = p.truth.phaseStartOdo
+		d := o.departures[p.truth.phase]
+		d.start, d.farthest = p.truth.phaseStartOdo, max(d.farthest, p.truth.odometer)
+		o.departures[p.truth.phase] = d
 	}
 }
+
+// odometers are the true distances driven at a departure and at its
+// farthest moving ping.
+type odometers struct{ start, farthest float64 }
 
 // judgeMoves measures each missed moving ping against the backend's latest
 // ping of the asset before it. That is judged after the run, over
@@ -204,14 +212,17 @@ func (s *Score) judgeDepartures(o *outcome) {
 			firstOdo[p.truth.phase] = p.truth.odometer
 		}
 	}
-	for phase, startOdo := range o.departures {
+	for phase, d := range o.departures {
+		if d.farthest-d.start <= s.LostMoveM {
+			continue
+		}
 		s.Departures++
 		odo, ok := firstOdo[phase]
 		if !ok {
 			s.DeparturesNeverAdmitted++
 			continue
 		}
-		s.DepartureDelayMaxM = max(s.DepartureDelayMaxM, odo-startOdo)
+		s.DepartureDelayMaxM = max(s.DepartureDelayMaxM, odo-d.start)
 	}
 }
 

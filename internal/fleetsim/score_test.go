@@ -162,14 +162,19 @@ func TestScoreOfAHandBuiltStream(t *testing.T) {
 	// veh-c leaves and is never admitted.
 	h.send("veh-c", 0, true, at{m: 0}, true)
 	h.send("veh-c", 10, false, at{m: 20, odo: 20, phase: 1, departure: true}, false)
+	h.send("veh-c", 20, false, at{m: 45, odo: 45, phase: 1, departure: true}, false)
+	// veh-d leaves as the run ends, 20 m into its drive: nothing the
+	// backend must hear of yet, so not counted.
+	h.send("veh-d", 0, true, at{m: 0}, true)
+	h.send("veh-d", 10, false, at{m: 20, odo: 20, phase: 1, departure: true}, false)
 
 	cfg := Config{Start: testStart}.withDefaults()
 	got := score(cfg, h.fleet, h.accepted)
 	want := Score{
-		Pings: 10, Deliveries: 10, Accepted: 5,
+		Pings: 13, Deliveries: 13, Accepted: 6,
 		RedeliveriesSent: 1, RedeliveriesAdmitted: 1,
-		MovingPings: 6, MovingAccepted: 2, LostMoves: 1, MaxLostMoveM: 50, MaxSuppressedMoveM: 50,
-		ParkedPings: 3, ParkedAdmissions: 2, ParkedWindows: 2, ParkedAdmissionsPerWindow: 1,
+		MovingPings: 8, MovingAccepted: 2, LostMoves: 2, MaxLostMoveM: 50, MaxSuppressedMoveM: 50,
+		ParkedPings: 4, ParkedAdmissions: 3, ParkedWindows: 2, ParkedAdmissionsPerWindow: 1.5,
 		Departures: 2, DeparturesNeverAdmitted: 1, DepartureDelayMaxM: 100,
 		LostMoveM: 40, WindowSeconds: 300,
 	}

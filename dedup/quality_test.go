@@ -1,0 +1,92 @@
+package dedup
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/fleetsim"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// deduperDecider decides the simulator's deliveries in process, through a
+// production Deduper, settling every accepted claim as an upstream that took
+// it would.
+type deduperDecider struct{ d *Deduper }
+
+func newDeduperDecider(s Store, pol Policy) *deduperDecider {
+	k := defaultKeyer()
+	k.Window = pol.Window
+	return &deduperDecider{d: &Deduper{Store: s, Keyer: k, Policy: pol}}
+}
+
+func (dd *deduperDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([]bool, error) {
+	dd.d.Now = func() time.Time { return del.Arrival }
+	obs := make([]Observation, len(del.Pings))
+	for i, p := range del.Pings {
+		obs[i] = dd.d.Keyer.Observe(ping.Ping{Asset: p.Asset, Time: p.Time, Lat: p.Lat, Lon: p.Lon,
+			Accuracy: p.Accuracy, Speed: p.Speed, HasSpeed: p.HasSpeed})
+	}
+	claims, verdicts, err := dd.d.ClaimAll(ctx, obs)
+	if err != nil {
+		return nil, err
+	}
+	accepted := make([]bool, len(verdicts))
+	var settle []*Claim
+	for i, v := range verdicts {
+		if accepted[i] = v.Decision == Accepted; accepted[i] {
+			settle = append(settle, claims[i])
+		}
+	}
+	if len(settle) > 0 {
+		return accepted, dd.d.Settle(ctx, settle...)
+	}
+	return accepted, nil
+}
+
+// The physics, on the fleet simulator: parked assets (Gaussian
+// noise, multipath outliers at 4 σ) cost about one admission per window in
+// sliding (session keeps a parked burst to one), while no redelivery is
+// admitted and no moving ping is suppressed farther than 40 m from the
+// last accepted one.
+func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		cfg              fleetsim.Config
+		sliding, session float64 // most parked admissions per window
+	}{
+		{"10s cadence, sigma 3 m", fleetsim.Config{}, 1.2, 1.2},
+		{"10s cadence, sigma 5 m", fleetsim.Config{SigmaM: 5}, 1.4, 1.4},
+		{"2s cadence, sigma 3 m", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3},
+		{"1s cadence, slow wander", fleetsim.Config{Cadence: time.Second, SigmaM: 3, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3},
+		{"30s cadence, speed and accuracy reported", fleetsim.Config{Cadence: 30 * time.Second, SigmaM: 4, ReportSpeed: true, ReportAccuracy: true}, 1.3, 1.3},
+	} {
+		for _, shape := range []Shape{Sliding, Session} {
+			t.Run(tc.name+"/"+string(shape), func(t *testing.T) {
+				pol := *testPolicy(shape)
+				pol.TTL = 7 * time.Hour // past the simulated day and its latest redelivery
+				cfg := tc.cfg
+				cfg.Assets = 20
+				sc, err := fleetsim.Run(context.Background(), cfg, newDeduperDecider(NewMemoryStore(0), pol))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%d pings: %.2f parked admissions per window, %d lost moves (worst suppressed moving ping %.0f m away), %d of %d redeliveries admitted",
+					sc.Pings, sc.ParkedAdmissionsPerWindow, sc.LostMoves, sc.MaxSuppressedMoveM, sc.RedeliveriesAdmitted, sc.RedeliveriesSent)
+				limit := tc.sliding
+				if shape == Session {
+					limit = tc.session
+				}
+				if sc.ParkedAdmissionsPerWindow > limit {
+					t.Errorf("%.2f parked admissions per window, want at most %.1f", sc.ParkedAdmissionsPerWindow, limit)
+				}
+				if sc.LostMoves != 0 || sc.RedeliveriesAdmitted != 0 {
+					t.Errorf("%d lost moves (up to %.0f m), %d redeliveries admitted; want none", sc.LostMoves, sc.MaxLostMoveM, sc.RedeliveriesAdmitted)
+				}
+				if sc.DeparturesNeverAdmitted != 0 {
+					t.Errorf("%d departures never admitted", sc.DeparturesNeverAdmitted)
+				}
+			})
+		}
+	}
+}

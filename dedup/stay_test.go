@@ -1,0 +1,150 @@
+package dedup
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// offset is a ping dx metres east and dy metres north of the parked spot,
+// sec seconds into the stay.
+func offset(sec, dx, dy float64) ping.Ping {
+	const lat, lon = 52.5200087, 13.4049547
+	p := at(time.Duration(sec*float64(time.Second)), lat+dy/metresPerDegree, lon+dx/(metresPerDegree*math.Cos(lat*math.Pi/180)))
+	return p
+}
+
+// eachTrackShape runs a test for sliding and session against both stores.
+func eachTrackShape(t *testing.T, test func(t *testing.T, d *testDeduper)) {
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, s Store) { test(t, newTestDeduper(s, shape)) })
+		})
+	}
+}
+
+// park settles a stay: a first fix and a few jitter fixes around it.
+func park(t *testing.T, d *testDeduper) {
+	t.Helper()
+	d.settled(t, offset(0, 0, 0))
+	for i, j := range [][2]float64{{2, -1}, {-3, 2}, {1, 3}, {-2, -2}} {
+		if v := d.settled(t, offset(float64(10*(i+1)), j[0], j[1])); v.Decision != Suppressed {
+			t.Fatalf("jitter %v at the stay: %+v", j, v)
+		}
+	}
+}
+
+func TestStayJudgesTheSamePlace(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		ping ping.Ping
+		want Decision
+	}{
+		{"jitter within the radius", offset(60, 18, -10), Suppressed},
+		{"a departure beyond the radius is admitted at once", offset(60, 40, 0), Accepted},
+		{"a fix whose accuracy covers the distance is no move", withAccuracy(offset(60, 32, 0), 40), Suppressed},
+		{"a fix reporting travel at the stay is a departure", withSpeed(offset(60, 3, 0), 8), Accepted},
+		{"an outlier it could not have reached a second later is jitter", offset(41, 34, 0), Suppressed},
+		{"a fix that says it is at rest is no move", withSpeed(offset(60, 34, 0), 0.2), Suppressed},
+		{"an event at the stay is admitted", withEvent(offset(60, 1, 1), "alarm"), Accepted},
+		{"a change of state at the stay is admitted", withState(offset(60, 1, 1), "ignition=false"), Accepted},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				if v := d.settled(t, tt.ping); v.Decision != tt.want {
+					t.Fatalf("%+v, want %s", v, tt.want)
+				}
+			})
+		})
+	}
+}
+
+func withAccuracy(p ping.Ping, m float64) ping.Ping { p.Accuracy = m; return p }
+func withSpeed(p ping.Ping, ms float64) ping.Ping   { p.Speed, p.HasSpeed = ms, true; return p }
+func withEvent(p ping.Ping, e string) ping.Ping     { p.Event = e; return p }
+func withState(p ping.Ping, s string) ping.Ping     { p.State = s; return p }
+
+// A multipath outlier costs one admission at most: the next fix back at
+// the stay is jitter. A real departure is followed by fixes that stay away.
+func TestASingleOutlierCostsOneAdmission(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, offset(60, 30, 0)); v.Decision != Accepted {
+			t.Fatalf("the outlier, 10 s after the last fix: %+v, want accepted (it could be a move)", v)
+		}
+		for i, back := range []ping.Ping{offset(70, -2, 1), offset(80, 1, -2), offset(90, 2, 2)} {
+			if v := d.settled(t, back); v.Decision != Suppressed {
+				t.Fatalf("fix %d back at the stay: %+v, want suppressed", i, v)
+			}
+		}
+		// A real departure is then admitted as usual.
+		if v := d.settled(t, offset(100, 45, 0)); v.Decision != Accepted {
+			t.Fatalf("a real departure: %+v", v)
+		}
+		if v := d.settled(t, offset(110, 80, 0)); v.Decision != Accepted {
+			t.Fatalf("the drive goes on: %+v", v)
+		}
+	})
+}
+
+// An asset creeping away (a traffic jam, 1 m per fix) is never suppressed
+// farther than the lag bound from its last accepted ping, however the
+// stay's anchor follows it.
+func TestACreepingAssetIsNeverLostTrackOf(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		last := offset(0, 0, 0)
+		for i := 1; i <= 300; i++ {
+			p := offset(60+float64(i), float64(i), 0)
+			if d.settled(t, p).Decision == Accepted {
+				last = p
+				continue
+			}
+			if dist := math.Sqrt(fixOf(&Claim{Observation: Observation{Ping: p}}).distance2(last.Lat, last.Lon)); dist > LagFactor*DefaultRadius {
+				t.Fatalf("fix %d suppressed %.1f m from the last accepted one", i, dist)
+			}
+		}
+	})
+}
+
+// A release puts the stay back as it was: the retry of a departure whose
+// request failed is judged as the departure again.
+func TestReleaseRestoresTheStay(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		departure := offset(60, 60, 0)
+		c, v := d.claim(t, departure)
+		if v.Decision != Accepted {
+			t.Fatalf("departure: %+v", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, offset(65, 1, 1)); v.Decision != Suppressed {
+			t.Fatalf("jitter at the stay after the release: %+v, want suppressed", v)
+		}
+		if v := d.settled(t, departure); v.Decision != Accepted {
+			t.Fatalf("the retried departure: %+v, want accepted", v)
+		}
+	})
+}
+
+// A redelivery of an event is suppressed: only the event's own exact
+// redeliveries are, never an event at the fix of a plain ping.
+func TestAnEventIsSuppressedOnlyAsItsOwnRedelivery(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		plain := offset(60, 1, 1)
+		d.settled(t, plain)
+		alarm := withEvent(plain, "alarm")
+		if v := d.settled(t, alarm); v.Decision != Accepted {
+			t.Fatalf("an alarm at the very fix of a plain ping: %+v, want accepted", v)
+		}
+		if v := d.settled(t, alarm); v != suppressed(Redelivery) {
+			t.Fatalf("the alarm's redelivery: %+v, want suppressed/redelivery", v)
+		}
+	})
+}
