@@ -44,6 +44,22 @@ func (dd *deduperDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([
 	return accepted, nil
 }
 
+// singlesDecider delivers a batch one ping a request, in the order it
+// came: a sender that uploads its offline backlog shuffled, ping by ping.
+type singlesDecider struct{ *deduperDecider }
+
+func (s singlesDecider) Deliver(ctx context.Context, d fleetsim.Delivery) ([]bool, error) {
+	var out []bool
+	for _, p := range d.Pings {
+		ok, err := s.deduperDecider.Deliver(ctx, fleetsim.Delivery{Pings: []fleetsim.Ping{p}, Arrival: d.Arrival})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ok...)
+	}
+	return out, nil
+}
+
 // The physics, on the fleet simulator: parked assets (Gaussian
 // noise, multipath outliers at 4 σ) cost about one admission per window in
 // sliding (session keeps a parked burst to one), while no redelivery is
@@ -54,12 +70,14 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		name             string
 		cfg              fleetsim.Config
 		sliding, session float64 // most parked admissions per window
+		singles          bool    // backlogs one ping a request
 	}{
-		{"10s cadence, sigma 3 m", fleetsim.Config{}, 1.2, 1.2},
-		{"10s cadence, sigma 5 m", fleetsim.Config{SigmaM: 5}, 1.4, 1.4},
-		{"2s cadence, sigma 3 m", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3},
-		{"1s cadence, slow wander", fleetsim.Config{Cadence: time.Second, SigmaM: 3, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3},
-		{"30s cadence, speed and accuracy reported", fleetsim.Config{Cadence: 30 * time.Second, SigmaM: 4, ReportSpeed: true, ReportAccuracy: true}, 1.3, 1.3},
+		{"10s cadence, sigma 3 m", fleetsim.Config{}, 1.2, 1.2, false},
+		{"10s cadence, sigma 5 m", fleetsim.Config{SigmaM: 5}, 1.4, 1.4, false},
+		{"2s cadence, sigma 3 m", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, false},
+		{"2s cadence, backlogs one ping a request", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, true},
+		{"1s cadence, slow wander", fleetsim.Config{Cadence: time.Second, SigmaM: 3, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false},
+		{"30s cadence, speed and accuracy reported", fleetsim.Config{Cadence: 30 * time.Second, SigmaM: 4, ReportSpeed: true, ReportAccuracy: true}, 1.3, 1.3, false},
 	} {
 		for _, shape := range []Shape{Sliding, Session} {
 			t.Run(tc.name+"/"+string(shape), func(t *testing.T) {
@@ -67,7 +85,11 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 				pol.TTL = 7 * time.Hour // past the simulated day and its latest redelivery
 				cfg := tc.cfg
 				cfg.Assets = 20
-				sc, err := fleetsim.Run(context.Background(), cfg, newDeduperDecider(NewMemoryStore(0), pol))
+				var decider fleetsim.Decider = newDeduperDecider(NewMemoryStore(0), pol)
+				if tc.singles {
+					decider = singlesDecider{newDeduperDecider(NewMemoryStore(0), pol)}
+				}
+				sc, err := fleetsim.Run(context.Background(), cfg, decider)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -66,6 +66,10 @@ const (
 	// settledFixes is how many fixes a stay needs before a reported speed
 	// counts as a departure from it.
 	settledFixes = 3
+	// pastStays is how many stays an asset left are remembered, so that a
+	// backlog uploaded late, one ping a request and shuffled, is judged at
+	// the stay its device time fell in.
+	pastStays = 3
 	// metresPerDegree is the length of a degree of latitude on H3's sphere.
 	metresPerDegree = math.Pi / 180 * geo.EarthRadiusM
 )
@@ -110,9 +114,17 @@ type stay struct {
 	lastT    int64   // device time of the latest fix judged there, µs
 }
 
+// pastStay is a stay the asset left: where, how wide, and when.
+type pastStay struct {
+	lat, lon, radius2 float64
+	startT, endT      int64 // arrival, and the departure's device time, µs
+}
+
 // track is an asset's memory, apart from its undo record.
 type track struct {
 	stay stay
+	// past are the settled stays the asset left, latest first.
+	past [pastStays]pastStay
 	// ref is the last accepted ping at the stay.
 	ref trackPoint
 	// last is the last accepted ping: what the backend last heard of the
@@ -192,6 +204,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	case st.hasCand:
 		// The asset is neither at its stay nor back: it left for where the
 		// last accepted ping was. Judge f at that new stay.
+		st.leave(pol)
 		st.stay = stay{lat: st.last.lat, lon: st.last.lon, n: 1, startT: st.last.t, lastT: st.last.t}
 		st.ref, st.hasCand = st.last, false
 		return st.judge(old, f, pol)
@@ -204,19 +217,42 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	return accepted
 }
 
-// judgeLate decides a ping older than the last accepted one, against the
-// stay as it is, which it never moves: it is suppressed only if it lies at
-// a settled stay the asset had already reached at its device time. Any
-// other late ping may fill a gap of the backend's track (an offline batch
-// uploaded late, shuffled): admitting it costs a duplicate where
-// suppressing it could cost an observation. In session, a ping from before
-// the current session belongs to one this state no longer describes.
+// judgeLate decides a ping older than the last accepted one, which never
+// moves the stay: it is suppressed only if it lies at a settled stay the
+// asset was at by its device time, the current one or one it left, in
+// every shape. Any other late ping may fill a gap of the backend's track
+// (an offline backlog uploaded late and shuffled): admitting it costs a
+// duplicate where suppressing it could cost an observation.
 func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
-	if f.event || f.state != st.state || f.t < st.stay.startT || st.stay.n < settledFixes ||
-		(pol.Shape == Session && f.t < st.sessionStart) || !st.holds(f, pol) {
+	if f.event || f.state != st.state || f.moving {
 		return accepted
 	}
-	return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+	if st.stay.n >= settledFixes && st.holds(f, pol) {
+		if f.t >= st.stay.startT {
+			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+		}
+		// The asset was here earlier than the stay knew: the backend hears
+		// of it now, and later pings back to then are jitter.
+		st.stay.startT = f.t
+		return accepted
+	}
+	for _, p := range st.past {
+		if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
+			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+		}
+	}
+	return accepted
+}
+
+// leave remembers the stay the asset is leaving, if it was settled, until
+// the departure (the last accepted ping, outside it).
+func (st *trackState) leave(pol *Policy) {
+	if st.stay.n < settledFixes {
+		return
+	}
+	copy(st.past[1:], st.past[:pastStays-1])
+	st.past[0] = pastStay{lat: st.stay.lat, lon: st.stay.lon, radius2: st.stayRadius2(pol),
+		startT: st.stay.startT, endT: st.last.t}
 }
 
 // accept records an accepted fix, keeping the track as it was for undo.
@@ -248,13 +284,18 @@ func (st *trackState) holds(f fix, pol *Policy) bool {
 	return (f.atRest && settled) || f.distance2(st.last.lat, st.last.lon) <= lag2(f, pol)
 }
 
-// radius2 is the square of the stay's radius for f: the configured radius,
-// widened to the jitter the stay shows (up to the lag bound) and to the
-// fix's own uncertainty.
+// radius2 is the square of the stay's radius for f: the stay's own
+// (stayRadius2), widened to the fix's uncertainty.
 func (st *trackState) radius2(f fix, pol *Policy) float64 {
+	return max(st.stayRadius2(pol), f.accuracy*f.accuracy)
+}
+
+// stayRadius2 is the square of the stay's radius: the configured radius,
+// widened to the jitter the stay shows, up to the lag bound.
+func (st *trackState) stayRadius2(pol *Policy) float64 {
 	lag := LagFactor * pol.Radius
 	r2 := min(noiseFactor2*st.stay.spread2, lag*lag)
-	return max(r2, pol.Radius*pol.Radius, f.accuracy*f.accuracy)
+	return max(r2, pol.Radius*pol.Radius)
 }
 
 // lag2 is the square of how far from the last accepted ping a suppressed

@@ -20,8 +20,10 @@
 local FIX = '>i8ddi8c8dddBBBc8d'
 -- stay: anchor lat, lon, spread m², fixes, arrival µs, last fix µs; ref
 -- point; last accepted point; flags (1 last is a candidate outside the
--- stay, 2 it could be an outlier); session start; state print
-local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8'
+-- stay, 2 it could be an outlier); session start; state print; the past
+-- stays (PAST of them: lat, lon, radius², arrival µs, departure µs)
+local PAST = 3
+local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8' .. string.rep('dddi8i8', PAST)
 local NOSTATE = string.rep('\0', 8)
 
 -- the constants of track.go
@@ -42,24 +44,30 @@ local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, event, statep, ra
 local fixpoint = { t = t, lat = lat, lon = lon, bucket = bucket, token = token }
 
 local function decode(s, pos)
-	local c = {}
-	local rt, rlat, rlon, rb, rtok, ct, clat, clon, cb, ctok, flags
-	c.alat, c.alon, c.spread2, c.n, c.startT, c.lastT, rt, rlat, rlon, rb, rtok, ct, clat, clon, cb, ctok, flags,
-		c.sessionStart, c.state, pos = struct.unpack(CORE, s, pos)
-	c.ref = { t = rt, lat = rlat, lon = rlon, bucket = rb, token = rtok }
-	c.last = { t = ct, lat = clat, lon = clon, bucket = cb, token = ctok }
-	c.hasCand, c.outlier = flags % 2 == 1, flags >= 2
-	return c, pos
+	local f = { struct.unpack(CORE, s, pos) }
+	local c = { alat = f[1], alon = f[2], spread2 = f[3], n = f[4], startT = f[5], lastT = f[6],
+		ref = { t = f[7], lat = f[8], lon = f[9], bucket = f[10], token = f[11] },
+		last = { t = f[12], lat = f[13], lon = f[14], bucket = f[15], token = f[16] },
+		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, sessionStart = f[18], state = f[19], past = {} }
+	for i = 1, PAST do
+		local k = 19 + 5 * (i - 1)
+		c.past[i] = { lat = f[k + 1], lon = f[k + 2], radius2 = f[k + 3], startT = f[k + 4], endT = f[k + 5] }
+	end
+	return c, f[#f]
 end
 
 local function encode(c)
 	local flags = 0
 	if c.hasCand then flags = flags + 1 end
 	if c.outlier then flags = flags + 2 end
+	local p = c.past
 	return struct.pack(CORE, c.alat, c.alon, c.spread2, c.n, c.startT, c.lastT,
 		c.ref.t, c.ref.lat, c.ref.lon, c.ref.bucket, c.ref.token,
 		c.last.t, c.last.lat, c.last.lon, c.last.bucket, c.last.token,
-		flags, c.sessionStart, c.state)
+		flags, c.sessionStart, c.state,
+		p[1].lat, p[1].lon, p[1].radius2, p[1].startT, p[1].endT,
+		p[2].lat, p[2].lon, p[2].radius2, p[2].startT, p[2].endT,
+		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT)
 end
 
 local function dist2(plat, plon)
@@ -68,10 +76,14 @@ local function dist2(plat, plon)
 	return dx * dx + dy * dy
 end
 
-local function radius2(c)
+local function stayRadius2(c)
 	local lag = LAG * radius
 	local r2 = math.min(NOISE2 * c.spread2, lag * lag)
-	return math.max(r2, radius * radius, acc * acc)
+	return math.max(r2, radius * radius)
+end
+
+local function radius2(c)
+	return math.max(stayRadius2(c), acc * acc)
 end
 
 local function lag2()
@@ -132,13 +144,54 @@ local function reason(c)
 	return 'jitter'
 end
 
+local function noPast()
+	local p = {}
+	for i = 1, PAST do
+		p[i] = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
+	end
+	return p
+end
+
+-- leave remembers the stay the asset is leaving, if it was settled, until
+-- the departure (the last accepted ping, outside it).
+local function leave(c)
+	if c.n < SETTLED then
+		return
+	end
+	for i = PAST, 2, -1 do
+		c.past[i] = c.past[i - 1]
+	end
+	c.past[1] = { lat = c.alat, lon = c.alon, radius2 = stayRadius2(c), startT = c.startT, endT = c.last.t }
+end
+
+local function judgeLate(c)
+	if event == 1 or statep ~= c.state or moving == 1 then
+		return 'accepted', ''
+	end
+	if c.n >= SETTLED and holds(c) then
+		if t >= c.startT then
+			return 'suppressed', reason(c)
+		end
+		-- The asset was here earlier than the stay knew.
+		c.startT = t
+		return 'accepted', ''
+	end
+	for i = 1, PAST do
+		local p = c.past[i]
+		if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
+			return 'suppressed', reason(c)
+		end
+	end
+	return 'accepted', ''
+end
+
 local raw = redis.call('GET', KEYS[1])
 if not raw then
 	local c = { alat = lat, alon = lon, spread2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
-		hasCand = false, outlier = false, sessionStart = t, state = statep }
+		hasCand = false, outlier = false, sessionStart = t, state = statep, past = noPast() }
 	local zero = { t = 0, lat = 0, lon = 0, bucket = 0, token = NOSTATE }
 	local empty = { alat = 0, alon = 0, spread2 = 0, n = 0, startT = 0, lastT = 0, ref = zero, last = zero,
-		hasCand = false, outlier = false, sessionStart = 0, state = NOSTATE }
+		hasCand = false, outlier = false, sessionStart = 0, state = NOSTATE, past = noPast() }
 	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. string.char(0) .. encode(empty), 'PX', ttl)
 	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
 	redis.call('PEXPIRE', KEYS[2], ttl)
@@ -162,11 +215,7 @@ end
 
 local function judge()
 	if t < cur.last.t then
-		if event == 1 or statep ~= cur.state or t < cur.startT or cur.n < SETTLED or
-			(shape == 'session' and t < cur.sessionStart) or not holds(cur) then
-			return 'accepted', ''
-		end
-		return 'suppressed', reason(cur)
+		return judgeLate(cur)
 	end
 	local newSession = shape == 'session' and t - oldSeenMax > idle
 	local forced = event == 1 or statep ~= cur.state or newSession
@@ -182,6 +231,7 @@ local function judge()
 	elseif cur.hasCand then
 		-- The asset left for where the last accepted ping was: judge the
 		-- fix there.
+		leave(cur)
 		cur.alat, cur.alon, cur.spread2, cur.n = cur.last.lat, cur.last.lon, 0, 1
 		cur.startT, cur.lastT = cur.last.t, cur.last.t
 		cur.ref, cur.hasCand = cur.last, false

@@ -3,8 +3,8 @@
 -- as it was before it (trackState.undo in Go). Only the claim's own token
 -- acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes)
-local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8'
-local CORE_SIZE = 145
+local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8' .. string.rep('dddi8i8', 3)
+local CORE_SIZE = 265
 
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
