@@ -130,10 +130,11 @@ type Handler struct {
 	// http.handlers.telemetry_dedup.stores namespace. Default: memory.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.telemetry_dedup.stores inline_key=type"`
 
-	// How many settled keys to keep in process, so that duplicates of them
-	// (the repeat jitter of parked assets) are answered without a store
-	// round trip; 0 turns it off. Tumbling only. Default: 100000 with the
-	// redis store, off with the memory store (which is in process already).
+	// How many settled keys (in sliding and session: final seen pings) to
+	// keep in process, so that duplicates of them (the repeat jitter of
+	// parked assets, exact redeliveries) are answered without a store round
+	// trip; 0 turns it off. Default: 100000 with the redis store, off with
+	// the memory store (which is in process already).
 	NearCache *int `json:"near_cache,omitempty"`
 
 	// What to do when the store cannot be reached: "open" forwards the
@@ -268,11 +269,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // nearCacheSize is the near cache's size: as configured, or the store's
-// default, and never for the track shapes, which it cannot serve.
+// default.
 func (h *Handler) nearCacheSize(store any) int {
 	switch nc, ok := store.(nearCacher); {
-	case h.settings.policy.Shape != dedup.Tumbling:
-		return 0
 	case h.NearCache != nil:
 		return *h.NearCache
 	case ok:

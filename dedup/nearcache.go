@@ -14,17 +14,21 @@ const DefaultNearCache = 100_000
 // between Caddy instances and Redis never lets the cache outlive the key.
 const nearCacheMargin = time.Second
 
-// NearCache answers, in process, tumbling claims whose key is already held
-// by a settled claim: the repeat jitter of parked assets, which is most of a
-// fleet's traffic, then costs no store round trip.
+// NearCache answers, in process, what the store has answered for good: in
+// tumbling, claims whose key is held by a settled claim (the repeat jitter
+// of parked assets, which is most of a fleet's traffic); in sliding and
+// session, exact redeliveries of pings whose seen entry is final. They then
+// cost no store round trip.
 //
 // Only a holder that was settled is cached (its request finished with its
 // upstream's answer), and a settled claim is never released, so the cache
 // never suppresses a ping whose key could still be given back. A claim that
 // is merely older than the in-flight timeout is not cached: its request may
-// still fail late and release it. An entry lives until the key's own expiry, minus a margin,
-// and the cache is bounded. The sliding and session shapes pass through: their
-// answers depend on the asset's state, which only the store holds.
+// still fail late and release it. In the track shapes, a seen ping is final
+// once settled or once suppressed; any other ping there depends on the
+// asset's state, which only the store holds, and passes through. An entry
+// lives until the key's own expiry, minus a margin, and the cache is
+// bounded.
 type NearCache struct {
 	next     Store
 	cache    *otter.Cache[string, nearEntry]
@@ -59,7 +63,7 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 	var at []int
 	for i, c := range claims {
 		if held, ok := n.lookup(c); ok {
-			verdicts[i] = judgeHeld(held, c)
+			verdicts[i] = n.cachedVerdict(held, c)
 			continue
 		}
 		misses = append(misses, c)
@@ -73,12 +77,29 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 		return nil, err
 	}
 	for j, c := range misses {
-		verdicts[at[j]] = decided[j]
-		if decided[j].Decision == Suppressed && c.held && c.holder.settled {
+		v := decided[j]
+		verdicts[at[j]] = v
+		switch {
+		case c.Policy.Shape != Tumbling:
+			// A fresh suppression is recorded as final; a redelivery may
+			// have met a pending entry merely past the in-flight timeout.
+			if v.Decision == Suppressed && v.Reason != Redelivery {
+				n.remember(c, newRecord(c))
+			}
+		case v.Decision == Suppressed && c.held && c.holder.settled:
 			n.remember(c, c.holder)
 		}
 	}
 	return verdicts, nil
+}
+
+// cachedVerdict is the verdict on c of a cached holder: in tumbling judged
+// like the store's; in the track shapes, c is a redelivery of a final ping.
+func (n *NearCache) cachedVerdict(held record, c *Claim) Verdict {
+	if c.Policy.Shape != Tumbling {
+		return suppressed(Redelivery)
+	}
+	return judgeHeld(held, c)
 }
 
 // Settle implements Store; a claim the store settled is cached.
@@ -87,11 +108,9 @@ func (n *NearCache) Settle(ctx context.Context, claims []*Claim) error {
 		return err
 	}
 	for _, c := range claims {
-		if c.Policy.Shape == Tumbling {
-			r := newRecord(c)
-			r.settled = true
-			n.remember(c, r)
-		}
+		r := newRecord(c)
+		r.settled = true
+		n.remember(c, r)
 	}
 	return nil
 }
@@ -105,10 +124,7 @@ func (n *NearCache) Release(ctx context.Context, claims []*Claim) ([]bool, error
 func (n *NearCache) Len() int { return n.cache.EstimatedSize() }
 
 func (n *NearCache) lookup(c *Claim) (record, bool) {
-	if c.Policy.Shape != Tumbling {
-		return record{}, false
-	}
-	e, ok := n.cache.GetIfPresent(c.Observation.Key)
+	e, ok := n.cache.GetIfPresent(nearKey(c))
 	if ok && !c.At.Before(e.expires) {
 		ok = false // expired, not yet swept
 	}
@@ -123,6 +139,15 @@ func (n *NearCache) lookup(c *Claim) (record, bool) {
 func (n *NearCache) remember(c *Claim, held record) {
 	e := nearEntry{holder: held, cachedAt: c.At, expires: held.claimedAt.Add(c.Policy.TTL - nearCacheMargin)}
 	if e.cachedAt.Before(e.expires) {
-		n.cache.Set(c.Observation.Key, e)
+		n.cache.Set(nearKey(c), e)
 	}
+}
+
+// nearKey is what the cache knows c by: its tumbling key, or its seen entry
+// in the track shapes.
+func nearKey(c *Claim) string {
+	if c.Policy.Shape == Tumbling {
+		return c.Observation.Key
+	}
+	return memorySeenKey(c)
 }

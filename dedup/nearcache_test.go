@@ -113,14 +113,51 @@ func TestNearCacheEntriesEndBeforeTheirKeys(t *testing.T) {
 	}
 }
 
-// With the cache or without, the verdicts are the same.
+// With the cache or without, the verdicts are the same, in every shape.
 func TestNearCacheChangesNoVerdict(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client()
-	for seed := range uint64(10) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			client.FlushAll(context.Background())
-			compareStreams(t, seed, testPolicy(Tumbling), NewMemoryStore(0), NewNearCache(newRedisStore(t, srv), 1000, nil))
+	for _, shape := range Shapes {
+		for seed := range uint64(10) {
+			t.Run(fmt.Sprint(shape, "/", seed), func(t *testing.T) {
+				client.FlushAll(context.Background())
+				compareStreams(t, seed, testPolicy(shape), NewMemoryStore(0), NewNearCache(newRedisStore(t, srv), 1000, nil))
+			})
+		}
+	}
+}
+
+// In the track shapes, exact redeliveries of a settled ping and of a
+// suppressed one are answered from the process; a jitter fix, which
+// depends on the asset's state, is not.
+func TestNearCacheAnswersFinalRedeliveriesOfTheTrackShapes(t *testing.T) {
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			n := newNearCached(t)
+			ctx := context.Background()
+			pol := testPolicy(shape)
+			first := claimOf(pol, parked, 1, articleBase)
+			decide(t, n, first)
+			if err := settleOne(ctx, n, first); err != nil {
+				t.Fatal(err)
+			}
+			jitter := at(20*time.Second, 52.5200410, 13.4049920)
+			if v := decide(t, n, claimOf(pol, jitter, 2, articleBase)); v.Decision != Suppressed {
+				t.Fatalf("jitter: %+v", v)
+			}
+			before, hits := n.roundTrips(), n.hits
+			for i, p := range []ping.Ping{parked, jitter} {
+				if v := decide(t, n, claimOf(pol, p, uint64(i+3), articleBase)); v != suppressed(Redelivery) {
+					t.Fatalf("redelivery %d: %+v", i, v)
+				}
+			}
+			if rt := n.roundTrips() - before; rt != 0 || n.hits-hits != 2 {
+				t.Fatalf("%d round trips, %d hits for two final redeliveries; want 0 and 2", rt, n.hits-hits)
+			}
+			decide(t, n, claimOf(pol, at(30*time.Second, 52.5200300, 13.4049800), 5, articleBase))
+			if n.roundTrips() == before {
+				t.Fatal("new jitter was answered without the store")
+			}
 		})
 	}
 }

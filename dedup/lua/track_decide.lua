@@ -198,14 +198,17 @@ if not raw then
 	return { 'accepted', '' }
 end
 
-local oldSeenMax, pos = struct.unpack('>i8', raw)
-local old = decode(raw, pos)
-local cur, pos2 = decode(raw, pos)
-local hasPrev = string.byte(raw, pos2) == 1
-local prev = decode(raw, pos2 + 1)
+-- Only the current track is decoded: the undo record is carried as it is,
+-- or replaced by the current track as it came in.
+local CORE_SIZE = struct.size(CORE)
+local oldSeenMax = struct.unpack('>i8', raw)
+local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
+local cur = decode(curRaw, 1)
+local hasPrev = string.byte(raw, 9 + CORE_SIZE) == 1
+local prevRaw = string.sub(raw, 10 + CORE_SIZE)
 
 local function accept(newSession, change)
-	prev, hasPrev = old, true
+	prevRaw, hasPrev = curRaw, true
 	change(cur)
 	cur.state = statep
 	if newSession then
@@ -247,7 +250,7 @@ end
 local decision, why = judge()
 local prevFlag = 0
 if hasPrev then prevFlag = 1 end
-redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. string.char(prevFlag) .. encode(prev), 'PX', ttl)
+redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. string.char(prevFlag) .. prevRaw, 'PX', ttl)
 if decision == 'accepted' then
 	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
 else

@@ -11,6 +11,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -67,17 +68,42 @@ const (
 	fleetMix
 )
 
+// The baselines, measured in the same run as everything compared with them.
+const (
+	plainNew = "plain reverse_proxy, new pings (baseline)"
+	static   = "static respond (ceiling for a suppressed ping)"
+	plainMix = "fleet mix, plain reverse_proxy"
+)
+
 var variants = []variant{
-	{"plain reverse_proxy, new pings (baseline)", "plain", allNew, ""},
-	{"new pings, redis", "redis", allNew, "plain reverse_proxy, new pings (baseline)"},
-	{"new pings, memory", "memory", allNew, "plain reverse_proxy, new pings (baseline)"},
-	{"static respond (ceiling for a suppressed ping)", "static", allDuplicate, ""},
-	{"duplicate pings, redis without near cache", "redis", allDuplicate, "static respond (ceiling for a suppressed ping)"},
-	{"duplicate pings, redis with near cache", "redis-near", allDuplicate, "static respond (ceiling for a suppressed ping)"},
-	{"duplicate pings, memory", "memory", allDuplicate, "static respond (ceiling for a suppressed ping)"},
-	{"fleet mix, plain reverse_proxy", "plain", fleetMix, ""},
-	{"fleet mix, redis with near cache", "redis-near", fleetMix, "fleet mix, plain reverse_proxy"},
-	{"fleet mix, memory", "memory", fleetMix, "fleet mix, plain reverse_proxy"},
+	{plainNew, "plain", allNew, ""},
+	{"new pings, redis", "redis-near", allNew, plainNew},
+	{"new pings, memory", "memory", allNew, plainNew},
+	{"new pings, sliding on redis", "sliding", allNew, plainNew},
+	{"new pings, session on redis", "session", allNew, plainNew},
+	{static, "static", allDuplicate, ""},
+	{"duplicate pings, redis without near cache", "redis", allDuplicate, static},
+	{"duplicate pings, redis with near cache", "redis-near", allDuplicate, static},
+	{"duplicate pings, memory", "memory", allDuplicate, static},
+	{"duplicate pings, sliding on redis", "sliding", allDuplicate, static},
+	{"duplicate pings, session on redis", "session", allDuplicate, static},
+	{plainMix, "plain", fleetMix, ""},
+	{"fleet mix, redis with near cache", "redis-near", fleetMix, plainMix},
+	{"fleet mix, memory", "memory", fleetMix, plainMix},
+	{"fleet mix, sliding on redis", "sliding", fleetMix, plainMix},
+}
+
+// targets are the ratios the issue holds the module to, by variant.
+var targets = []struct {
+	variant string
+	atLeast float64
+}{
+	{"new pings, redis", 0.85},
+	{"new pings, memory", 0.95},
+	{"duplicate pings, redis with near cache", 0.85},
+	{"duplicate pings, memory", 0.90},
+	{"new pings, sliding on redis", 0.75},
+	{"duplicate pings, sliding on redis", 0.70},
 }
 
 func run(rounds int, duration time.Duration, conns int) error {
@@ -103,6 +129,8 @@ func run(rounds int, duration time.Duration, conns int) error {
 		{name: "memory", config: "telemetry_dedup {\n\t\tkey_prefix bench-memory:\n\t}\n\treverse_proxy %s"},
 		{name: "redis", config: "telemetry_dedup {\n\t\tkey_prefix bench-redis:\n\t\tstore redis " + rdb.url + "\n\t\tnear_cache off\n\t}\n\treverse_proxy %s"},
 		{name: "redis-near", config: "telemetry_dedup {\n\t\tkey_prefix bench-redis-near:\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
+		{name: "sliding", config: "telemetry_dedup {\n\t\tkey_prefix bench-sliding:\n\t\tshape sliding\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
+		{name: "session", config: "telemetry_dedup {\n\t\tkey_prefix bench-session:\n\t\tshape session\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
 		{name: "static", config: "respond 200"},
 	}
 	stopCaddy, metricsURL, err := startCaddy(dir, caddyBin, sites)
@@ -117,7 +145,7 @@ func run(rounds int, duration time.Duration, conns int) error {
 			s := siteNamed(sites, v.site)
 			rtBefore, cmdsBefore := redisTotals(metricsURL)
 			res := load(fmt.Sprintf("http://127.0.0.1:%d/", s.port), v.bodies, conns, duration, uint64(r))
-			if strings.HasPrefix(v.site, "redis") {
+			if usesRedis(v.site) {
 				rt, cmds := redisTotals(metricsURL)
 				res.roundTrips = (rt - rtBefore) / float64(res.requests)
 				res.commands = (cmds - cmdsBefore) / float64(res.requests)
@@ -337,60 +365,117 @@ func (b *bodies) ping(asset string, at time.Time, lat, lon float64) string {
 		asset, at.Format(time.RFC3339), lat, lon)
 }
 
-// report prints the medians of the rounds as ratios to their baselines.
+// report prints the medians of the rounds as ratios to their baselines,
+// then the ratios the issue sets targets for.
 func report(results map[string][]result, rounds int, duration time.Duration, conns int) {
-	median := func(rs []result) result {
-		byRPS := slices.Clone(rs)
-		slices.SortFunc(byRPS, func(a, b result) int { return int(a.rps - b.rps) })
+	median := func(label string) result {
+		byRPS := slices.Clone(results[label])
+		slices.SortFunc(byRPS, func(a, b result) int { return cmp.Compare(a.rps, b.rps) })
 		return byRPS[len(byRPS)/2]
 	}
+	ratioOf := func(v variant) float64 { return median(v.label).rps / median(v.baseline).rps }
 	fmt.Printf("\n%d rounds x %s per variant, %d connections, one Caddy, medians of the rounds:\n\n", rounds, duration, conns)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "variant\treq/s\tratio\tp50\tp99\tRedis round trips / ping\tcommands / ping\terrors\t")
 	for _, v := range variants {
-		m := median(results[v.label])
+		m := median(v.label)
 		ratio := "1.00 (baseline)"
 		if v.baseline != "" {
-			ratio = fmt.Sprintf("%.2fx %s", m.rps/median(results[v.baseline]).rps, shortName(v.baseline))
+			ratio = fmt.Sprintf("%.2fx %s", ratioOf(v), shortName(v.baseline))
 		}
 		rt, cmds := "-", "-"
-		if strings.HasPrefix(v.site, "redis") {
+		if usesRedis(v.site) {
 			rt, cmds = fmt.Sprintf("%.3f", m.roundTrips), fmt.Sprintf("%.2f", m.commands)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t\n", v.label, m.rps, ratio, m.p50, m.p99, rt, cmds, m.errors)
 	}
 	tw.Flush()
+
+	fmt.Printf("\nAgainst the targets:\n\n")
+	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
+	fmt.Fprintln(tw, "ratio\tmeasured\ttarget\t\t")
+	for _, tg := range targets {
+		v := variantNamed(tg.variant)
+		r, verdict := ratioOf(v), "met"
+		if r < tg.atLeast {
+			verdict = "MISSED"
+		}
+		fmt.Fprintf(tw, "%s / %s\t%.2f\t>= %.2f\t%s\t\n", v.label, shortName(v.baseline), r, tg.atLeast, verdict)
+	}
+	tw.Flush()
+}
+
+func variantNamed(label string) variant {
+	for _, v := range variants {
+		if v.label == label {
+			return v
+		}
+	}
+	panic("no variant " + label)
+}
+
+// usesRedis reports a site whose store is Redis.
+func usesRedis(site string) bool {
+	return site != "plain" && site != "static" && site != "memory"
 }
 
 func shortName(label string) string {
-	switch {
-	case strings.HasPrefix(label, "plain"):
+	switch label {
+	case plainNew:
 		return "plain proxy"
-	case strings.HasPrefix(label, "static"):
+	case static:
 		return "static respond"
 	default:
 		return "plain proxy (mix)"
 	}
 }
 
-// redisMemory prints what Redis holds per live tumbling key.
+// redisMemory prints what Redis holds per live key of each shape's sites
+// (MEMORY USAGE, mean over a sample), and per kind of key.
 func redisMemory(rdb *redisServer) error {
 	ctx := context.Background()
-	keys, _, err := rdb.client.Scan(ctx, 0, "bench-redis:*", 1000).Result()
-	if err != nil {
-		return err
-	}
-	total, sampled := int64(0), 0
-	for _, k := range keys {
-		if n, err := rdb.client.MemoryUsage(ctx, k).Result(); err == nil {
-			total += n
-			sampled++
+	fmt.Printf("\nRedis memory per live key (MEMORY USAGE, mean of a sample of each kind):\n\n")
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
+	fmt.Fprintln(tw, "shape\tkey\tbytes\tsampled\t")
+	for _, kind := range []struct{ shape, what, pattern string }{
+		{"tumbling", "claim (one per admitted ping)", "bench-redis-near:*"},
+		{"sliding", "track (one per asset)", "bench-sliding:*:s"},
+		{"sliding", "seen set (one per asset-minute)", "bench-sliding:*:m*"},
+		{"session", "track (one per asset)", "bench-session:*:s"},
+		{"session", "seen set (one per asset-minute)", "bench-session:*:m*"},
+	} {
+		keys, err := sampleKeys(ctx, rdb.client, kind.pattern, 500)
+		if err != nil {
+			return err
+		}
+		total, sampled := int64(0), 0
+		for _, k := range keys {
+			if n, err := rdb.client.MemoryUsage(ctx, k).Result(); err == nil {
+				total += n
+				sampled++
+			}
+		}
+		if sampled > 0 {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t\n", kind.shape, kind.what, total/int64(sampled), sampled)
 		}
 	}
-	if sampled > 0 {
-		fmt.Printf("\nRedis memory per live tumbling key: %d bytes (MEMORY USAGE, mean of %d keys)\n", total/int64(sampled), sampled)
+	return tw.Flush()
+}
+
+// sampleKeys scans for up to n keys matching pattern.
+func sampleKeys(ctx context.Context, c *redis.Client, pattern string, n int) ([]string, error) {
+	var keys []string
+	var cursor uint64
+	for {
+		page, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, page...)
+		if cursor = next; cursor == 0 || len(keys) >= n {
+			return keys, nil
+		}
 	}
-	return nil
 }
 
 // redisTotals reads the module's Redis round trips and commands so far from
