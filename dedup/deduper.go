@@ -78,6 +78,13 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 		claims[i] = c
 	}
 	verdicts, err := d.Store.Decide(ctx, claims)
+	if d.Policy.Shape == Tumbling { // where an event has a key of its own
+		for i := range verdicts {
+			if v := &verdicts[i]; v.Decision == Accepted && claims[i].Event != "" {
+				v.Reason = ReasonEvent
+			}
+		}
+	}
 	return claims, verdicts, err
 }
 
