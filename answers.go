@@ -68,22 +68,36 @@ func rejectionFor(err error) (rejection, bool) {
 	}
 }
 
-func writeSuppressed(w http.ResponseWriter, reason string) {
+// writeSuppressed answers a duplicate so that the sender counts it as
+// delivered.
+func (a *answers) writeSuppressed(w http.ResponseWriter, reason string) {
 	h := w.Header()
 	h.Set(headerDecision, string(dedup.Suppressed))
 	h.Set(headerReason, reason)
-	h.Set("Content-Length", "0")
-	w.WriteHeader(http.StatusOK)
+	a.suppressed.write(w)
+}
+
+// write sends the answer's status, Content-Type and body.
+func (b bodyAnswer) write(w http.ResponseWriter) {
+	h := w.Header()
+	if b.contentType != "" {
+		h.Set("Content-Type", b.contentType)
+	}
+	if b.status != http.StatusNoContent { // which must not carry one (RFC 9110)
+		h.Set("Content-Length", strconv.Itoa(len(b.body)))
+	}
+	w.WriteHeader(b.status)
+	_, _ = w.Write(b.body)
 }
 
 // writeInFlight asks the sender to come back: the first delivery of this
 // observation may still fail, and then the retry is the one that counts.
-func writeInFlight(w http.ResponseWriter, reason string) {
+func (a *answers) writeInFlight(w http.ResponseWriter, reason string) {
 	h := w.Header()
 	h.Set(headerDecision, string(dedup.InFlight))
 	h.Set(headerReason, reason)
-	h.Set("Retry-After", "1")
-	writeJSON(w, http.StatusConflict, errorBody{
+	h.Set("Retry-After", a.inFlight.retryAfter)
+	writeJSON(w, a.inFlight.status, errorBody{
 		Decision: dedup.InFlight,
 		Error:    "the first delivery of this observation is still being processed; retry shortly",
 	})
@@ -104,10 +118,18 @@ func writeRejection(w http.ResponseWriter, r rejection) {
 }
 
 // writeDeadLettered answers 202: the ping is kept, though not as a ping.
-func writeDeadLettered(w http.ResponseWriter, r rejection) {
+// The body is the report naming the field and rule, unless the sender's
+// client needs a body of its own to stop sending; X-Dedup-Reason names the
+// rule either way.
+func (a *answers) writeDeadLettered(w http.ResponseWriter, r rejection) {
 	w.Header().Set(headerDecision, string(decisionDeadLettered))
+	w.Header().Set(headerReason, r.reason())
+	if a.deadLettered.hasBody {
+		a.deadLettered.write(w)
+		return
+	}
 	r.body.Decision = decisionDeadLettered
-	writeJSON(w, http.StatusAccepted, r.body)
+	writeJSON(w, a.deadLettered.status, r.body)
 }
 
 func writeJSON(w http.ResponseWriter, status int, body any) {
@@ -157,11 +179,11 @@ func batchAnswerOf(decision dedup.Decision, msg string, elements []element) batc
 
 // writeBatchRetry sends a whole batch back: some of its pings were still in
 // flight, or the store was unavailable.
-func writeBatchRetry(w http.ResponseWriter, decision dedup.Decision, elements []element, inFlight bool) {
+func (a *answers) writeBatchRetry(w http.ResponseWriter, decision dedup.Decision, elements []element, inFlight bool) {
 	w.Header().Set(headerDecision, string(decision))
 	if inFlight {
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusConflict, batchAnswerOf(decision,
+		w.Header().Set("Retry-After", a.inFlight.retryAfter)
+		writeJSON(w, a.inFlight.status, batchAnswerOf(decision,
 			"the first delivery of some pings of this batch is still being processed; retry the batch shortly", elements))
 		return
 	}
@@ -172,18 +194,19 @@ func writeBatchRetry(w http.ResponseWriter, decision dedup.Decision, elements []
 
 // writeBatchAnswered answers a batch none of whose pings goes upstream:
 // duplicates only, or duplicates beside pings that cannot be keyed.
-func writeBatchAnswered(w http.ResponseWriter, decision dedup.Decision, c elementCounts, elements []element) {
+func (a *answers) writeBatchAnswered(w http.ResponseWriter, decision dedup.Decision, c elementCounts, elements []element) {
 	w.Header().Set(headerDecision, string(decision))
 	switch {
 	case c.rejected > c.deadLettered:
 		writeJSON(w, rejectedBatchStatus(elements), batchAnswerOf(decision,
 			"no ping of this batch is new, and some cannot be keyed: see elements", elements))
+	case c.deadLettered > 0 && a.deadLettered.hasBody:
+		a.deadLettered.write(w)
 	case c.deadLettered > 0:
-		writeJSON(w, http.StatusAccepted, batchAnswerOf(decision,
+		writeJSON(w, a.deadLettered.status, batchAnswerOf(decision,
 			"no ping of this batch is new; the ones that cannot be keyed are in the dead-letter stream", elements))
 	default:
-		w.Header().Set("Content-Length", "0")
-		w.WriteHeader(http.StatusOK)
+		a.suppressed.write(w)
 	}
 }
 

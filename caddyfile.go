@@ -34,12 +34,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	telemetry_dedup [<matcher>] {
-//		preset         owntracks|traccar|geojson
+//		preset         owntracks|overland|osmand|traccar|geojson
 //		asset          <json path>...|<placeholder template>
 //		time           <json path>...
 //		time_format    auto|rfc3339|unix|unix_ms
+//		time_zone      <IANA zone>
 //		lat            <json path>
 //		lon            <json path>
+//		accuracy       <json path>
+//		speed          <json path> [m/s|km/h|knots|mph]
+//		event          <path>[=<value>|<value>...]...|off
+//		state          <path>...|off
+//		encoding       json|form|auto
+//		batch          <json path>
+//		answers        { suppressed|in_flight|dead_lettered <status> ... }
 //		crs            EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx
 //		shape          tumbling|sliding|session
 //		window         <duration>
@@ -107,7 +115,7 @@ type option struct {
 
 // caddyfileOptions is the one list of the block's subdirectives.
 var caddyfileOptions = []option{
-	{"preset", "owntracks|traccar|geojson", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Preset) }},
+	{"preset", "owntracks|overland|osmand|traccar|geojson", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Preset) }},
 	{"asset", "<json path>...|<placeholder template>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return someArgs(d, &h.Asset, "a JSON path (or several, tried in order), or one placeholder template")
 	}},
@@ -115,8 +123,30 @@ var caddyfileOptions = []option{
 		return someArgs(d, &h.Time, "a JSON path (or several, tried in order)")
 	}},
 	{"time_format", "auto|rfc3339|unix|unix_ms", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.TimeFormat) }},
+	{"time_zone", "<IANA zone>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.TimeZone) }},
 	{"lat", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Lat) }},
 	{"lon", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Lon) }},
+	{"accuracy", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Accuracy) }},
+	{"speed", "<json path> [m/s|km/h|knots|mph]", func(h *Handler, d *caddyfile.Dispenser) error {
+		args := d.RemainingArgs()
+		if len(args) == 0 || len(args) > 2 {
+			return d.Err("speed needs a JSON path and optionally its unit, e.g. speed vel km/h")
+		}
+		h.Speed = args[0]
+		if len(args) == 2 {
+			h.SpeedUnit = args[1]
+		}
+		return nil
+	}},
+	{"event", "<path>[=<value>|<value>...]...|off", func(h *Handler, d *caddyfile.Dispenser) error {
+		return someArgs(d, &h.Event, "the fields that make a ping an event, e.g. event position.attributes.alarm t=u|r, or off")
+	}},
+	{"state", "<path>...|off", func(h *Handler, d *caddyfile.Dispenser) error {
+		return someArgs(d, &h.State, "the fields whose values are the asset's state, e.g. state position.attributes.ignition, or off")
+	}},
+	{"encoding", "json|form|auto", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Encoding) }},
+	{"batch", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Batch) }},
+	{"answers", "{ suppressed|in_flight|dead_lettered <status> ... }", (*Handler).unmarshalAnswers},
 	{"crs", "EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.CRS) }},
 	{"shape", "tumbling|sliding|session", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Shape) }},
 	{"window", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.Window) }},
@@ -203,6 +233,70 @@ func (h *Handler) unmarshalRetryLadder(d *caddyfile.Dispenser) error {
 		h.RetryLadder = append(h.RetryLadder, caddy.Duration(dur))
 	}
 	return nil
+}
+
+// unmarshalAnswers parses the answers block:
+//
+//	answers {
+//		suppressed    <status> [<content type> [<body>]]
+//		in_flight     <status> [<retry after seconds>]
+//		dead_lettered <status> [<content type> [<body>]]
+//	}
+func (h *Handler) unmarshalAnswers(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.Errf("answers takes no arguments, only a block: answers { suppressed 200 application/json [] }")
+	}
+	h.Answers = new(Answers)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		kind, args := d.Val(), d.RemainingArgs()
+		var dst **Answer
+		maxArgs := 3
+		switch kind {
+		case "suppressed":
+			dst = &h.Answers.Suppressed
+		case "dead_lettered":
+			dst = &h.Answers.DeadLettered
+		case "in_flight":
+			dst, maxArgs = &h.Answers.InFlight, 2
+		default:
+			return d.Errf("unknown answer %q; the answers are suppressed, in_flight and dead_lettered", kind)
+		}
+		if *dst != nil {
+			return d.Errf("answer %s already given; give each once", kind)
+		}
+		if len(args) == 0 || len(args) > maxArgs {
+			return d.Errf("answer %s: use %s", kind, answerSyntax(kind))
+		}
+		a := new(Answer)
+		var err error
+		if a.Status, err = strconv.Atoi(args[0]); err != nil {
+			return d.Errf("answer %s: status %q is not a number; use %s", kind, args[0], answerSyntax(kind))
+		}
+		switch {
+		case kind == "in_flight" && len(args) == 2:
+			if a.RetryAfter, err = strconv.Atoi(args[1]); err != nil || a.RetryAfter < 1 {
+				return d.Errf("answer in_flight: retry after %q must be a whole number of seconds of at least 1 "+
+					"(OwnTracks Android resends a 503 with Retry-After: 0 at once)", args[1])
+			}
+		case len(args) >= 2:
+			a.ContentType = args[1]
+			if len(args) == 3 {
+				a.Body = &args[2]
+			}
+		}
+		*dst = a
+	}
+	if *h.Answers == (Answers{}) {
+		return d.Err("answers needs a block with at least one answer, e.g. answers {\n\tsuppressed 200 application/json []\n}")
+	}
+	return nil
+}
+
+func answerSyntax(kind string) string {
+	if kind == "in_flight" {
+		return "in_flight <status> [<retry after seconds>], e.g. in_flight 503 1"
+	}
+	return kind + " <status> [<content type> [<body>]], e.g. " + kind + " 200 application/json `{\"result\":\"ok\"}`"
 }
 
 // unmarshalStore parses `store <name> [<args>] {...}` through the store

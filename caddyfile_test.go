@@ -86,13 +86,29 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		max_batch 50
 		max_future 90s
 		null_island allow
+		time_zone Europe/Berlin
+		accuracy position.accuracy
+		speed position.speed knots
+		event position.attributes.alarm position.attributes.event=geofence|sos
+		state position.attributes.ignition
+		encoding form
+		batch positions
+		answers {
+			suppressed 200 application/json `+"`"+`{"result":"ok"}`+"`"+`
+			in_flight 503 2
+			dead_lettered 202 text/plain
+		}
 	}`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(h)
 	want := `{"asset":["device.uniqueId","position.deviceId"],"time":["position.fixTime","position.deviceTime"],"time_format":"rfc3339",` +
-		`"lat":"position.latitude","lon":"position.longitude","preset":"traccar","crs":"EPSG:32633","shape":"session","window":600000000000,` +
+		`"lat":"position.latitude","lon":"position.longitude","accuracy":"position.accuracy","speed":"position.speed","speed_unit":"knots",` +
+		`"event":["position.attributes.alarm","position.attributes.event=geofence|sos"],"state":["position.attributes.ignition"],` +
+		`"time_zone":"Europe/Berlin","encoding":"form","batch":"positions","preset":"traccar",` +
+		`"answers":{"suppressed":{"status":200,"content_type":"application/json","body":"{\"result\":\"ok\"}"},"in_flight":{"status":503,"retry_after":2},` +
+		`"dead_lettered":{"status":202,"content_type":"text/plain"}},"crs":"EPSG:32633","shape":"session","window":600000000000,` +
 		`"session_idle":1200000000000,"resolution":10,"radius":30,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
 		`"near_cache":0,"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
@@ -163,6 +179,27 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},
 		{"near_cache", "telemetry_dedup {\n\tnear_cache lots\n}", []string{":2", "off"}},
 		{"max_batch", "telemetry_dedup {\n\tmax_batch 0\n}", []string{":2", "positive"}},
+		{"time_zone", "telemetry_dedup {\n\ttime_zone Mars/Olympus\n}", []string{":2", "Europe/Berlin"}},
+		{"time_zone Local", "telemetry_dedup {\n\ttime_zone Local\n}", []string{":2", "explicit"}},
+		{"speed unit", "telemetry_dedup {\n\tspeed vel kph\n}", []string{":2", "km/h"}},
+		{"speed without path", "telemetry_dedup {\n\tspeed\n}", []string{":2", "speed vel km/h"}},
+		{"accuracy query", "telemetry_dedup {\n\taccuracy a.#.b\n}", []string{":2", "plain dotted path"}},
+		{"event empty value", "telemetry_dedup {\n\tevent t=u||r\n}", []string{":2", "empty value"}},
+		{"state wildcard", "telemetry_dedup {\n\tstate attributes.*\n}", []string{":2", "plain dotted path"}},
+		{"encoding", "telemetry_dedup {\n\tencoding xml\n}", []string{":2", "json, form or auto"}},
+		{"batch query", "telemetry_dedup {\n\tbatch locations|@reverse\n}", []string{":2", "plain dotted path"}},
+		{"answers without block", "telemetry_dedup {\n\tanswers\n}", []string{":2", "needs a block"}},
+		{"answers argument", "telemetry_dedup {\n\tanswers owntracks\n}", []string{":2", "only a block"}},
+		{"unknown answer", "telemetry_dedup {\n\tanswers {\n\t\trejected 200\n\t}\n}", []string{":3", "suppressed, in_flight and dead_lettered"}},
+		{"answer twice", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503\n\t\tin_flight 429\n\t}\n}", []string{":4", "already given"}},
+		{"answer status", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed ok\n\t}\n}", []string{":3", "not a number"}},
+		{"suppressed not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 409\n\t}\n}", []string{":2", "not a 2xx"}},
+		{"dead letter not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 422\n\t}\n}", []string{":2", "not a 2xx"}},
+		{"in flight 2xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 200\n\t}\n}", []string{":2", "does not make a sender retry"}},
+		{"in flight 3xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 302\n\t}\n}", []string{":2", "503"}},
+		{"retry after 0", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503 0\n\t}\n}", []string{":3", "at least 1"}},
+		{"in flight body", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503 1 x\n\t}\n}", []string{":3", "in_flight <status>"}},
+		{"204 with a body", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 204 application/json []\n\t}\n}", []string{":2", "carries no body"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -75,6 +75,14 @@ func TestAPingIsABatchOfOne(t *testing.T) {
 		{name: "dead letter", stores: []store{redisStore}, options: `"on_invalid":"dead_letter"`, ping: p("veh-1", 0, 91, 13.4),
 			decision: "dead_lettered", reason: "range"},
 		{name: "shadow duplicate", options: `"mode":"shadow"`, before: []string{parked}, ping: parked, decision: "suppressed", reason: "redelivery"},
+		{name: "event at a parked asset", options: `"event":["alarm"]`, before: []string{parked},
+			ping: strings.Replace(p("veh-1", 40*time.Second, 52.5200410, 13.4049920), `}`, `,"alarm":"sos"}`, 1), decision: "accepted", reason: "event"},
+		{name: "redelivered event", options: `"event":["alarm"]`, before: []string{strings.Replace(parked, `}`, `,"alarm":"sos"}`, 1)},
+			ping: strings.Replace(parked, `}`, `,"alarm":"sos"}`, 1), decision: "suppressed", reason: "redelivery"},
+		{name: "state change at a parked asset", options: `"state":["ignition"]`, before: []string{strings.Replace(parked, `}`, `,"ignition":true}`, 1)},
+			ping: strings.Replace(p("veh-1", 40*time.Second, 52.5200410, 13.4049920), `}`, `,"ignition":false}`, 1), decision: "accepted"},
+		{name: "not a fix", options: `"preset":"traccar"`, ping: `{"position":{"deviceId":1,"fixTime":"2026-08-08T11:00:00Z","valid":false,"latitude":1,"longitude":2}}`,
+			decision: "skipped", reason: "not_a_ping"},
 	} {
 		stores := tt.stores
 		if stores == nil {
@@ -204,7 +212,7 @@ func (tt *tableTester) outcome(body, contentType string, header http.Header, pin
 
 // upstreamElements splits what reached the upstream into its pings.
 func upstreamElements(body []byte) [][]byte {
-	batch, err := ping.Split(body, !bytes.HasPrefix(body, []byte("[")) && bytes.Count(body, []byte("\n")) > 0, 1000)
+	batch, err := ping.Splitter{Max: 1000}.Split(body, !bytes.HasPrefix(body, []byte("[")) && bytes.Count(body, []byte("\n")) > 0)
 	if err != nil {
 		return [][]byte{body}
 	}

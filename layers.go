@@ -42,32 +42,64 @@ type element struct {
 	err error
 }
 
-// single reports a request whose body was one ping, not a batch.
-func (req *request) single() bool { return req.batch.Framing == ping.Single }
+// single reports a request that carried one ping, not a batch.
+func (req *request) single() bool { return req.batch.Single() }
 
 // normalise reads the body within max_body (restored for the next handler),
-// splits it into its pings and reads and validates each. A body that cannot
-// be read or split is one element, rejected as a whole.
+// splits the request into its pings and reads and validates each. A
+// request that cannot be read or split is one element, rejected as a
+// whole.
 func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
+	form := h.settings.readsForm(r)
 	body, err := readBody(r, h.settings.maxBody)
 	if err == nil {
 		var batch ping.Batch
-		if batch, err = ping.Split(body, isNDJSON(r), h.settings.maxBatch); err == nil {
+		if batch, err = h.split(r, body, form); err == nil {
 			return h.normaliseBatch(batch, repl)
 		}
 	}
-	req := &request{batch: ping.Batch{Framing: ping.Single, Elements: [][]byte{body}}, elements: []element{{raw: body}}}
+	sent := body
+	if form && r.URL.RawQuery != "" {
+		sent = []byte(r.URL.RawQuery)
+	}
+	req := &request{batch: ping.Batch{Framing: ping.Single, Elements: [][]byte{sent}}, elements: []element{{raw: sent}}}
 	req.elements[0].refuse(err)
 	return req
 }
 
+// split finds a request's pings: in its form fields, or in its body.
+func (h *Handler) split(r *http.Request, body []byte, form bool) (ping.Batch, error) {
+	if form {
+		return ping.SplitForm(r.URL.RawQuery, body)
+	}
+	return h.settings.splitter.Split(body, isNDJSON(r))
+}
+
+// readsForm reports a request whose fields are form encoded: always with
+// encoding form, and with auto unless its Content-Type is JSON, which is
+// how Traccar's OsmAnd port tells its two formats apart.
+func (s *settings) readsForm(r *http.Request) bool {
+	switch s.encoding {
+	case encodingForm:
+		return true
+	case encodingAuto:
+		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		return mt != "application/json" && !isNDJSON(r)
+	}
+	return false
+}
+
 func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
 	req := &request{batch: batch, elements: make([]element, len(batch.Elements))}
+	parser := &h.settings.parser
+	if batch.Framing == ping.Form {
+		parser = &h.settings.formParser
+	}
 	now := time.Now()
 	for i, raw := range batch.Elements {
 		e := &req.elements[i]
-		e.raw = raw
-		p, scope, err := h.readPing(raw, repl, now)
+		e.raw = batch.Sent(i)
+		p, scope, err := h.readPing(parser, raw, repl, now)
 		switch {
 		case errors.Is(err, ping.ErrNotAPing):
 			e.decision, e.reason = decisionSkipped, reasonNotAPing
@@ -81,9 +113,9 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 }
 
 // readPing reads and validates one ping, and the key scope it belongs to.
-func (h *Handler) readPing(raw []byte, repl *caddy.Replacer, now time.Time) (p ping.Ping, scope string, err error) {
+func (h *Handler) readPing(parser *ping.Parser, raw []byte, repl *caddy.Replacer, now time.Time) (p ping.Ping, scope string, err error) {
 	s := &h.settings
-	if p, err = s.parser.Extract(raw); err != nil {
+	if p, err = parser.Extract(raw); err != nil {
 		return p, "", err
 	}
 	if s.assetTemplate != "" {
@@ -96,7 +128,7 @@ func (h *Handler) readPing(raw []byte, repl *caddy.Replacer, now time.Time) (p p
 			return p, "", err
 		}
 	}
-	return p, scope, s.parser.Validate(p, now)
+	return p, scope, parser.Validate(p, now)
 }
 
 // refuse marks an element that cannot be keyed: rejected with the answer

@@ -60,9 +60,58 @@ type Handler struct {
 	// Default: lon.
 	Lon string `json:"lon,omitempty"`
 
-	// A tracker's format, setting the paths and time format above:
-	// owntracks, traccar or geojson. Options given beside it win.
+	// Path of the fix's horizontal accuracy, in metres, if the format
+	// reports one. A value that is not a number of at least 0 counts as
+	// not reported. Default: none.
+	Accuracy string `json:"accuracy,omitempty"`
+
+	// Path of the speed the device reports, in speed_unit. A value that is
+	// not a number of at least 0 (iOS writes -1 for unknown) counts as not
+	// reported. Default: none.
+	Speed string `json:"speed,omitempty"`
+
+	// The unit of speed: m/s, km/h, knots or mph. Default: m/s.
+	SpeedUnit string `json:"speed_unit,omitempty"`
+
+	// The fields that make a ping an event, which is never suppressed but
+	// as its own exact redelivery: plain dotted paths, each alone (any
+	// value but null, false and "") or as path=value|value... The first
+	// that matches is the event. ["off"] for none. Default: the preset's.
+	Event []string `json:"event,omitempty"`
+
+	// Plain dotted paths of the fields whose values are the asset's state
+	// (an ignition, a driver). In tumbling their values enter the key, so
+	// that a change admits the ping. ["off"] for none. Default: the
+	// preset's.
+	State []string `json:"state,omitempty"`
+
+	// The IANA time zone (Europe/Berlin) that timestamps without a UTC
+	// offset are read in, for devices that write local time. Default: none;
+	// such timestamps are rejected, never assumed UTC.
+	TimeZone string `json:"time_zone,omitempty"`
+
+	// Where the fields of a request are: json (the body), form (the URL
+	// query, or when it has none an application/x-www-form-urlencoded
+	// body, as the OsmAnd protocol sends them) or auto (form, unless the
+	// Content-Type is JSON). Default: auto with preset osmand, else json.
+	Encoding string `json:"encoding,omitempty"`
+
+	// Plain dotted path of the array an object body holds its pings in,
+	// such as Overland's locations: each element is a ping, and the other
+	// members of the object go upstream as they came. Default: the
+	// preset's (locations for overland), else none.
+	Batch string `json:"batch,omitempty"`
+
+	// A tracker's format, setting the paths, time format, events, states,
+	// batch and answers: owntracks, overland, osmand, traccar or geojson.
+	// Options given beside it win.
 	Preset string `json:"preset,omitempty"`
+
+	// The answers the handler gives itself, instead of the upstream's, as
+	// the sender's client must read them. Default: the preset's, else 200
+	// with an empty body for a suppression and 409 with Retry-After: 1 for
+	// an in-flight redelivery.
+	Answers *Answers `json:"answers,omitempty"`
 
 	// The coordinate system of lat and lon: EPSG:4326 (WGS 84 degrees),
 	// EPSG:3857 (Web Mercator metres) or a WGS 84 UTM zone, EPSG:326xx

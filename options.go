@@ -24,11 +24,21 @@ const (
 	modeShadow         = "shadow"
 	onInvalidReject    = "reject"
 	onInvalidDead      = "dead_letter"
+	encodingJSON       = "json"
+	encodingForm       = "form"
+	encodingAuto       = "auto"
+	// off empties a preset's event or state list.
+	off = "off"
 )
 
 // settings are the handler's options with defaults applied and checked.
 type settings struct {
-	parser        ping.Parser
+	// parser reads JSON pings, formParser pings in form fields.
+	parser, formParser ping.Parser
+	splitter           ping.Splitter
+	// encoding says where a request's fields are: json, form or auto.
+	encoding      string
+	answers       answers
 	assetTemplate string // a placeholder template for the asset, instead of paths
 	keyScope      string // a placeholder template that scopes every key
 	keyer         dedup.Keyer
@@ -57,7 +67,10 @@ type settings struct {
 func (h *Handler) resolve() (settings, error) {
 	var s settings
 	var err error
-	if s.parser, s.assetTemplate, err = h.resolveParser(); err != nil {
+	if err = h.resolveFormat(&s); err != nil {
+		return s, err
+	}
+	if s.answers, err = h.resolveAnswers(); err != nil {
 		return s, err
 	}
 
@@ -115,6 +128,7 @@ func (h *Handler) resolve() (settings, error) {
 		return s, &dedup.ConfigError{Option: "max_batch", Problem: fmt.Sprintf("%d is negative; use a number of pings such as 1000", h.MaxBatch)}
 	}
 	s.maxBatch = cmp.Or(h.MaxBatch, ping.DefaultMaxBatch)
+	s.splitter.Max = s.maxBatch
 	if h.NearCache != nil && *h.NearCache < 0 {
 		return s, &dedup.ConfigError{Option: "near_cache", Problem: fmt.Sprintf("%d is negative; use 0 (off) or a number of keys such as 100000", *h.NearCache)}
 	}
@@ -149,16 +163,52 @@ func (h *Handler) checkStoreKeepsDeadLetters() error {
 	return nil
 }
 
-// resolveParser builds the ping parser from the preset and the path
-// options, and returns the asset template if the asset is one.
-func (h *Handler) resolveParser() (ping.Parser, string, error) {
-	p := ping.NewParser()
+// resolveFormat builds how requests are read from the preset and the
+// options beside it: the parsers of JSON and of form-encoded pings (one
+// and the same unless the preset has both), the batch wrapper, the
+// encoding, and the asset template if the asset is one.
+func (h *Handler) resolveFormat(s *settings) error {
+	preset := ping.Preset{Parser: ping.NewParser()}
 	if h.Preset != "" {
 		var err error
-		if p, err = ping.ParsePreset(h.Preset); err != nil {
-			return p, "", &dedup.ConfigError{Option: "preset", Problem: err.Error()}
+		if preset, err = ping.ParsePreset(h.Preset); err != nil {
+			return &dedup.ConfigError{Option: "preset", Problem: err.Error()}
 		}
 	}
+	form := preset.Parser
+	if preset.Form != nil {
+		form = *preset.Form
+	}
+	var err error
+	if s.parser, s.assetTemplate, err = h.applyFieldOptions(preset.Parser); err != nil {
+		return err
+	}
+	if s.formParser, _, err = h.applyFieldOptions(form); err != nil {
+		return err
+	}
+	s.splitter.Wrapper = cmp.Or(h.Batch, preset.Wrapper)
+	if s.splitter.Wrapper != "" {
+		if err := ping.CheckPlainPath(s.splitter.Wrapper); err != nil {
+			return &dedup.ConfigError{Option: "batch", Problem: err.Error()}
+		}
+	}
+	s.encoding = encodingJSON
+	if preset.Form != nil {
+		s.encoding = encodingAuto
+	}
+	switch h.Encoding {
+	case "":
+	case encodingJSON, encodingForm, encodingAuto:
+		s.encoding = h.Encoding
+	default:
+		return &dedup.ConfigError{Option: "encoding", Problem: fmt.Sprintf("%q is not allowed; use json, form or auto", h.Encoding)}
+	}
+	return nil
+}
+
+// applyFieldOptions sets the path and rule options on a preset's parser,
+// and returns the asset template if the asset is one.
+func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) {
 	var template string
 	switch {
 	case len(h.Asset) == 1 && strings.Contains(h.Asset[0], "{"):
@@ -184,12 +234,22 @@ func (h *Handler) resolveParser() (ping.Parser, string, error) {
 		}
 		p.TimeFormat = tf
 	}
+	if h.TimeZone != "" {
+		loc, err := ping.ParseTimeZone(h.TimeZone)
+		if err != nil {
+			return p, "", &dedup.ConfigError{Option: "time_zone", Problem: err.Error()}
+		}
+		p.TimeZone = loc
+	}
 	if h.CRS != "" {
 		crs, err := geo.ParseCRS(h.CRS)
 		if err != nil {
 			return p, "", &dedup.ConfigError{Option: "crs", Problem: err.Error()}
 		}
 		p.CRS = crs
+	}
+	if err := h.applyReportedFields(&p); err != nil {
+		return p, "", err
 	}
 	p.MaxFuture = orDefault(h.MaxFuture, ping.DefaultMaxFuture)
 	if p.MaxFuture < 0 {
@@ -200,6 +260,55 @@ func (h *Handler) resolveParser() (ping.Parser, string, error) {
 		return p, "", err
 	}
 	return p.Prepared(), template, nil
+}
+
+// applyReportedFields sets what the ping reports beside its position:
+// accuracy, speed, events and states.
+func (h *Handler) applyReportedFields(p *ping.Parser) error {
+	p.AccuracyPath = cmp.Or(h.Accuracy, p.AccuracyPath)
+	p.SpeedPath = cmp.Or(h.Speed, p.SpeedPath)
+	for _, o := range [][2]string{{"accuracy", h.Accuracy}, {"speed", h.Speed}} {
+		if o[1] == "" {
+			continue
+		}
+		if err := ping.CheckPlainPath(o[1]); err != nil {
+			return &dedup.ConfigError{Option: o[0], Problem: err.Error()}
+		}
+	}
+	if h.SpeedUnit != "" {
+		unit, err := ping.ParseSpeedUnit(h.SpeedUnit)
+		if err != nil {
+			return &dedup.ConfigError{Option: "speed", Problem: err.Error()}
+		}
+		p.SpeedUnit = unit
+	}
+	if h.Event != nil {
+		p.Events = nil
+		for _, e := range offOr(h.Event) {
+			m, err := ping.ParseMatch(e)
+			if err != nil {
+				return &dedup.ConfigError{Option: "event", Problem: err.Error()}
+			}
+			p.Events = append(p.Events, m)
+		}
+	}
+	if h.State != nil {
+		p.States = offOr(h.State)
+		for _, path := range p.States {
+			if err := ping.CheckPlainPath(path); err != nil {
+				return &dedup.ConfigError{Option: "state", Problem: err.Error()}
+			}
+		}
+	}
+	return nil
+}
+
+// offOr is a list option's values, none for "off".
+func offOr(values []string) []string {
+	if len(values) == 1 && values[0] == off {
+		return nil
+	}
+	return values
 }
 
 // resolvePolicy builds how claims are judged: shape, TTL, timeouts.

@@ -20,6 +20,9 @@ const (
 	placeholderAsset    = "http.telemetry_dedup.asset"
 	placeholderBucket   = "http.telemetry_dedup.bucket"
 	placeholderCell     = "http.telemetry_dedup.cell"
+	// The event a ping carries and its state, as path=value.
+	placeholderEvent = "http.telemetry_dedup.event"
+	placeholderState = "http.telemetry_dedup.state"
 
 	// A batch's counts.
 	placeholderAccepted   = "http.telemetry_dedup.accepted"
@@ -92,6 +95,8 @@ func setPingPlaceholders(repl *caddy.Replacer, e *element) {
 		repl.Set(placeholderAsset, e.asset)
 		repl.Set(placeholderBucket, strconv.FormatInt(e.obs.Bucket, 10))
 		repl.Set(placeholderCell, e.obs.Cell.String())
+		repl.Set(placeholderEvent, e.obs.Event)
+		repl.Set(placeholderState, e.obs.State)
 	}
 }
 

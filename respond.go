@@ -73,22 +73,22 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 
 // respondPing answers a request of one ping.
 func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *element) error {
-	d := e.decision
+	d, a := e.decision, &h.settings.answers
 	switch {
 	case d == dedup.Accepted:
-		return h.forward(w, r, next, d, "", []*dedup.Claim{e.claim})
+		return h.forward(w, r, next, d, e.reason, []*dedup.Claim{e.claim})
 	case d == decisionUnchecked || d == decisionSkipped:
 		return h.forward(w, r, next, d, "", nil)
 	case h.settings.shadow:
 		return h.forward(w, r, next, shadowDecision(d), e.reason, nil)
 	case d == dedup.Suppressed:
-		writeSuppressed(w, e.reason)
+		a.writeSuppressed(w, e.reason)
 	case d == dedup.InFlight:
-		writeInFlight(w, e.reason)
+		a.writeInFlight(w, e.reason)
 	case d == decisionUnavailable:
 		writeUnavailable(w)
 	case d == decisionDeadLettered:
-		writeDeadLettered(w, *e.rejection)
+		a.writeDeadLettered(w, *e.rejection)
 	default:
 		writeRejection(w, *e.rejection)
 	}
@@ -109,10 +109,10 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 		// Some pings must come back later, so the whole batch must: keep
 		// nothing of it.
 		h.giveBack(r.Context(), claims)
-		writeBatchRetry(w, decision, req.elements, c.inFlight > 0)
+		h.settings.answers.writeBatchRetry(w, decision, req.elements, c.inFlight > 0)
 		return nil
 	case len(forwarded) == 0:
-		writeBatchAnswered(w, decision, c, req.elements)
+		h.settings.answers.writeBatchAnswered(w, decision, c, req.elements)
 		return nil
 	}
 	if len(forwarded) < len(req.elements) {

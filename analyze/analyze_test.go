@@ -306,7 +306,7 @@ func TestAnalyzeCountsBadLines(t *testing.T) {
 }
 
 func TestAnalyzeWithAPreset(t *testing.T) {
-	parser, err := ping.ParsePreset("owntracks")
+	preset, err := ping.ParsePreset("owntracks")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestAnalyzeWithAPreset(t *testing.T) {
 		`{"_type":"location","tid":"ab","tst":1772323210,"lat":52.52,"lon":13.40}`,
 		`{"_type":"location","tid":"cd","tst":1772323200,"lat":48.85,"lon":2.35}`,
 	}, "\n")
-	rep := analyze(t, []byte(capture), Options{Parser: parser})
+	rep := analyze(t, []byte(capture), Options{Parser: preset.Parser})
 	if rep.Pings != 3 || rep.Assets != 2 || rep.Skipped[SkipNotAPing] != 1 {
 		t.Errorf("%d pings of %d assets, skipped %v; want 3 pings of 2 assets, one not a ping", rep.Pings, rep.Assets, rep.Skipped)
 	}

@@ -40,11 +40,20 @@ const (
 	ReasonSession Reason = "session"
 )
 
+// Reasons for an admission that a plain position would not have had.
+const (
+	// ReasonEvent: the ping carries an event (an alarm, a manual publish,
+	// a region transition), which only its own exact redeliveries
+	// suppress.
+	ReasonEvent Reason = "event"
+)
+
 // Verdict is the decision on one ping and, unless it was accepted, why.
 type Verdict struct {
 	// Decision is Accepted, Suppressed or InFlight.
 	Decision Decision
-	// Reason classifies a Suppressed or InFlight ping; empty when Accepted.
+	// Reason classifies a Suppressed or InFlight ping. An Accepted ping has
+	// none, unless it was admitted for what it carries: ReasonEvent.
 	Reason Reason
 }
 

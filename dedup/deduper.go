@@ -82,9 +82,21 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 		claims[i] = c
 	}
 	order := deviceTimeOrder(claims)
+	verdicts, err := d.decideInOrder(ctx, claims, order)
+	for i := range verdicts {
+		// An event is what a backend most needs to hear of: say so.
+		if v := &verdicts[i]; v.Decision == Accepted && claims[i].Event != "" {
+			v.Reason = ReasonEvent
+		}
+	}
+	return claims, verdicts, err
+}
+
+// decideInOrder decides claims in one store call, in the given order (nil:
+// as they are), and returns the verdicts in the claims' order.
+func (d *Deduper) decideInOrder(ctx context.Context, claims []*Claim, order []int) ([]Verdict, error) {
 	if order == nil {
-		verdicts, err := d.Store.Decide(ctx, claims)
-		return claims, verdicts, err
+		return d.Store.Decide(ctx, claims)
 	}
 	sorted := make([]*Claim, len(claims))
 	for i, j := range order {
@@ -92,13 +104,13 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 	}
 	decided, err := d.Store.Decide(ctx, sorted)
 	if err != nil {
-		return claims, nil, err
+		return nil, err
 	}
 	verdicts := make([]Verdict, len(claims))
 	for i, j := range order {
 		verdicts[j] = decided[i]
 	}
-	return claims, verdicts, nil
+	return verdicts, nil
 }
 
 // deviceTimeOrder returns the indices of claims in device-time order, or

@@ -42,7 +42,12 @@ type Observation struct {
 	Bucket int64
 	// Cell is the H3 cell of the position at the configured resolution.
 	Cell h3.Cell
-	// Key is Prefix + hex(blake2b-128(asset "|" bucket "|" cell)).
+	// Key is Prefix + hex(blake2b-128(asset "|" bucket "|" cell)), the
+	// article's layout, for every ping that carries neither a state nor an
+	// event. A state adds its value, so that a change of it is a new key;
+	// an event adds itself and the exact sighting (device time and
+	// coordinates), so that only the ping's own redeliveries share its key
+	// and no re-observation or jitter ever meets it.
 	Key string
 }
 
@@ -68,7 +73,7 @@ func (k Keyer) Observe(p ping.Ping) Observation {
 		Bucket: k.Bucket(p.Time),
 		Cell:   h3.LatLngToCell(h3.NewLatLng(p.Lat, p.Lon), k.Resolution),
 	}
-	o.Key = k.Key(p.Asset, o.Bucket, o.Cell)
+	o.Key = k.observationKey(p, o.Bucket, o.Cell)
 	return o
 }
 
@@ -84,14 +89,44 @@ func (k Keyer) Bucket(t time.Time) int64 {
 // Key hashes exactly the three parts, in the layout of the design article,
 // so that keys computed by its Python reference and by this module agree.
 func (k Keyer) Key(asset string, bucket int64, cell h3.Cell) string {
+	return k.observationKey(ping.Ping{Asset: asset}, bucket, cell)
+}
+
+// observationKey is the key of a ping in its bucket and cell: the
+// article's three parts, then its state and its event with the exact
+// sighting, each only when the ping has one. Values are length-prefixed, so
+// that no asset, state or event spells another's.
+func (k Keyer) observationKey(p ping.Ping, bucket int64, cell h3.Cell) string {
 	h := hashers.Get().(*hasher)
 	defer hashers.Put(h)
-	h.buf = append(h.buf[:0], asset...)
+	h.buf = append(h.buf[:0], p.Asset...)
 	h.buf = append(h.buf, '|')
 	h.buf = strconv.AppendInt(h.buf, bucket, 10)
 	h.buf = append(h.buf, '|')
 	h.buf = strconv.AppendUint(h.buf, uint64(cell), 16)
+	if p.State != "" {
+		h.buf = appendPart(h.buf, 's', p.State)
+	}
+	if p.Event != "" {
+		h.buf = appendPart(h.buf, 'e', p.Event)
+		h.buf = append(h.buf, '|')
+		h.buf = strconv.AppendInt(h.buf, p.Time.Unix(), 10)
+		h.buf = append(h.buf, '.')
+		h.buf = strconv.AppendInt(h.buf, int64(p.Time.Nanosecond()), 10)
+		h.buf = append(h.buf, '|')
+		h.buf = strconv.AppendFloat(h.buf, p.Lat, 'g', -1, 64)
+		h.buf = append(h.buf, '|')
+		h.buf = strconv.AppendFloat(h.buf, p.Lon, 'g', -1, 64)
+	}
 	return h.key(k.Prefix, "")
+}
+
+// appendPart appends "|" tag length ":" value.
+func appendPart(buf []byte, tag byte, value string) []byte {
+	buf = append(buf, '|', tag)
+	buf = strconv.AppendInt(buf, int64(len(value)), 10)
+	buf = append(buf, ':')
+	return append(buf, value...)
 }
 
 // ScopedAsset is the asset's identity inside a key scope (a tenant, a host):

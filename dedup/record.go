@@ -37,7 +37,9 @@ func newRecord(c *Claim) record {
 // sightingPrint and positionPrint fingerprint a ping with FNV-1a, the same
 // in every process: an equal fingerprint is an equal observation but for a
 // 2^-64 (2^-32 for the position) chance, which could only mislabel the
-// reason of a ping that is suppressed anyway.
+// reason of a ping that is suppressed anyway. A ping's event is part of
+// its sighting; a plain ping's fingerprint is what it always was, so
+// records already stored keep matching.
 func sightingPrint(p ping.Ping) uint64 {
 	h := fnv.New64a()
 	var b [24]byte
@@ -45,6 +47,9 @@ func sightingPrint(p ping.Ping) uint64 {
 	binary.BigEndian.PutUint64(b[8:], math.Float64bits(p.Lat))
 	binary.BigEndian.PutUint64(b[16:], math.Float64bits(p.Lon))
 	h.Write(b[:])
+	if p.Event != "" {
+		h.Write([]byte(p.Event))
+	}
 	return h.Sum64()
 }
 

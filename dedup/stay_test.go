@@ -64,8 +64,6 @@ func TestStayJudgesTheSamePlace(t *testing.T) {
 
 func withAccuracy(p ping.Ping, m float64) ping.Ping { p.Accuracy = m; return p }
 func withSpeed(p ping.Ping, ms float64) ping.Ping   { p.Speed, p.HasSpeed = ms, true; return p }
-func withEvent(p ping.Ping, e string) ping.Ping     { p.Event = e; return p }
-func withState(p ping.Ping, s string) ping.Ping     { p.State = s; return p }
 
 // A multipath outlier costs one admission at most: the next fix back at
 // the stay is jitter. A real departure is followed by fixes that stay away.

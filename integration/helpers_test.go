@@ -44,6 +44,7 @@ const siteURL = "http://localhost:9080/telemetry"
 
 // received is one request as the upstream saw it.
 type received struct {
+	method, query string
 	body          []byte
 	contentLength int64
 	header        http.Header
@@ -66,7 +67,7 @@ func newUpstream(t *testing.T) *upstream {
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
-		u.got = append(u.got, received{body: body, contentLength: r.ContentLength, header: r.Header.Clone()})
+		u.got = append(u.got, received{method: r.Method, query: r.URL.RawQuery, body: body, contentLength: r.ContentLength, header: r.Header.Clone()})
 		respond := u.respond
 		u.mu.Unlock()
 		respond(w, r)

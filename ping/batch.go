@@ -33,6 +33,13 @@ const (
 	Array
 	// Lines is NDJSON: one ping per line.
 	Lines
+	// Wrapped is a JSON object holding its pings in an array member
+	// (Overland's {"locations":[...],"current":...}); the other members
+	// are the batch's, not pings.
+	Wrapped
+	// Form is a ping in form fields, of the URL query or the body: a batch
+	// of one, like Single.
+	Form
 )
 
 // Batch is a request body split into its pings. Each element is a slice of
@@ -42,36 +49,100 @@ type Batch struct {
 	// Framing is how the body holds its pings.
 	Framing Framing
 	// Elements are the pings' bytes, in the body's order. A Single batch
-	// has one element, the whole body.
+	// has one element, the whole body; a Form batch one element, its
+	// fields written as a JSON object.
 	Elements [][]byte
+
+	// body, start and end are a Wrapped body and where its array of pings
+	// is in it; sent is a Form ping's fields as they came.
+	body       []byte
+	start, end int
+	sent       []byte
+}
+
+// Single reports a batch of one that came alone: a JSON object, or form
+// fields. It is answered as a single ping.
+func (b Batch) Single() bool { return b.Framing == Single || b.Framing == Form }
+
+// Sent returns element i as the sender wrote it: the element itself, or a
+// Form ping's fields.
+func (b Batch) Sent(i int) []byte {
+	if b.Framing == Form {
+		return b.sent
+	}
+	return b.Elements[i]
+}
+
+// Splitter splits request bodies into their pings.
+type Splitter struct {
+	// Wrapper, when set, is the plain dotted path of the array that an
+	// object body holds its pings in (Overland's locations, the
+	// Transistorsoft SDK's location). Every other member of the object is
+	// forwarded as it came. An object there instead of an array is a batch
+	// of one.
+	Wrapper string
+	// Max bounds the pings of one batch.
+	Max int
 }
 
 // Split returns the pings of a body: the elements of a JSON array, the
 // non-blank lines of NDJSON (ndjson set from the request's Content-Type),
-// or else the body itself as a batch of one. Elements are not checked here:
-// each is a ping for Parser.Extract.
-func Split(body []byte, ndjson bool, max int) (Batch, error) {
+// the elements of the wrapper's array, or else the body itself as a batch
+// of one. Elements are not checked here: each is a ping for
+// Parser.Extract.
+func (s Splitter) Split(body []byte, ndjson bool) (Batch, error) {
 	if ndjson {
-		lines, err := splitLines(body, max)
+		lines, err := splitLines(body, s.Max)
 		return Batch{Framing: Lines, Elements: lines}, err
 	}
-	if start := bytes.TrimLeft(body, " \t\r\n"); len(start) == 0 || start[0] != '[' {
-		return Batch{Framing: Single, Elements: [][]byte{body}}, nil
+	start := bytes.TrimLeft(body, " \t\r\n")
+	switch {
+	case len(start) > 0 && start[0] == '[':
+		if err := checkJSON(body); err != nil {
+			return Batch{}, err
+		}
+		elements, err := splitArray(body, 0, body, s.Max)
+		return Batch{Framing: Array, Elements: elements}, err
+	case len(start) > 0 && start[0] == '{' && s.Wrapper != "":
+		return s.splitWrapped(body)
 	}
-	elements, err := splitArray(body, max)
-	return Batch{Framing: Array, Elements: elements}, err
+	return Batch{Framing: Single, Elements: [][]byte{body}}, nil
 }
 
-func splitArray(body []byte, max int) ([][]byte, error) {
+// splitWrapped splits an object whose pings are in the wrapper's array.
+// The path to the array is scanned like a ping's fields: a duplicate key on
+// it would have the backend read another array than the one judged.
+func (s Splitter) splitWrapped(body []byte) (Batch, error) {
 	if err := checkJSON(body); err != nil {
-		return nil, err
+		return Batch{}, err
 	}
 	json := unsafe.String(unsafe.SliceData(body), len(body))
+	plan := &parsePlan{checks: appendKeyChecks(nil, s.Wrapper)}
+	var buf [4]keyCheck
+	if _, err := plan.scan(json, buf[:]); err != nil {
+		return Batch{}, err
+	}
+	v := gjson.Get(json, s.Wrapper)
+	switch {
+	case v.IsObject():
+		return Batch{Framing: Wrapped, Elements: [][]byte{body[v.Index : v.Index+len(v.Raw)]},
+			body: body, start: v.Index, end: v.Index + len(v.Raw)}, nil
+	case !v.IsArray() || v.Index == 0:
+		return Batch{}, &MalformedError{Reason: fmt.Sprintf("the body holds no array of pings at %q (batch %s)", s.Wrapper, s.Wrapper)}
+	}
+	elements, err := splitArray(body, v.Index, body[v.Index:v.Index+len(v.Raw)], s.Max)
+	return Batch{Framing: Wrapped, Elements: elements, body: body, start: v.Index, end: v.Index + len(v.Raw)}, err
+}
+
+// splitArray returns the elements of the JSON array arr, which starts at
+// offset in body, as slices of body.
+func splitArray(body []byte, offset int, arr []byte, max int) ([][]byte, error) {
+	json := unsafe.String(unsafe.SliceData(arr), len(arr))
 	var elements [][]byte
 	n := 0
 	gjson.Parse(json).ForEach(func(_, v gjson.Result) bool {
 		if n++; n <= max {
-			elements = append(elements, body[v.Index:v.Index+len(v.Raw)])
+			elements = append(elements, body[offset+v.Index:offset+v.Index+len(v.Raw)])
 		}
 		return true
 	})
@@ -108,10 +179,16 @@ func splitLines(body []byte, max int) ([][]byte, error) {
 }
 
 // Join builds the body of a batch of the given elements, in the batch's
-// framing: a JSON array, or NDJSON lines.
+// framing: a JSON array, NDJSON lines, or the wrapping object with only
+// these elements in its array, every other byte of it as it came.
 func (b Batch) Join(elements [][]byte) []byte {
-	if b.Framing == Lines {
+	switch b.Framing {
+	case Lines:
 		return append(bytes.Join(elements, []byte("\n")), '\n')
+	case Wrapped:
+		out := append([]byte(nil), b.body[:b.start]...)
+		out = append(append(out, '['), bytes.Join(elements, []byte(","))...)
+		return append(append(out, ']'), b.body[b.end:]...)
 	}
 	out := append([]byte("["), bytes.Join(elements, []byte(","))...)
 	return append(out, ']')

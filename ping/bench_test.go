@@ -11,7 +11,7 @@ var benchBody = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z
 // The parse alone, for the cost of the body checks: run with
 // go test -run XXX -bench 'Parse$' ./ping/
 func BenchmarkParse(b *testing.B) {
-	traccar, _ := ParsePreset("traccar")
+	traccar := mustPreset("traccar").Parser
 	now := time.Date(2026, 8, 8, 12, 1, 0, 0, time.UTC)
 	for _, bc := range []struct {
 		name   string

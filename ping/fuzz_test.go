@@ -41,6 +41,13 @@ var parseSeeds = []string{
 		`"device":{"id":1,"name":"Truck 88","uniqueId":"358240051111110","status":"online"}}`,
 	`{"type":"Feature","id":"veh-88","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
 		`"properties":{"time":"2026-08-08T11:59:00Z","speed":0}}`,
+	`{"type":"Feature","geometry":{"type":"Point","coordinates":[-122.6764971,45.5230622]},"properties":` +
+		`{"timestamp":"2026-08-08T11:59:00Z","speed":-1,"horizontal_accuracy":5,"device_id":"phone1","action":null}}`,
+	`{"location":{"timestamp":"2026-08-08T11:59:00.444Z","coords":{"latitude":-6.1148096,"longitude":106.6837015,` +
+		`"accuracy":3.8,"speed":18.67},"is_moving":false,"event":"geofence","alarm":"sos"},"device_id":"8737767034"}`,
+	`{"id":123456,"timestamp":1786190340,"lat":60.0,"lon":30.0,"speed":0.0,"alarm":"sos","ignition":true,"valid":1}`,
+	`{"position":{"attributes":{"alarm":"sos","ignition":false,"driverUniqueId":4711},"deviceId":1,` +
+		`"fixTime":1786190340000,"valid":true,"latitude":52.52,"longitude":13.40},"device":{"uniqueId":"t"}}`,
 	`{"asset_id":"utm","occurred_at":"2026-08-08T11:59:00+02:00","lat":5820000,"lon":390000}`,
 	// Hostile ones.
 	`{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2,"lat":91}`,
@@ -64,7 +71,10 @@ func fuzzParsers(tb testing.TB) map[string]Parser {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		parsers[name] = p
+		parsers[name] = p.Parser
+		if p.Form != nil {
+			parsers[name+" form"] = *p.Form
+		}
 	}
 	utm, err := geo.ParseCRS("EPSG:32633")
 	if err != nil {
@@ -106,7 +116,7 @@ func checkParseError(t *testing.T, name string, p Parser, err error) {
 	var ie *InvalidPingError
 	switch {
 	case errors.Is(err, ErrNotAPing):
-		if p.KindPath == "" {
+		if p.KindPath == "" && len(p.Skip) == 0 && !p.SkipEmpty {
 			t.Fatalf("%s: ErrNotAPing from a parser without a kind filter", name)
 		}
 	case errors.As(err, &me):
@@ -239,6 +249,104 @@ func checkReadsLikeEncodingJSON(t *testing.T, name string, p Parser, body []byte
 	if err != nil || lat != ping.Lat || lon != ping.Lon {
 		t.Fatalf("%s: position %v, %v read, encoding/json's gives %v, %v (%v)", name, ping.Lat, ping.Lon, lat, lon, err)
 	}
+	checkFieldsReadLikeEncodingJSON(t, name, p, doc, ping)
+}
+
+// checkFieldsReadLikeEncodingJSON requires the event, the state and the
+// records that are not positions to be what encoding/json finds at their
+// paths.
+func checkFieldsReadLikeEncodingJSON(t *testing.T, name string, p Parser, doc any, ping Ping) {
+	t.Helper()
+	for _, m := range p.Skip {
+		if decodedMatches(doc, m) {
+			t.Fatalf("%s: read as a ping, but encoding/json finds %v, which is not a position", name, m)
+		}
+	}
+	event := ""
+	for _, m := range p.Events {
+		if decodedMatches(doc, m) {
+			s, _ := decodedText(doc, m.Path)
+			event = field(m.Path, s)
+			break
+		}
+	}
+	var state []string
+	for _, path := range p.States {
+		if s, ok := decodedText(doc, path); ok {
+			state = append(state, field(path, s))
+		}
+	}
+	if event != ping.Event || strings.Join(state, "&") != ping.State {
+		t.Fatalf("%s: event %q state %q read, encoding/json finds %q %q", name, ping.Event, ping.State, event, strings.Join(state, "&"))
+	}
+}
+
+// decodedText is text() over what encoding/json decoded; objects and arrays,
+// whose raw JSON it does not keep, as their Go form.
+func decodedText(doc any, path string) (string, bool) {
+	v, ok := lookup(doc, path)
+	switch v := v.(type) {
+	case nil:
+		return "", false
+	case string:
+		return v, true
+	case json.Number:
+		return v.String(), true
+	case bool:
+		return strconv.FormatBool(v), ok
+	}
+	b, _ := json.Marshal(v)
+	return string(b), ok
+}
+
+func decodedMatches(doc any, m Match) bool {
+	s, ok := decodedText(doc, m.Path)
+	v, _ := lookup(doc, m.Path)
+	switch {
+	case m.Absent:
+		return !ok
+	case len(m.Values) == 0:
+		return ok && s != "" && v != false
+	}
+	for _, want := range m.Values {
+		if ok && s == want {
+			return true
+		}
+	}
+	return false
+}
+
+// FuzzSplitForm feeds arbitrary query strings to the OsmAnd parser: what it
+// accepts reads as encoding/json reads the object the fields became, like
+// any JSON ping, and it refuses only with the documented errors.
+func FuzzSplitForm(f *testing.F) {
+	for _, seed := range []string{
+		"id=123456&timestamp=1786190340&lat=60.0&lon=30.0&speed=0.0&alarm=sos&ignition=true",
+		"id=902064&lat=42.06288&lon=-88.23412&timestamp=2026-08-08T11%3A59%3A00Z",
+		"id=1&timestamp=1786190340&lat=1&lat=91&lon=2",
+		"id=1;lat=91", "id=%zz", "cell=1&cell=2&id=1", "id=0123&timestamp=1786190340&lat=1e400&lon=2",
+	} {
+		f.Add(seed)
+	}
+	p := *mustPreset("osmand").Form
+	f.Fuzz(func(t *testing.T, query string) {
+		batch, err := SplitForm(query, nil)
+		var me *MalformedError
+		if err != nil {
+			if !errors.As(err, &me) {
+				t.Fatalf("%q: error %T %v is not a MalformedError", query, err, err)
+			}
+			return
+		}
+		body := batch.Elements[0]
+		ping, err := p.Parse(body, fuzzNow)
+		if err != nil {
+			checkParseError(t, "osmand form", p, err)
+			return
+		}
+		checkPing(t, "osmand form", p, ping, fuzzNow)
+		checkReadsLikeEncodingJSON(t, "osmand form", p, body, ping)
+	})
 }
 
 // lookup follows a plain dotted path (no gjson syntax) through what
@@ -379,13 +487,4 @@ func checkTimeMeans(t *testing.T, tf TimeFormat, raw string, got time.Time) {
 func quoteJSON(s string) string {
 	b, _ := json.Marshal(s) // invalid UTF-8 becomes U+FFFD, as a valid body needs
 	return string(b)
-}
-
-// isJSONNumber reports whether s is exactly one JSON number literal.
-func isJSONNumber(s string) bool {
-	if s == "" || (s[0] != '-' && (s[0] < '0' || s[0] > '9')) {
-		return false
-	}
-	var n json.Number
-	return json.Unmarshal([]byte(s), &n) == nil && n.String() == s
 }

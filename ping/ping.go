@@ -95,6 +95,28 @@ type Parser struct {
 	// KindPath and Kind, when set, make only bodies whose KindPath holds
 	// the string Kind pings; any other body is ErrNotAPing.
 	KindPath, Kind string
+	// Skip lists the records that are not positions although their kind
+	// says so (an Overland visit, a Traccar position without a fix): a
+	// body any of them matches is ErrNotAPing.
+	Skip []Match
+	// SkipEmpty makes an empty body ErrNotAPing instead of malformed: an
+	// OwnTracks app posts one when a friend is deleted.
+	SkipEmpty bool
+
+	// AccuracyPath, SpeedPath and SpeedUnit say where the fix's accuracy
+	// (metres) and the reported speed are, if the format has them.
+	AccuracyPath, SpeedPath string
+	SpeedUnit               SpeedUnit
+	// Events lists the fields that make a ping an event (an alarm, a
+	// manual publish): the first that matches becomes Ping.Event.
+	Events []Match
+	// States are plain paths of fields whose values are the asset's state
+	// (an ignition): those present become Ping.State.
+	States []string
+
+	// TimeZone, when set, reads timestamps without a UTC offset as local
+	// times of this zone instead of refusing them.
+	TimeZone *time.Location
 	// MaxFuture is how far ahead of the server clock a device time may be.
 	MaxFuture time.Duration
 	// AllowNullIsland admits the exact position (0, 0), which is rejected by
@@ -135,6 +157,9 @@ func (p Parser) Parse(body []byte, now time.Time) (Ping, error) {
 // MaxNesting deep, and no duplicate key in any object a configured path
 // passes through. Any of these gives a *MalformedError.
 func (p Parser) Extract(body []byte) (Ping, error) {
+	if len(body) == 0 && p.SkipEmpty {
+		return Ping{}, ErrNotAPing
+	}
 	if err := checkObject(body); err != nil {
 		return Ping{}, err
 	}
@@ -145,13 +170,25 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 	// The body is read in place, not copied; the caller must not change it
 	// while the ping is in use (see Ping.Asset).
 	json := unsafe.String(unsafe.SliceData(body), len(body))
-	var buf [16]keyCheck
-	checks, err := plan.scan(json, buf[:])
+	// A buffer on the stack that fits the plan: the presets with events and
+	// states need more steps, and the plain formats need not zero them.
+	var checks []keyCheck
+	var err error
+	if len(plan.checks) <= 16 {
+		var buf [16]keyCheck
+		checks, err = plan.scan(json, buf[:])
+	} else {
+		var buf [48]keyCheck
+		checks, err = plan.scan(json, buf[:])
+	}
 	if err != nil {
 		return Ping{}, err
 	}
 	root := gjson.Parse(json)
 	if p.KindPath != "" && value(root, checks, plan.kind, p.KindPath).String() != p.Kind {
+		return Ping{}, ErrNotAPing
+	}
+	if p.skipped(root, checks, plan) {
 		return Ping{}, ErrNotAPing
 	}
 	var ping Ping
@@ -174,6 +211,7 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 	if ping.Lat, ping.Lon, err = p.CRS.ToWGS84(x, y); err != nil {
 		return Ping{}, p.axisError(err)
 	}
+	p.readFields(&ping, root, checks, plan)
 	return ping, nil
 }
 
@@ -315,7 +353,25 @@ func (p Parser) time(v gjson.Result) (time.Time, error) {
 		return time.Time{}, invalid(p.TimePaths[0], RuleRequired,
 			"missing; every ping needs the device's own timestamp at %s (arrival time is never used)", oneOf(p.TimePaths))
 	}
-	return parseTime(v, p.TimeFormat, p.TimePaths[0])
+	t, err := parseTime(v, p.TimeFormat, p.TimePaths[0])
+	if err != nil {
+		return p.naiveTime(v, err)
+	}
+	return t, nil
+}
+
+// naiveTime reads a timestamp without an offset in the configured time
+// zone, or says how to name one.
+func (p Parser) naiveTime(v gjson.Result, err error) (time.Time, error) {
+	var ie *InvalidPingError
+	if !errors.As(err, &ie) || ie.Rule != RuleTimezone {
+		return time.Time{}, err
+	}
+	if p.TimeZone != nil {
+		return parseLocalTime(v.Str, p.TimeZone, p.TimePaths[0])
+	}
+	ie.Detail += "; or, if every device writes the local time of one zone, name it with time_zone (e.g. time_zone Europe/Berlin)"
+	return time.Time{}, ie
 }
 
 // axisError names the field of a projected coordinate the CRS refused.

@@ -197,9 +197,7 @@ func TestNullIslandCanBeAllowed(t *testing.T) {
 }
 
 func TestParseRejectsMalformedBodies(t *testing.T) {
-	owntracks, _ := ParsePreset("owntracks")
-	traccar, _ := ParsePreset("traccar")
-	geojson, _ := ParsePreset("geojson")
+	owntracks, traccar, geojson := mustPreset("owntracks").Parser, mustPreset("traccar").Parser, mustPreset("geojson").Parser
 	const valid = `"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2`
 	many := ""
 	for i := range 40 {

@@ -3,36 +3,132 @@ package ping
 import "fmt"
 
 // Presets lists the tracker formats ParsePreset knows.
-var Presets = []string{"owntracks", "traccar", "geojson"}
+var Presets = []string{"owntracks", "overland", "osmand", "traccar", "geojson"}
 
-// ParsePreset returns a Parser for a tracker's JSON format; options set
-// afterwards override it.
+// Preset is a tracker's format: how its bodies hold pings and where each
+// ping's fields are.
+type Preset struct {
+	// Parser reads its JSON pings.
+	Parser Parser
+	// Form, when the format also sends form fields (a URL query or a form
+	// body), reads those; their JSON-shaped bodies are for Parser.
+	Form *Parser
+	// Wrapper is the path of the array an object body holds its pings in,
+	// if the format wraps them.
+	Wrapper string
+}
+
+// ParsePreset returns a tracker's format; options set afterwards override
+// it.
 //
 //   - owntracks: the OwnTracks app's HTTP mode. Only messages with
-//     "_type":"location" are pings; cards, transitions, waypoints and the
-//     rest pass through untouched. The asset is the two-letter tracker id
-//     "tid", unique only per user: with several users, set the asset to
-//     {http.request.header.X-Limit-U}/{http.request.header.X-Limit-D}.
-//   - traccar: Traccar's position forwarding (forward.json): the device's
-//     uniqueId, or the position's deviceId, and the fix time.
+//     "_type":"location" are pings; cards, transitions, waypoints, empty
+//     bodies and the rest pass through untouched. The asset is the
+//     two-letter tracker id "tid", unique only per user: with several
+//     users, set the asset to
+//     {http.request.header.X-Limit-U}/{http.request.header.X-Limit-D}. A
+//     location the user published by hand (trigger t u), that answers a
+//     reportLocation command (r), or that a region (c) or beacon (b) event
+//     sent, is an event.
+//   - overland: Overland's batches, {"locations":[Feature...], ...}; each
+//     Feature a ping, its visits, trip summaries and logged actions not
+//     positions. The asset is properties.device_id, which the app may
+//     leave out: take it from the request instead.
+//   - osmand: the OsmAnd protocol of Traccar's port 5055, as Traccar Client
+//     and OsmAnd send it: form fields (id or deviceid, lat, lon,
+//     timestamp, speed in knots, accuracy, alarm, ignition, valid, ...),
+//     and the Transistorsoft SDK's JSON body that the same port takes.
+//   - traccar: Traccar's position forwarding (forward.type=json): the
+//     device's uniqueId, or the position's deviceId, and the fix time.
 //   - geojson: a GeoJSON Feature with a Point geometry ([lon, lat]), its id
 //     in "id" or properties.id, and the time in properties.time or
 //     properties.timestamp.
-func ParsePreset(name string) (Parser, error) {
-	p := NewParser()
+func ParsePreset(name string) (Preset, error) {
 	switch name {
 	case "owntracks":
-		p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"tid"}, []string{"tst"}, TimeUnix
-		p.KindPath, p.Kind = "_type", "location"
+		return Preset{Parser: ownTracks()}, nil
+	case "overland":
+		return Preset{Parser: overland(), Wrapper: "locations"}, nil
+	case "osmand":
+		form := osmAnd()
+		return Preset{Parser: transistorsoft(), Form: &form}, nil
 	case "traccar":
-		p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"device.uniqueId", "position.deviceId"}, []string{"position.fixTime"}, TimeRFC3339
-		p.LatPath, p.LonPath = "position.latitude", "position.longitude"
+		return Preset{Parser: traccarForward()}, nil
 	case "geojson":
+		p := NewParser()
 		p.AssetPaths = []string{"id", "properties.id", "properties.asset_id"}
 		p.TimePaths = []string{"properties.time", "properties.timestamp"}
 		p.LatPath, p.LonPath = "geometry.coordinates.1", "geometry.coordinates.0"
-	default:
-		return p, fmt.Errorf("unknown preset %q: use one of %v", name, Presets)
+		return Preset{Parser: p}, nil
 	}
-	return p, nil
+	return Preset{}, fmt.Errorf("unknown preset %q: use one of %v", name, Presets)
+}
+
+func ownTracks() Parser {
+	p := NewParser()
+	p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"tid"}, []string{"tst"}, TimeUnix
+	p.KindPath, p.Kind, p.SkipEmpty = "_type", "location", true
+	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "acc", "vel", KilometresPerHour
+	p.Events = []Match{{Path: "t", Values: []string{"u", "r", "c", "b"}}}
+	return p
+}
+
+func overland() Parser {
+	p := NewParser()
+	p.AssetPaths, p.TimePaths = []string{"properties.device_id"}, []string{"properties.timestamp"}
+	p.LatPath, p.LonPath = "geometry.coordinates.1", "geometry.coordinates.0"
+	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "properties.horizontal_accuracy", "properties.speed", MetresPerSecond
+	// Visits, trip summaries and logged actions share the array with the
+	// fixes, often in the same second as one.
+	p.Skip = []Match{{Path: "properties.action"}, {Path: "properties.type", Values: []string{"trip"}}}
+	return p
+}
+
+// osmAnd reads the OsmAnd protocol's fields as Traccar's OsmAndProtocolDecoder
+// does. A request without lat (a cell or Wi-Fi report, or location=lat,lon)
+// or without timestamp (Traccar then takes its own clock) carries no fix to
+// key, and one with valid false or 0 a position the device itself calls
+// invalid: they go to Traccar as they came.
+func osmAnd() Parser {
+	p := NewParser()
+	p.AssetPaths, p.TimePaths = []string{"id", "deviceid"}, []string{"timestamp"}
+	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "accuracy", "speed", Knots
+	p.Events = []Match{{Path: "alarm"}}
+	p.States = []string{"ignition", "driverUniqueId"}
+	p.Skip = []Match{{Path: "lat", Absent: true}, {Path: "timestamp", Absent: true}, {Path: "valid", Values: []string{"false", "0"}}}
+	return p
+}
+
+// transistorsoft reads the Transistorsoft SDK's body that Traccar's OsmAnd
+// port takes as JSON: {"location":{...},"device_id":...}.
+func transistorsoft() Parser {
+	p := NewParser()
+	p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"device_id"}, []string{"location.timestamp"}, TimeRFC3339
+	p.LatPath, p.LonPath = "location.coords.latitude", "location.coords.longitude"
+	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "location.coords.accuracy", "location.coords.speed", MetresPerSecond
+	p.Events = []Match{{Path: "location.alarm"}, {Path: "location.extras.alarm"}, {Path: "location.event", Values: []string{"geofence"}}}
+	p.States = []string{"location.is_moving"}
+	// Without coords Traccar takes the device's last known position.
+	p.Skip = []Match{{Path: "location.coords", Absent: true}}
+	return p
+}
+
+// traccarForward reads what Traccar's JSON position forwarder posts. The
+// events and states are the attributes Traccar's own event handlers act on
+// at a single position: an alarm, a command's result and attached media
+// are events; the ignition and the driver are states. Its motion is not: a
+// parked vehicle's GPS speed noise flips it, and Traccar debounces trips
+// and stops over minutes anyway.
+func traccarForward() Parser {
+	p := NewParser()
+	p.AssetPaths, p.TimePaths = []string{"device.uniqueId", "position.deviceId"}, []string{"position.fixTime"}
+	p.LatPath, p.LonPath = "position.latitude", "position.longitude"
+	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "position.accuracy", "position.speed", Knots
+	p.Events = []Match{{Path: "position.attributes.alarm"}, {Path: "position.attributes.result"},
+		{Path: "position.attributes.image"}, {Path: "position.attributes.video"}, {Path: "position.attributes.audio"}}
+	p.States = []string{"position.attributes.ignition", "position.attributes.driverUniqueId"}
+	// A position the device marks invalid carries no fix (often its last
+	// known coordinates): forwarded as it came, never keyed.
+	p.Skip = []Match{{Path: "position.valid", Values: []string{"false"}}}
+	return p
 }

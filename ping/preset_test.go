@@ -47,11 +47,7 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.preset, func(t *testing.T) {
-			p, err := ParsePreset(tt.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := p.Parse([]byte(tt.body), now)
+			got, err := mustPreset(tt.preset).Parser.Parse([]byte(tt.body), now)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -63,7 +59,7 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 }
 
 func TestOwnTracksNonLocationMessagesAreNotPings(t *testing.T) {
-	p, _ := ParsePreset("owntracks")
+	p := mustPreset("owntracks").Parser
 	for _, body := range []string{
 		`{"_type":"card","name":"Jane","face":"iVBORw0KGgo="}`,
 		`{"_type":"transition","event":"leave","desc":"Home","lat":52.52,"lon":13.40,"tid":"jj","tst":1714557600,"wtst":1700000000,"t":"c"}`,
@@ -76,12 +72,21 @@ func TestOwnTracksNonLocationMessagesAreNotPings(t *testing.T) {
 }
 
 func TestGeoJSONWithoutAPointIsRejected(t *testing.T) {
-	p, _ := ParsePreset("geojson")
+	p := mustPreset("geojson").Parser
 	body := `{"type":"Feature","id":"a","geometry":{"type":"LineString","coordinates":[[13.4,52.5],[13.5,52.6]]},"properties":{"time":"2024-05-01T10:00:00Z"}}`
 	var ie *InvalidPingError
 	if _, err := p.Parse([]byte(body), time.Now()); !errors.As(err, &ie) || ie.Field != "geometry.coordinates.1" || ie.Rule != RuleType {
 		t.Fatalf("got %v, want a type error on geometry.coordinates.1", err)
 	}
+}
+
+// mustPreset returns a preset that exists.
+func mustPreset(name string) Preset {
+	p, err := ParsePreset(name)
+	if err != nil {
+		panic(err)
+	}
+	return p
 }
 
 func TestEveryPresetExists(t *testing.T) {

@@ -63,6 +63,7 @@ type parsePlan struct {
 	// gjson looks it up.
 	assets, times  []int
 	lat, lon, kind int
+	fields         []int // the leaves of Parser.fieldPaths, in its order
 }
 
 func (p Parser) makePlan() *parsePlan {
@@ -77,12 +78,15 @@ func (p Parser) makePlan() *parsePlan {
 	for _, path := range p.TimePaths {
 		plan.times = append(plan.times, leafOf(checks, path))
 	}
+	for _, path := range p.fieldPaths() {
+		plan.fields = append(plan.fields, leafOf(checks, path))
+	}
 	return plan
 }
 
 func (p Parser) paths() []string {
 	paths := append(append([]string(nil), p.AssetPaths...), p.TimePaths...)
-	return append(paths, p.LatPath, p.LonPath, p.KindPath)
+	return append(append(paths, p.LatPath, p.LonPath, p.KindPath), p.fieldPaths()...)
 }
 
 // leafOf returns the index of path's last step in checks, or -1 if a step

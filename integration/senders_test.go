@@ -1,0 +1,421 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+// Each preset at its defaults, through a real Caddy and a real Redis,
+// answers what its sender's own client takes as meant: a suppression as
+// delivered, an in-flight redelivery as "retry later" (clients.go has the
+// rules, from the clients' source).
+
+// send makes one request to the test site: method, the query of the URL,
+// a Content-Type (none when empty) and a body.
+func send(t *testing.T, client *http.Client, method, query, contentType string, body []byte, header ...string) response {
+	t.Helper()
+	target := siteURL
+	if query != "" {
+		target += "?" + query
+	}
+	req, _ := http.NewRequest(method, target, bytes.NewReader(body))
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, target, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return response{res.StatusCode, res.Header, string(b)}
+}
+
+// holdUpstream makes the upstream wait, for its next request, until the
+// returned release is called; arrived is closed when that request is
+// there.
+func holdUpstream(up *upstream, status int, body string) (arrived chan struct{}, release func()) {
+	arrived, proceed := make(chan struct{}), make(chan struct{})
+	up.setResponse(func(w http.ResponseWriter, _ *http.Request) {
+		close(arrived)
+		<-proceed
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	})
+	return arrived, func() { close(proceed) }
+}
+
+// answering sets what the upstream answers from now on.
+func answering(up *upstream, status int, contentType, body string) {
+	up.setResponse(func(w http.ResponseWriter, _ *http.Request) {
+		if contentType != "" {
+			w.Header().Set("Content-Type", contentType)
+		}
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	})
+}
+
+func (r response) expectReason(t *testing.T, status int, decision, reason string) {
+	t.Helper()
+	r.expect(t, status, decision)
+	if got := r.header.Get("X-Dedup-Reason"); got != reason {
+		t.Fatalf("X-Dedup-Reason %q, want %q", got, reason)
+	}
+}
+
+// inFlightRedelivery sends body while its first delivery is held at the
+// upstream, and returns the answer to the copy; the first then completes.
+func inFlightRedelivery(t *testing.T, up *upstream, deliver func() response) response {
+	t.Helper()
+	arrived, release := holdUpstream(up, http.StatusOK, "")
+	first := make(chan response, 1)
+	go func() { first <- deliver() }()
+	select {
+	case <-arrived:
+	case r := <-first:
+		release()
+		t.Fatalf("the first delivery never reached the upstream: %d X-Dedup %q", r.status, r.header.Get("X-Dedup"))
+	}
+	copy := deliver()
+	release()
+	<-first
+	return copy
+}
+
+func TestOwnTracksAppsTakeTheAnswersAsMeant(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	answering(up, http.StatusOK, "application/json", "[]") // what an OwnTracks backend answers
+	tester := startCaddy(t, up, redisOptions(srv, "preset owntracks\n\t\tasset {http.request.header.X-Limit-U}/{http.request.header.X-Limit-D}"))
+	phone := []string{"X-Limit-U", "jane", "X-Limit-D", "phone"}
+	tst := base().Unix()
+	location := func(offset int64, lat, lon float64, trigger string) []byte {
+		field := ""
+		if trigger != "" {
+			field = fmt.Sprintf(`"t":%q,`, trigger)
+		}
+		return fmt.Appendf(nil, `{"_type":"location",%s"tid":"jp","tst":%d,"lat":%v,"lon":%v,"acc":12,"batt":81,"topic":"owntracks/jane/phone"}`,
+			field, tst+offset, lat, lon)
+	}
+	postOT := func(body []byte) response {
+		return send(t, tester.Client, http.MethodPost, "", "application/json", body, phone...)
+	}
+	takenAsDelivered := func(name string, r response) {
+		t.Helper()
+		if a, i := ownTracksAndroid(r), ownTracksIOS(r); a != delivered || i != delivered {
+			t.Fatalf("%s: %d %q %q: Android %s, iOS %s; both must take it as delivered", name, r.status, r.header.Get("Content-Type"), r.body, a, i)
+		}
+		if ct := r.header.Get("Content-Type"); r.body != "[]" || ct != "application/json" {
+			t.Fatalf("%s: answered %q as %q, want [] as application/json", name, r.body, ct)
+		}
+	}
+
+	parked := location(0, 48.856826, 2.292713, "p")
+	postOT(parked).expect(t, http.StatusOK, "accepted")
+
+	redelivery := postOT(parked)
+	redelivery.expectReason(t, http.StatusOK, "suppressed", "redelivery")
+	takenAsDelivered("redelivery", redelivery)
+	jitter := postOT(location(30, 48.856822, 2.292709, "t"))
+	jitter.expectReason(t, http.StatusOK, "suppressed", "jitter")
+	takenAsDelivered("jitter", jitter)
+
+	// Both apps come back for an in-flight redelivery; neither drops it
+	// (iOS deletes on a 4xx) and OkHttp does not resend it at once.
+	inFlight := inFlightRedelivery(t, up, func() response { return postOT(location(60, 48.858, 2.2945, "")) })
+	inFlight.expect(t, http.StatusServiceUnavailable, "in_flight")
+	if a, i := ownTracksAndroid(inFlight), ownTracksIOS(inFlight); a != retried || i != retried || !retryAfterAtLeastOne(inFlight) {
+		t.Fatalf("in flight: %d Retry-After %q: Android %s, iOS %s; both must retry, not at once", inFlight.status, inFlight.header.Get("Retry-After"), a, i)
+	}
+	answering(up, http.StatusOK, "application/json", "[]")
+
+	// A manual publish at the parked phone is an event: it reaches the
+	// backend, its redelivery does not.
+	sent, counted := up.count(), decisionCounts(t)
+	manual := location(90, 48.856831, 2.292719, "u")
+	postOT(manual).expectReason(t, http.StatusOK, "accepted", "event")
+	takenAsDelivered("manual redelivery", postOT(manual))
+	if d := delta(counted, decisionCounts(t)); d["accepted/event"] != 1 || d["suppressed/redelivery"] != 1 || len(d) != 2 {
+		t.Errorf("decisions counted %v, want one accepted/event and one suppressed/redelivery", d)
+	}
+	if up.count() != sent+1 || !bytes.Equal(up.requests()[sent].body, manual) {
+		t.Fatalf("the manual publish did not reach the backend once, byte for byte")
+	}
+	if got := up.requests()[sent].header.Get("X-Dedup-Why"); got != "event" {
+		t.Errorf("{http.telemetry_dedup.reason} of the manual publish %q, want event", got)
+	}
+
+	// A transition, and an empty POST (a deleted friend), go through
+	// untouched.
+	transition := []byte(fmt.Sprintf(`{"_type":"transition","lat":48.85683,"lon":2.29272,"tst":%d,"acc":10,"tid":"jp","event":"leave","t":"c","desc":"Office","wtst":1610104395}`, tst+95))
+	postOT(transition).expect(t, http.StatusOK, "skipped")
+	postOT(nil).expect(t, http.StatusOK, "skipped")
+	got := up.requests()
+	if len(got) != sent+3 || !bytes.Equal(got[sent+1].body, transition) || len(got[sent+2].body) != 0 {
+		t.Fatalf("upstream saw %d requests; want the transition and the empty POST as sent", len(got)-sent)
+	}
+}
+
+// A ping kept as a dead letter is answered so that the app stops sending
+// it: OwnTracks Android would otherwise re-queue it, blocking its queue.
+func TestDeadLettersAreDeliveredForTheApps(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, "preset owntracks\n\t\ton_invalid dead_letter"))
+	res := send(t, tester.Client, http.MethodPost, "", "application/json",
+		fmt.Appendf(nil, `{"_type":"location","tid":"jp","tst":%d,"lat":48.85,"lon":2.29}`, time.Now().Add(time.Hour).Unix()))
+	res.expectReason(t, http.StatusAccepted, "dead_lettered", "max_future")
+	if ownTracksAndroid(res) != delivered || ownTracksIOS(res) != delivered || res.body != "[]" {
+		t.Fatalf("dead letter answered %d %q: Android %s", res.status, res.body, ownTracksAndroid(res))
+	}
+}
+
+// overlandFeature is a Feature as GLManager.m writes it.
+func overlandFeature(at time.Time, lon, lat float64, device string) string {
+	return fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[%v,%v]},"properties":{"timestamp":%q,`+
+		`"altitude":15,"speed":4,"horizontal_accuracy":5,"motion":["driving"],"device_id":%q,"battery_level":0.8}}`,
+		lon, lat, at.UTC().Format("2006-01-02T15:04:05Z"), device)
+}
+
+func TestOverlandTakesTheAnswersAsMeant(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	answering(up, http.StatusOK, "application/json", `{"result":"ok"}`)
+	tester := startCaddy(t, up, redisOptions(srv, "preset overland"))
+	postLocations := func(body []byte) response {
+		return send(t, tester.Client, http.MethodPost, "", "application/json", body)
+	}
+	at := base()
+	current := `"current":{"type":"Feature","geometry":{"type":"Point","coordinates":[-122.6770011,45.5229003]},"properties":{"timestamp":"` +
+		at.Add(5*time.Minute).Format(time.RFC3339) + `","device_id":"phone1"}}`
+	trip := `"trip":{"mode":"car","start":"` + at.Add(-10*time.Minute).Format(time.RFC3339) + `","distance":10432.5}`
+	batch := func(features ...string) []byte {
+		return []byte("{\n  \"locations\": [\n    " + strings.Join(features, ",\n    ") + "\n  ],\n  " + current + ",\n  " + trip + "\n}")
+	}
+	fix1 := overlandFeature(at, -122.6764971, 45.5230622, "phone1")
+	fix2 := overlandFeature(at.Add(10*time.Second), -122.6771000, 45.5236000, "phone1")
+
+	// A new batch goes upstream as sent.
+	first := batch(fix1, fix2)
+	postLocations(first).expect(t, http.StatusOK, "accepted")
+	if got := up.requests()[0].body; !bytes.Equal(got, first) {
+		t.Fatalf("a new batch reached the upstream as\n%s", got)
+	}
+	// Its redelivery is answered {"result":"ok"} and reaches nobody.
+	again := postLocations(first)
+	again.expect(t, http.StatusOK, "suppressed")
+	if f := overland(again, false); f != delivered || again.body != `{"result":"ok"}` || up.count() != 1 {
+		t.Fatalf("redelivery answered %d %q (%s), upstream count %d", again.status, again.body, f, up.count())
+	}
+	if f := overland(again, true); f != delivered {
+		t.Fatalf("with Consider HTTP 2XX Successful on, the redelivery is %s", f)
+	}
+
+	// A mixed batch: only the new Features, byte for byte and in order;
+	// a visit record rides along untouched; current and trip as sent.
+	fix3 := overlandFeature(at.Add(40*time.Second), -122.6790000, 45.5250000, "phone1")
+	visit := `{"type":"Feature","geometry":{"type":"Point","coordinates":[-122.6765522,45.5230101]},"properties":{"timestamp":"` +
+		at.Add(41*time.Second).Format("2006-01-02T15:04:05Z") + `","action":"visit","arrival_date":"` + at.Format(time.RFC3339) + `","departure_date":null,"device_id":"phone1"}}`
+	mixed := postLocations(batch(fix2, fix3, fix1, visit))
+	mixed.expect(t, http.StatusOK, "partial")
+	want := "{\n  \"locations\": [" + fix3 + "," + visit + "],\n  " + current + ",\n  " + trip + "\n}"
+	if got := string(up.requests()[1].body); got != want {
+		t.Fatalf("the mixed batch reached the upstream as\n%s\nwant\n%s", got, want)
+	}
+
+	// In flight: the whole batch is kept by the app and sent again.
+	fix4 := overlandFeature(at.Add(2*time.Minute), -122.6800000, 45.5260000, "phone1")
+	inFlight := inFlightRedelivery(t, up, func() response { return postLocations(batch(fix4)) })
+	inFlight.expect(t, http.StatusServiceUnavailable, "in_flight")
+	if overland(inFlight, false) != retried || overland(inFlight, true) != retried || !retryAfterAtLeastOne(inFlight) {
+		t.Fatalf("in flight answered %d: Overland does not send the batch again", inFlight.status)
+	}
+}
+
+// Overland may leave device_id out: the identity then comes from the
+// request, here a query parameter of the receiver URL the app was given.
+func TestOverlandIdentityFromTheRequest(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "preset overland\n\t\tasset {http.request.uri.query.device}")
+	body, err := os.ReadFile(filepath.Join("..", "testdata", "senders", "overland", "readme_locations_derived.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, tester.Client, http.MethodPost, "device=jane-phone", "application/json", body).expect(t, http.StatusCreated, "accepted")
+	send(t, tester.Client, http.MethodPost, "device=jane-phone", "application/json", body).expect(t, http.StatusOK, "suppressed")
+	send(t, tester.Client, http.MethodPost, "device=john-phone", "application/json", body).expect(t, http.StatusCreated, "accepted")
+	send(t, tester.Client, http.MethodPost, "", "application/json", body).expect(t, http.StatusUnprocessableEntity, "rejected")
+}
+
+func TestOsmAndRequestsAreJudgedAndForwardedAsTheyCame(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	answering(up, http.StatusOK, "", "") // what Traccar's OsmAnd port answers
+	tester := startCaddy(t, up, redisOptions(srv, "preset osmand"))
+	ts := base().Unix()
+	q := func(id string, offset int64, lat, lon float64, extra string) string {
+		return fmt.Sprintf("id=%s&timestamp=%d&lat=%v&lon=%v&speed=0.0&bearing=0.0&altitude=35.0&accuracy=0.0&batt=81.0%s", id, ts+offset, lat, lon, extra)
+	}
+	type request struct{ method, query, contentType, body string }
+	var forwarded []request
+	do := func(r request, status int, decision string) response {
+		t.Helper()
+		res := send(t, tester.Client, r.method, r.query, r.contentType, []byte(r.body))
+		res.expect(t, status, decision)
+		if decision == "accepted" || decision == "skipped" {
+			forwarded = append(forwarded, r)
+		}
+		return res
+	}
+	deliveredForClients := func(name string, r response) {
+		t.Helper()
+		if traccarClientAndroid(r, false) != delivered || traccarClientSDK(r, false) != delivered || r.body != "" {
+			t.Fatalf("%s: answered %d %q, which the Traccar clients do not take as delivered", name, r.status, r.body)
+		}
+	}
+
+	// The old Traccar Client: a POST with the fields in the query and an
+	// empty body.
+	fix := request{http.MethodPost, q("123456789012345", 0, 48.856826, 2.292713, ""), "", ""}
+	do(fix, http.StatusOK, "accepted")
+	deliveredForClients("redelivery", do(fix, http.StatusOK, "suppressed"))
+	// OsmAnd's GET of the parked phone's jitter.
+	deliveredForClients("jitter", do(request{http.MethodGet, q("123456789012345", 20, 48.856822, 2.292709, ""), "", ""}, http.StatusOK, "suppressed"))
+	// The SDK's form body, a move.
+	do(request{http.MethodPost, "", "application/x-www-form-urlencoded", q("123456789012345", 40, 48.858, 2.2945, "")}, http.StatusOK, "accepted")
+	// ISO 8601, as a GET.
+	iso := request{http.MethodGet, "id=902064&lat=42.06288&lon=-88.23412&timestamp=" + url.QueryEscape(base().Format(time.RFC3339)) + "&speed=0.0", "", ""}
+	do(iso, http.StatusOK, "accepted")
+	do(iso, http.StatusOK, "suppressed")
+	// The Transistorsoft body Traccar's port takes as JSON.
+	ttst := `{"location":{"timestamp":"` + base().Format("2006-01-02T15:04:05.000Z") + `","coords":{"latitude":37.4219983,"longitude":-122.084,` +
+		`"accuracy":5,"speed":0,"heading":-1,"altitude":5},"is_moving":false,"event":"motionchange","extras":{}},"device_id":"48241179"}`
+	do(request{http.MethodPost, "", "application/json", ttst}, http.StatusOK, "accepted")
+	do(request{http.MethodPost, "", "application/json", ttst}, http.StatusOK, "suppressed")
+
+	// Refused: a latitude of 91.5; passed on untouched: no timestamp.
+	bad := do(request{http.MethodGet, q("123456789012345", 60, 91.5, 2.29, ""), "", ""}, http.StatusUnprocessableEntity, "rejected")
+	if !strings.Contains(bad.body, `"field":"lat"`) || !strings.Contains(bad.body, `"rule":"range"`) {
+		t.Fatalf("lat 91.5 answered %s", bad.body)
+	}
+	do(request{http.MethodGet, "deviceid=123456&lat=60.0&lon=30.0&speed=0.0", "", ""}, http.StatusOK, "skipped")
+
+	// In flight: both clients retry a buffered position.
+	inFlight := inFlightRedelivery(t, up, func() response {
+		return send(t, tester.Client, http.MethodPost, q("123456789012345", 120, 48.86, 2.30, ""), "", nil)
+	})
+	inFlight.expect(t, http.StatusServiceUnavailable, "in_flight")
+	if traccarClientAndroid(inFlight, false) != retried || traccarClientSDK(inFlight, false) != retried {
+		t.Fatalf("in flight answered %d, which the Traccar clients do not retry", inFlight.status)
+	}
+	answering(up, http.StatusOK, "", "")
+
+	// The upstream got exactly the accepted requests (and the one passed
+	// on), each as it came: method, query and body.
+	got := up.requests()
+	got = append(got[:len(forwarded)], got[len(forwarded)+1:]...) // the in-flight one, first delivery
+	if len(got) != len(forwarded) {
+		t.Fatalf("upstream saw %d requests, want %d", len(got), len(forwarded))
+	}
+	for i, r := range forwarded {
+		if got[i].method != r.method || got[i].query != r.query || string(got[i].body) != r.body {
+			t.Errorf("request %d reached the upstream as %s ?%s %q; sent as %s ?%s %q",
+				i, got[i].method, got[i].query, got[i].body, r.method, r.query, r.body)
+		}
+	}
+}
+
+// The SOS alarm and the ignition switched off at a parked vehicle reach
+// Traccar (through the OsmAnd port) and a Traccar forward receiver; their
+// redeliveries and the jitter around them do not.
+func TestTraccarEventsAndStatesAtAParkedVehicle(t *testing.T) {
+	ts := base()
+	osmand := func(offset time.Duration, lat, lon float64, extra string) (string, string) {
+		return fmt.Sprintf("id=358240051111110&timestamp=%d&lat=%v&lon=%v&speed=0.0%s", ts.Add(offset).Unix(), lat, lon, extra), ""
+	}
+	forward := func(offset time.Duration, lat, lon float64, extra string) (string, string) {
+		attributes := `"batteryLevel":81.0,"motion":false`
+		for pair := range strings.SplitSeq(strings.TrimPrefix(extra, "&"), "&") {
+			if k, v, ok := strings.Cut(pair, "="); ok {
+				if v != "true" && v != "false" {
+					v = `"` + v + `"`
+				}
+				attributes += fmt.Sprintf(",%q:%s", k, v)
+			}
+		}
+		return "", fmt.Sprintf(`{"position":{"id":0,"attributes":{%s},"deviceId":7,"protocol":"osmand","fixTime":%q,"valid":true,`+
+			`"latitude":%v,"longitude":%v,"speed":0.0,"accuracy":5.0},"device":{"id":7,"name":"Van 7","uniqueId":"358240051111110"}}`,
+			attributes, ts.Add(offset).Format("2006-01-02T15:04:05.000+00:00"), lat, lon)
+	}
+	for _, tt := range []struct {
+		preset, method string
+		request        func(time.Duration, float64, float64, string) (query, body string)
+		answer         func(response) fate
+	}{
+		{"osmand", http.MethodPost, osmand, func(r response) fate { return traccarClientSDK(r, true) }},
+		{"traccar", http.MethodPost, forward, func(r response) fate { return traccarForwarder(r, false) }},
+	} {
+		t.Run(tt.preset, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := newUpstream(t)
+			answering(up, http.StatusOK, "", "")
+			tester := startCaddy(t, up, redisOptions(srv, "preset "+tt.preset))
+			step := func(offset time.Duration, lat, lon float64, extra, decision, reason string) {
+				t.Helper()
+				query, body := tt.request(offset, lat, lon, extra)
+				ct := ""
+				if body != "" {
+					ct = "application/json"
+				}
+				sent := up.count()
+				res := send(t, tester.Client, tt.method, query, ct, []byte(body))
+				res.expectReason(t, http.StatusOK, decision, reason)
+				if reached := up.count() > sent; reached != (decision == "accepted") {
+					t.Fatalf("%s at +%s: reached the backend %v", extra, offset, reached)
+				}
+				if decision == "suppressed" && tt.answer(res) != delivered {
+					t.Fatalf("%s at +%s answered %d, which the sender does not take as delivered", extra, offset, res.status)
+				}
+			}
+			step(0, 52.5200087, 13.4049547, "&ignition=true", "accepted", "")
+			step(20*time.Second, 52.5200410, 13.4049920, "&ignition=true", "suppressed", "jitter")
+			// SOS where it stands: an event.
+			step(30*time.Second, 52.5200300, 13.4049800, "&ignition=true&alarm=sos", "accepted", "event")
+			step(30*time.Second, 52.5200300, 13.4049800, "&ignition=true&alarm=sos", "suppressed", "redelivery")
+			step(40*time.Second, 52.5200150, 13.4049650, "&ignition=true", "suppressed", "jitter")
+			// The ignition switched off: a new state.
+			step(60*time.Second, 52.5200200, 13.4049700, "&ignition=false", "accepted", "")
+			step(60*time.Second, 52.5200200, 13.4049700, "&ignition=false", "suppressed", "redelivery")
+			step(80*time.Second, 52.5200350, 13.4049850, "&ignition=false", "suppressed", "jitter")
+		})
+	}
+}
+
+// A Traccar position the device marks invalid carries no fix: it goes to
+// the receiver as it came, never keyed.
+func TestTraccarInvalidPositionsPassUntouched(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "preset traccar")
+	body := []byte(`{"position":{"deviceId":7,"fixTime":"` + base().Format("2006-01-02T15:04:05.000+0000") +
+		`","valid":false,"latitude":52.52,"longitude":13.40,"attributes":{"alarm":"sos"}},"device":{"uniqueId":"358240051111110"}}`)
+	for range 2 {
+		send(t, tester.Client, http.MethodPost, "", "application/json", body).expect(t, http.StatusCreated, "skipped")
+	}
+	if up.count() != 2 {
+		t.Fatalf("upstream saw %d of the two invalid positions", up.count())
+	}
+}

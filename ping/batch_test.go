@@ -1,0 +1,71 @@
+package ping
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A wrapped batch is the wrapper's array, each element a slice of the body;
+// joined with some elements left out, it is the same object with only those
+// in its array, every other byte (current, trip, whitespace) as it came.
+func TestWrappedBatchKeepsEverythingButTheLeftOutElements(t *testing.T) {
+	body, err := os.ReadFile(filepath.Join(sendersDir, "overland/batch_composed.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := Splitter{Wrapper: "locations", Max: 10}.Split(body, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if batch.Framing != Wrapped || batch.Single() || len(batch.Elements) != 3 {
+		t.Fatalf("framing %v, %d elements", batch.Framing, len(batch.Elements))
+	}
+	for i, e := range batch.Elements {
+		if !strings.HasPrefix(string(e), "{") || !strings.Contains(string(body), string(e)) || string(batch.Sent(i)) != string(e) {
+			t.Fatalf("element %d is not a slice of the body: %s", i, e)
+		}
+	}
+	joined := string(batch.Join([][]byte{batch.Elements[1], batch.Elements[2]}))
+	start, end := strings.Index(string(body), `[`), strings.LastIndex(string(body), `],`+"\n"+`  "current"`)+1
+	want := string(body[:start]) + "[" + string(batch.Elements[1]) + "," + string(batch.Elements[2]) + "]" + string(body[end:])
+	if joined != want {
+		t.Fatalf("joined\n%s\nwant\n%s", joined, want)
+	}
+	if !strings.HasSuffix(joined, string(body[strings.Index(string(body), `  "current"`):])) {
+		t.Fatal("current and trip were not kept byte for byte")
+	}
+}
+
+func TestWrappedBatchRefusals(t *testing.T) {
+	s := Splitter{Wrapper: "locations", Max: 2}
+	for _, tt := range []struct{ body, want string }{
+		{`{"current":{}}`, `no array of pings at "locations"`},
+		{`{"locations":"x"}`, `no array of pings at "locations"`},
+		{`{"locations":[]}`, "empty array"},
+		// The backend would read the second array: refused like any
+		// duplicate key on a path this module reads.
+		{`{"locations":[{"a":1}],"locations":[{"a":2}]}`, `duplicate key "locations"`},
+		{`{"Locations":[{"a":1}],"locations":[{"a":2}]}`, "letter case"},
+		{`{"locations":[{"a":1}]`, "not valid JSON"},
+	} {
+		var me *MalformedError
+		if _, err := s.Split([]byte(tt.body), false); !errors.As(err, &me) || !strings.Contains(me.Reason, tt.want) {
+			t.Errorf("%s: got %v, want %q", tt.body, err, tt.want)
+		}
+	}
+	var tooLarge *BatchTooLargeError
+	if _, err := s.Split([]byte(`{"locations":[{},{},{}]}`), false); !errors.As(err, &tooLarge) || tooLarge.Count != 3 {
+		t.Errorf("three pings over max 2: got %v", err)
+	}
+	// An object where the array would be is a batch of one; arrays and
+	// bodies without the wrapper keep their framings.
+	for body, framing := range map[string]Framing{`{"location":{"a":1},"device_id":"x"}`: Wrapped, `[{"a":1}]`: Array} {
+		b, err := Splitter{Wrapper: "location", Max: 2}.Split([]byte(body), false)
+		if err != nil || b.Framing != framing || len(b.Elements) != 1 || string(b.Elements[0]) != `{"a":1}` {
+			t.Errorf("%s: got %v %q, %v", body, b.Framing, b.Elements, err)
+		}
+	}
+}

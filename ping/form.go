@@ -1,0 +1,151 @@
+package ping
+
+import (
+	"encoding/json"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+)
+
+// SplitForm returns the ping of a request that carries its fields form
+// encoded, as the OsmAnd protocol does and Traccar reads it: from the URL's
+// query, or, only when the URL has none, from the body (a POST of
+// application/x-www-form-urlencoded). It is a batch of one, like a single
+// JSON object: its element is the fields as a JSON object, in their order,
+// each value a JSON number when it is written as one, true or false, or
+// else a string, so that the one parser reads every framing. A field given
+// several times is the list of its values.
+func SplitForm(query string, body []byte) (Batch, error) {
+	fields := query
+	if fields == "" {
+		fields = string(body)
+	}
+	object, err := formObject(fields)
+	if err != nil {
+		return Batch{}, err
+	}
+	return Batch{Framing: Form, Elements: [][]byte{object}, sent: []byte(fields)}, nil
+}
+
+// formObject writes form fields as a JSON object.
+func formObject(fields string) ([]byte, error) {
+	if strings.TrimSpace(fields) == "" {
+		return nil, &MalformedError{Reason: "the request has neither a query string nor a form body; " +
+			"send the fields as ?id=...&lat=...&lon=...&timestamp=... (use a matcher to limit which requests telemetry_dedup examines)"}
+	}
+	if strings.Contains(fields, ";") {
+		// Netty, and so Traccar, splits fields on ';' as on '&'; Go and
+		// most others do not: the two would read different fields.
+		return nil, &MalformedError{Reason: "the form fields contain a ';', which parsers disagree on (a separator to some, " +
+			"part of a value to others); percent-encode it as %3B"}
+	}
+	var keys []string
+	values := map[string][]string{}
+	for pair := range strings.SplitSeq(fields, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		key, err := url.QueryUnescape(k)
+		if err != nil {
+			return nil, &MalformedError{Reason: "the form field " + quote(k) + " is not validly percent-encoded"}
+		}
+		val, err := url.QueryUnescape(v)
+		if err != nil {
+			return nil, &MalformedError{Reason: "the value of the form field " + quote(key) + " is not validly percent-encoded"}
+		}
+		if !utf8.ValidString(key) || !utf8.ValidString(val) {
+			return nil, &MalformedError{Reason: "the form field " + quote(key) + " is not valid UTF-8 once decoded; parsers disagree on what invalid bytes mean"}
+		}
+		if _, seen := values[key]; !seen {
+			keys = append(keys, key)
+		}
+		values[key] = append(values[key], val)
+	}
+	out := []byte{'{'}
+	for i, key := range keys {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(appendJSONString(out, key), ':')
+		vs := values[key]
+		if len(vs) == 1 {
+			out = appendFormValue(out, vs[0])
+			continue
+		}
+		// A field given several times (OsmAnd's cell and wifi) is a list;
+		// one that must be a single value then names itself in the error.
+		out = append(out, '[')
+		for j, v := range vs {
+			if j > 0 {
+				out = append(out, ',')
+			}
+			out = appendFormValue(out, v)
+		}
+		out = append(out, ']')
+	}
+	return append(out, '}'), nil
+}
+
+// appendFormValue writes a form value as a JSON number when it is written
+// exactly as one (so "0123", ".5" and "1_000" stay strings, and an id keeps
+// its text), as true or false, or as a string.
+func appendFormValue(out []byte, v string) []byte {
+	if v == "true" || v == "false" || isJSONNumber(v) {
+		return append(out, v...)
+	}
+	return appendJSONString(out, v)
+}
+
+func appendJSONString(out []byte, s string) []byte {
+	b, _ := json.Marshal(s) // a valid UTF-8 string always marshals
+	return append(out, b...)
+}
+
+func quote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// isJSONNumber reports whether s is a number in JSON's grammar:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func isJSONNumber(s string) bool {
+	i := 0
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case i < len(s) && s[i] >= '1' && s[i] <= '9':
+		i = digits(s, i)
+	default:
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		if j := digits(s, i+1); j > i+1 {
+			i = j
+		} else {
+			return false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		j := digits(s, i)
+		if j == i {
+			return false
+		}
+		i = j
+	}
+	return i == len(s)
+}
+
+func digits(s string, i int) int {
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
+}

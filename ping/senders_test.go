@@ -1,0 +1,263 @@
+package ping
+
+import (
+	"bufio"
+	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sendersDir holds the trackers' own samples; SOURCES.md there says where
+// each comes from.
+const sendersDir = "../testdata/senders"
+
+var sendersNow = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+// fixtureOutcome is what a fixture must read as: a ping with these fields,
+// not a position, or a ping that breaks a rule on a field.
+type fixtureOutcome struct {
+	ping     *Ping
+	notAPing bool
+	field    string
+	rule     Rule
+}
+
+func fix(asset, at string, lat, lon float64) *Ping {
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		panic(err)
+	}
+	return &Ping{Asset: asset, Time: t, Lat: lat, Lon: lon}
+}
+
+func (p *Ping) with(f func(*Ping)) *Ping { f(p); return p }
+
+var notAPing = fixtureOutcome{notAPing: true}
+
+func broke(field string, rule Rule) fixtureOutcome { return fixtureOutcome{field: field, rule: rule} }
+
+func reads(p *Ping) fixtureOutcome { return fixtureOutcome{ping: p} }
+
+// Every JSON fixture reads, with its tracker's preset, as its tracker
+// meant it: the fix, its accuracy, speed (in m/s), event and state; the
+// messages that are not positions as such; the ones that lack what the
+// preset keys on as the rule they break.
+func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
+	speed := func(mps float64) func(*Ping) { return func(p *Ping) { p.Speed, p.HasSpeed = mps, true } }
+	for _, tt := range []struct {
+		file, preset string
+		want         []fixtureOutcome // one per element of the body
+	}{
+		{"owntracks-android/location_deserialize_extended.json", "owntracks",
+			[]fixtureOutcome{reads(fix("s5", "2017-12-28T10:06:15Z", 52.3153748, 5.0408462).with(func(p *Ping) { p.Accuracy = 1600 }))}},
+		{"owntracks-android/location_http_composed.json", "owntracks",
+			[]fixtureOutcome{reads(fix("jp", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(func(p *Ping) {
+				p.Accuracy = 12
+				speed(4 / 3.6)(p)
+			}))}},
+		{"owntracks-android/location_with_created_at.json", "owntracks",
+			[]fixtureOutcome{reads(fix("aa", "2024-02-27T12:30:03Z", 51, 0).with(func(p *Ping) { p.Accuracy = 5; speed(0)(p) }))}},
+		// The serializer's own output, before the endpoint adds tid and topic.
+		{"owntracks-android/location_extended_serialized.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
+		{"owntracks-android/location_serialized.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
+		// What a server may answer: two locations in an array.
+		{"owntracks-android/location_multiple_messages.json", "owntracks", []fixtureOutcome{
+			reads(fix("s5", "2017-12-28T10:06:15Z", 52.3153748, 5.0408462).with(func(p *Ping) { p.Accuracy = 1600 })),
+			reads(fix("s5", "2017-12-28T10:06:19Z", 12.3153748, 15.0408462).with(func(p *Ping) { p.Accuracy = 95 }))}},
+		{"owntracks-android/transition_message.json", "owntracks", []fixtureOutcome{notAPing}},
+		{"owntracks-android/valid_card_message.json", "owntracks", []fixtureOutcome{notAPing}},
+		// A manual publish (t u) is an event.
+		{"owntracks-ios/location_http_composed.json", "owntracks",
+			[]fixtureOutcome{reads(fix("JJ", "2024-12-16T19:35:12Z", 52.085284, 5.120975).with(func(p *Ping) {
+				p.Accuracy, p.Event = 5, "t=u"
+				speed(0)(p)
+			}))}},
+		{"owntracks-ios/location_incoming_test.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
+		{"owntracks-ios/transition_composed.json", "owntracks", []fixtureOutcome{notAPing}},
+		// Overland in OwnTracks mode has no tid.
+		{"overland/owntracks_mode_composed.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
+
+		// Two fixes and a visit in the same second as the second fix.
+		{"overland/batch_composed.json", "overland", []fixtureOutcome{
+			reads(fix("phone1", "2024-10-24T14:48:38Z", 45.5230622, -122.6764971).with(func(p *Ping) { p.Accuracy = 5; speed(4)(p) })),
+			reads(fix("phone1", "2024-10-24T14:48:39Z", 45.5230101, -122.6765522).with(func(p *Ping) { p.Accuracy = 5; speed(4)(p) })),
+			notAPing}},
+		// The README's sample leaves device_id empty: the identity must come
+		// from the request.
+		{"overland/readme_locations_derived.json", "overland", []fixtureOutcome{broke("properties.device_id", RuleRequired)}},
+
+		{"traccar-osmand/json/transistorsoft_android_moving.json", "osmand",
+			[]fixtureOutcome{reads(fix("8737767034", "2021-07-21T08:06:34.444Z", -6.1148096, 106.6837015).with(func(p *Ping) {
+				p.Accuracy, p.State = 3.8, "location.is_moving=false"
+				speed(18.67)(p)
+			}))}},
+		{"traccar-osmand/json/transistorsoft_traccar_client9_motionchange.json", "osmand",
+			[]fixtureOutcome{reads(fix("48241179", "2025-06-15T13:45:12.862Z", 37.4219983, -122.084).with(func(p *Ping) {
+				p.Accuracy, p.State = 5, "location.is_moving=false"
+				speed(0)(p)
+			}))}},
+		{"traccar-osmand/json/transistorsoft_extras_types.json", "osmand",
+			[]fixtureOutcome{reads(fix("48241179", "2025-06-15T13:45:12.862Z", 37.4219983, -122.084).with(func(p *Ping) {
+				p.Accuracy, p.State = 5, "location.is_moving=false"
+				speed(0)(p)
+			}))}},
+		// iOS writes speed -1 for unknown.
+		{"traccar-osmand/json/transistorsoft_ios_mock.json", "osmand",
+			[]fixtureOutcome{reads(fix("658765", "2025-05-09T04:11:30.579Z", 37.785834000000001, -122.406417).with(func(p *Ping) {
+				p.Accuracy, p.State = 5, "location.is_moving=false"
+			}))}},
+		// The SDK's uploadJson array has no location object: not a fix of
+		// this format, passed on as it came.
+		{"traccar-client-sdk/json_array_body_composed.json", "osmand", []fixtureOutcome{notAPing, notAPing}},
+
+		{"traccar-forward/position_forward_composed.json", "traccar",
+			[]fixtureOutcome{reads(fix("123456789012345", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(func(p *Ping) {
+				p.Event = "position.attributes.alarm=sos"
+				speed(2.332613 * 1852 / 3600)(p)
+			}))}},
+	} {
+		t.Run(tt.file, func(t *testing.T) {
+			body, err := os.ReadFile(filepath.Join(sendersDir, tt.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			preset := mustPreset(tt.preset)
+			batch, err := Splitter{Wrapper: preset.Wrapper, Max: DefaultMaxBatch}.Split(body, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(batch.Elements) != len(tt.want) {
+				t.Fatalf("%d elements, want %d", len(batch.Elements), len(tt.want))
+			}
+			for i, element := range batch.Elements {
+				got, err := preset.Parser.Parse(element, sendersNow)
+				tt.want[i].check(t, got, err)
+			}
+		})
+	}
+}
+
+// Every OsmAnd request of the fixtures (a URL's query, or a form body)
+// reads as Traccar's own decoder would take it, or is refused, or passed
+// on, for the reason the README gives.
+func TestSenderFormFixturesReadAsTraccarReadsThem(t *testing.T) {
+	luxembourg, err := ParseTimeZone("Europe/Luxembourg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	knots := func(kn float64) func(*Ping) {
+		return func(p *Ping) { p.Speed, p.HasSpeed = kn*1852/3600, true }
+	}
+	for _, tt := range []struct {
+		file     string
+		timeZone bool
+		want     []fixtureOutcome // one per line
+	}{
+		{"traccar-osmand/query_strings.txt", false, []fixtureOutcome{
+			notAPing, // cell and Wi-Fi only: Traccar takes the last known position
+			broke("id", RuleRequired),
+			reads(fix("902064", "2016-01-27T18:55:47Z", 42.06288, -88.23412).with(knots(0))),
+			reads(fix("902064", "2015-09-12T14:38:06.579Z", 42.06288, -88.23412).with(knots(0))),
+			broke("timestamp", RuleTimezone), // yyyy-MM-dd HH:mm:ss: Traccar's JVM zone, which we never guess
+			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(knots(0))),
+			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30)),
+			notAPing, // no timestamp: Traccar takes its own clock
+			notAPing,
+			notAPing, // location=lat,lon
+			reads(fix("123456789012345", "2017-09-07T05:56:50Z", 40.7232948571, -74.0061408571).with(func(p *Ping) {
+				p.State = "ignition=true"
+				knots(40)(p)
+			})),
+		}},
+		// With the zone named, the local time is read in it.
+		{"traccar-osmand/query_strings.txt", true, []fixtureOutcome{
+			4: reads(fix("353861053849681", "2014-06-04T07:10:11Z", 49.60688, 6.15788).with(knots(0))),
+		}},
+		// Time 0 with the GPS rollover correction, at (0, 0): no fix.
+		{"traccar-client-android/request_urls_test.txt", false, []fixtureOutcome{
+			broke("lat", RuleNullIsland), broke("lat", RuleNullIsland), broke("lat", RuleNullIsland)}},
+		{"traccar-client-android/request_url_composed.txt", false, []fixtureOutcome{
+			reads(fix("123456789012345", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(knots(2.332613))),
+			reads(fix("123456789012345", "2025-01-01T10:00:12Z", 48.85683, 2.2927).with(func(p *Ping) { p.Accuracy = 14; knots(0)(p) })),
+			reads(fix("123456789012345", "2025-01-01T10:00:30Z", 48.85683, 2.2927).with(func(p *Ping) {
+				p.Event = "alarm=sos"
+				knots(0)(p)
+			})),
+		}},
+		{"traccar-client-sdk/form_body_composed.txt", false, []fixtureOutcome{
+			reads(fix("48241179", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(func(p *Ping) { p.Accuracy = 4.5; knots(2.33)(p) })),
+			reads(fix("48241179", "2025-01-01T10:00:30Z", 48.85683, 2.2927).with(func(p *Ping) {
+				p.Accuracy, p.Event = 4.5, "alarm=sos"
+				knots(0)(p)
+			})),
+		}},
+	} {
+		t.Run(tt.file, func(t *testing.T) {
+			parser := *mustPreset("osmand").Form
+			if tt.timeZone {
+				parser.TimeZone = luxembourg
+			}
+			for i, line := range fixtureLines(t, tt.file) {
+				if i >= len(tt.want) || tt.want[i] == (fixtureOutcome{}) {
+					continue
+				}
+				query, body := "", []byte(line)
+				if u, err := url.Parse(line); err == nil && u.RawQuery != "" {
+					query, body = u.RawQuery, nil
+				}
+				batch, err := SplitForm(query, body)
+				if err != nil {
+					t.Fatalf("line %d: %v", i+1, err)
+				}
+				got, err := parser.Parse(batch.Elements[0], sendersNow)
+				t.Run(line, func(t *testing.T) { tt.want[i].check(t, got, err) })
+			}
+		})
+	}
+}
+
+func fixtureLines(t *testing.T, file string) []string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(sendersDir, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var lines []string
+	for s := bufio.NewScanner(f); s.Scan(); {
+		if line := strings.TrimSpace(s.Text()); line != "" {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+func (want fixtureOutcome) check(t *testing.T, got Ping, err error) {
+	t.Helper()
+	var ie *InvalidPingError
+	switch {
+	case want.notAPing:
+		if !errors.Is(err, ErrNotAPing) {
+			t.Errorf("got %+v, %v; want not a position", got, err)
+		}
+	case want.rule != "":
+		if !errors.As(err, &ie) || ie.Field != want.field || ie.Rule != want.rule {
+			t.Errorf("got %+v, %v; want %s broken on %s", got, err, want.rule, want.field)
+		}
+	case err != nil:
+		t.Errorf("got %v; want %+v", err, *want.ping)
+	default:
+		w := *want.ping
+		if got.Asset != w.Asset || !got.Time.Equal(w.Time) || got.Lat != w.Lat || got.Lon != w.Lon ||
+			got.Accuracy != w.Accuracy || got.HasSpeed != w.HasSpeed || !near(got.Speed, w.Speed) ||
+			got.Event != w.Event || got.State != w.State {
+			t.Errorf("got  %+v\nwant %+v", got, w)
+		}
+	}
+}
+
+func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }

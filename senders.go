@@ -1,0 +1,170 @@
+package telemetrydedup
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// Answers sets the answers the handler gives itself. What a sender's
+// client counts as delivered, as "retry later" and as "drop it" differs
+// per client (OwnTracks Android re-queues any 2xx whose body is not
+// OwnTracks JSON, Overland any answer without "result":"ok", OwnTracks iOS
+// deletes a message on any 4xx): each answer given here replaces the
+// preset's.
+type Answers struct {
+	// Suppressed answers a duplicate, alone or a batch of only
+	// duplicates: the sender must count it as delivered.
+	Suppressed *Answer `json:"suppressed,omitempty"`
+	// InFlight answers an exact redelivery whose first delivery still
+	// waits for its upstream: the sender must try again later.
+	InFlight *Answer `json:"in_flight,omitempty"`
+	// DeadLettered answers a ping kept in the dead-letter stream: the
+	// sender must count it as delivered and stop sending it.
+	DeadLettered *Answer `json:"dead_lettered,omitempty"`
+}
+
+// Answer is one answer the handler gives itself.
+type Answer struct {
+	// Status is the HTTP status: 2xx for suppressed and dead_lettered,
+	// 4xx or 5xx for in_flight.
+	Status int `json:"status,omitempty"`
+	// ContentType is the answer's Content-Type (suppressed and
+	// dead_lettered only).
+	ContentType string `json:"content_type,omitempty"`
+	// Body is the answer's body (suppressed and dead_lettered only).
+	// Unset: empty for suppressed, the JSON report naming the field and
+	// rule for dead_lettered.
+	Body *string `json:"body,omitempty"`
+	// RetryAfter is the Retry-After of an in_flight answer, in whole
+	// seconds, at least 1: OkHttp (OwnTracks Android) resends a 503 with
+	// Retry-After: 0 at once. Default: 1.
+	RetryAfter int `json:"retry_after,omitempty"`
+}
+
+// answers are the handler's own answers, resolved.
+type answers struct {
+	suppressed, deadLettered bodyAnswer
+	inFlight                 retryAnswer
+}
+
+// bodyAnswer is a 2xx the sender takes as delivered. Without a body of its
+// own, a suppression is empty and a dead letter the JSON report.
+type bodyAnswer struct {
+	status      int
+	contentType string
+	body        []byte
+	hasBody     bool
+}
+
+// retryAnswer asks the sender to come back; its body is the JSON report.
+type retryAnswer struct {
+	status     int
+	retryAfter string
+}
+
+// defaultAnswers are DESIGN.md's: 200 and an empty body for a duplicate,
+// 409 and Retry-After: 1 for an in-flight redelivery.
+var defaultAnswers = answers{
+	suppressed:   bodyAnswer{status: http.StatusOK},
+	deadLettered: bodyAnswer{status: http.StatusAccepted},
+	inFlight:     retryAnswer{status: http.StatusConflict, retryAfter: "1"},
+}
+
+// presetAnswers are the answers each sender's client reads as meant, from
+// the clients' own source (see README, "What each client counts as
+// delivered"). Every client retries a 503; none may see a 4xx for "later":
+// OwnTracks iOS deletes the message and alerts the user.
+var presetAnswers = map[string]answers{
+	// Android 2.5.7-2.5.10 parses every 2xx body as OwnTracks messages and
+	// re-queues it forever when it cannot; [] is what the booklet's server
+	// answers.
+	"owntracks": senderAnswers("application/json", "[]"),
+	// GLManager.m deletes a batch only on a JSON object with "result":"ok".
+	"overland": senderAnswers("application/json", `{"result":"ok"}`),
+	// Traccar's own OsmAnd port answers 200 with an empty body.
+	"osmand": {suppressed: defaultAnswers.suppressed, deadLettered: defaultAnswers.deadLettered, inFlight: retryLater},
+	// Traccar's forwarder takes any 2xx, and retries a failure only with
+	// forward.retry.enable.
+	"traccar": {suppressed: defaultAnswers.suppressed, deadLettered: defaultAnswers.deadLettered, inFlight: retryLater},
+}
+
+// retryLater is the in-flight answer every client of the presets retries.
+var retryLater = retryAnswer{status: http.StatusServiceUnavailable, retryAfter: "1"}
+
+func senderAnswers(contentType, body string) answers {
+	delivered := func(status int) bodyAnswer {
+		return bodyAnswer{status: status, contentType: contentType, body: []byte(body), hasBody: true}
+	}
+	return answers{suppressed: delivered(http.StatusOK), deadLettered: delivered(http.StatusAccepted), inFlight: retryLater}
+}
+
+// resolveAnswers starts from the preset's answers and replaces those the
+// option gives.
+func (h *Handler) resolveAnswers() (answers, error) {
+	a, ok := presetAnswers[h.Preset]
+	if !ok {
+		a = defaultAnswers
+	}
+	if h.Answers == nil {
+		return a, nil
+	}
+	var err error
+	if h.Answers.Suppressed != nil {
+		if a.suppressed, err = h.Answers.Suppressed.delivered("suppressed"); err != nil {
+			return a, err
+		}
+	}
+	if h.Answers.DeadLettered != nil {
+		if a.deadLettered, err = h.Answers.DeadLettered.delivered("dead_lettered"); err != nil {
+			return a, err
+		}
+	}
+	if h.Answers.InFlight != nil {
+		if a.inFlight, err = h.Answers.InFlight.retry(); err != nil {
+			return a, err
+		}
+	}
+	return a, nil
+}
+
+// delivered checks an answer that must tell the sender it is done.
+func (a *Answer) delivered(kind string) (bodyAnswer, error) {
+	switch {
+	case a.Status < 200 || a.Status > 299:
+		return bodyAnswer{}, answerError(kind, "status %d is not a 2xx: the sender would resend the ping, and have it %s again, forever", a.Status, kind)
+	case a.RetryAfter != 0:
+		return bodyAnswer{}, answerError(kind, "retry_after belongs to in_flight: a %s ping must not come back", kind)
+	case a.Body != nil && *a.Body != "" && (a.Status == http.StatusNoContent || a.Status == http.StatusResetContent):
+		return bodyAnswer{}, answerError(kind, "status %d carries no body; drop the body or use 200", a.Status)
+	}
+	b := bodyAnswer{status: a.Status, contentType: a.ContentType, hasBody: a.Body != nil}
+	if b.hasBody {
+		b.body = []byte(*a.Body)
+	}
+	return b, nil
+}
+
+// retry checks an answer that must make the sender come back.
+func (a *Answer) retry() (retryAnswer, error) {
+	switch {
+	case a.Status < 400 || a.Status > 599:
+		return retryAnswer{}, answerError("in_flight", "status %d does not make a sender retry: use a 5xx such as 503, "+
+			"which every client retries (a 4xx makes OwnTracks iOS delete the message)", a.Status)
+	case a.ContentType != "" || a.Body != nil:
+		return retryAnswer{}, answerError("in_flight", "the body of an in_flight answer is the JSON report of what is in flight; give only the status and retry_after")
+	case a.RetryAfter < 0:
+		return retryAnswer{}, answerError("in_flight", "retry_after %d is negative; use at least 1 second", a.RetryAfter)
+	}
+	after := a.RetryAfter
+	if after == 0 {
+		after = 1 // never 0: OkHttp resends a 503 with Retry-After: 0 at once
+	}
+	return retryAnswer{status: a.Status, retryAfter: strconv.Itoa(after)}, nil
+}
+
+func answerError(kind, format string, args ...any) error {
+	return &dedup.ConfigError{Option: "answers", Problem: kind + ": " + fmt.Sprintf(format, args...)}
+}
