@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -67,6 +68,7 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 		CRS:        fs.String("crs"),
 		Shape:      fs.String("shape"),
 		MaxFuture:  caddy.Duration(100 * 365 * 24 * time.Hour), // a capture or a log line may be old
+		MaxPast:    caddy.Duration(math.MaxInt64),
 	}
 	var err error
 	if h.Asset, err = fs.GetStringSlice("asset"); err != nil {

@@ -177,6 +177,11 @@ type Handler struct {
 	// Default: 5m.
 	MaxFuture caddy.Duration `json:"max_future,omitempty"`
 
+	// How far behind the server clock a device time may be. Older pings
+	// are rejected: their clock was never set (1970, the GPS epoch, the
+	// year 1). Default: 365d.
+	MaxPast caddy.Duration `json:"max_past,omitempty"`
+
 	// "reject" refuses the exact position (0, 0), which GPS modules report
 	// before they have a fix; "allow" admits it. Default: reject.
 	NullIsland string `json:"null_island,omitempty"`

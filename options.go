@@ -195,6 +195,10 @@ func (h *Handler) resolveParser() (ping.Parser, string, error) {
 	if p.MaxFuture < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
 	}
+	p.MaxPast = orDefault(h.MaxPast, ping.DefaultMaxPast)
+	if p.MaxPast < 0 {
+		return p, "", &dedup.ConfigError{Option: "max_past", Problem: fmt.Sprintf("%s is negative; use a duration such as 365d", p.MaxPast)}
+	}
 	var err error
 	if p.AllowNullIsland, err = choice("null_island", h.NullIsland, nullIslandReject, nullIslandAllow); err != nil {
 		return p, "", err
