@@ -64,10 +64,15 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
 	req := &request{batch: batch, elements: make([]element, len(batch.Elements))}
 	now := time.Now()
+	var scope string
+	var scopeErr error
+	if h.settings.keyScope.enabled() {
+		scope, scopeErr = h.settings.keyScope.expand(repl) // the request's, the same for each ping
+	}
 	for i, raw := range batch.Elements {
 		e := &req.elements[i]
 		e.raw = raw
-		p, scope, err := h.readPing(raw, repl, now)
+		p, err := h.readPing(raw, repl, scopeErr, now)
 		switch {
 		case errors.Is(err, ping.ErrNotAPing):
 			e.decision, e.reason = decisionSkipped, reasonNotAPing
@@ -80,23 +85,23 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 	return req
 }
 
-// readPing reads and validates one ping, and the key scope it belongs to.
-func (h *Handler) readPing(raw []byte, repl *caddy.Replacer, now time.Time) (p ping.Ping, scope string, err error) {
+// readPing reads and validates one ping. scopeErr is why the request's key
+// scope could not be filled, if it could not: the ping's own faults are
+// reported first, as they would be without a scope.
+func (h *Handler) readPing(raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
 	s := &h.settings
 	if p, err = s.parser.Extract(raw); err != nil {
-		return p, "", err
+		return p, err
 	}
 	if s.assetTemplate != "" {
 		if p.Asset, err = expandTemplate(repl, "asset", s.assetTemplate); err != nil {
-			return p, "", err
+			return p, err
 		}
 	}
-	if s.keyScope != "" {
-		if scope, err = expandTemplate(repl, "key_scope", s.keyScope); err != nil {
-			return p, "", err
-		}
+	if scopeErr != nil {
+		return p, scopeErr
 	}
-	return p, scope, s.parser.Validate(p, now)
+	return p, s.parser.Validate(p, now)
 }
 
 // refuse marks an element that cannot be keyed: rejected with the answer

@@ -29,8 +29,8 @@ const (
 // settings are the handler's options with defaults applied and checked.
 type settings struct {
 	parser        ping.Parser
-	assetTemplate string // a placeholder template for the asset, instead of paths
-	keyScope      string // a placeholder template that scopes every key
+	assetTemplate string   // a placeholder template for the asset, instead of paths
+	keyScope      keyScope // a placeholder template that scopes every key
 	keyer         dedup.Keyer
 	policy        dedup.Policy
 	ttlFrom       string
@@ -74,7 +74,7 @@ func (h *Handler) resolve() (settings, error) {
 	if err := s.keyer.Check(); err != nil {
 		return s, err
 	}
-	s.keyScope = h.KeyScope
+	s.keyScope = parseKeyScope(h.KeyScope)
 
 	if s.policy, s.ttlFrom, err = h.resolvePolicy(s.keyer); err != nil {
 		return s, err
