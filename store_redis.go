@@ -77,8 +77,9 @@ type RedisStore struct {
 	// Consecutive store failures that open the circuit breaker. Default: 5.
 	BreakerFailures int `json:"breaker_failures,omitempty"`
 
-	// How long an open breaker skips the store before one probe request
-	// tries it again. Default: 5s.
+	// The longest an open breaker skips the store before one probe request
+	// tries it again: the first probe goes 100ms after the breaker opens,
+	// and each failed probe doubles the wait, up to this. Default: 1s.
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
 
 	poolKey string
