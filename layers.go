@@ -20,6 +20,9 @@ import (
 type request struct {
 	batch    ping.Batch
 	elements []element
+	// unsure are the claims of a store call that failed without saying
+	// whether it wrote them: reconciled once the request's outcome is known.
+	unsure []*dedup.Claim
 }
 
 // element is one ping of a request and what became of it.
@@ -145,8 +148,9 @@ func (h *Handler) claim(ctx context.Context, req *request) {
 		return
 	}
 	claims, verdicts, err := h.deduper.ClaimAll(ctx, batch)
-	if err != nil && !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
+	if dedup.MayHaveWritten(err) { // the breaker logs its own transitions
 		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+		req.unsure = claims
 	}
 	for j, i := range at {
 		e := &req.elements[i]

@@ -203,6 +203,7 @@ type Handler struct {
 	// settings are the options above, with defaults applied and checked.
 	settings    settings
 	deduper     *dedup.Deduper
+	reconciler  *dedup.Reconciler // nil for a store whose calls never fail
 	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
@@ -250,6 +251,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.deduper = &dedup.Deduper{Store: claims, Keyer: s.keyer, Policy: s.policy}
 	if s.deadLetterInvalid {
 		h.deadLetters = mod.(deadLetterer).DeadLetters(s.deadLetterStream, s.deadLetterMaxLen)
+	}
+	if rs, ok := mod.(reconciling); ok {
+		h.reconciler = rs.Reconciler()
 	}
 
 	h.logger.Info("telemetry_dedup ready",
@@ -300,6 +304,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// placeholders, debug log.
 	h.record(r, repl, req)
 
+	if req.unsure != nil {
+		return h.respondUnsure(w, r, next, req)
+	}
 	return h.respond(w, r, next, req)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
@@ -82,10 +83,11 @@ type RedisStore struct {
 	// and each failed probe doubles the wait, up to this. Default: 1s.
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
 
-	poolKey string
-	client  redis.UniversalClient
-	store   dedup.Store
-	timeout time.Duration
+	poolKey    string
+	client     redis.UniversalClient
+	store      dedup.Store
+	reconciler *dedup.Reconciler
+	timeout    time.Duration
 }
 
 // RedisTLS configures TLS to Redis. Placeholders are expanded in every field.
@@ -133,8 +135,9 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	conn := v.(*redisConnection)
 	r.client = conn.client
-	r.timeout = cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
-	r.store = conn.breaker.Guard(dedup.NewRedisStore(conn.pipeline, r.timeout))
+	r.timeout = r.operationTimeout()
+	r.store = conn.store
+	r.reconciler = conn.reconciler
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
 	return nil
@@ -285,6 +288,14 @@ func (r *RedisStore) Cleanup() error {
 
 // Store returns the claim store.
 func (r *RedisStore) Store() dedup.Store { return r.store }
+
+// Reconciler returns the connection's reconciler: the claims of calls that
+// timed out are released or settled by token through it.
+func (r *RedisStore) Reconciler() *dedup.Reconciler { return r.reconciler }
+
+func (r *RedisStore) operationTimeout() time.Duration {
+	return cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
+}
 
 // DefaultNearCache is the near cache a Redis store gets unless near_cache
 // says otherwise: its round trips are what the cache saves.
@@ -487,12 +498,14 @@ func parseRedisURL(url string) (*redis.Options, error) {
 }
 
 // redisConnection is one shared client, the pipeline that batches its
-// commands, and the breaker in front of it, living in the usage pool and
-// closed with the last config that used it.
+// commands, the breaker in front of it and the reconciler behind it, living
+// in the usage pool and closed with the last config that used it.
 type redisConnection struct {
-	client   redis.UniversalClient
-	pipeline *pipeline.Pipeline
-	breaker  *dedup.Breaker
+	client     redis.UniversalClient
+	pipeline   *pipeline.Pipeline
+	breaker    *dedup.Breaker
+	store      dedup.Store
+	reconciler *dedup.Reconciler
 }
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
@@ -508,14 +521,46 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
 	})
 	client := redis.NewUniversalClient(opts)
-	return &redisConnection{client: client, pipeline: pipeline.New(client), breaker: breaker}
+	c := &redisConnection{client: client, pipeline: pipeline.New(client), breaker: breaker}
+	store := dedup.NewRedisStore(c.pipeline, r.operationTimeout())
+	c.store = breaker.Guard(store)
+	// The reconciler backs off on its own, and goes around the breaker: its
+	// retries during an outage must not reopen a breaker whose probe is on
+	// its way, and it must reach Redis as soon as Redis answers.
+	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(logger, where))
+	return c
 }
 
-func (c *redisConnection) Destruct() error { return c.client.Close() }
+// reconcileReporter counts what the reconciler did and logs what an
+// operator must know: claims it could not take or gave up on, which stand
+// until in_flight_timeout and then count as settled.
+func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
+	dropped := newThrottledLog(logger.With(zap.String("redis", where)), storeErrorLogEvery)
+	return func(outcome dedup.ReconcileOutcome, n int) {
+		metricsOnce.Do(initMetrics)
+		metrics.reconciled.WithLabelValues(string(outcome)).Add(float64(n))
+		switch outcome {
+		case dedup.ReconcileDropped, dedup.ReconcileExpired:
+			dropped.log("claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
+				"and the retries of the observations whose requests failed may be suppressed",
+				fmt.Errorf("%d claims %s", n, outcome))
+		case dedup.ReconcileReleased, dedup.ReconcileReleasedLate:
+			if c := logger.Check(zapcore.DebugLevel, "released claims a timed-out store call had written"); c != nil {
+				c.Write(zap.String("redis", where), zap.Int("claims", n), zap.String("outcome", string(outcome)))
+			}
+		}
+	}
+}
+
+func (c *redisConnection) Destruct() error {
+	c.reconciler.Close() // first: its goroutine calls through the client
+	return c.client.Close()
+}
 
 func (c *redisConnection) stats() storeStats {
 	rt, n := c.pipeline.RoundTrips()
-	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n}
+	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n,
+		reconciling: uint64(c.reconciler.Len())}
 }
 
 // Interface guards
@@ -526,5 +571,7 @@ var (
 	_ storeModule           = (*RedisStore)(nil)
 	_ deadLetterer          = (*RedisStore)(nil)
 	_ nearCacher            = (*RedisStore)(nil)
+	_ reconciling           = (*RedisStore)(nil)
+	_ timeoutStore          = (*RedisStore)(nil)
 	_ statsReporter         = (*redisConnection)(nil)
 )
