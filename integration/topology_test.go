@@ -10,14 +10,22 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 // counterValue reads one series of a counter from Caddy's metrics endpoint.
 func counterValue(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
+	return counterIn(scrape(t), name, labels)
+}
+
+// counterIn sums the counters of one family in scraped metrics whose labels
+// match labels.
+func counterIn(families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 	total := 0.0
-	for _, m := range scrape(t)[name].GetMetric() {
+	for _, m := range families[name].GetMetric() {
 		match := true
 		for _, l := range m.GetLabel() {
 			if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
