@@ -141,8 +141,10 @@ type Handler struct {
 
 	// How long a claim whose request is still waiting for its upstream
 	// makes exact redeliveries wait (409). After this the claim counts as
-	// settled even if its request vanished. Keep it above the upstream's
-	// timeouts. Default: 30s.
+	// settled even if its request vanished. The upstream request is cut
+	// at in_flight_timeout less the store's timeout and 100ms after the
+	// claim, and the claim released, so that a claim this old has always
+	// been finished. Default: 30s.
 	InFlightTimeout caddy.Duration `json:"in_flight_timeout,omitempty"`
 
 	// "enforce" answers duplicates itself; "shadow" makes and records every

@@ -148,6 +148,43 @@ func TestBreakerSkipsAHungRedis(t *testing.T) {
 	post(t, tester.Client, fresh).expect(t, http.StatusOK, "suppressed")
 }
 
+// The breaker probes with a growing backoff capped at breaker_cooldown (1s
+// by default), so Redis is used again within about a second of coming back
+// however long it was away. Killed for 5.5 s, a fixed 5 s cool-down would
+// have probed just before the restart and then waited 5 s more.
+func TestBreakerUsesARecoveredRedisWithinASecond(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}")
+	at := base()
+	i := 0
+	send := func() string {
+		i++
+		return post(t, tester.Client, ping(fmt.Sprintf("veh-recovery-%d", i), at, 52.5200087, 13.4049547)).header.Get("X-Dedup")
+	}
+	send()
+	srv.Kill()
+	for down := time.Now(); time.Since(down) < 5500*time.Millisecond; {
+		if d := send(); d != "unchecked" {
+			t.Fatalf("a ping while Redis was down: %s", d)
+		}
+	}
+	srv.Restart()
+	back := time.Now()
+	unchecked := 0
+	for send() == "unchecked" {
+		unchecked++
+		if time.Since(back) > 10*time.Second {
+			t.Fatal("Redis was not used again within 10s of coming back")
+		}
+	}
+	lag := time.Since(back)
+	t.Logf("Redis was used again %s after it came back; %d pings went unchecked meanwhile", lag.Round(10*time.Millisecond), unchecked)
+	if lag > 2500*time.Millisecond {
+		t.Errorf("Redis was used again only %s after it came back; the breaker must probe at least once a second", lag)
+	}
+}
+
 // Redis is killed in the middle of a load and restarted: failing open,
 // no request gets a 5xx and nothing is lost; decisions resume after the
 // restart.
