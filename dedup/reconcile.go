@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -76,7 +77,6 @@ type Reconciler struct {
 	store    Store
 	capacity int
 	report   func(ReconcileOutcome, int)
-	now      func() time.Time
 	confirm  []time.Duration
 
 	mu      sync.Mutex
@@ -111,7 +111,7 @@ func newReconciler(store Store, capacity int, report func(ReconcileOutcome, int)
 		capacity = DefaultReconcileQueue
 	}
 	r := &Reconciler{
-		store: store, capacity: capacity, report: report, now: time.Now, confirm: confirm,
+		store: store, capacity: capacity, report: report, confirm: confirm,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	go r.run()
@@ -130,7 +130,11 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 		r.count(ReconcileDropped, len(claims))
 		return false
 	}
-	r.jobs = append(r.jobs, &reconcileJob{claims: slices.Clone(claims), release: release, due: r.now(), released: make([]bool, len(claims))})
+	job := &reconcileJob{claims: make([]*Claim, len(claims)), release: release, due: time.Now(), released: make([]bool, len(claims))}
+	for i, c := range claims {
+		job.claims[i] = ownCopy(c)
+	}
+	r.jobs = append(r.jobs, job)
 	r.claims += len(claims)
 	r.mu.Unlock()
 	select {
@@ -186,7 +190,7 @@ func (r *Reconciler) untilNext() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	next := time.Hour
-	now := r.now()
+	now := time.Now()
 	for _, j := range r.jobs {
 		next = min(next, max(0, j.due.Sub(now)))
 	}
@@ -196,7 +200,7 @@ func (r *Reconciler) untilNext() time.Duration {
 // work does every job that is due, the releases in one store call and the
 // settlements in another.
 func (r *Reconciler) work() {
-	now := r.now()
+	now := time.Now()
 	r.mu.Lock()
 	var due []*reconcileJob
 	r.jobs = slices.DeleteFunc(r.jobs, func(j *reconcileJob) bool {
@@ -211,8 +215,10 @@ func (r *Reconciler) work() {
 	var releases, settles []*reconcileJob
 	for _, j := range due {
 		switch {
-		case j.expired(now):
+		case j.expired(now) && j.answers == 0:
 			r.finish(j, ReconcileExpired)
+		case j.expired(now): // its outcome is counted; a confirmation is moot now
+			r.finish(j, "")
 		case j.release:
 			releases = append(releases, j)
 		default:
@@ -246,7 +252,7 @@ func (r *Reconciler) attempt(jobs []*reconcileJob) {
 	} else {
 		err = r.store.Settle(context.Background(), claims)
 	}
-	now := r.now()
+	now := time.Now()
 	for _, j := range jobs {
 		if err != nil {
 			j.failures++
@@ -291,6 +297,15 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	}
 	j.due = now.Add(r.confirm[j.answers-1])
 	r.requeue(j)
+}
+
+// ownCopy is a copy of c that holds on to nothing of its request: the
+// strings a parser reads may point into the request's body, which a job
+// kept for a minute would otherwise keep alive.
+func ownCopy(c *Claim) *Claim {
+	o := *c
+	o.Asset, o.Event, o.State = strings.Clone(c.Asset), strings.Clone(c.Event), strings.Clone(c.State)
+	return &o
 }
 
 func (j *reconcileJob) expired(now time.Time) bool {
