@@ -20,48 +20,67 @@ func (e *tooLargeError) Error() string {
 		humanize.IBytes(uint64(e.limit)))
 }
 
+// firstRead is the buffer a body read starts with: most pings fit, and a
+// sender that declares a megabyte and sends a byte gets no more than this
+// until more arrives.
+const firstRead = 4 << 10
+
 // readBody reads at most limit bytes of the body and puts them back for the
 // next handler, with a ContentLength that matches: reverse_proxy drops a body
 // whose ContentLength is 0, and a wrong length fails the upstream request.
 // An oversize body is put back whole, for shadow mode to forward.
+//
+// The buffer grows with what has arrived, never with what was declared: a
+// Content-Length is a claim, and 300 connections each declaring 1 MiB and
+// sending one byte must not hold 300 MiB.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, &tooLargeError{limit}
 	}
+	want := limit + 1 // one byte more tells an oversize body
 	if r.ContentLength >= 0 {
-		return readKnownLength(r)
+		want = r.ContentLength // the server ends the body there
 	}
-	var buf bytes.Buffer
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	body, err := readUpTo(r.Body, want)
 	switch {
 	case err != nil && isTooLarge(err):
 		return nil, &tooLargeError{limit}
 	case err != nil:
 		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
-	case int64(buf.Len()) > limit:
+	case r.ContentLength >= 0 && int64(len(body)) < r.ContentLength:
+		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", io.ErrUnexpectedEOF))
+	case int64(len(body)) > limit:
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), r.Body}
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
 		return nil, &tooLargeError{limit}
 	}
-	body := buf.Bytes()
 	restoreBody(r, body)
 	return body, nil
 }
 
-// readKnownLength reads a body whose Content-Length was sent into one
-// buffer of exactly that size; the server ends the body there.
-func readKnownLength(r *http.Request) ([]byte, error) {
-	body := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(r.Body, body); err != nil {
-		if isTooLarge(err) {
-			return nil, err
+// readUpTo reads until EOF or n bytes, whichever comes first, into a buffer
+// that starts at firstRead and doubles as bytes arrive, so memory follows
+// the bytes received.
+func readUpTo(body io.Reader, n int64) ([]byte, error) {
+	buf := make([]byte, 0, min(n, firstRead))
+	for int64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			grown := make([]byte, len(buf), min(n, 2*int64(cap(buf))))
+			copy(grown, buf)
+			buf = grown
 		}
-		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
+		m, err := body.Read(buf[len(buf):min(int64(cap(buf)), n)])
+		buf = buf[:len(buf)+m]
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
-	restoreBody(r, body)
-	return body, nil
+	return buf, nil
 }
 
 func restoreBody(r *http.Request, body []byte) {

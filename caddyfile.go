@@ -72,6 +72,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_body       <size>
 //		max_batch      <pings>
 //		max_future     <duration>
+//		max_past       <duration>
 //		null_island    reject|allow
 //		stuck_ratio    <share>
 //		stuck_after    <duration>
@@ -193,6 +194,7 @@ var caddyfileOptions = []option{
 		return intArg(d, &h.MaxBatch, 1, "a positive number of pings such as 1000")
 	}},
 	{"max_future", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.MaxFuture) }},
+	{"max_past", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.MaxPast) }},
 	{"null_island", "reject|allow", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.NullIsland) }},
 	{"stuck_ratio", "<share>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return floatArg(d, &h.StuckRatio, "", "a share between 0 and 1, e.g. stuck_ratio 0.95")

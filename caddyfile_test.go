@@ -150,6 +150,12 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"null_island", "telemetry_dedup {\n\tnull_island ignore\n}", []string{":2", "reject", "allow"}},
 		{"max_body", "telemetry_dedup {\n\tmax_body lots\n}", []string{":2", "1MiB"}},
 		{"in_flight_timeout beyond ttl", "telemetry_dedup {\n\tin_flight_timeout 7h\n}", []string{":2", "shorter than the key TTL"}},
+		// The claim (up to the store's timeout), the upstream and the release
+		// (the timeout again, and 100ms) must all fit into in_flight_timeout.
+		{"in_flight_timeout too short for the store", "telemetry_dedup {\n\tstore redis redis://a:6379 {\n\t\ttimeout 500ms\n\t}\n\tin_flight_timeout 1s\n}",
+			[]string{":5", "leaves the upstream 0s", "at least 1.2s", "lower the store's timeout"}},
+		{"in_flight_timeout too short for the memory store", "telemetry_dedup {\n\tin_flight_timeout 150ms\n}",
+			[]string{":2", "leaves the upstream 50ms", "at least 200ms"}},
 		{"missing argument", "telemetry_dedup {\n\tasset\n}", []string{":2"}},
 		{"extra argument", "telemetry_dedup {\n\tlat a b\n}", []string{":2"}},
 		{"unknown store", "telemetry_dedup {\n\tstore etcd\n}", []string{":2", "memory", "redis"}},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -52,7 +53,8 @@ func pingFlags(fs *pflag.FlagSet) {
 	fs.String("lon", "", "JSON path of the longitude (default lon)")
 	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
 	fs.String("key-prefix", dedup.DefaultKeyPrefix, "key prefix")
-	fs.String("scope", "", "the key_scope value (e.g. the host or tenant) the ping was keyed in")
+	fs.String("scope", "", "the key_scope value the ping was keyed in, as it entered the key "+
+		"(a host from {http.request.host}: lower case, no trailing dot, no port)")
 	fs.String("shape", "", "tumbling, sliding or session (default tumbling)")
 }
 
@@ -67,6 +69,7 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 		CRS:        fs.String("crs"),
 		Shape:      fs.String("shape"),
 		MaxFuture:  caddy.Duration(100 * 365 * 24 * time.Hour), // a capture or a log line may be old
+		MaxPast:    caddy.Duration(math.MaxInt64),
 	}
 	var err error
 	if h.Asset, err = fs.GetStringSlice("asset"); err != nil {
@@ -110,6 +113,7 @@ then look the key up in Redis: redis-cli GET <key>, PTTL <key>.`,
 // keyReport is what the key command prints.
 type keyReport struct {
 	Asset    string    `json:"asset"`
+	Scope    string    `json:"scope,omitempty"`
 	Time     time.Time `json:"time"`
 	Bucket   int64     `json:"bucket"`
 	Cell     string    `json:"cell"`
@@ -138,10 +142,10 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("the ping cannot be keyed: %w", err)
 	}
-	asset := ping.Asset
-	ping.Asset = dedup.ScopedAsset(fs.String("scope"), asset)
+	asset, scope := ping.Asset, fs.String("scope")
+	ping.Asset = dedup.ScopedAsset(scope, asset)
 	obs := s.keyer.Observe(ping)
-	r := keyReport{Asset: asset, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
+	r := keyReport{Asset: asset, Scope: scope, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
 	if s.policy.Shape != dedup.Tumbling {
 		r.StateKey, r.SeenKey = s.keyer.TrackKeys(ping.Asset, obs.Time)
 	}
@@ -150,6 +154,9 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "asset\t%s\n", r.Asset)
+	if r.Scope != "" {
+		fmt.Fprintf(tw, "scope\t%s\t(identity %q)\n", r.Scope, ping.Asset)
+	}
 	fmt.Fprintf(tw, "time\t%s\n", r.Time.Format(time.RFC3339Nano))
 	fmt.Fprintf(tw, "bucket\t%d\t(%s, window %s)\n", r.Bucket, time.Unix(r.Bucket, 0).UTC().Format(time.RFC3339), s.keyer.Window)
 	fmt.Fprintf(tw, "cell\t%s\t(resolution %d, edges of ~%.1f m)\n", r.Cell, s.keyer.Resolution, h3.HexagonEdgeLengthAvgM(s.keyer.Resolution))

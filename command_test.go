@@ -10,6 +10,9 @@ import (
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // run parses args with cmd's flags and runs f, as the caddy binary would.
@@ -54,6 +57,38 @@ func TestKeyCommandPrintsTheProductionKey(t *testing.T) {
 	if r.Asset != "7" || r.Bucket != 1786190400 || !strings.HasPrefix(r.Key, "fleet:") ||
 		!strings.HasPrefix(r.StateKey, "fleet:{") || !strings.HasSuffix(r.StateKey, "}:s") || !strings.HasSuffix(r.SeenKey, ":m1786190400") {
 		t.Fatalf("key report %+v", r)
+	}
+}
+
+// --scope keys the ping as a scoped handler does, and no asset id of an
+// unscoped handler reaches the same key.
+func TestKeyCommandKeysAScopedPing(t *testing.T) {
+	keyOf := func(args ...string) string {
+		t.Helper()
+		out, err := runKeyCmd(t, "", append(args, "--json")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r keyReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("--json output %q: %v", out, err)
+		}
+		return r.Key
+	}
+	truck := func(asset string) string {
+		return `{"asset_id":"` + asset + `","occurred_at":"2026-08-08T12:00:00Z","lat":52.5200087,"lon":13.4049547}`
+	}
+	scoped := keyOf("--scope", "acme.example", truck("truck-2"))
+	at := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	p := ping.Ping{Asset: dedup.ScopedAsset("acme.example", "truck-2"), Time: at, Lat: 52.5200087, Lon: 13.4049547}
+	if want := (dedup.Keyer{Window: dedup.DefaultWindow, Resolution: dedup.DefaultResolution, Prefix: dedup.DefaultKeyPrefix}).Observe(p).Key; scoped != want {
+		t.Errorf("--scope acme.example keys truck-2 as %s; the handler keys it %s", scoped, want)
+	}
+	if forged := keyOf(truck("12:acme.example/truck-2")); forged == scoped {
+		t.Errorf("the unscoped asset 12:acme.example/truck-2 has acme's scoped key %s", scoped)
+	}
+	if unscoped := keyOf(truck("truck-2")); unscoped == scoped {
+		t.Error("the scope did not change the key")
 	}
 }
 

@@ -20,9 +20,9 @@ const (
 
 // forward passes the request on, saying what it is in X-Dedup. When it
 // carries claims, the upstream's real answer settles or releases them, and
-// the upstream request is detached from the sender's cancellation: a sender
+// the upstream request is detached from the sender's cancellation (a sender
 // that hangs up does not undo an upstream that went on to store the
-// observation.
+// observation) and bounded by the claims' age (see upstreamContext).
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, decision dedup.Decision, reason string, claims []*dedup.Claim) error {
 	w.Header().Set(headerDecision, string(decision))
 	if reason != "" {
@@ -32,6 +32,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
+	ctx, cancel := h.upstreamContext(r.Context(), claims)
+	defer cancel()
 	detached := context.WithoutCancel(r.Context())
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
@@ -40,37 +42,88 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// reverse_proxy aborts a broken response stream with a panic. If the
 		// upstream had answered below 500 by then, it has the observation.
 		if p := recover(); p != nil {
-			h.finish(detached, claims, rec.Status() == 0 || rec.Status() >= 500)
+			h.finish(detached, claims, failedStatus(rec.Status()))
 			panic(p)
 		}
 	}()
-	err := next.ServeHTTP(rec, r.WithContext(detached))
+	err := next.ServeHTTP(rec, r.WithContext(ctx))
 	h.finish(detached, claims, err != nil || rec.Status() >= 500)
 	return err
 }
 
+// upstreamContext is the context of the upstream request of claimed pings:
+// detached from the sender, and cancelled upstreamBound after the claims
+// were made. An upstream that hangs past it is cut (the proxy answers 504)
+// and the claims released, in time to be finished before in_flight_timeout:
+// a claim older than that is always finished, so counting it as settled
+// loses nothing.
+func (h *Handler) upstreamContext(ctx context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
+	// The claims of one request are made at one instant, in one store call.
+	return context.WithDeadline(context.WithoutCancel(ctx), claims[0].At.Add(h.settings.upstreamBound))
+}
+
+// failedStatus reports an upstream answer (0: none) that does not show the
+// upstream took the observation.
+func failedStatus(status int) bool { return status == 0 || status >= 500 }
+
 // finish settles the claims of a forwarded request, or releases them when
-// the upstream failed and release_on_failure is on.
+// the upstream failed and release_on_failure is on. If the store cannot
+// say, the reconciler takes over.
 func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool) {
 	if !failed || !h.settings.release {
 		if err := h.deduper.Settle(ctx, claims...); err != nil {
-			h.storeErrors.log("settling a claim failed; exact redeliveries wait for in_flight_timeout instead", err)
+			h.storeErrors.log("settling a claim failed; the reconciler settles it once the store answers", err)
+			h.reconcile(claims, false)
 		}
 		return
 	}
 	released, err := h.deduper.Release(ctx, claims...)
 	if err != nil {
 		metrics.releases.WithLabelValues(releaseError).Add(float64(len(claims)))
-		// The claims stay; the sender's retries get 409 until
-		// in_flight_timeout, then count as duplicates. Rare, and worth a line
-		// of its own.
-		h.logger.Error("releasing the claims of a failed request failed; its retries may be suppressed",
+		h.logger.Warn("releasing the claims of a failed request failed; the reconciler releases them once the store answers",
 			zap.String("key", claims[0].Key()), zap.Int("claims", len(claims)), zap.Error(err))
+		h.reconcile(claims, true)
 		return
 	}
 	metrics.releases.WithLabelValues(releaseReleased).Add(float64(released))
 	metrics.releases.WithLabelValues(releaseNotHeld).Add(float64(len(claims) - released))
 	if c := h.logger.Check(zapcore.DebugLevel, "released claims after upstream failure"); c != nil {
 		c.Write(zap.String("key", claims[0].Key()), zap.Int("released", released), zap.Int("claims", len(claims)))
+	}
+}
+
+// respondUnsure answers a request whose claim call failed without saying
+// whether it wrote the claims (a timeout, a reset connection) as
+// on_store_error says, then hands the claims to the reconciler by what
+// became of the request: released when nothing went upstream (closed: 503)
+// or the unchecked forward failed, settled when it succeeded, so that their
+// redeliveries are suppressed as they should be. Settle and release act by
+// token: a claim that never landed, or lands late, changes nothing else. An
+// unchecked forward is detached and bounded as that of an accepted ping.
+func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request) error {
+	if h.settings.onStoreError != decisionUnchecked {
+		err := h.respond(w, r, next, req)
+		h.reconcile(req.unsure, true)
+		return err
+	}
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	ctx, cancel := h.upstreamContext(r.Context(), req.unsure)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			h.reconcile(req.unsure, h.settings.release && failedStatus(rec.Status()))
+			panic(p)
+		}
+	}()
+	err := h.respond(rec, r.WithContext(ctx), next, req)
+	h.reconcile(req.unsure, h.settings.release && (err != nil || rec.Status() >= 500))
+	return err
+}
+
+// reconcile hands claims whose fate the store did not tell to the
+// reconciler, to be released or settled by token once it answers.
+func (h *Handler) reconcile(claims []*dedup.Claim, release bool) {
+	if h.reconciler != nil {
+		h.reconciler.Hand(claims, release) // the reconciler counts and logs what it cannot take
 	}
 }

@@ -20,6 +20,9 @@ import (
 type request struct {
 	batch    ping.Batch
 	elements []element
+	// unsure are the claims of a store call that failed without saying
+	// whether it wrote them: reconciled once the request's outcome is known.
+	unsure []*dedup.Claim
 }
 
 // element is one ping of a request and what became of it.
@@ -96,10 +99,15 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 		parser = &h.settings.formParser
 	}
 	now := time.Now()
+	var scope string
+	var scopeErr error
+	if h.settings.keyScope.enabled() {
+		scope, scopeErr = h.settings.keyScope.expand(repl) // the request's, the same for each ping
+	}
 	for i, raw := range batch.Elements {
 		e := &req.elements[i]
 		e.raw = batch.Sent(i)
-		p, scope, err := h.readPing(parser, raw, repl, now)
+		p, err := h.readPing(parser, raw, repl, scopeErr, now)
 		switch {
 		case errors.Is(err, ping.ErrNotAPing):
 			e.decision, e.reason = decisionSkipped, reasonNotAPing
@@ -112,23 +120,23 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 	return req
 }
 
-// readPing reads and validates one ping, and the key scope it belongs to.
-func (h *Handler) readPing(parser *ping.Parser, raw []byte, repl *caddy.Replacer, now time.Time) (p ping.Ping, scope string, err error) {
+// readPing reads and validates one ping with parser. scopeErr is why the
+// request's key scope could not be filled, if it could not: the ping's own
+// faults are reported first, as they would be without a scope.
+func (h *Handler) readPing(parser *ping.Parser, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
 	s := &h.settings
 	if p, err = parser.Extract(raw); err != nil {
-		return p, "", err
+		return p, err
 	}
 	if s.assetTemplate != "" {
 		if p.Asset, err = expandTemplate(repl, "asset", s.assetTemplate); err != nil {
-			return p, "", err
+			return p, err
 		}
 	}
-	if s.keyScope != "" {
-		if scope, err = expandTemplate(repl, "key_scope", s.keyScope); err != nil {
-			return p, "", err
-		}
+	if scopeErr != nil {
+		return p, scopeErr
 	}
-	return p, scope, parser.Validate(p, now)
+	return p, parser.Validate(p, now)
 }
 
 // refuse marks an element that cannot be keyed: rejected with the answer
@@ -172,8 +180,9 @@ func (h *Handler) claim(ctx context.Context, req *request) {
 		return
 	}
 	claims, verdicts, err := h.deduper.ClaimAll(ctx, batch)
-	if err != nil && !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
+	if dedup.MayHaveWritten(err) { // the breaker logs its own transitions
 		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+		req.unsure = claims
 	}
 	for j, i := range at {
 		e := &req.elements[i]

@@ -34,6 +34,8 @@ var (
 		nearCacheLookups   *prometheus.CounterVec
 		nearCacheHit       prometheus.Counter
 		nearCacheMiss      prometheus.Counter
+		reconciled         *prometheus.CounterVec
+		reconcilePending   prometheus.GaugeFunc
 	}
 )
 
@@ -83,6 +85,13 @@ func initMetrics() {
 		"Near cache lookups, by result: a hit is a duplicate answered without a store round trip.")), []string{"result"})
 	metrics.nearCacheHit = metrics.nearCacheLookups.WithLabelValues("hit")
 	metrics.nearCacheMiss = metrics.nearCacheLookups.WithLabelValues("miss")
+	metrics.reconciled = prometheus.NewCounterVec(prometheus.CounterOpts(opts("reconciled_total",
+		"Claims whose store call failed without saying whether it wrote them (or whose settle or release failed), "+
+			"reconciled by token once the store answered, by outcome (released, released_late, not_held, settled, dropped, expired).")),
+		[]string{"outcome"})
+	metrics.reconcilePending = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("reconcile_pending",
+		"Claims waiting for the store to answer so they can be settled or released by token.")),
+		func() float64 { return float64(sumStoreStats().reconciling) })
 }
 
 func countNearCacheLookup(hit bool) {
@@ -104,6 +113,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.releases,
 		metrics.inFlight, metrics.memoryKeys, metrics.memoryEvictions, metrics.stuckAssets,
 		metrics.breakersOpen, metrics.breakerTransitions, metrics.nearCacheLookups, metrics.roundTrips, metrics.commands,
+		metrics.reconciled, metrics.reconcilePending,
 	} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {

@@ -198,8 +198,10 @@ type Handler struct {
 
 	// How long a claim whose request is still waiting for its upstream
 	// makes exact redeliveries wait (409). After this the claim counts as
-	// settled even if its request vanished. Keep it above the upstream's
-	// timeouts. Default: 30s.
+	// settled even if its request vanished. The upstream request is cut
+	// at in_flight_timeout less the store's timeout and 100ms after the
+	// claim, and the claim released, so that a claim this old has always
+	// been finished. Default: 30s.
 	InFlightTimeout caddy.Duration `json:"in_flight_timeout,omitempty"`
 
 	// "enforce" answers duplicates itself; "shadow" makes and records every
@@ -234,6 +236,11 @@ type Handler struct {
 	// Default: 5m.
 	MaxFuture caddy.Duration `json:"max_future,omitempty"`
 
+	// How far behind the server clock a device time may be. Older pings
+	// are rejected: their clock was never set (1970, the GPS epoch, the
+	// year 1). Default: 365d.
+	MaxPast caddy.Duration `json:"max_past,omitempty"`
+
 	// "reject" refuses the exact position (0, 0), which GPS modules report
 	// before they have a fix; "allow" admits it. Default: reject.
 	NullIsland string `json:"null_island,omitempty"`
@@ -255,6 +262,7 @@ type Handler struct {
 	// settings are the options above, with defaults applied and checked.
 	settings    settings
 	deduper     *dedup.Deduper
+	reconciler  *dedup.Reconciler // nil for a store whose calls never fail
 	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
@@ -302,6 +310,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.deduper = &dedup.Deduper{Store: claims, Keyer: s.keyer, Policy: s.policy}
 	if s.deadLetterInvalid {
 		h.deadLetters = mod.(deadLetterer).DeadLetters(s.deadLetterStream, s.deadLetterMaxLen)
+	}
+	if rs, ok := mod.(reconciling); ok {
+		h.reconciler = rs.Reconciler()
 	}
 
 	if h.Hysteresis != 0 {
@@ -355,6 +366,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// placeholders, debug log.
 	h.record(r, repl, req)
 
+	if req.unsure != nil {
+		return h.respondUnsure(w, r, next, req)
+	}
 	return h.respond(w, r, next, req)
 }
 

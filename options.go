@@ -39,16 +39,21 @@ type settings struct {
 	// encoding says where a request's fields are: json, form or auto.
 	encoding      string
 	answers       answers
-	assetTemplate string // a placeholder template for the asset, instead of paths
-	keyScope      string // a placeholder template that scopes every key
+	assetTemplate string   // a placeholder template for the asset, instead of paths
+	keyScope      keyScope // a placeholder template that scopes every key
 	keyer         dedup.Keyer
 	policy        dedup.Policy
 	ttlFrom       string
 	// onStoreError is what a ping becomes when the store cannot answer:
 	// unchecked (forwarded) or unavailable (503).
 	onStoreError dedup.Decision
-	release      bool
-	shadow       bool
+	// upstreamBound is how long after its claim the upstream request of a
+	// claimed ping is cut: in_flight_timeout less what settling or
+	// releasing the claim may take, so that a claim older than
+	// in_flight_timeout has always been finished.
+	upstreamBound time.Duration
+	release       bool
+	shadow        bool
 	// deadLetterInvalid sends the pings that cannot be keyed to the
 	// store's dead letters instead of rejecting them.
 	deadLetterInvalid bool
@@ -87,9 +92,12 @@ func (h *Handler) resolve() (settings, error) {
 	if err := s.keyer.Check(); err != nil {
 		return s, err
 	}
-	s.keyScope = h.KeyScope
+	s.keyScope = parseKeyScope(h.KeyScope)
 
 	if s.policy, s.ttlFrom, err = h.resolvePolicy(s.keyer); err != nil {
+		return s, err
+	}
+	if s.upstreamBound, err = h.resolveUpstreamBound(s.policy.InFlightTimeout); err != nil {
 		return s, err
 	}
 
@@ -255,6 +263,10 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 	if p.MaxFuture < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
 	}
+	p.MaxPast = orDefault(h.MaxPast, ping.DefaultMaxPast)
+	if p.MaxPast < 0 {
+		return p, "", &dedup.ConfigError{Option: "max_past", Problem: fmt.Sprintf("%s is negative; use a duration such as 365d", p.MaxPast)}
+	}
 	var err error
 	if p.AllowNullIsland, err = choice("null_island", h.NullIsland, nullIslandReject, nullIslandAllow); err != nil {
 		return p, "", err
@@ -344,6 +356,35 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 			"%s must be positive and shorter than the key TTL %s; set it just above your upstream's timeout", pol.InFlightTimeout, ttl)}
 	}
 	return pol, ttlFrom, nil
+}
+
+// finishMargin is what the bound on the upstream request leaves, beside the
+// store's own timeout, for the proxy to return and the release to start.
+const finishMargin = 100 * time.Millisecond
+
+// minUpstreamTime is the least an upstream request may be given.
+const minUpstreamTime = 100 * time.Millisecond
+
+// resolveUpstreamBound works out how long after its claim the upstream
+// request of a claimed ping may run: in_flight_timeout less the time to
+// settle or release the claim (the store's timeout and finishMargin), so
+// that the claim is finished before in_flight_timeout. The claim itself may
+// take the store's timeout before the upstream request starts; if what is
+// left for the upstream is less than minUpstreamTime, the options cannot
+// agree.
+func (h *Handler) resolveUpstreamBound(inFlight time.Duration) (time.Duration, error) {
+	storeTimeout, err := storeTimeoutOf(h.StoreRaw)
+	if err != nil {
+		return 0, err
+	}
+	finish := storeTimeout + finishMargin
+	if left := inFlight - storeTimeout - finish; left < minUpstreamTime {
+		return 0, &dedup.ConfigError{Option: "in_flight_timeout", Problem: fmt.Sprintf(
+			"%s leaves the upstream %s: the claim may take the store's timeout (%s), and settling or releasing it %s more, "+
+				"all before in_flight_timeout; set in_flight_timeout to at least %s, or lower the store's timeout",
+			inFlight, max(left, 0), storeTimeout, finish, storeTimeout+finish+minUpstreamTime)}
+	}
+	return inFlight - finish, nil
 }
 
 func (h *Handler) ttlPolicy(window time.Duration) dedup.TTLPolicy {

@@ -127,7 +127,8 @@ func (h *Handler) giveBack(ctx context.Context, claims []*dedup.Claim) {
 		return
 	}
 	if _, err := h.deduper.Release(context.WithoutCancel(ctx), claims...); err != nil {
-		h.logger.Error("releasing the claims of a batch sent back for retry failed; its retries may be suppressed", zap.Error(err))
+		h.logger.Warn("releasing the claims of a batch sent back for retry failed; the reconciler releases them once the store answers", zap.Error(err))
+		h.reconcile(claims, true)
 	}
 }
 

@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
-	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 func init() {
@@ -77,14 +76,16 @@ type RedisStore struct {
 	// Consecutive store failures that open the circuit breaker. Default: 5.
 	BreakerFailures int `json:"breaker_failures,omitempty"`
 
-	// How long an open breaker skips the store before one probe request
-	// tries it again. Default: 5s.
+	// The longest an open breaker skips the store before one probe request
+	// tries it again: the first probe goes 100ms after the breaker opens,
+	// and each failed probe doubles the wait, up to this. Default: 1s.
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
 
-	poolKey string
-	client  redis.UniversalClient
-	store   dedup.Store
-	timeout time.Duration
+	poolKey    string
+	client     redis.UniversalClient
+	store      dedup.Store
+	reconciler *dedup.Reconciler
+	timeout    time.Duration
 }
 
 // RedisTLS configures TLS to Redis. Placeholders are expanded in every field.
@@ -132,8 +133,9 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	conn := v.(*redisConnection)
 	r.client = conn.client
-	r.timeout = cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
-	r.store = conn.breaker.Guard(dedup.NewRedisStore(conn.pipeline, r.timeout))
+	r.timeout = r.operationTimeout()
+	r.store = conn.store
+	r.reconciler = conn.reconciler
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
 	return nil
@@ -284,6 +286,14 @@ func (r *RedisStore) Cleanup() error {
 
 // Store returns the claim store.
 func (r *RedisStore) Store() dedup.Store { return r.store }
+
+// Reconciler returns the connection's reconciler: the claims of calls that
+// timed out are released or settled by token through it.
+func (r *RedisStore) Reconciler() *dedup.Reconciler { return r.reconciler }
+
+func (r *RedisStore) operationTimeout() time.Duration {
+	return cmp.Or(time.Duration(r.Timeout), dedup.DefaultRedisTimeout)
+}
 
 // DefaultNearCache is the near cache a Redis store gets unless near_cache
 // says otherwise: its round trips are what the cache saves.
@@ -485,38 +495,6 @@ func parseRedisURL(url string) (*redis.Options, error) {
 	return opts, nil
 }
 
-// redisConnection is one shared client, the pipeline that batches its
-// commands, and the breaker in front of it, living in the usage pool and
-// closed with the last config that used it.
-type redisConnection struct {
-	client   redis.UniversalClient
-	pipeline *pipeline.Pipeline
-	breaker  *dedup.Breaker
-}
-
-func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
-	where := describeTopology(r)
-	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
-		metricsOnce.Do(initMetrics)
-		metrics.breakerTransitions.WithLabelValues(to.String()).Inc()
-		if to == dedup.BreakerOpen {
-			logger.Warn("redis store circuit breaker opened: skipping Redis and applying on_store_error until a probe succeeds",
-				zap.String("redis", where), zap.String("from", from.String()), zap.Error(cause))
-			return
-		}
-		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
-	})
-	client := redis.NewUniversalClient(opts)
-	return &redisConnection{client: client, pipeline: pipeline.New(client), breaker: breaker}
-}
-
-func (c *redisConnection) Destruct() error { return c.client.Close() }
-
-func (c *redisConnection) stats() storeStats {
-	rt, n := c.pipeline.RoundTrips()
-	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n}
-}
-
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*RedisStore)(nil)
@@ -525,5 +503,6 @@ var (
 	_ storeModule           = (*RedisStore)(nil)
 	_ deadLetterer          = (*RedisStore)(nil)
 	_ nearCacher            = (*RedisStore)(nil)
-	_ statsReporter         = (*redisConnection)(nil)
+	_ reconciling           = (*RedisStore)(nil)
+	_ timeoutStore          = (*RedisStore)(nil)
 )

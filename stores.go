@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -39,6 +40,20 @@ type nearCacher interface {
 	DefaultNearCache() int
 }
 
+// reconciling is a store whose calls can fail without saying whether they
+// wrote: its reconciler settles or releases such claims by token once it
+// answers again.
+type reconciling interface {
+	Reconciler() *dedup.Reconciler
+}
+
+// timeoutStore is a store whose operations each take at most a timeout:
+// what settling or releasing a claim may take, which the bound on the
+// upstream request leaves room for.
+type timeoutStore interface {
+	operationTimeout() time.Duration
+}
+
 // statsReporter is a shared store value in the pool that reports to the
 // metrics. Each fills in what it has.
 type statsReporter interface {
@@ -50,6 +65,7 @@ type storeStats struct {
 	keys, evictions      uint64 // held in process, and dropped to stay bounded
 	breakerOpen          bool
 	roundTrips, commands uint64
+	reconciling          uint64 // claims waiting for the store to answer
 }
 
 // sumStoreStats adds up the reports of every shared store in use.
@@ -62,6 +78,7 @@ func sumStoreStats() storeStats {
 			total.evictions += s.evictions
 			total.roundTrips += s.roundTrips
 			total.commands += s.commands
+			total.reconciling += s.reconciling
 		}
 		return true
 	})
@@ -97,6 +114,24 @@ func storeModuleOf(raw json.RawMessage) (caddy.Module, error) {
 		return nil, &dedup.ConfigError{Option: "store", Problem: fmt.Sprintf("unknown store %q; use %s", name, storeNames())}
 	}
 	return info.New(), nil
+}
+
+// storeTimeoutOf is the per-operation timeout of the store a handler's JSON
+// configures, or 0 for a store without one (in process).
+func storeTimeoutOf(raw json.RawMessage) (time.Duration, error) {
+	mod, err := storeModuleOf(raw)
+	if err != nil {
+		return 0, err
+	}
+	if raw != nil {
+		if err := json.Unmarshal(raw, mod); err != nil {
+			return 0, &dedup.ConfigError{Option: "store", Problem: err.Error()}
+		}
+	}
+	if ts, ok := mod.(timeoutStore); ok {
+		return ts.operationTimeout(), nil
+	}
+	return 0, nil
 }
 
 // storeNames lists the registered stores for error messages.

@@ -68,9 +68,9 @@ const (
 // Options says how to read a capture and which candidates to try.
 type Options struct {
 	// Parser reads each NDJSON line (paths, preset, CRS) and applies the
-	// handler's validation rules, except max_future: Analyze ignores
-	// MaxFuture, since a capture is judged after the fact and its server
-	// clock is gone. A Parser without TimePaths (the zero value) means
+	// handler's validation rules, except max_future and max_past: Analyze
+	// ignores MaxFuture and MaxPast, since a capture is judged after the
+	// fact and its server clock is gone. A Parser without TimePaths (the zero value) means
 	// NewParser().
 	Parser ping.Parser
 	// Resolutions are the candidate H3 resolutions; nil means
@@ -127,8 +127,9 @@ func (o Options) withDefaults() Options {
 	if len(o.Parser.TimePaths) == 0 {
 		o.Parser = ping.NewParser()
 	}
-	// Ignore max_future: with the largest duration nothing is ever ahead.
-	o.Parser.MaxFuture = math.MaxInt64
+	// Ignore max_future and max_past: with the largest duration nothing is
+	// ever ahead or behind.
+	o.Parser.MaxFuture, o.Parser.MaxPast = math.MaxInt64, math.MaxInt64
 	o.Parser = o.Parser.Prepared()
 	if o.Resolutions == nil {
 		o.Resolutions = DefaultResolutions

@@ -10,8 +10,17 @@ import (
 // Defaults of the store circuit breaker.
 const (
 	DefaultBreakerFailures = 5
-	DefaultBreakerCooldown = 5 * time.Second
+	// DefaultBreakerCooldown is the longest an open breaker waits between
+	// two probes: a recovered store is used again within about a second.
+	DefaultBreakerCooldown = time.Second
 )
+
+// breakerFirstProbe is how long a breaker that has just opened waits before
+// its first probe; every failed probe doubles the wait, up to the cooldown.
+// A short outage (a failover, a restart) is over within a few probes, and a
+// probe that failed just before the store came back costs one cooldown of
+// unchecked pings at most, not a fixed five seconds of them.
+const breakerFirstProbe = 100 * time.Millisecond
 
 // ErrBreakerOpen is returned instead of calling a store that has just failed
 // repeatedly: the handler applies on_store_error at once rather than making
@@ -44,9 +53,9 @@ func (s BreakerState) String() string {
 }
 
 // Breaker counts consecutive store failures. After Failures in a row it
-// opens for Cooldown, then lets one probe through: success closes it, failure
-// opens it again. One breaker can guard the stores of several handlers that
-// share a connection.
+// opens, and 100 ms later lets one probe through: success closes it, failure
+// opens it again for twice as long, up to Cooldown. One breaker can guard the
+// stores of several handlers that share a connection.
 type Breaker struct {
 	failures int
 	cooldown time.Duration
@@ -57,12 +66,14 @@ type Breaker struct {
 	state       BreakerState
 	consecutive int
 	openedAt    time.Time
+	wait        time.Duration // from openedAt to the next probe
 	probing     bool
 }
 
 // NewBreaker returns a closed breaker (defaults for failures <= 0 and
-// cooldown <= 0). onChange, if not nil, is told of every transition, so that
-// the log gets one line per transition, not one per request.
+// cooldown <= 0); cooldown caps the wait between probes. onChange, if not
+// nil, is told of every transition, so that the log gets one line per
+// transition, not one per request.
 func NewBreaker(failures int, cooldown time.Duration, onChange func(from, to BreakerState, cause error)) *Breaker {
 	if failures <= 0 {
 		failures = DefaultBreakerFailures
@@ -85,8 +96,8 @@ func (b *Breaker) State() BreakerState {
 // may cost an observation, but its outcome still counts.
 func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b} }
 
-// allow reports whether a call may go to the store now. Past the cool-down
-// the first caller becomes the probe.
+// allow reports whether a call may go to the store now. Once the wait is
+// over the first caller becomes the probe.
 func (b *Breaker) allow() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -94,7 +105,7 @@ func (b *Breaker) allow() bool {
 	case BreakerClosed:
 		return true
 	case BreakerOpen:
-		if b.now().Sub(b.openedAt) < b.cooldown {
+		if b.now().Sub(b.openedAt) < b.wait {
 			return false
 		}
 		b.transition(BreakerHalfOpen, nil)
@@ -129,10 +140,18 @@ func (b *Breaker) done(err error) {
 		return
 	}
 	b.consecutive++
-	if b.state == BreakerHalfOpen || (b.state == BreakerClosed && b.consecutive >= b.failures) {
-		b.openedAt = b.now()
-		b.transition(BreakerOpen, err)
+	switch {
+	case b.state == BreakerHalfOpen: // the probe failed
+		b.open(min(2*b.wait, b.cooldown), err)
+	case b.state == BreakerClosed && b.consecutive >= b.failures:
+		b.open(min(breakerFirstProbe, b.cooldown), err)
 	}
+}
+
+// open opens the breaker until the next probe, wait from now.
+func (b *Breaker) open(wait time.Duration, cause error) {
+	b.openedAt, b.wait = b.now(), wait
+	b.transition(BreakerOpen, cause)
 }
 
 func (b *Breaker) transition(to BreakerState, cause error) {

@@ -51,8 +51,8 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 		t.Fatalf("%d calls reached the store, state %s; want 3 and open", store.calls, b.State())
 	}
 
-	// The cool-down passes; the probe fails: open again, for another cool-down.
-	clock = clock.Add(time.Second)
+	// The first wait passes; the probe fails: open again, for longer.
+	clock = clock.Add(breakerFirstProbe)
 	if _, err := s.Decide(ctx, nil); errors.Is(err, ErrBreakerOpen) || store.calls != 4 {
 		t.Fatalf("no probe after the cool-down: %v, %d calls", err, store.calls)
 	}
@@ -62,7 +62,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 
 	// The store is back; the next probe closes the breaker.
 	store.down = nil
-	clock = clock.Add(time.Second)
+	clock = clock.Add(2 * breakerFirstProbe)
 	for i := range 5 {
 		if _, err := s.Decide(ctx, nil); err != nil {
 			t.Fatalf("call %d after recovery: %v", i, err)
@@ -74,14 +74,85 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	}
 }
 
+// Probes start 100 ms after the breaker opens and back off, doubling, to the
+// cooldown: a store that is back is used again within one cooldown, however
+// long it was down, and a short outage costs a fraction of a second.
+func TestBreakerProbesWithAGrowingBackoff(t *testing.T) {
+	b := NewBreaker(1, time.Second, nil)
+	clock := articleBase
+	b.now = func() time.Time { return clock }
+	store := &flakyStore{down: errors.New("down")}
+	s := b.Guard(store)
+	ctx := context.Background()
+	s.Decide(ctx, nil) // opens it
+
+	// probeAfter advances the clock a millisecond at a time until a call
+	// reaches the store, and returns how long that took.
+	probeAfter := func() time.Duration {
+		t.Helper()
+		start := clock
+		for calls := store.calls; clock.Sub(start) < time.Minute; {
+			clock = clock.Add(time.Millisecond)
+			s.Decide(ctx, nil)
+			if store.calls > calls {
+				return clock.Sub(start)
+			}
+		}
+		t.Fatal("no probe for a minute")
+		return 0
+	}
+	var waits []time.Duration
+	for range 7 {
+		waits = append(waits, probeAfter())
+	}
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000, 1000}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if fmt.Sprint(waits) != fmt.Sprint(want) {
+		t.Fatalf("probes after %v, want %v", waits, want)
+	}
+
+	// The store comes back just after a failed probe: the next one, at most
+	// a cooldown later, closes the breaker; the calls in between failed
+	// fast, one per millisecond here, a second's worth.
+	store.down = nil
+	skipped := store.calls
+	if wait := probeAfter(); wait != time.Second || b.State() != BreakerClosed {
+		t.Fatalf("recovered store used again after %v (state %s), want 1s", wait, b.State())
+	}
+	if got := store.calls - skipped; got != 1 {
+		t.Fatalf("%d calls reached the store while it waited for the probe", got)
+	}
+
+	// Closed, the backoff starts over: the next outage probes after 100 ms.
+	store.down = errors.New("down again")
+	s.Decide(ctx, nil)
+	if wait := probeAfter(); wait != breakerFirstProbe {
+		t.Fatalf("after recovering, the first probe of a new outage came after %v, want %v", wait, breakerFirstProbe)
+	}
+}
+
+// A cooldown shorter than the first probe's wait caps it too.
+func TestBreakerCooldownBelowTheFirstProbe(t *testing.T) {
+	b := NewBreaker(1, 30*time.Millisecond, nil)
+	clock := articleBase
+	b.now = func() time.Time { return clock }
+	b.done(errors.New("down"))
+	clock = clock.Add(30 * time.Millisecond)
+	if !b.allow() {
+		t.Fatal("no probe after a 30ms cooldown")
+	}
+}
+
 func TestBreakerAllowsOneProbeAtATime(t *testing.T) {
 	b := NewBreaker(1, time.Second, nil)
 	clock := articleBase
 	b.now = func() time.Time { return clock }
 	b.done(errors.New("down"))
-	clock = clock.Add(time.Second)
+	clock = clock.Add(breakerFirstProbe)
 	if !b.allow() {
-		t.Fatal("no probe after the cool-down")
+		t.Fatal("no probe after the first wait")
 	}
 	if b.allow() {
 		t.Fatal("a second call went through while the probe is out")

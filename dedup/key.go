@@ -129,15 +129,23 @@ func appendPart(buf []byte, tag byte, value string) []byte {
 	return append(buf, value...)
 }
 
+// ScopeSeparator ends the scope in a scoped identity (see ScopedAsset): the
+// ASCII unit separator, a control character no asset id may hold.
+const ScopeSeparator = "\x1f"
+
 // ScopedAsset is the asset's identity inside a key scope (a tenant, a host):
-// the scope's length, the scope and the asset, so that no two scope and
-// asset pairs spell the same identity. Without a scope it is the asset
-// itself, and the key layout is the article's.
+// the scope's length, ":", the scope, ScopeSeparator and the asset. The
+// length says where the scope ends, so no two scope and asset pairs spell
+// the same identity; the separator is a control character, which asset ids
+// may not hold (ping.Parser.Validate), so no asset id of an unscoped handler
+// spells a scoped identity either: "12:acme.example/truck-2" is just an
+// asset. Without a scope it is the asset itself, and the key layout is the
+// article's.
 func ScopedAsset(scope, asset string) string {
 	if scope == "" {
 		return asset
 	}
-	return strconv.Itoa(len(scope)) + ":" + scope + "/" + asset
+	return strconv.Itoa(len(scope)) + ":" + scope + ScopeSeparator + asset
 }
 
 // TrackKeys returns the keys of the sliding and session shapes: the asset's

@@ -95,3 +95,34 @@ func TestKeyPrefixStartsAFreshKeySpace(t *testing.T) {
 		t.Fatalf("prefix should only change the start of the key: %s vs %s", ka, kb)
 	}
 }
+
+// Scoped and unscoped identities never meet: an unscoped handler accepts
+// any printable asset id, and none of them is a scoped identity, because a
+// scoped identity holds a control character that asset ids may not.
+func TestScopedAndUnscopedIdentitiesNeverMeet(t *testing.T) {
+	scoped := ScopedAsset("acme.example", "truck-2")
+	forged := "12:acme.example/truck-2" // the scoped identity of the old layout, a valid asset id
+	if err := ping.NewParser().Validate(ping.Ping{Asset: forged, Time: articleBase, Lat: 1, Lon: 2}, articleBase); err != nil {
+		t.Fatalf("the forged id is no longer a valid asset id (%v); the test lost its point", err)
+	}
+	if scoped == forged {
+		t.Fatal("an unscoped asset id spells acme's scoped truck-2")
+	}
+	if err := ping.NewParser().Validate(ping.Ping{Asset: scoped, Time: articleBase, Lat: 1, Lon: 2}, articleBase); err == nil {
+		t.Fatalf("the scoped identity %q is a valid unscoped asset id", scoped)
+	}
+	if ScopedAsset("", "truck-2") != "truck-2" {
+		t.Error("without a scope the identity must be the asset itself (the article's key layout)")
+	}
+	// No two scope and asset pairs spell the same identity, whatever the
+	// scope holds (a user id may hold the separator).
+	pairs := [][2]string{{"a", "b/c"}, {"a/b", "c"}, {"a" + ScopeSeparator + "b", "c"}, {"a", "b" + ScopeSeparator + "c"}, {"1:a", "b"}, {"a", "1:b"}}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		id := ScopedAsset(p[0], p[1])
+		if other, ok := seen[id]; ok {
+			t.Errorf("scope %q asset %q and scope %q asset %q are one identity %q", p[0], p[1], other[0], other[1], id)
+		}
+		seen[id] = p
+	}
+}

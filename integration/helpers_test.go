@@ -51,7 +51,7 @@ type received struct {
 }
 
 // upstream is the backend behind reverse_proxy. It records what reaches it
-// and answers with respond (201 by default).
+// and answers with respond (201 by default), which can read the body again.
 type upstream struct {
 	*httptest.Server
 	mu      sync.Mutex
@@ -70,6 +70,7 @@ func newUpstream(t *testing.T) *upstream {
 		u.got = append(u.got, received{method: r.Method, query: r.URL.RawQuery, body: body, contentLength: r.ContentLength, header: r.Header.Clone()})
 		respond := u.respond
 		u.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		respond(w, r)
 	}))
 	t.Cleanup(u.Close)
@@ -89,6 +90,17 @@ func (u *upstream) requests() []received {
 }
 
 func (u *upstream) count() int { return len(u.requests()) }
+
+// received counts the requests whose body was body.
+func (u *upstream) received(body []byte) int {
+	n := 0
+	for _, r := range u.requests() {
+		if bytes.Equal(r.body, body) {
+			n++
+		}
+	}
+	return n
+}
 
 // startCaddy loads a Caddyfile whose site serves /telemetry through
 // telemetry_dedup (with the given options) in front of up. Each test gets

@@ -15,10 +15,17 @@ import (
 
 const adminURL = "http://localhost:2999"
 
-// scrape reads Caddy's metrics endpoint.
+// scrape reads the metrics endpoint of caddytest's Caddy.
 func scrape(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
-	res, err := http.Get(adminURL + "/metrics")
+	return scrapeAt(t, adminURL)
+}
+
+// scrapeAt reads the metrics endpoint of the Caddy whose admin API is at
+// admin.
+func scrapeAt(t *testing.T, admin string) map[string]*dto.MetricFamily {
+	t.Helper()
+	res, err := http.Get(admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -250,7 +250,7 @@ func TestOverlandTakesTheAnswersAsMeant(t *testing.T) {
 // request, here a query parameter of the receiver URL the app was given.
 func TestOverlandIdentityFromTheRequest(t *testing.T) {
 	up := newUpstream(t)
-	tester := startCaddy(t, up, "preset overland\n\t\tasset {http.request.uri.query.device}")
+	tester := startCaddy(t, up, "preset overland\n\t\tasset {http.request.uri.query.device}\n\t\tmax_past 20000d") // a 2015 sample
 	body, err := os.ReadFile(filepath.Join("..", "testdata", "senders", "overland", "readme_locations_derived.json"))
 	if err != nil {
 		t.Fatal(err)

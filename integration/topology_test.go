@@ -10,14 +10,22 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 // counterValue reads one series of a counter from Caddy's metrics endpoint.
 func counterValue(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
+	return counterIn(scrape(t), name, labels)
+}
+
+// counterIn sums the counters of one family in scraped metrics whose labels
+// match labels.
+func counterIn(families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 	total := 0.0
-	for _, m := range scrape(t)[name].GetMetric() {
+	for _, m := range families[name].GetMetric() {
 		match := true
 		for _, l := range m.GetLabel() {
 			if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
@@ -138,6 +146,43 @@ func TestBreakerSkipsAHungRedis(t *testing.T) {
 	fresh := ping("veh-breaker-after", at, 52.5200087, 13.4049547)
 	waitFor(t, func() bool { return post(t, tester.Client, fresh).header.Get("X-Dedup") == "accepted" })
 	post(t, tester.Client, fresh).expect(t, http.StatusOK, "suppressed")
+}
+
+// The breaker probes with a growing backoff capped at breaker_cooldown (1s
+// by default), so Redis is used again within about a second of coming back
+// however long it was away. Killed for 5.5 s, a fixed 5 s cool-down would
+// have probed just before the restart and then waited 5 s more.
+func TestBreakerUsesARecoveredRedisWithinASecond(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}")
+	at := base()
+	i := 0
+	send := func() string {
+		i++
+		return post(t, tester.Client, ping(fmt.Sprintf("veh-recovery-%d", i), at, 52.5200087, 13.4049547)).header.Get("X-Dedup")
+	}
+	send()
+	srv.Kill()
+	for down := time.Now(); time.Since(down) < 5500*time.Millisecond; {
+		if d := send(); d != "unchecked" {
+			t.Fatalf("a ping while Redis was down: %s", d)
+		}
+	}
+	srv.Restart()
+	back := time.Now()
+	unchecked := 0
+	for send() == "unchecked" {
+		unchecked++
+		if time.Since(back) > 10*time.Second {
+			t.Fatal("Redis was not used again within 10s of coming back")
+		}
+	}
+	lag := time.Since(back)
+	t.Logf("Redis was used again %s after it came back; %d pings went unchecked meanwhile", lag.Round(10*time.Millisecond), unchecked)
+	if lag > 2500*time.Millisecond {
+		t.Errorf("Redis was used again only %s after it came back; the breaker must probe at least once a second", lag)
+	}
 }
 
 // Redis is killed in the middle of a load and restarted: failing open,

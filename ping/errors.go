@@ -29,6 +29,9 @@ const (
 	// RuleFuture: the device time is further ahead of the server clock than
 	// max_future; it would claim keys of buckets not yet lived.
 	RuleFuture Rule = "max_future"
+	// RulePast: the device time is further behind the server clock than
+	// max_past: a clock that was never set (1970, 1980, the year 1).
+	RulePast Rule = "max_past"
 )
 
 // MalformedError reports a request body that is not a JSON ping at all. The

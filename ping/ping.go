@@ -55,6 +55,11 @@ const (
 	DefaultLonPath    = "lon"
 	DefaultTimeFormat = TimeAuto
 	DefaultMaxFuture  = 5 * time.Minute
+	// DefaultMaxPast is how far behind the server clock a device time may
+	// be: a year is more than any device keeps pings for while offline,
+	// and far less than the clocks that were never set (1970, the GPS
+	// epoch of 1980, a GPS week rollover ~20 years back, the year 1).
+	DefaultMaxPast = 365 * 24 * time.Hour
 )
 
 // Limits on a body and its asset id, beyond being a JSON object.
@@ -119,6 +124,9 @@ type Parser struct {
 	TimeZone *time.Location
 	// MaxFuture is how far ahead of the server clock a device time may be.
 	MaxFuture time.Duration
+	// MaxPast is how far behind the server clock a device time may be;
+	// zero means no bound.
+	MaxPast time.Duration
 	// AllowNullIsland admits the exact position (0, 0), which is rejected by
 	// default because it is what a GPS module reports before it has a fix.
 	AllowNullIsland bool
@@ -135,6 +143,7 @@ func NewParser() Parser {
 		LonPath:    DefaultLonPath,
 		TimeFormat: DefaultTimeFormat,
 		MaxFuture:  DefaultMaxFuture,
+		MaxPast:    DefaultMaxPast,
 	}
 }
 
@@ -246,7 +255,12 @@ func (p Parser) Validate(ping Ping, now time.Time) error {
 	if ahead := ping.Time.Sub(now); ahead > p.MaxFuture {
 		return invalid(p.TimePaths[0], RuleFuture,
 			"device time %s is %s ahead of the server clock; at most %s is allowed (max_future)",
-			ping.Time.Format(time.RFC3339Nano), ahead.Round(time.Second), p.MaxFuture)
+			ping.Time.Format(time.RFC3339Nano), span(now, ping.Time), readable(p.MaxFuture))
+	}
+	if behind := now.Sub(ping.Time); p.MaxPast > 0 && behind > p.MaxPast {
+		return invalid(p.TimePaths[0], RulePast,
+			"device time %s is %s behind the server clock; at most %s is allowed (max_past): is the device's clock set?",
+			ping.Time.Format(time.RFC3339Nano), span(ping.Time, now), readable(p.MaxPast))
 	}
 	return nil
 }

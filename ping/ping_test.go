@@ -16,6 +16,8 @@ func TestParseReadsPings(t *testing.T) {
 	nested.LatPath, nested.LonPath = "position.latitude", "position.longitude"
 	unix, unixMS := NewParser(), NewParser()
 	unix.TimeFormat, unixMS.TimeFormat = TimeUnix, TimeUnixMilli
+	anyPast := NewParser()
+	anyPast.MaxPast = 0 // no bound
 
 	tests := []struct {
 		name   string
@@ -84,6 +86,30 @@ func TestParseReadsPings(t *testing.T) {
 			`{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2,"x":` +
 				strings.Repeat("[", MaxNesting-1) + strings.Repeat("]", MaxNesting-1) + `}`,
 			Ping{Asset: "a", Time: time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), Lat: 1, Lon: 2}},
+		// RFC 3339 section 5.6 allows "t" and "z" in lower case.
+		{"lower-case t and z", NewParser(),
+			`{"asset_id":"a","occurred_at":"2026-08-08t11:59:00.5z","lat":1,"lon":2}`,
+			Ping{Asset: "a", Time: time.Date(2026, 8, 8, 11, 59, 0, 500e6, time.UTC), Lat: 1, Lon: 2}},
+		// A leap second (section 5.7) is the last instant of its minute,
+		// whatever its fraction: it stays in its own minute and bucket.
+		{"leap second", anyPast,
+			`{"asset_id":"a","occurred_at":"2016-12-31T23:59:60Z","lat":1,"lon":2}`,
+			Ping{Asset: "a", Time: time.Date(2016, 12, 31, 23, 59, 59, 999999999, time.UTC), Lat: 1, Lon: 2}},
+		{"leap second with a fraction and an offset", anyPast,
+			`{"asset_id":"a","occurred_at":"2017-01-01T00:59:60.25+01:00","lat":1,"lon":2}`,
+			Ping{Asset: "a", Time: time.Date(2016, 12, 31, 23, 59, 59, 999999999, time.UTC), Lat: 1, Lon: 2}},
+		{"a surrogate pair is one character", NewParser(),
+			`{"asset_id":"truck-\ud83d\ude9a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{Asset: "truck-🚚", Time: time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), Lat: 1, Lon: 2}},
+		{"an escaped backslash before u is no escape", NewParser(),
+			`{"asset_id":"a\\ud800","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{Asset: `a\ud800`, Time: time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), Lat: 1, Lon: 2}},
+		{"a raw U+FFFD is a character like any other", NewParser(),
+			`{"asset_id":"a�","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
+			Ping{Asset: "a�", Time: time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), Lat: 1, Lon: 2}},
+		{"within max_past", NewParser(),
+			`{"asset_id":"a","occurred_at":"2025-08-09T12:00:00Z","lat":1,"lon":2}`,
+			Ping{Asset: "a", Time: time.Date(2025, 8, 9, 12, 0, 0, 0, time.UTC), Lat: 1, Lon: 2}},
 		{"brackets and escaped quotes inside strings do not nest", NewParser(),
 			`{"asset_id":"a","note":"\\\"` + strings.Repeat("[{", 100) + `\\","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`,
 			Ping{Asset: "a", Time: time.Date(2026, 8, 8, 11, 59, 0, 0, time.UTC), Lat: 1, Lon: 2}},
@@ -123,6 +149,10 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"unreadable timestamp", NewParser(), `{"asset_id":"a","occurred_at":"yesterday","lat":1,"lon":2}`, "occurred_at", RuleTimeFormat},
 		{"null island", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":0,"lon":0}`, "lat", RuleNullIsland},
 		{"six minutes in the future", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T12:06:00Z","lat":1,"lon":2}`, "occurred_at", RuleFuture},
+		{"a year and a day in the past", NewParser(), `{"asset_id":"a","occurred_at":"2025-08-07T12:00:00Z","lat":1,"lon":2}`, "occurred_at", RulePast},
+		{"the epoch", NewParser(), `{"asset_id":"a","occurred_at":0,"lat":1,"lon":2}`, "occurred_at", RulePast},
+		{"the year 1", NewParser(), `{"asset_id":"a","occurred_at":"0001-01-01T00:00:00Z","lat":1,"lon":2}`, "occurred_at", RulePast},
+		{"leap second in the future", NewParser(), `{"asset_id":"a","occurred_at":"2026-08-08T12:05:60Z","lat":1,"lon":2}`, "occurred_at", RuleFuture},
 		{"missing asset", NewParser(), `{"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"empty asset", NewParser(), `{"asset_id":"","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"null asset", NewParser(), `{"asset_id":null,"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
@@ -227,6 +257,17 @@ func TestParseRejectsMalformedBodies(t *testing.T) {
 		{"invalid UTF-8 outside strings", NewParser(), `{` + valid + `}` + "\xff", "not valid UTF-8"},
 		{"Latin-1 body", NewParser(), `{"asset_id":"M` + "\xfc" + `ller",` + valid[len(`"asset_id":"a",`):] + `}`, "not valid UTF-8"},
 
+		// Escapes of lone UTF-16 surrogates, anywhere: gjson reads each as
+		// U+FFFD, other parsers refuse or keep them.
+		{"lone high surrogate in the asset id", NewParser(), `{"asset_id":"a\ud800","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, `\ud800`},
+		{"lone \\udbff", NewParser(), `{"asset_id":"a\udbff","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, `\udbff`},
+		{"lone low surrogate", NewParser(), `{"asset_id":"a\udc00b","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, `\udc00`},
+		{"low before high", NewParser(), `{"asset_id":"a\ude9a\ud83d","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, `\ude9a`},
+		{"high followed by another escape", NewParser(), `{"asset_id":"a\ud83d\u0041","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, `\ud83d`},
+		{"two highs", NewParser(), `{"asset_id":"a\ud83d\ud83d","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, `\ud83d`},
+		{"lone surrogate in an ignored field", NewParser(), `{` + valid + `,"note":"\uD800"}`, `\uD800`},
+		{"lone surrogate in a key", NewParser(), `{` + valid + `,"\ud800":1}`, `\ud800`},
+
 		// Nesting beyond 64 levels, found before anything recurses.
 		{"65 levels", NewParser(), `{` + valid + `,"x":` + strings.Repeat("[", MaxNesting) + strings.Repeat("]", MaxNesting) + `}`, "more than 64 levels"},
 		{"65 levels of objects", NewParser(), strings.Repeat(`{"a":`, MaxNesting+1) + `1` + strings.Repeat("}", MaxNesting+1), "more than 64 levels"},
@@ -307,6 +348,39 @@ func TestValidateRejectsUnfitAssetIDs(t *testing.T) {
 	for _, asset := range []string{"alice/phone", strings.Repeat("a", MaxAssetBytes), "ünïcödé ok", "a~b"} {
 		if err := template.Validate(Ping{Asset: asset, Time: parseNow, Lat: 1, Lon: 2}, parseNow); err != nil {
 			t.Errorf("asset %.20q: %v", asset, err)
+		}
+	}
+}
+
+// "\ud800", "\udbff" and a real U+FFFD were one asset id to gjson: now the
+// first two are refused, and the third is itself.
+func TestLoneSurrogatesCannotAliasAnAssetID(t *testing.T) {
+	for _, asset := range []string{`\ud800`, `\udbff`} {
+		body := `{"asset_id":"veh-` + asset + `","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`
+		var me *MalformedError
+		if _, err := NewParser().Parse([]byte(body), parseNow); !errors.As(err, &me) {
+			t.Errorf("asset veh-%s: got %v, want a MalformedError", asset, err)
+		}
+	}
+	p, err := NewParser().Parse([]byte(`{"asset_id":"veh-�","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`), parseNow)
+	if err != nil || p.Asset != "veh-�" {
+		t.Errorf("a real U+FFFD: %q, %v", p.Asset, err)
+	}
+}
+
+// Far-off times are described in words a person reads, not as a saturated
+// Duration ("2562047h47m16.854775807s").
+func TestTimeBoundErrorsAreReadable(t *testing.T) {
+	for _, tt := range []struct{ time, want string }{
+		{"9999-12-31T23:59:59Z", "is 7973 years ahead of the server clock; at most 5m is allowed (max_future)"},
+		{"2026-08-08T12:06:30Z", "is 6m30s ahead of the server clock; at most 5m is allowed (max_future)"},
+		{"2026-08-20T12:00:00Z", "is 12 days ahead"},
+		{"0001-01-01T00:00:00Z", "is 2025 years behind the server clock; at most 365 days is allowed (max_past)"},
+		{"1970-01-01T00:00:00Z", "is 56 years behind"},
+	} {
+		_, err := NewParser().Parse([]byte(`{"asset_id":"a","occurred_at":"`+tt.time+`","lat":1,"lon":2}`), parseNow)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want it to say %q", tt.time, err, tt.want)
 		}
 	}
 }

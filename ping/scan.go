@@ -13,7 +13,8 @@ func notJSON() error { return &MalformedError{Reason: "the request body is not v
 // checkNesting rejects a body whose objects and arrays nest deeper than
 // MaxNesting, in one linear scan that skips strings (brackets in them do not
 // count) and keeps no stack: gjson's validator recurses once per level, so a
-// megabyte of "[" must never reach it.
+// megabyte of "[" must never reach it. On the way it rejects the escapes of
+// lone surrogates (see checkSurrogate), in every string of the body.
 func checkNesting(body []byte) error {
 	depth := 0
 	for i := 0; i < len(body); i++ {
@@ -22,8 +23,15 @@ func checkNesting(body []byte) error {
 			// Skip the string: a backslash escapes the next byte, so \" does
 			// not end it and \\" does.
 			for i++; i < len(body) && body[i] != '"'; i++ {
-				if body[i] == '\\' {
-					i++
+				if body[i] != '\\' {
+					continue
+				}
+				if i++; i < len(body) && body[i] == 'u' {
+					n, err := checkSurrogate(body, i-1)
+					if err != nil {
+						return err
+					}
+					i += n
 				}
 			}
 		case '{', '[':
@@ -38,6 +46,54 @@ func checkNesting(body []byte) error {
 		}
 	}
 	return nil
+}
+
+// checkSurrogate checks the \u escape at body[i] and returns how many bytes
+// after its 'u' it covers: 4, or 10 for a surrogate pair (0 for an escape
+// that is not four hex digits, which the JSON validator refuses). A
+// surrogate escape without its partner (\ud800 alone, or a low \udc00
+// first) encodes no character: gjson reads it as U+FFFD, other parsers
+// refuse it or keep it, so "\ud800", "\udbff" and a real U+FFFD would be
+// one asset to us and three to the backend. It is refused like invalid
+// UTF-8.
+func checkSurrogate(body []byte, i int) (int, error) {
+	r, ok := hex4(body, i+2)
+	switch {
+	case !ok:
+		return 0, nil
+	case r < 0xd800 || r > 0xdfff:
+		return 4, nil
+	case r < 0xdc00: // a high surrogate: a low one must follow
+		if i+7 < len(body) && body[i+6] == '\\' && body[i+7] == 'u' {
+			if low, ok := hex4(body, i+8); ok && low >= 0xdc00 && low <= 0xdfff {
+				return 10, nil
+			}
+		}
+	}
+	return 0, &MalformedError{Reason: fmt.Sprintf("the request body holds the escape %s, half of a UTF-16 surrogate pair without "+
+		"its other half: it encodes no character, and parsers disagree on what it means; send the character itself, "+
+		"or both halves of its pair", body[i:i+6])}
+}
+
+// hex4 reads the four hex digits at body[i:].
+func hex4(body []byte, i int) (rune, bool) {
+	if i+4 > len(body) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range body[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // keyCheck is one step of a configured path: the object at prefix (the

@@ -76,9 +76,18 @@ func parseTime(v gjson.Result, f TimeFormat, field string) (time.Time, error) {
 }
 
 func parseOffsetTime(s, field string) (time.Time, error) {
-	for _, layout := range offsetLayouts {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t.UTC(), nil
+	if t, ok := parseOffsetLayouts(s); ok {
+		return t, nil
+	}
+	if norm, leap, ok := rfc3339Variant(s); ok {
+		if t, ok := parseOffsetLayouts(norm); ok {
+			if leap {
+				// The last instant of the minute: the leap second stays in its
+				// minute (and bucket), after every ping of that minute's 59th
+				// second.
+				t = t.Truncate(time.Second).Add(time.Second - time.Nanosecond)
+			}
+			return t, nil
 		}
 	}
 	for _, layout := range naiveLayouts {
@@ -88,6 +97,36 @@ func parseOffsetTime(s, field string) (time.Time, error) {
 		}
 	}
 	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
+}
+
+func parseOffsetLayouts(s string) (time.Time, bool) {
+	for _, layout := range offsetLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), true
+		}
+	}
+	return time.Time{}, false
+}
+
+// rfc3339Variant rewrites what RFC 3339 allows and Go's parser refuses: a
+// lower-case "t" and "z" (section 5.6) and a leap second, :60 (section
+// 5.7), which it turns into :59 and reports, for the caller to move to the
+// end of that second. ok is false when there is nothing to rewrite.
+func rfc3339Variant(s string) (norm string, leap, ok bool) {
+	if len(s) < len("2006-01-02T15:04:05Z") {
+		return "", false, false
+	}
+	b := []byte(s)
+	if b[10] == 't' {
+		b[10], ok = 'T', true
+	}
+	if b[len(b)-1] == 'z' {
+		b[len(b)-1], ok = 'Z', true
+	}
+	if b[16] == ':' && b[17] == '6' && b[18] == '0' {
+		b[17], b[18], leap, ok = '5', '9', true, true
+	}
+	return string(b), leap, ok
 }
 
 func parseEpoch(v gjson.Result, f TimeFormat, field string) (time.Time, error) {

@@ -123,17 +123,32 @@ func (p *Pipeline) sendQueued() {
 }
 
 // take removes from the queue the jobs of one batch, up to maxPipeline
-// commands. The caller holds p.mu.
+// commands. A job whose caller has given up is answered with
+// context.DeadlineExceeded and never sent: a claim written after its
+// request was told the store failed would stand as an orphan, and the
+// caller's view (it may have been written, or not) stays true only if
+// nothing is written later than the deadline. The caller holds p.mu.
 func (p *Pipeline) take() []*pipelineJob {
+	now := time.Now()
+	var batch []*pipelineJob
 	n, i := 0, 0
-	for i < len(p.queue) && (i == 0 || n+len(p.queue[i].cmds) <= maxPipeline) {
-		n += len(p.queue[i].cmds)
-		i++
+	for ; i < len(p.queue); i++ {
+		job := p.queue[i]
+		if job.expired(now) {
+			job.done <- context.DeadlineExceeded
+			continue
+		}
+		if len(batch) > 0 && n+len(job.cmds) > maxPipeline {
+			break
+		}
+		batch = append(batch, job)
+		n += len(job.cmds)
 	}
-	batch := slices.Clone(p.queue[:i])
 	p.queue = slices.Delete(p.queue, 0, i)
 	return batch
 }
+
+func (job *pipelineJob) expired(now time.Time) bool { return !now.Before(job.deadline) }
 
 // send runs a batch as one pipeline, with the latest deadline among its
 // jobs (each job's caller still gives up at its own), then once more for
@@ -153,7 +168,9 @@ func (p *Pipeline) send(batch []*pipelineJob) {
 		for _, s := range scripts {
 			s.Load(ctx, p.client) // a Cluster client loads it on every master
 		}
-		p.exec(ctx, batch, func(c *Cmd) bool { return isNoScript(c.Result.Err()) })
+		// Again for the jobs whose callers still wait (see take).
+		live := slices.DeleteFunc(slices.Clone(batch), func(job *pipelineJob) bool { return job.expired(time.Now()) })
+		p.exec(ctx, live, func(c *Cmd) bool { return isNoScript(c.Result.Err()) })
 	}
 	for _, job := range batch {
 		job.done <- job.err()

@@ -104,3 +104,63 @@ func TestScriptsAreLoadedOnFirstUse(t *testing.T) {
 		}
 	}
 }
+
+// A command whose caller gave up while it waited in the queue is never
+// sent, not even in the batch of a later caller who still waits: a claim
+// written after its request was told the store failed would stand as an
+// orphan.
+func TestCommandsOfCallersThatGaveUpAreNeverSent(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	// Pipeline connections ready before the hang: a new one would wait in
+	// its handshake, before any command is written.
+	var warm sync.WaitGroup
+	for range 4 {
+		warm.Go(func() {
+			c.Pipelined(context.Background(), func(p redis.Pipeliner) error { return p.Do(context.Background(), "BLPOP", "nothing", "0.05").Err() })
+		})
+	}
+	warm.Wait()
+	p := New(c)
+	do := func(key string, timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return p.Do(ctx, []Cmd{setNX(key, "x")})
+	}
+
+	srv.Pause()
+	var busy, waiting sync.WaitGroup
+	busy.Go(func() { do("busy-1", time.Second) }) // both writers wait on the hung server
+	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.sending == 1 && len(p.queue) == 0 })
+	busy.Go(func() { do("busy-2", time.Second) })
+	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.sending == 2 && len(p.queue) == 0 })
+	if err := do("gave-up", 50*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a queued command behind a hung server: %v, want its deadline", err)
+	}
+	var stillWaits error
+	waiting.Go(func() { stillWaits = do("still-waits", 10*time.Second) }) // queued behind the writers, with a later deadline
+	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
+	busy.Wait() // the writers give up; still-waits goes, and is answered once the server is back
+	srv.Resume()
+	waiting.Wait()
+	if stillWaits != nil {
+		t.Fatalf("the command queued with a later deadline: %v", stillWaits)
+	}
+
+	inspect := srv.Client()
+	for key, want := range map[string]int64{"busy-1": 1, "busy-2": 1, "still-waits": 1, "gave-up": 0} {
+		if n, err := inspect.Exists(context.Background(), key).Result(); err != nil || n != want {
+			t.Errorf("EXISTS %s = %d, %v; want %d", key, n, err, want)
+		}
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting")
+		}
+	}
+}

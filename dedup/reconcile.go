@@ -1,0 +1,346 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DefaultReconcileQueue is how many claims a Reconciler holds at most.
+const DefaultReconcileQueue = 10_000
+
+// The Reconciler's timing. A failed store call is retried after
+// reconcileFirstRetry, doubling up to reconcileMaxRetry. Once the store has
+// answered, each claim is acted on again at every reconcileConfirmations
+// offset: a command written before the fault may still be on its way when
+// the store first answers, behind that answer in the server's socket buffer
+// or, after a network cut, in TCP retransmission for up to about a minute.
+// Acting by token again undoes what landed late and touches nothing else.
+const (
+	reconcileFirstRetry = 100 * time.Millisecond
+	reconcileMaxRetry   = 2 * time.Second
+)
+
+// reconcileBatch is about how many claims one store call carries.
+const reconcileBatch = 256
+
+var reconcileConfirmations = []time.Duration{time.Second, time.Minute}
+
+// ReconcileOutcome is what became of a claim handed to a Reconciler.
+type ReconcileOutcome string
+
+// The outcomes, as counted.
+const (
+	// ReconcileReleased: the claim had landed, and was released.
+	ReconcileReleased ReconcileOutcome = "released"
+	// ReconcileReleasedLate: the claim landed after the store first
+	// answered, and a confirmation released it.
+	ReconcileReleasedLate ReconcileOutcome = "released_late"
+	// ReconcileNotHeld: when the store answered, it held nothing of the
+	// claim.
+	ReconcileNotHeld ReconcileOutcome = "not_held"
+	// ReconcileSettled: the claim was settled (if it had landed).
+	ReconcileSettled ReconcileOutcome = "settled"
+	// ReconcileDropped: the queue was full, or the Reconciler closed first.
+	ReconcileDropped ReconcileOutcome = "dropped"
+	// ReconcileExpired: the store did not answer before the claim's TTL
+	// ran out, after which there is nothing left to act on.
+	ReconcileExpired ReconcileOutcome = "expired"
+)
+
+// MayHaveWritten reports whether a failed store call may still have written
+// its claims: anything but a call the breaker never let through. A refused
+// connection is no proof either: go-redis retries a command that failed on
+// a broken connection, so the error that is left may be the last attempt's
+// while an earlier one reached Redis; the breaker keeps such calls few.
+func MayHaveWritten(err error) bool {
+	return err != nil && !errors.Is(err, ErrBreakerOpen)
+}
+
+// Reconciler settles or releases, by token, the claims whose store call
+// failed without saying whether it wrote them (a timeout, a reset
+// connection), and those whose settlement or release failed. Left alone,
+// such a claim stands as pending for in_flight_timeout (its redeliveries
+// told to come back, 409) and then as settled (suppressed): an observation
+// whose request failed would be lost. The Reconciler retries each with a
+// short, growing backoff until the store answers. Settle and release only
+// touch what the claim's own token wrote, so acting on a claim that never
+// landed, or on a key another request claimed since, changes nothing.
+//
+// It is bounded: a claim handed over when DefaultReconcileQueue (or the
+// size given) are waiting is dropped and counted, and then stands until
+// in_flight_timeout as before. One goroutine works the queue.
+type Reconciler struct {
+	store    Store
+	capacity int
+	report   func(ReconcileOutcome, int)
+	confirm  []time.Duration
+
+	mu      sync.Mutex
+	jobs    []*reconcileJob
+	claims  int // in jobs
+	closed  bool
+	wake    chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+// reconcileJob is one request's claims and what to do with them.
+type reconcileJob struct {
+	claims   []*Claim
+	release  bool
+	due      time.Time
+	failures int    // store calls that failed in a row
+	answers  int    // store calls answered so far
+	released []bool // per claim, whether a pass released it
+}
+
+// NewReconciler starts a Reconciler on store, holding at most capacity
+// claims (DefaultReconcileQueue if capacity <= 0). report, if not nil, is
+// told how many claims met each outcome, for metrics and logs. Close stops
+// it.
+func NewReconciler(store Store, capacity int, report func(ReconcileOutcome, int)) *Reconciler {
+	return newReconciler(store, capacity, report, reconcileConfirmations)
+}
+
+func newReconciler(store Store, capacity int, report func(ReconcileOutcome, int), confirm []time.Duration) *Reconciler {
+	if capacity <= 0 {
+		capacity = DefaultReconcileQueue
+	}
+	r := &Reconciler{
+		store: store, capacity: capacity, report: report, confirm: confirm,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
+	}
+	go r.run()
+	return r
+}
+
+// Hand gives the Reconciler claims to release (release) or to settle. It
+// reports false, and counts them dropped, when the queue has no room.
+func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
+	if len(claims) == 0 {
+		return true
+	}
+	r.mu.Lock()
+	if r.closed || r.claims+len(claims) > r.capacity {
+		r.mu.Unlock()
+		r.count(ReconcileDropped, len(claims))
+		return false
+	}
+	job := &reconcileJob{claims: make([]*Claim, len(claims)), release: release, due: time.Now(), released: make([]bool, len(claims))}
+	for i, c := range claims {
+		job.claims[i] = ownCopy(c)
+	}
+	r.jobs = append(r.jobs, job)
+	r.claims += len(claims)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Len returns how many claims are waiting.
+func (r *Reconciler) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.claims
+}
+
+// Close stops the Reconciler; the claims still waiting are counted dropped.
+func (r *Reconciler) Close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	r.mu.Unlock()
+	close(r.stop)
+	<-r.stopped
+	r.mu.Lock()
+	left := r.claims
+	r.jobs, r.claims = nil, 0
+	r.mu.Unlock()
+	r.count(ReconcileDropped, left)
+}
+
+func (r *Reconciler) run() {
+	defer close(r.stopped)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		timer.Reset(r.untilNext())
+		select {
+		case <-r.stop:
+			return
+		case <-r.wake:
+		case <-timer.C:
+		}
+		r.work()
+	}
+}
+
+// untilNext is the time to the earliest job, or an hour when there is none.
+func (r *Reconciler) untilNext() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := time.Hour
+	now := time.Now()
+	for _, j := range r.jobs {
+		next = min(next, max(0, j.due.Sub(now)))
+	}
+	return next
+}
+
+// work does every job that is due, the releases in one store call and the
+// settlements in another.
+func (r *Reconciler) work() {
+	now := time.Now()
+	r.mu.Lock()
+	var due []*reconcileJob
+	r.jobs = slices.DeleteFunc(r.jobs, func(j *reconcileJob) bool {
+		if j.due.After(now) {
+			return false
+		}
+		due = append(due, j)
+		return true
+	})
+	r.mu.Unlock()
+
+	var releases, settles []*reconcileJob
+	for _, j := range due {
+		switch {
+		case j.expired(now) && j.answers == 0:
+			r.finish(j, ReconcileExpired)
+		case j.expired(now): // its outcome is counted; a confirmation is moot now
+			r.finish(j, "")
+		case j.release:
+			releases = append(releases, j)
+		default:
+			settles = append(settles, j)
+		}
+	}
+	for _, jobs := range [][]*reconcileJob{releases, settles} {
+		for len(jobs) > 0 {
+			n, claims := 0, 0
+			for n < len(jobs) && (n == 0 || claims+len(jobs[n].claims) <= reconcileBatch) {
+				claims += len(jobs[n].claims)
+				n++
+			}
+			r.attempt(jobs[:n])
+			jobs = jobs[n:]
+		}
+	}
+}
+
+// attempt makes one store call for jobs, all releases or all settlements,
+// and reschedules or finishes each by its answer.
+func (r *Reconciler) attempt(jobs []*reconcileJob) {
+	var claims []*Claim
+	for _, j := range jobs {
+		claims = append(claims, j.claims...)
+	}
+	var released []bool
+	var err error
+	if jobs[0].release {
+		released, err = r.store.Release(context.Background(), claims)
+	} else {
+		err = r.store.Settle(context.Background(), claims)
+	}
+	now := time.Now()
+	for _, j := range jobs {
+		if err != nil {
+			j.failures++
+			j.due = now.Add(min(reconcileFirstRetry<<min(j.failures-1, 16), reconcileMaxRetry))
+			r.requeue(j)
+			continue
+		}
+		var mine []bool
+		if j.release {
+			mine, released = released[:len(j.claims)], released[len(j.claims):]
+		}
+		r.answered(j, mine, now)
+	}
+}
+
+// answered records a store's answer to one pass over j: the first answer
+// decides the outcome, the confirmations count what landed late.
+func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
+	late := 0
+	for i, ok := range released {
+		if ok && !j.released[i] {
+			j.released[i] = true
+			if j.answers > 0 {
+				late++
+			}
+		}
+	}
+	if j.answers == 0 {
+		if j.release {
+			n := countTrue(j.released)
+			r.count(ReconcileReleased, n)
+			r.count(ReconcileNotHeld, len(j.claims)-n)
+		} else {
+			r.count(ReconcileSettled, len(j.claims))
+		}
+	}
+	r.count(ReconcileReleasedLate, late)
+	j.failures = 0
+	if j.answers++; j.answers > len(r.confirm) {
+		r.finish(j, "")
+		return
+	}
+	j.due = now.Add(r.confirm[j.answers-1])
+	r.requeue(j)
+}
+
+// ownCopy is a copy of c that holds on to nothing of its request: the
+// strings a parser reads may point into the request's body, which a job
+// kept for a minute would otherwise keep alive.
+func ownCopy(c *Claim) *Claim {
+	o := *c
+	o.Asset, o.Event, o.State = strings.Clone(c.Asset), strings.Clone(c.Event), strings.Clone(c.State)
+	return &o
+}
+
+func (j *reconcileJob) expired(now time.Time) bool {
+	c := j.claims[0] // the claims of one request share their claim time and policy
+	return !now.Before(c.At.Add(c.Policy.TTL))
+}
+
+func (r *Reconciler) requeue(j *reconcileJob) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.jobs = append(r.jobs, j)
+}
+
+// finish takes j off the queue, counting its claims as outcome if given.
+func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
+	r.mu.Lock()
+	r.claims -= len(j.claims)
+	r.mu.Unlock()
+	if outcome != "" {
+		r.count(outcome, len(j.claims))
+	}
+}
+
+func (r *Reconciler) count(outcome ReconcileOutcome, n int) {
+	if n > 0 && r.report != nil {
+		r.report(outcome, n)
+	}
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,263 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+// outcomes counts what a Reconciler reports.
+type outcomes struct {
+	mu sync.Mutex
+	n  map[ReconcileOutcome]int
+}
+
+func (o *outcomes) report(outcome ReconcileOutcome, n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[ReconcileOutcome]int{}
+	}
+	o.n[outcome] += n
+}
+
+func (o *outcomes) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return fmt.Sprint(o.n)
+}
+
+// testReconciler is a Reconciler with the confirmations given, short enough
+// for a test, stopped when the test ends.
+func testReconciler(t *testing.T, s Store, capacity int, confirm ...time.Duration) (*Reconciler, *outcomes) {
+	t.Helper()
+	o := &outcomes{}
+	r := newReconciler(s, capacity, o.report, confirm)
+	t.Cleanup(r.Close)
+	return r, o
+}
+
+// drained waits until r has finished every claim it was given.
+func drained(t *testing.T, r *Reconciler) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); r.Len() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d claims still waiting", r.Len())
+		}
+	}
+}
+
+// A claim whose store call timed out may have landed. The reconciler
+// releases it by token: the sender's retry is then accepted, and a claim
+// that another request made meanwhile is never touched.
+func TestReconcilerReleasesAClaimThatLanded(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		ctx := context.Background()
+		orphan := claimOf(pol, parked, 1, time.Now())
+		if v, err := decideOne(ctx, s, orphan); err != nil || v.Decision != Accepted {
+			t.Fatalf("the orphan's claim: %v %v", v, err)
+		}
+		r, o := testReconciler(t, s, 0, 50*time.Millisecond)
+		r.Hand([]*Claim{orphan}, true)
+		drained(t, r)
+		if got := o.String(); got != "map[released:1]" {
+			t.Fatalf("outcomes %s, want one released", got)
+		}
+		retry := claimOf(pol, parked, 2, time.Now())
+		if v, err := decideOne(ctx, s, retry); err != nil || v.Decision != Accepted {
+			t.Fatalf("the sender's retry after reconciling: %v %v, want accepted", v, err)
+		}
+
+		// Handing the orphan over again (its confirmation, say) leaves the
+		// retry's claim alone.
+		r.Hand([]*Claim{orphan}, true)
+		drained(t, r)
+		if v, err := decideOne(ctx, s, claimOf(pol, parked, 3, time.Now())); err != nil || v.Decision != InFlight {
+			t.Fatalf("the retry's claim after the orphan was released again: %v %v, want it still in flight", v, err)
+		}
+	})
+}
+
+// A claim that never landed is reported not held, and one that lands only
+// after the store first answered (behind the answer, or retransmitted) is
+// released by the confirmation.
+func TestReconcilerReleasesAClaimThatLandsLate(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		ctx := context.Background()
+		late := claimOf(pol, parked, 1, time.Now())
+		r, o := testReconciler(t, s, 0) // no confirmation: the test lands the claim itself, below
+		r.Hand([]*Claim{late}, true)
+		drained(t, r)
+		if got := o.String(); got != "map[not_held:1]" {
+			t.Fatalf("outcomes %s, want not_held", got)
+		}
+
+		r2, o2 := testReconciler(t, s, 0, 200*time.Millisecond)
+		r2.Hand([]*Claim{late}, true)
+		time.Sleep(50 * time.Millisecond) // after the first answer, before the confirmation
+		if v, err := decideOne(ctx, s, late); err != nil || v.Decision != Accepted {
+			t.Fatalf("the late landing: %v %v", v, err)
+		}
+		drained(t, r2)
+		if got := o2.String(); got != "map[not_held:1 released_late:1]" {
+			t.Fatalf("outcomes %s, want not_held then released_late", got)
+		}
+		if v, err := decideOne(ctx, s, claimOf(pol, parked, 2, time.Now())); err != nil || v.Decision != Accepted {
+			t.Fatalf("the sender's retry: %v %v, want accepted", v, err)
+		}
+	})
+}
+
+// When the request's unchecked forward succeeded, the claim (if it landed)
+// is settled: a redelivery is then suppressed, not asked to come back.
+func TestReconcilerSettlesAClaimWhoseForwardSucceeded(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		ctx := context.Background()
+		orphan := claimOf(pol, parked, 1, time.Now())
+		if _, err := decideOne(ctx, s, orphan); err != nil {
+			t.Fatal(err)
+		}
+		r, o := testReconciler(t, s, 0)
+		r.Hand([]*Claim{orphan}, false)
+		drained(t, r)
+		if got := o.String(); got != "map[settled:1]" {
+			t.Fatalf("outcomes %s, want settled", got)
+		}
+		if v, err := decideOne(ctx, s, claimOf(pol, parked, 2, time.Now())); err != nil || v != suppressed(Redelivery) {
+			t.Fatalf("a redelivery after settling: %v %v, want suppressed redelivery", v, err)
+		}
+	})
+}
+
+// A hung Redis: the claim's SET NX times out, the reconciler keeps trying
+// while Redis is paused, and releases the claim once it answers, whether the
+// SET landed before or after the first answer.
+func TestReconcilerOutlastsAHungRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newRedisStore(t, srv)
+	s.timeout = 50 * time.Millisecond
+	pol := testPolicy(Tumbling)
+	ctx := context.Background()
+	if _, err := decideOne(ctx, s, claimOf(pol, parked, 9, time.Now())); err != nil { // a connection ready before the hang
+		t.Fatal(err)
+	}
+	if _, err := releaseOne(ctx, s, claimOf(pol, parked, 9, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Pause()
+	orphan := claimOf(pol, parked, 1, time.Now())
+	if _, err := decideOne(ctx, s, orphan); !MayHaveWritten(err) {
+		t.Fatalf("a claim on a hung Redis: %v, want a timeout", err)
+	}
+	r, o := testReconciler(t, s, 0, 50*time.Millisecond)
+	r.Hand([]*Claim{orphan}, true)
+	time.Sleep(500 * time.Millisecond) // several failed attempts
+	srv.Resume()
+	drained(t, r)
+	if got := o.String(); got != "map[released:1]" && got != "map[not_held:1 released_late:1]" {
+		t.Fatalf("outcomes %s, want the landed claim released", got)
+	}
+	if v, err := decideOne(ctx, s, claimOf(pol, parked, 2, time.Now())); err != nil || v.Decision != Accepted {
+		t.Fatalf("the sender's retry: %v %v, want accepted", v, err)
+	}
+}
+
+// downStore fails every call until up is set.
+type downStore struct {
+	Store
+	mu    sync.Mutex
+	up    bool
+	calls int
+}
+
+func (d *downStore) err() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls++
+	if d.up {
+		return nil
+	}
+	return errors.New("i/o timeout")
+}
+
+func (d *downStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	return d.Store.Release(ctx, claims)
+}
+
+func (d *downStore) Settle(ctx context.Context, claims []*Claim) error {
+	if err := d.err(); err != nil {
+		return err
+	}
+	return d.Store.Settle(ctx, claims)
+}
+
+// The queue is bounded: claims handed over beyond it are dropped and
+// counted, and the claims in it are retried with a growing backoff, not in
+// a busy loop.
+func TestReconcilerIsBounded(t *testing.T) {
+	store := &downStore{Store: NewMemoryStore(0)}
+	r, o := testReconciler(t, store, 3)
+	pol := testPolicy(Tumbling)
+	c := func(token uint64) *Claim { return claimOf(pol, parked, token, time.Now()) }
+	if !r.Hand([]*Claim{c(1), c(2)}, true) || !r.Hand([]*Claim{c(3)}, false) {
+		t.Fatal("claims within the bound were refused")
+	}
+	if r.Hand([]*Claim{c(4)}, true) {
+		t.Fatal("a claim beyond the bound was taken")
+	}
+	time.Sleep(time.Second)
+	store.mu.Lock()
+	calls := store.calls
+	store.mu.Unlock()
+	// 100, 200, 400 ms: at most 4 tries of each of the two calls in a second.
+	if calls < 2 || calls > 10 {
+		t.Fatalf("%d store calls in a second while the store was down; want a few, backing off", calls)
+	}
+	store.mu.Lock()
+	store.up = true
+	store.mu.Unlock()
+	drained(t, r)
+	if got := o.String(); got != "map[dropped:1 not_held:2 settled:1]" {
+		t.Fatalf("outcomes %s", got)
+	}
+}
+
+// A store that never answers within the claim's TTL: there is nothing left
+// to act on, and the claim is let go.
+func TestReconcilerGivesUpAtTheTTL(t *testing.T) {
+	pol := testPolicy(Tumbling)
+	pol.TTL = 300 * time.Millisecond
+	r, o := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0)
+	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	drained(t, r)
+	if got := o.String(); got != "map[expired:1]" {
+		t.Fatalf("outcomes %s, want expired", got)
+	}
+}
+
+func TestMayHaveWritten(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{ErrBreakerOpen, false},
+		{fmt.Errorf("deciding: %w", ErrBreakerOpen), false},
+		{context.DeadlineExceeded, true},
+		{errors.New("read tcp 127.0.0.1:1234: connection reset by peer"), true},
+		{errors.New("dial tcp 127.0.0.1:6379: connect: connection refused"), true}, // see MayHaveWritten
+	} {
+		if got := MayHaveWritten(tt.err); got != tt.want {
+			t.Errorf("MayHaveWritten(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package telemetrydedup
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// landedButTimedOut writes every claim and then says the call timed out: a
+// SET NX that lands after its caller gave up.
+type landedButTimedOut struct{ dedup.Store }
+
+func (s landedButTimedOut) Decide(ctx context.Context, claims []*dedup.Claim) ([]dedup.Verdict, error) {
+	s.Store.Decide(ctx, claims)
+	return nil, context.DeadlineExceeded
+}
+
+// What becomes of a claim whose store call timed out after writing it
+// depends on what became of its request: released when nothing reached the
+// upstream or the upstream failed (the retry is accepted), settled when the
+// upstream took it (the redelivery is suppressed), as release_on_failure
+// says for an accepted claim.
+func TestUnsureClaimsFollowTheRequestsOutcome(t *testing.T) {
+	for _, tt := range []struct {
+		name, options string
+		upstream      int
+		answered      int
+		outcome       dedup.ReconcileOutcome
+		redelivery    string
+	}{
+		{"closed: 503, nothing forwarded", `"on_store_error":"closed"`, http.StatusCreated, http.StatusServiceUnavailable, dedup.ReconcileReleased, "accepted"},
+		{"closed, release off: still nothing forwarded", `"on_store_error":"closed","release_on_failure":false`, http.StatusCreated, http.StatusServiceUnavailable, dedup.ReconcileReleased, "accepted"},
+		{"open, the upstream took it", `"on_store_error":"open"`, http.StatusCreated, http.StatusCreated, dedup.ReconcileSettled, "suppressed"},
+		{"open, the upstream failed", `"on_store_error":"open"`, http.StatusBadGateway, http.StatusBadGateway, dedup.ReconcileReleased, "accepted"},
+		{"open, the upstream failed, release off", `"on_store_error":"open","release_on_failure":false`, http.StatusBadGateway, http.StatusBadGateway, dedup.ReconcileSettled, "suppressed"},
+		{"shadow, the upstream took it", `"mode":"shadow"`, http.StatusCreated, http.StatusCreated, dedup.ReconcileSettled, "would_suppress"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := new(Handler)
+			if err := json.Unmarshal([]byte(`{"key_prefix":"unsure:`+tt.name+`:",`+tt.options+`}`), h); err != nil {
+				t.Fatal(err)
+			}
+			h = provisioned(t, h)
+			store := dedup.NewMemoryStore(0)
+			outcomes := make(chan dedup.ReconcileOutcome, 10)
+			h.reconciler = dedup.NewReconciler(store, 0, func(o dedup.ReconcileOutcome, _ int) { outcomes <- o })
+			t.Cleanup(h.reconciler.Close)
+			h.deduper.Store = landedButTimedOut{store}
+
+			body := `{"asset_id":"veh-1","occurred_at":"` + time.Now().Add(-time.Minute).UTC().Format(time.RFC3339) + `","lat":52.52,"lon":13.40}`
+			if got := serveWith(h, body, tt.upstream); got.Code != tt.answered || got.Header().Get("X-Dedup") != string(h.settings.onStoreError) {
+				t.Fatalf("the request whose claim timed out: %d %s", got.Code, got.Header().Get("X-Dedup"))
+			}
+			select {
+			case o := <-outcomes:
+				if o != tt.outcome {
+					t.Fatalf("the claim was %s, want %s", o, tt.outcome)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the claim was never reconciled")
+			}
+			h.deduper.Store = store // the store answers again
+			if got := serveWith(h, body, http.StatusCreated).Header().Get("X-Dedup"); got != tt.redelivery {
+				t.Fatalf("the redelivery: %s, want %s", got, tt.redelivery)
+			}
+		})
+	}
+}
+
+// serveWith runs one request through h, next answering upstream.
+func serveWith(h *Handler, body string, upstream int) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	w := httptest.NewRecorder()
+	_ = h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(upstream)
+		return nil
+	}))
+	return w
+}
+
+// The upstream request of a claimed ping carries a deadline: in_flight_timeout
+// after the claim, less the time a release may take, so that the claim is
+// finished before it counts as settled.
+func TestClaimedUpstreamRequestsAreBounded(t *testing.T) {
+	h := provisioned(t, &Handler{InFlightTimeout: caddy.Duration(2 * time.Second)})
+	var deadline time.Time
+	var bounded bool
+	start := time.Now()
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(
+		`{"asset_id":"veh-bound","occurred_at":"`+time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)+`","lat":52.52,"lon":13.40}`))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	var claimedBy time.Time // the claim was made between start and this
+	_ = h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		claimedBy = time.Now()
+		deadline, bounded = r.Context().Deadline()
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}))
+	// The memory store: nothing to wait for but the 100ms margin.
+	bound := 2*time.Second - finishMargin
+	if !bounded || deadline.Before(start.Add(bound)) || deadline.After(claimedBy.Add(bound)) {
+		t.Fatalf("the upstream request's deadline is %v after the request came (set: %v), want %v after its claim", deadline.Sub(start), bounded, bound)
+	}
+}

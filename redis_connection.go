@@ -1,0 +1,86 @@
+package telemetrydedup
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
+)
+
+// redisConnection is one shared client, the pipeline that batches its
+// commands, the breaker in front of it and the reconciler behind it, living
+// in the usage pool and closed with the last config that used it.
+type redisConnection struct {
+	client     redis.UniversalClient
+	pipeline   *pipeline.Pipeline
+	breaker    *dedup.Breaker
+	store      dedup.Store
+	reconciler *dedup.Reconciler
+}
+
+func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
+	where := describeTopology(r)
+	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
+		metricsOnce.Do(initMetrics)
+		metrics.breakerTransitions.WithLabelValues(to.String()).Inc()
+		if to == dedup.BreakerOpen {
+			logger.Warn("redis store circuit breaker opened: skipping Redis and applying on_store_error until a probe succeeds",
+				zap.String("redis", where), zap.String("from", from.String()), zap.Error(cause))
+			return
+		}
+		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
+	})
+	client := redis.NewUniversalClient(opts)
+	c := &redisConnection{client: client, pipeline: pipeline.New(client), breaker: breaker}
+	store := dedup.NewRedisStore(c.pipeline, r.operationTimeout())
+	c.store = breaker.Guard(store)
+	// The reconciler backs off on its own, and goes around the breaker: its
+	// retries during an outage must not reopen a breaker whose probe is on
+	// its way, and it must reach Redis as soon as Redis answers.
+	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(logger, where))
+	return c
+}
+
+// reconcileReporter counts what the reconciler did and logs what an
+// operator must know: claims it could not take or gave up on, which stand
+// until in_flight_timeout and then count as settled.
+func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
+	dropped := newThrottledLog(logger.With(zap.String("redis", where)), storeErrorLogEvery)
+	return func(outcome dedup.ReconcileOutcome, n int) {
+		metricsOnce.Do(initMetrics)
+		metrics.reconciled.WithLabelValues(string(outcome)).Add(float64(n))
+		switch outcome {
+		case dedup.ReconcileDropped, dedup.ReconcileExpired:
+			dropped.log("claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
+				"and the retries of the observations whose requests failed may be suppressed",
+				fmt.Errorf("%d claims %s", n, outcome))
+		case dedup.ReconcileReleased, dedup.ReconcileReleasedLate:
+			if c := logger.Check(zapcore.DebugLevel, "released claims a timed-out store call had written"); c != nil {
+				c.Write(zap.String("redis", where), zap.Int("claims", n), zap.String("outcome", string(outcome)))
+			}
+		}
+	}
+}
+
+func (c *redisConnection) Destruct() error {
+	c.reconciler.Close() // first: its goroutine calls through the client
+	return c.client.Close()
+}
+
+func (c *redisConnection) stats() storeStats {
+	rt, n := c.pipeline.RoundTrips()
+	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n,
+		reconciling: uint64(c.reconciler.Len())}
+}
+
+// Interface guards
+var (
+	_ caddy.Destructor = (*redisConnection)(nil)
+	_ statsReporter    = (*redisConnection)(nil)
+)

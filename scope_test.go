@@ -1,0 +1,38 @@
+package telemetrydedup
+
+import (
+	"net/http/httptest"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// A host is one tenant however it is written; every other value is taken as
+// it is, since user ids alice and Alice may be two tenants.
+func TestKeyScopeFromTheHostIsCanonical(t *testing.T) {
+	for _, tt := range []struct {
+		template, host, user, want string
+	}{
+		{"{http.request.host}", "fleet-a.example", "", "fleet-a.example"},
+		{"{http.request.host}", "Fleet-A.Example", "", "fleet-a.example"},
+		{"{http.request.host}", "fleet-a.example.", "", "fleet-a.example"},
+		{"{http.request.host}", "FLEET-A.example.:8443", "", "fleet-a.example"},
+		{"{http.request.header.X-User}", "fleet-a.example", "Alice", "Alice"},
+		{"{http.request.host}/{http.request.header.X-User}", "Fleet-A.example.", "Alice", "fleet-a.example/Alice"},
+		{"tenant-{http.request.host}-{http.request.host}", "A.", "", "tenant-a-a"},
+	} {
+		r := httptest.NewRequest("POST", "/telemetry", nil)
+		r.Host = tt.host
+		if tt.user != "" {
+			r.Header.Set("X-User", tt.user)
+		}
+		got, err := parseKeyScope(tt.template).expand(caddyhttp.NewTestReplacer(r))
+		if err != nil || got != tt.want {
+			t.Errorf("%s with Host %q: %q, %v; want %q", tt.template, tt.host, got, err, tt.want)
+		}
+	}
+	r := httptest.NewRequest("POST", "/telemetry", nil)
+	if _, err := parseKeyScope("{http.request.header.X-User}").expand(caddyhttp.NewTestReplacer(r)); err == nil {
+		t.Error("an empty scope was accepted; it must never put a request in a shared key space")
+	}
+}
