@@ -84,11 +84,29 @@ func readUpTo(body io.Reader, n int64) ([]byte, error) {
 }
 
 func restoreBody(r *http.Request, body []byte) {
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	rb := newRestoredBody(body)
+	r.Body, r.GetBody = rb, rb.again
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil // a chunked request now has a known length
 }
+
+// restoredBody is a body read whole and put back: for the next handler, and
+// again (GetBody) for a proxy that retries.
+type restoredBody struct {
+	bytes.Reader
+	body []byte
+}
+
+func newRestoredBody(body []byte) *restoredBody {
+	rb := &restoredBody{body: body}
+	rb.Reset(body)
+	return rb
+}
+
+// Close implements io.Closer: there is nothing to close.
+func (*restoredBody) Close() error { return nil }
+
+func (rb *restoredBody) again() (io.ReadCloser, error) { return newRestoredBody(rb.body), nil }
 
 // isTooLarge recognises the limit of an earlier request_body handler, which
 // arrives either bare or wrapped as a 413 handler error.

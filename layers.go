@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -23,6 +23,19 @@ type request struct {
 	// unsure are the claims of a store call that failed without saying
 	// whether it wrote them: reconciled once the request's outcome is known.
 	unsure []*dedup.Claim
+	// one holds the element of a single ping, saving an allocation.
+	one [1]element
+}
+
+// newRequest returns the request of a batch, its elements not yet read.
+func newRequest(batch ping.Batch) *request {
+	req := &request{batch: batch}
+	if len(batch.Elements) == 1 {
+		req.elements = req.one[:]
+	} else {
+		req.elements = make([]element, len(batch.Elements))
+	}
+	return req
 }
 
 // element is one ping of a request and what became of it.
@@ -53,11 +66,12 @@ func (req *request) single() bool { return req.batch.Single() }
 // request that cannot be read or split is one element, rejected as a
 // whole.
 func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
-	form := h.settings.readsForm(r)
+	ct := contentTypeOf(r)
+	form := h.settings.readsForm(ct)
 	body, err := readBody(r, h.settings.maxBody)
 	if err == nil {
 		var batch ping.Batch
-		if batch, err = h.split(r, body, form); err == nil {
+		if batch, err = h.split(r, ct, body, form); err == nil {
 			return h.normaliseBatch(batch, repl)
 		}
 	}
@@ -65,35 +79,35 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	if form && r.URL.RawQuery != "" {
 		sent = []byte(r.URL.RawQuery)
 	}
-	req := &request{batch: ping.Batch{Framing: ping.Single, Elements: [][]byte{sent}}, elements: []element{{raw: sent}}}
+	req := newRequest(ping.Batch{Framing: ping.Single, Elements: [][]byte{sent}})
+	req.elements[0].raw = sent
 	req.elements[0].refuse(err)
 	return req
 }
 
 // split finds a request's pings: in its form fields, or in its body.
-func (h *Handler) split(r *http.Request, body []byte, form bool) (ping.Batch, error) {
+func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool) (ping.Batch, error) {
 	if form {
 		return ping.SplitForm(r.URL.RawQuery, body)
 	}
-	return h.settings.splitter.Split(body, isNDJSON(r))
+	return h.settings.splitter.Split(body, ct.ndjson())
 }
 
 // readsForm reports a request whose fields are form encoded: always with
 // encoding form, and with auto unless its Content-Type is JSON, which is
 // how Traccar's OsmAnd port tells its two formats apart.
-func (s *settings) readsForm(r *http.Request) bool {
+func (s *settings) readsForm(ct contentType) bool {
 	switch s.encoding {
 	case encodingForm:
 		return true
 	case encodingAuto:
-		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-		return mt != "application/json" && !isNDJSON(r)
+		return !ct.is("application/json") && !ct.ndjson()
 	}
 	return false
 }
 
 func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
-	req := &request{batch: batch, elements: make([]element, len(batch.Elements))}
+	req := newRequest(batch)
 	parser := &h.settings.parser
 	if batch.Framing == ping.Form {
 		parser = &h.settings.formParser
@@ -168,8 +182,9 @@ func (e *element) waiting() bool { return e.decision == "" && e.err == nil }
 // claim claims every waiting ping of the request in one store call. When
 // the store cannot answer, on_store_error decides for each of them.
 func (h *Handler) claim(ctx context.Context, req *request) {
-	var batch []dedup.Observation
-	var at []int
+	var oneObs [1]dedup.Observation // a single ping's claim allocates nothing here
+	var oneAt [1]int
+	batch, at := oneObs[:0], oneAt[:0]
 	for i := range req.elements {
 		if req.elements[i].waiting() {
 			batch = append(batch, req.elements[i].obs)
@@ -195,10 +210,20 @@ func (h *Handler) claim(ctx context.Context, req *request) {
 	}
 }
 
-// isNDJSON reports a newline-delimited JSON body: a batch, one ping a line.
-func isNDJSON(r *http.Request) bool {
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	return mt == "application/x-ndjson" || mt == "application/ndjson" || mt == "application/jsonl"
+// contentType is a request's media type as sent, without its parameters.
+type contentType string
+
+func contentTypeOf(r *http.Request) contentType {
+	v, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";")
+	return contentType(strings.TrimSpace(v))
+}
+
+// is compares media types as RFC 9110 does: case-insensitively.
+func (ct contentType) is(mediaType string) bool { return strings.EqualFold(string(ct), mediaType) }
+
+// ndjson reports a newline-delimited JSON body: a batch, one ping a line.
+func (ct contentType) ndjson() bool {
+	return ct.is("application/x-ndjson") || ct.is("application/ndjson") || ct.is("application/jsonl")
 }
 
 // expandTemplate fills the asset or key_scope template from the request. A

@@ -287,6 +287,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s := &h.settings
+	s.keyer.Cells = new(dedup.CellCache)
 	h.storeErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)

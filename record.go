@@ -3,6 +3,7 @@ package telemetrydedup
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -14,6 +15,7 @@ import (
 
 // Placeholders set on every request the handler sees.
 const (
+	placeholderPrefix   = "http.telemetry_dedup."
 	placeholderDecision = "http.telemetry_dedup.decision"
 	placeholderReason   = "http.telemetry_dedup.reason"
 	placeholderKey      = "http.telemetry_dedup.key"
@@ -37,11 +39,7 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	for i := range req.elements {
 		h.recordOutcome(r, &req.elements[i])
 	}
-	if req.single() {
-		setPingPlaceholders(repl, &req.elements[0])
-	} else {
-		setBatchPlaceholders(repl, req)
-	}
+	publishPlaceholders(repl, req)
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone
@@ -87,27 +85,85 @@ func (e *element) key() string {
 	return e.claim.Key()
 }
 
-func setPingPlaceholders(repl *caddy.Replacer, e *element) {
-	repl.Set(placeholderDecision, string(e.decision))
-	repl.Set(placeholderReason, e.reason)
-	repl.Set(placeholderKey, e.key())
-	if e.claim != nil {
-		repl.Set(placeholderAsset, e.asset)
-		repl.Set(placeholderBucket, strconv.FormatInt(e.obs.Bucket, 10))
-		repl.Set(placeholderCell, e.obs.Cell.String())
-		repl.Set(placeholderEvent, e.obs.Event)
-		repl.Set(placeholderState, e.obs.State)
+// outcomePlaceholders answers the handler's placeholders from a request's
+// outcome when something reads one (an access log, a header template):
+// computed on demand, not written ahead on every request, most of which
+// read none.
+type outcomePlaceholders struct{ req *request }
+
+// placeholderOutcome is where a replacer keeps its request's
+// outcomePlaceholders, so that a handler that runs twice on one request (a
+// retried route) publishes its latest outcome.
+const placeholderOutcome = "http.telemetry_dedup._outcome"
+
+// publishPlaceholders makes the request's outcome readable as placeholders.
+func publishPlaceholders(repl *caddy.Replacer, req *request) {
+	if v, ok := repl.Get(placeholderOutcome); ok {
+		v.(*outcomePlaceholders).req = req
+		return
 	}
+	op := &outcomePlaceholders{req: req}
+	repl.Set(placeholderOutcome, op)
+	repl.Map(op.get)
 }
 
-func setBatchPlaceholders(repl *caddy.Replacer, req *request) {
-	c := countElements(req.elements)
-	repl.Set(placeholderDecision, string(c.decision()))
-	repl.Set(placeholderReason, "")
-	repl.Set(placeholderAccepted, c.accepted)
-	repl.Set(placeholderSuppressed, c.suppressed)
-	repl.Set(placeholderRejected, c.rejected)
-	repl.Set(placeholderInFlight, c.inFlight)
+// get is the value of placeholder key: a single ping's decision, reason and
+// key, and, once it reached the store, its asset, bucket, cell, event and
+// state; a batch's decision, an empty reason and its counts.
+func (op *outcomePlaceholders) get(key string) (any, bool) {
+	if !strings.HasPrefix(key, placeholderPrefix) {
+		return nil, false
+	}
+	if op.req.single() {
+		return elementPlaceholder(key, &op.req.elements[0])
+	}
+	return batchPlaceholder(key, op.req.elements)
+}
+
+func elementPlaceholder(key string, e *element) (any, bool) {
+	switch key {
+	case placeholderDecision:
+		return string(e.decision), true
+	case placeholderReason:
+		return e.reason, true
+	case placeholderKey:
+		return e.key(), true
+	}
+	if e.claim == nil {
+		return nil, false
+	}
+	switch key {
+	case placeholderAsset:
+		return e.asset, true
+	case placeholderBucket:
+		return strconv.FormatInt(e.obs.Bucket, 10), true
+	case placeholderCell:
+		return e.obs.Cell.String(), true
+	case placeholderEvent:
+		return e.obs.Event, true
+	case placeholderState:
+		return e.obs.State, true
+	}
+	return nil, false
+}
+
+func batchPlaceholder(key string, elements []element) (any, bool) {
+	c := countElements(elements)
+	switch key {
+	case placeholderDecision:
+		return string(c.decision()), true
+	case placeholderReason:
+		return "", true
+	case placeholderAccepted:
+		return c.accepted, true
+	case placeholderSuppressed:
+		return c.suppressed, true
+	case placeholderRejected:
+		return c.rejected, true
+	case placeholderInFlight:
+		return c.inFlight, true
+	}
+	return nil, false
 }
 
 // watchForStuck feeds the stuck-asset tracker and warns, once per asset

@@ -14,26 +14,46 @@ var benchBody = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z
 	`"speed_kmh":0,"heading":270,"battery":0.82,"firmware":"4.2.1"}`)
 
 // The CPU cost of one ping before it touches a store: extraction,
-// validation, bucket, H3 cell and key.
+// validation, bucket, H3 cell and key; for coordinates seen before (a
+// redelivery, whose cell is cached) and for new ones.
 func BenchmarkParseValidateKey(b *testing.B) {
 	p, k := ping.NewParser().Prepared(), defaultKeyer()
+	k.Cells = new(CellCache)
 	now := articleBase.Add(time.Minute)
-	b.ReportAllocs()
-	for b.Loop() {
-		ping, err := p.Parse(benchBody, now)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_ = k.Observe(ping)
+	fresh := make([][]byte, 16*cellCacheSlots) // more than the cache holds
+	for i := range fresh {
+		fresh[i] = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.` + strconv.Itoa(5000000+i) +
+			`,"lon":13.4049547,"speed_kmh":0,"heading":270,"battery":0.82,"firmware":"4.2.1"}`)
+	}
+	for _, bodies := range []struct {
+		name string
+		next func(i int) []byte
+	}{
+		{"repeated", func(int) []byte { return benchBody }},
+		{"new", func(i int) []byte { return fresh[i%len(fresh)] }},
+	} {
+		b.Run(bodies.name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				ping, err := p.Parse(bodies.next(i), now)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = k.Observe(ping)
+			}
+		})
 	}
 }
 
-// One decision per new observation, then per duplicate, for each store and
-// shape: the store's share of a ping's cost.
-func BenchmarkDecide(b *testing.B) {
+// Each store operation of a ping, for each store and shape: the decision
+// of a new observation and of a duplicate, and the settlement of an
+// accepted claim (the second command of every new ping).
+func BenchmarkStore(b *testing.B) {
 	for _, shape := range Shapes {
 		for _, store := range []string{"memory", "redis"} {
-			for _, kind := range []string{"new", "duplicate"} {
+			for _, kind := range []string{"new", "duplicate", "settle"} {
 				b.Run(string(shape)+"/"+store+"/"+kind, func(b *testing.B) {
 					var s Store = NewMemoryStore(0)
 					if store == "redis" {
@@ -54,6 +74,12 @@ func BenchmarkDecide(b *testing.B) {
 							id := strconv.Itoa(i)
 							fresh.Observation.Key, fresh.StateKey, fresh.SeenKey = "k"+id, "s"+id, "m"+id
 							c = &fresh
+						}
+						if kind == "settle" { // the claim stays held by its token: each settle does the whole work
+							if err := settleOne(ctx, s, c); err != nil {
+								b.Fatal(err)
+							}
+							continue
 						}
 						if _, err := decideOne(ctx, s, c); err != nil {
 							b.Fatal(err)

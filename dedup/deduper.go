@@ -73,11 +73,12 @@ func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, 
 // batch is its duplicate.
 func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, []Verdict, error) {
 	at := d.now()
-	claims := make([]*Claim, len(batch))
-	for i, obs := range batch {
-		c := &Claim{Observation: obs, Policy: &d.Policy, Token: rand.Uint64(), At: at}
+	claims, backing := make([]*Claim, len(batch)), make([]Claim, len(batch))
+	for i := range batch {
+		c := &backing[i]
+		*c = Claim{Observation: batch[i], Policy: &d.Policy, Token: rand.Uint64(), At: at}
 		if d.Policy.Shape != Tumbling {
-			c.StateKey, c.SeenKey = d.Keyer.TrackKeys(obs.Asset, obs.Time)
+			c.StateKey, c.SeenKey = d.Keyer.TrackKeys(c.Asset, c.Time)
 		}
 		claims[i] = c
 	}

@@ -23,9 +23,10 @@ const (
 	DefaultKeyPrefix  = "dedup:"
 )
 
-// Keyer quantises pings into keys. Its three fields are the key contract:
-// two processes with the same Keyer compute the same key for the same ping
-// without coordinating, and a change to any field starts a fresh key space.
+// Keyer quantises pings into keys. Window, Resolution and Prefix are the
+// key contract: two processes with the same Keyer compute the same key for
+// the same ping without coordinating, and a change to any of them starts a
+// fresh key space.
 type Keyer struct {
 	// Window is the tumbling bucket width; a whole number of seconds.
 	Window time.Duration
@@ -33,6 +34,9 @@ type Keyer struct {
 	Resolution int
 	// Prefix starts every key, so several deployments can share one store.
 	Prefix string
+	// Cells, if set, remembers the cells of recent coordinates. It saves
+	// time, never changes a key.
+	Cells *CellCache
 }
 
 // Observation is a ping with its quantised parts and key.
@@ -71,10 +75,17 @@ func (k Keyer) Observe(p ping.Ping) Observation {
 	o := Observation{
 		Ping:   p,
 		Bucket: k.Bucket(p.Time),
-		Cell:   h3.LatLngToCell(h3.NewLatLng(p.Lat, p.Lon), k.Resolution),
+		Cell:   k.cell(h3.NewLatLng(p.Lat, p.Lon)),
 	}
 	o.Key = k.observationKey(p, o.Bucket, o.Cell)
 	return o
+}
+
+func (k Keyer) cell(ll h3.LatLng) h3.Cell {
+	if k.Cells == nil {
+		return h3.LatLngToCell(ll, k.Resolution)
+	}
+	return k.Cells.Cell(ll, k.Resolution)
 }
 
 // Bucket floors the device time to the window, in epoch seconds. The floor
