@@ -317,7 +317,7 @@ func TestExampleAdaptsToEquivalentJSON(t *testing.T) {
 	}
 	handler := findHandler(t, out)
 	want := `{"asset":["asset_id"],"crs":"EPSG:4326","handler":"telemetry_dedup","in_flight_timeout":30000000000,"key_prefix":"dedup:",` +
-		`"lat":"lat","lon":"lon","max_batch":1000,"max_body":1048576,"max_future":300000000000,"mode":"enforce","null_island":"reject","on_invalid":"reject",` +
+		`"lat":"lat","lon":"lon","max_batch":1000,"max_body":1048576,"max_future":300000000000,"max_past":31536000000000000,"mode":"enforce","null_island":"reject","on_invalid":"reject",` +
 		`"on_store_error":"open","outage_margin":1800000000000,"release_on_failure":true,"resolution":12,` +
 		`"retry_ladder":[60000000000,300000000000,1800000000000,7200000000000,21600000000000],` +
 		`"shape":"tumbling","store":{"max_keys":1000000,"type":"memory"},"time":["occurred_at"],"time_format":"auto","window":300000000000}`

@@ -3,6 +3,8 @@ package dedup
 import (
 	"fmt"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // Shape is how the window is laid over an asset's pings.
@@ -29,12 +31,7 @@ var Shapes = []Shape{Tumbling, Sliding, Session}
 
 // ParseShape returns the Shape named s, or an error listing the shapes.
 func ParseShape(s string) (Shape, error) {
-	for _, sh := range Shapes {
-		if string(sh) == s {
-			return sh, nil
-		}
-	}
-	return "", fmt.Errorf("unknown shape %q: use one of %v", s, Shapes)
+	return ping.ParseName("shape", s, Shapes)
 }
 
 // DefaultSessionIdle is the device-time gap that opens a new session.

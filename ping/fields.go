@@ -1,7 +1,6 @@
 package ping
 
 import (
-	"fmt"
 	"math"
 	"strings"
 
@@ -24,12 +23,7 @@ var SpeedUnits = []SpeedUnit{MetresPerSecond, KilometresPerHour, Knots, MilesPer
 
 // ParseSpeedUnit returns the SpeedUnit named s, or an error listing them.
 func ParseSpeedUnit(s string) (SpeedUnit, error) {
-	for _, u := range SpeedUnits {
-		if string(u) == s {
-			return u, nil
-		}
-	}
-	return "", fmt.Errorf("unknown speed unit %q: use one of %v", s, SpeedUnits)
+	return ParseName("speed unit", s, SpeedUnits)
 }
 
 // metresPerSecond is how many m/s one unit is; m/s when unset.

@@ -3,6 +3,7 @@ package ping
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -33,12 +34,7 @@ var TimeFormats = []TimeFormat{TimeAuto, TimeRFC3339, TimeUnix, TimeUnixMilli}
 // ParseTimeFormat returns the TimeFormat named s, or an error listing the
 // accepted names.
 func ParseTimeFormat(s string) (TimeFormat, error) {
-	for _, f := range TimeFormats {
-		if string(f) == s {
-			return f, nil
-		}
-	}
-	return "", fmt.Errorf("unknown time_format %q: use one of %v", s, TimeFormats)
+	return ParseName("time_format", s, TimeFormats)
 }
 
 // autoMillisAbove separates epoch seconds from epoch milliseconds in auto
@@ -168,4 +164,13 @@ func describe(v gjson.Result) string {
 	default:
 		return "null"
 	}
+}
+
+// ParseName returns the one of names spelled s, or an error naming what
+// was asked for (kind) and listing the names.
+func ParseName[T ~string](kind, s string, names []T) (T, error) {
+	if i := slices.Index(names, T(s)); i >= 0 {
+		return names[i], nil
+	}
+	return "", fmt.Errorf("unknown %s %q: use one of %v", kind, s, names)
 }
