@@ -189,10 +189,9 @@ local raw = redis.call('GET', KEYS[1])
 if not raw then
 	local c = { alat = lat, alon = lon, spread2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
 		hasCand = false, outlier = false, sessionStart = t, state = statep, past = noPast() }
-	local zero = { t = 0, lat = 0, lon = 0, bucket = 0, token = NOSTATE }
-	local empty = { alat = 0, alon = 0, spread2 = 0, n = 0, startT = 0, lastT = 0, ref = zero, last = zero,
-		hasCand = false, outlier = false, sessionStart = 0, state = NOSTATE, past = noPast() }
-	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. string.char(0) .. encode(empty), 'PX', ttl)
+	-- No undo record yet: a flag 0 and a zeroed track (all of whose numbers
+	-- and prints are zero bytes).
+	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. string.char(0) .. string.rep('\0', struct.size(CORE)), 'PX', ttl)
 	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
 	redis.call('PEXPIRE', KEYS[2], ttl)
 	return { 'accepted', '' }

@@ -19,12 +19,14 @@ type result struct {
 	requests, errors     int64
 	p50, p99             time.Duration
 	roundTrips, commands float64 // Redis, per request
+	firstError           string  // what the first failed request got
 }
 
 // load drives url with conns keep-alive connections for duration.
 func load(url string, kind bodyKind, conns int, duration time.Duration, round uint64) result {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns}, Timeout: 10 * time.Second}
 	var count, errs atomic.Int64
+	var firstError atomic.Value // what the first failed request got, to say what the errors were
 	latencies := make([][]time.Duration, conns)
 	if kind == allDuplicate { // the one duplicate is claimed and settled before the clock starts
 		if res, err := client.Post(url, "application/json", strings.NewReader(newBodies(kind, round, 0).next())); err == nil {
@@ -44,12 +46,14 @@ func load(url string, kind bodyKind, conns int, duration time.Duration, round ui
 				res, err := client.Post(url, "application/json", strings.NewReader(body))
 				if err != nil {
 					errs.Add(1)
+					firstError.CompareAndSwap(nil, fmt.Sprintf("(first: %v)", err))
 					continue
 				}
 				_, _ = io.Copy(io.Discard, res.Body)
 				res.Body.Close()
 				if res.StatusCode >= 300 {
 					errs.Add(1)
+					firstError.CompareAndSwap(nil, fmt.Sprintf("(first: %s, X-Dedup %s)", res.Status, res.Header.Get("X-Dedup")))
 				}
 				lat = append(lat, time.Since(start))
 				count.Add(1)
@@ -62,6 +66,9 @@ func load(url string, kind bodyKind, conns int, duration time.Duration, round ui
 	all := slices.Concat(latencies...)
 	slices.Sort(all)
 	r := result{rps: float64(count.Load()) / duration.Seconds(), requests: count.Load(), errors: errs.Load()}
+	if e, ok := firstError.Load().(string); ok {
+		r.firstError = e
+	}
 	if len(all) > 0 {
 		r.p50, r.p99 = all[len(all)/2].Round(time.Microsecond), all[len(all)*99/100].Round(time.Microsecond)
 	}
@@ -91,8 +98,8 @@ const fleetAssets = 500
 func (b *bodies) next() string {
 	b.n++
 	switch b.kind {
-	case allNew:
-		return b.ping(fmt.Sprintf("%s-%d", b.prefix, b.n), b.base, 52.52, 13.40)
+	case allNew: // new assets at new coordinates: nothing cached helps
+		return b.ping(fmt.Sprintf("%s-%d", b.prefix, b.n), b.base, 52.52+float64(b.n%1_000_000)*1e-6, 13.40)
 	case allDuplicate:
 		return b.ping("duplicate", b.base, 52.5200087, 13.4049547)
 	}

@@ -6,8 +6,8 @@
 // variants over several rounds. It prints throughput as ratios against the
 // baselines measured in the same run, since machines are noisy.
 //
-//	go run ./tools/bench                      # 3 rounds of 3 s per variant, 32 connections
-//	go run ./tools/bench -rounds 5 -duration 5s -conns 64
+//	go run ./tools/bench                      # 5 rounds of 3 s per variant, 32 connections
+//	go run ./tools/bench -rounds 9 -duration 5s -conns 64
 package main
 
 import (
@@ -22,7 +22,7 @@ import (
 )
 
 func main() {
-	rounds := flag.Int("rounds", 3, "rounds over all variants")
+	rounds := flag.Int("rounds", 5, "rounds over all variants")
 	duration := flag.Duration("duration", 3*time.Second, "load per variant and round")
 	conns := flag.Int("conns", 32, "concurrent connections of the load generator")
 	flag.Parse()
@@ -127,7 +127,14 @@ func run(rounds int, duration time.Duration, conns int) error {
 
 	results := map[string][]result{}
 	for r := range rounds {
-		for _, v := range variants {
+		// Every other round runs the variants backwards, so that a machine
+		// slowing down or speeding up over a round favours neither a
+		// baseline nor what is compared with it.
+		order := slices.Clone(variants)
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, v := range order {
 			s := siteNamed(sites, v.site)
 			rtBefore, cmdsBefore := redisTotals(metricsURL)
 			res := load(fmt.Sprintf("http://127.0.0.1:%d/", s.port), v.bodies, conns, duration, uint64(r))
@@ -136,8 +143,8 @@ func run(rounds int, duration time.Duration, conns int) error {
 				res.roundTrips = (rt - rtBefore) / float64(res.requests)
 				res.commands = (cmds - cmdsBefore) / float64(res.requests)
 			}
-			fmt.Fprintf(os.Stderr, "round %d  %-50s %8.0f req/s  p50 %-9s p99 %-9s errors %d\n",
-				r+1, v.label, res.rps, res.p50, res.p99, res.errors)
+			fmt.Fprintf(os.Stderr, "round %d  %-50s %8.0f req/s  p50 %-9s p99 %-9s errors %d %s\n",
+				r+1, v.label, res.rps, res.p50, res.p99, res.errors, res.firstError)
 			results[v.label] = append(results[v.label], res)
 		}
 	}
@@ -162,8 +169,18 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 		slices.SortFunc(byRPS, func(a, b result) int { return cmp.Compare(a.rps, b.rps) })
 		return byRPS[len(byRPS)/2]
 	}
-	ratioOf := func(v variant) float64 { return median(v.label).rps / median(v.baseline).rps }
-	fmt.Printf("\n%d rounds x %s per variant, %d connections, one Caddy, medians of the rounds:\n\n", rounds, duration, conns)
+	// A ratio is the median of the rounds' ratios: each round compares a
+	// variant with its baseline measured moments apart.
+	ratioOf := func(v variant) float64 {
+		ratios := make([]float64, rounds)
+		for r := range ratios {
+			ratios[r] = results[v.label][r].rps / results[v.baseline][r].rps
+		}
+		slices.Sort(ratios)
+		return ratios[len(ratios)/2]
+	}
+	fmt.Printf("\n%d rounds x %s per variant, %d connections, one Caddy; req/s and latencies are medians of the rounds, "+
+		"ratios the medians of the rounds' ratios:\n\n", rounds, duration, conns)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "variant\treq/s\tratio\tp50\tp99\tRedis round trips / ping\tcommands / ping\terrors\t")
 	for _, v := range variants {
