@@ -13,24 +13,24 @@ import (
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
-// Placeholders set on every request the handler sees.
+// Placeholders answered on every request the handler sees.
 const (
 	placeholderPrefix   = "http.telemetry_dedup."
-	placeholderDecision = "http.telemetry_dedup.decision"
-	placeholderReason   = "http.telemetry_dedup.reason"
-	placeholderKey      = "http.telemetry_dedup.key"
-	placeholderAsset    = "http.telemetry_dedup.asset"
-	placeholderBucket   = "http.telemetry_dedup.bucket"
-	placeholderCell     = "http.telemetry_dedup.cell"
+	placeholderDecision = placeholderPrefix + "decision"
+	placeholderReason   = placeholderPrefix + "reason"
+	placeholderKey      = placeholderPrefix + "key"
+	placeholderAsset    = placeholderPrefix + "asset"
+	placeholderBucket   = placeholderPrefix + "bucket"
+	placeholderCell     = placeholderPrefix + "cell"
 	// The event a ping carries and its state, as path=value.
-	placeholderEvent = "http.telemetry_dedup.event"
-	placeholderState = "http.telemetry_dedup.state"
+	placeholderEvent = placeholderPrefix + "event"
+	placeholderState = placeholderPrefix + "state"
 
 	// A batch's counts.
-	placeholderAccepted   = "http.telemetry_dedup.accepted"
-	placeholderSuppressed = "http.telemetry_dedup.suppressed"
-	placeholderRejected   = "http.telemetry_dedup.rejected"
-	placeholderInFlight   = "http.telemetry_dedup.in_flight"
+	placeholderAccepted   = placeholderPrefix + "accepted"
+	placeholderSuppressed = placeholderPrefix + "suppressed"
+	placeholderRejected   = placeholderPrefix + "rejected"
+	placeholderInFlight   = placeholderPrefix + "in_flight"
 )
 
 // record records what became of each ping of the request, then sets the
@@ -94,7 +94,7 @@ type outcomePlaceholders struct{ req *request }
 // placeholderOutcome is where a replacer keeps its request's
 // outcomePlaceholders, so that a handler that runs twice on one request (a
 // retried route) publishes its latest outcome.
-const placeholderOutcome = "http.telemetry_dedup._outcome"
+const placeholderOutcome = placeholderPrefix + "_outcome"
 
 // publishPlaceholders makes the request's outcome readable as placeholders.
 func publishPlaceholders(repl *caddy.Replacer, req *request) {

@@ -24,6 +24,7 @@ local FIX = '>i8ddi8c8dddBBBc8d'
 -- stays (PAST of them: lat, lon, radius², arrival µs, departure µs)
 local PAST = 3
 local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8' .. string.rep('dddi8i8', PAST)
+local CORE_SIZE = struct.size(CORE)
 local NOSTATE = string.rep('\0', 8)
 
 -- the constants of track.go
@@ -191,7 +192,7 @@ if not raw then
 		hasCand = false, outlier = false, sessionStart = t, state = statep, past = noPast() }
 	-- No undo record yet: a flag 0 and a zeroed track (all of whose numbers
 	-- and prints are zero bytes).
-	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. string.char(0) .. string.rep('\0', struct.size(CORE)), 'PX', ttl)
+	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. string.char(0) .. string.rep('\0', CORE_SIZE), 'PX', ttl)
 	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
 	redis.call('PEXPIRE', KEYS[2], ttl)
 	return { 'accepted', '' }
@@ -199,7 +200,6 @@ end
 
 -- Only the current track is decoded: the undo record is carried as it is,
 -- or replaced by the current track as it came in.
-local CORE_SIZE = struct.size(CORE)
 local oldSeenMax = struct.unpack('>i8', raw)
 local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
 local cur = decode(curRaw, 1)
