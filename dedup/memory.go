@@ -115,12 +115,13 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 	return nil
 }
 
+// settleTumbling marks the key settled, whichever claim it holds, as Redis
+// does (see settleCmd).
 func (m *MemoryStore) settleTumbling(c *Claim) {
 	if e := m.live(c.Observation.Key); e != nil {
-		if r := e.value.(record); r.token == uint32(c.Token) {
-			r.settled = true
-			e.value = r
-		}
+		r := newRecord(c)
+		r.settled = true
+		e.value = r
 	}
 }
 

@@ -18,9 +18,10 @@ const DefaultRedisTimeout = 50 * time.Millisecond
 // RedisStore keeps claims in Redis (7.0 or later, or a compatible server),
 // shared by every Caddy instance that points at it. A tumbling claim is one
 // SET key value NX PX ttl GET (atomic, with its expiry, returning the holder
-// when it loses); the sliding and session shapes run one Lua script per
-// claim, loaded once and called by SHA. The commands of a batch, and of
-// concurrent requests, travel together through a Pipeline: one round trip.
+// when it loses), settled with one SET key value XX KEEPTTL; the sliding
+// and session shapes run one Lua script per claim, loaded once and called
+// by SHA. The commands of a batch, and of concurrent requests, travel
+// together through a Pipeline: one round trip.
 type RedisStore struct {
 	pipeline *pipeline.Pipeline
 	timeout  time.Duration
@@ -38,8 +39,6 @@ func NewRedisStore(pipe *pipeline.Pipeline, timeout time.Duration) *RedisStore {
 }
 
 var (
-	//go:embed lua/claim_settle.lua
-	claimSettleLua string
 	//go:embed lua/claim_release.lua
 	claimReleaseLua string
 	//go:embed lua/track_decide.lua
@@ -49,7 +48,6 @@ var (
 	//go:embed lua/track_release.lua
 	trackReleaseLua string
 
-	claimSettleScript  = redis.NewScript(claimSettleLua)
 	claimReleaseScript = redis.NewScript(claimReleaseLua)
 	trackDecideScript  = redis.NewScript(trackDecideLua)
 	trackSettleScript  = redis.NewScript(trackSettleLua)
@@ -133,14 +131,30 @@ func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
 	cmds := make([]pipeline.Cmd, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
-			r := newRecord(c)
-			r.settled = true
-			cmds[i] = pipeline.EvalSha(claimSettleScript, []string{c.Observation.Key}, r.encode())
+			cmds[i] = settleCmd(c)
 		} else {
 			cmds[i] = pipeline.EvalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token))
 		}
 	}
 	return s.do(ctx, cmds)
+}
+
+// settleCmd settles a tumbling claim with a plain SET, a fraction of a
+// script's cost to Redis: XX leaves a key that is gone (released, expired)
+// gone, KEEPTTL keeps its expiry. It does not check whose claim the key
+// holds, and need not: only a request whose upstream took the observation
+// settles, and a settled key says no more than that its observation was
+// delivered. The key can hold another request's claim only if it was gone
+// in between (a settlement the reconciler makes late); that request's
+// forward was a second delivery whatever this one does, and its release
+// then finds this claim's token and leaves the key settled.
+func settleCmd(c *Claim) pipeline.Cmd {
+	r := newRecord(c)
+	r.settled = true
+	key, value := c.Observation.Key, r.encode()
+	return pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "XX", KeepTTL: true})
+	}}
 }
 
 // Release implements Store.

@@ -18,8 +18,11 @@ type Store interface {
 	Decide(ctx context.Context, claims []*Claim) ([]Verdict, error)
 
 	// Settle marks accepted claims as settled: their requests have their
-	// upstream's answer and the observations stand. Expiries are kept. A
-	// claim that no longer holds its key is left alone.
+	// upstream's answer and the observations stand. Expiries are kept, and
+	// a key that is gone is not made again. In the track shapes a claim
+	// that no longer holds its key is left alone; in the tumbling shape the
+	// key is settled whichever claim holds it, since its observation was
+	// delivered either way.
 	Settle(ctx context.Context, claims []*Claim) error
 
 	// Release undoes accepted claims, so that the sender's retry is judged

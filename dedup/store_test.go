@@ -173,25 +173,59 @@ func TestStoreReleasesOnlyWithTheRightToken(t *testing.T) {
 	})
 }
 
-func TestStoreSettlesOnlyWithTheRightToken(t *testing.T) {
-	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
-		ctx := context.Background()
-		mine := claimOf(pol, parked, 1, articleBase)
-		decide(t, s, mine)
+func TestStoreSettlesATrackClaimOnlyWithItsToken(t *testing.T) {
+	for _, shape := range []Shape{Sliding, Session} { // tumbling: TestTumblingSettlementMarksTheObservationDelivered
+		t.Run(string(shape), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, s Store) { settlesOnlyWithItsToken(t, s, testPolicy(shape)) })
+		})
+	}
+}
+
+func settlesOnlyWithItsToken(t *testing.T, s Store, pol *Policy) {
+	ctx := context.Background()
+	mine := claimOf(pol, parked, 1, articleBase)
+	decide(t, s, mine)
+	if err := settleOne(ctx, s, claimOf(pol, parked, 2, articleBase)); err != nil {
+		t.Fatal(err)
+	}
+	if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != InFlight {
+		t.Fatalf("another token settled the claim: %+v", v)
+	}
+	if err := settleOne(ctx, s, mine); err != nil {
+		t.Fatal(err)
+	}
+	if v := decide(t, s, claimOf(pol, parked, 4, articleBase)); v.Decision != Suppressed || v.Reason != Redelivery {
+		t.Fatalf("after settling: %+v, want suppressed/redelivery", v)
+	}
+}
+
+// A tumbling settlement is one plain SET: it says the key's observation
+// was delivered, whichever request's claim the key holds, and a release by
+// that request then leaves it settled.
+func TestTumblingSettlementMarksTheObservationDelivered(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		ctx, pol := context.Background(), testPolicy(Tumbling)
+		held := claimOf(pol, parked, 1, articleBase)
+		decide(t, s, held)
 		if err := settleOne(ctx, s, claimOf(pol, parked, 2, articleBase)); err != nil {
 			t.Fatal(err)
 		}
-		if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != InFlight {
-			t.Fatalf("another token settled the claim: %+v", v)
+		if v := decide(t, s, claimOf(pol, parked, 3, articleBase)); v.Decision != Suppressed || v.Reason != Redelivery {
+			t.Fatalf("after a settlement: %+v, want suppressed/redelivery", v)
 		}
-		if err := settleOne(ctx, s, mine); err != nil {
-			t.Fatal(err)
+		if ok, err := releaseOne(ctx, s, held); err != nil || ok {
+			t.Fatalf("releasing the claim a settlement replaced: released=%v err=%v, want nothing released", ok, err)
 		}
-		if v := decide(t, s, claimOf(pol, parked, 4, articleBase)); v.Decision != Suppressed || v.Reason != Redelivery {
-			t.Fatalf("after settling: %+v, want suppressed/redelivery", v)
+		if v := decide(t, s, claimOf(pol, parked, 4, articleBase)); v.Decision != Suppressed {
+			t.Fatalf("after the release: %+v, want it still settled", v)
 		}
+	})
+}
+
+func TestStoreSettlingAMissingClaimCreatesNothing(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		gone := claimOf(pol, ping.Ping{Asset: "never-claimed", Time: articleBase, Lat: 1, Lon: 2}, 5, articleBase)
-		if err := settleOne(ctx, s, gone); err != nil {
+		if err := settleOne(context.Background(), s, gone); err != nil {
 			t.Fatalf("settling a claim that is not there: %v", err)
 		}
 		if v := decide(t, s, gone); v.Decision != Accepted {

@@ -18,8 +18,9 @@ type result struct {
 	rps                  float64
 	requests, errors     int64
 	p50, p99             time.Duration
-	roundTrips, commands float64 // Redis, per request
-	firstError           string  // what the first failed request got
+	roundTrips, commands float64  // Redis, per request
+	cpu                  cpuTimes // per request, by process
+	firstError           string   // what the first failed request got
 }
 
 // load drives url with conns keep-alive connections for duration.

@@ -4,7 +4,9 @@
 // respond site), starts a throwaway redis-server, and drives each variant
 // with the same Go load generator and the same bodies, alternating the
 // variants over several rounds. It prints throughput as ratios against the
-// baselines measured in the same run, since machines are noisy.
+// baselines measured in the same run, since machines are noisy, and the CPU
+// time Caddy, Redis and the load generator each spent per request, which
+// says where a variant's time goes.
 //
 //	go run ./tools/bench                      # 5 rounds of 3 s per variant, 32 connections
 //	go run ./tools/bench -rounds 9 -duration 5s -conns 64
@@ -119,11 +121,12 @@ func run(rounds int, duration time.Duration, conns int) error {
 		{name: "session", config: "telemetry_dedup {\n\t\tkey_prefix bench-session:\n\t\tshape session\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
 		{name: "static", config: "respond 200"},
 	}
-	stopCaddy, metricsURL, err := startCaddy(dir, caddyBin, sites)
+	stopCaddy, metricsURL, caddyPID, err := startCaddy(dir, caddyBin, sites)
 	if err != nil {
 		return err
 	}
 	defer stopCaddy()
+	meter := cpuMeter{caddyPID: caddyPID, redisPID: rdb.pid}
 
 	results := map[string][]result{}
 	for r := range rounds {
@@ -137,7 +140,9 @@ func run(rounds int, duration time.Duration, conns int) error {
 		for _, v := range order {
 			s := siteNamed(sites, v.site)
 			rtBefore, cmdsBefore := redisTotals(metricsURL)
+			cpuBefore := meter.read()
 			res := load(fmt.Sprintf("http://127.0.0.1:%d/", s.port), v.bodies, conns, duration, uint64(r))
+			res.cpu = meter.read().perRequest(cpuBefore, res.requests)
 			if usesRedis(v.site) {
 				rt, cmds := redisTotals(metricsURL)
 				res.roundTrips = (rt - rtBefore) / float64(res.requests)
@@ -182,7 +187,7 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 	fmt.Printf("\n%d rounds x %s per variant, %d connections, one Caddy; req/s and latencies are medians of the rounds, "+
 		"ratios the medians of the rounds' ratios:\n\n", rounds, duration, conns)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
-	fmt.Fprintln(tw, "variant\treq/s\tratio\tp50\tp99\tRedis round trips / ping\tcommands / ping\terrors\t")
+	fmt.Fprintln(tw, "variant\treq/s\tratio\tp50\tp99\tRedis round trips / ping\tcommands / ping\tCPU µs / request: Caddy, Redis, load\terrors\t")
 	for _, v := range variants {
 		m := median(v.label)
 		ratio := "1.00 (baseline)"
@@ -193,7 +198,9 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 		if usesRedis(v.site) {
 			rt, cmds = fmt.Sprintf("%.3f", m.roundTrips), fmt.Sprintf("%.2f", m.commands)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t\n", v.label, m.rps, ratio, m.p50, m.p99, rt, cmds, m.errors)
+		c := medianCPU(results[v.label])
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s, %s, %s\t%d\t\n", v.label, m.rps, ratio, m.p50, m.p99, rt, cmds,
+			micros(c.caddy), micros(c.redis), micros(c.load), m.errors)
 	}
 	tw.Flush()
 
@@ -209,6 +216,23 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 		fmt.Fprintf(tw, "%s / %s\t%.2f\t>= %.2f\t%s\t\n", v.label, shortName(v.baseline), r, tg.atLeast, verdict)
 	}
 	tw.Flush()
+}
+
+// medianCPU is each process's median CPU time per request over the rounds.
+func medianCPU(rounds []result) cpuTimes {
+	of := func(pick func(cpuTimes) time.Duration) time.Duration {
+		ds := make([]time.Duration, len(rounds))
+		for i, r := range rounds {
+			ds[i] = pick(r.cpu)
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	return cpuTimes{
+		caddy: of(func(c cpuTimes) time.Duration { return c.caddy }),
+		redis: of(func(c cpuTimes) time.Duration { return c.redis }),
+		load:  of(func(c cpuTimes) time.Duration { return c.load }),
+	}
 }
 
 func variantNamed(label string) variant {

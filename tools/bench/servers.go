@@ -36,6 +36,7 @@ func build(output string) error {
 type redisServer struct {
 	url    string
 	client *redis.Client
+	pid    int
 }
 
 func startRedis(dir string) (*redisServer, func(), error) {
@@ -54,11 +55,11 @@ func startRedis(dir string) (*redisServer, func(), error) {
 			return nil, nil, fmt.Errorf("redis-server on %s did not answer", addr)
 		}
 	}
-	return &redisServer{url: "redis://" + addr + "/0", client: client}, stop, nil
+	return &redisServer{url: "redis://" + addr + "/0", client: client, pid: cmd.Process.Pid}, stop, nil
 }
 
 // startCaddy serves every site, and the upstream, from one Caddy process.
-func startCaddy(dir, bin string, sites []*site) (stop func(), metricsURL string, err error) {
+func startCaddy(dir, bin string, sites []*site) (stop func(), metricsURL string, pid int, err error) {
 	upstream := fmt.Sprintf("127.0.0.1:%d", freePort())
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort())
 	var b strings.Builder
@@ -73,17 +74,17 @@ func startCaddy(dir, bin string, sites []*site) (stop func(), metricsURL string,
 	}
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	cmd := exec.Command(bin, "run", "--config", path)
 	cmd.Env = append(os.Environ(), "HOME="+dir)
 	logFile, err := os.Create(filepath.Join(dir, "caddy.log"))
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	stop = func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }
 	for _, s := range sites {
@@ -96,11 +97,11 @@ func startCaddy(dir, bin string, sites []*site) (stop func(), metricsURL string,
 			if time.Now().After(deadline) {
 				stop()
 				log, _ := os.ReadFile(logFile.Name())
-				return nil, "", fmt.Errorf("caddy did not listen on %s:\n%s", addr, log)
+				return nil, "", 0, fmt.Errorf("caddy did not listen on %s:\n%s", addr, log)
 			}
 		}
 	}
-	return stop, "http://" + admin + "/metrics", nil
+	return stop, "http://" + admin + "/metrics", cmd.Process.Pid, nil
 }
 
 func freePort() int {
