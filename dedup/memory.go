@@ -119,9 +119,7 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 // does (see settleCmd).
 func (m *MemoryStore) settleTumbling(c *Claim) {
 	if e := m.live(c.Observation.Key); e != nil {
-		r := newRecord(c)
-		r.settled = true
-		e.value = r
+		e.value = settledRecord(c)
 	}
 }
 

@@ -108,9 +108,7 @@ func (n *NearCache) Settle(ctx context.Context, claims []*Claim) error {
 		return err
 	}
 	for _, c := range claims {
-		r := newRecord(c)
-		r.settled = true
-		n.remember(c, r)
+		n.remember(c, settledRecord(c))
 	}
 	return nil
 }

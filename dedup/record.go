@@ -34,6 +34,13 @@ func newRecord(c *Claim) record {
 	}
 }
 
+// settledRecord is the record of c's claim once its request settled it.
+func settledRecord(c *Claim) record {
+	r := newRecord(c)
+	r.settled = true
+	return r
+}
+
 // sightingPrint and positionPrint fingerprint a ping with FNV-1a, the same
 // in every process: an equal fingerprint is an equal observation but for a
 // 2^-64 (2^-32 for the position) chance, which could only mislabel the

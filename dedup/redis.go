@@ -149,9 +149,7 @@ func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
 // forward was a second delivery whatever this one does, and its release
 // then finds this claim's token and leaves the key settled.
 func settleCmd(c *Claim) pipeline.Cmd {
-	r := newRecord(c)
-	r.settled = true
-	key, value := c.Observation.Key, r.encode()
+	key, value := c.Observation.Key, settledRecord(c).encode()
 	return pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "XX", KeepTTL: true})
 	}}

@@ -132,7 +132,7 @@ func TestCommandsOfCallersThatGaveUpAreNeverSent(t *testing.T) {
 	srv.Pause()
 	var busy, waiting sync.WaitGroup
 	busy.Go(func() { do("busy", time.Second) }) // the writer waits on the hung server
-	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.sending == 1 && len(p.queue) == 0 })
+	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.sending && len(p.queue) == 0 })
 	if err := do("gave-up", 50*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a queued command behind a hung server: %v, want its deadline", err)
 	}
