@@ -1,8 +1,8 @@
 package dedup
 
 import (
-	"container/heap"
 	"context"
+	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -19,27 +19,46 @@ const DefaultMaxKeys = 1_000_000
 // admit a new entry at all (TinyLFU); for a dedup store that would drop the
 // newest claims, exactly the ones redeliveries are about to hit. Hence this
 // small map ordered by expiry instead of a cache library.
+//
+// Nothing it holds per key is a pointer: keys are kept as 128-bit seeded
+// hashes of the key strings (which are themselves blake2b-128 digests, so
+// no collision is more likely than theirs), values and expiries as plain
+// numbers, and the expiry order as a heap of such numbers. The garbage
+// collector then never scans the store, however many keys it holds: a
+// million claims held as strings, boxed values and a heap of pointers made
+// every collection of the whole Caddy process walk three million objects.
 type MemoryStore struct {
 	maxKeys int
 	now     func() time.Time
+	seeds   [2]maphash.Seed
 
-	mu        sync.Mutex
-	entries   map[string]*memoryEntry
+	mu sync.Mutex
+	// One map per kind of value: a tumbling claim's record, a seen ping's
+	// seenValue (sliding and session), an asset's trackState.
+	claims    map[memoryKey]memorySlot[record]
+	seen      map[memoryKey]memorySlot[seenValue]
+	tracks    map[memoryKey]memorySlot[trackState]
 	byExpiry  expiryHeap
 	evictions uint64
 }
 
-// memoryEntry holds one key's value: a record (tumbling), a *trackState, or
-// one seen ping's seenValue (sliding and session). Each seen ping is an
-// entry of its own, under its seen set's key and field, so that max_keys
-// bounds them like any key: Redis keeps them as fields of one hash per
-// asset-minute, which cannot be counted or evicted one by one.
-type memoryEntry struct {
-	key     string
-	value   any
-	expires time.Time
-	index   int // position in byExpiry
+// memoryKey is a key string's 128-bit seeded hash.
+type memoryKey [2]uint64
+
+// memorySlot is one key's value and expiry (Unix ns).
+type memorySlot[V any] struct {
+	value   V
+	expires int64
 }
+
+// Which map a key of the expiry heap is in.
+type memoryKind uint8
+
+const (
+	kindClaim memoryKind = iota
+	kindSeen
+	kindTrack
+)
 
 // NewMemoryStore returns an empty store holding at most maxKeys keys
 // (DefaultMaxKeys if maxKeys <= 0).
@@ -47,7 +66,34 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	return &MemoryStore{maxKeys: maxKeys, now: time.Now, entries: make(map[string]*memoryEntry)}
+	return &MemoryStore{
+		maxKeys: maxKeys, now: time.Now,
+		seeds:  [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		claims: make(map[memoryKey]memorySlot[record]),
+		seen:   make(map[memoryKey]memorySlot[seenValue]),
+		tracks: make(map[memoryKey]memorySlot[trackState]),
+	}
+}
+
+// keyOf is the store's key for a key string.
+func (m *MemoryStore) keyOf(key string) memoryKey {
+	return memoryKey{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
+}
+
+// seenKey is the entry of one seen ping: its seen set's key and its field
+// in it (a Redis hash's field, a key of its own here).
+func (m *MemoryStore) seenKey(c *Claim) memoryKey {
+	var k memoryKey
+	field := seenField(c)
+	for i, seed := range m.seeds {
+		var h maphash.Hash
+		h.SetSeed(seed)
+		h.WriteString(c.SeenKey)
+		h.WriteByte(0)
+		h.WriteString(field)
+		k[i] = h.Sum64()
+	}
+	return k
 }
 
 // Decide implements Store.
@@ -66,39 +112,33 @@ func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, err
 }
 
 func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
-	if e := m.live(c.Observation.Key); e != nil {
-		return judgeHeld(e.value.(record), c)
+	k := m.keyOf(c.Observation.Key)
+	if held, ok := live(m, m.claims, k); ok {
+		return judgeHeld(held, c)
 	}
-	m.put(c.Observation.Key, newRecord(c), c.Policy.TTL)
+	put(m, m.claims, kindClaim, k, newRecord(c), c.Policy.TTL)
 	return accepted
 }
 
 func (m *MemoryStore) decideTrack(c *Claim) Verdict {
-	var st *trackState
-	if e := m.live(c.StateKey); e != nil {
-		st = e.value.(*trackState)
-	}
-	seenKey := memorySeenKey(c)
-	var prior *seenValue
-	if e := m.live(seenKey); e != nil {
-		v := e.value.(seenValue)
-		prior = &v
-	}
-
+	stateKey, seenKey := m.keyOf(c.StateKey), m.seenKey(c)
+	var st, prior = optional(live(m, m.tracks, stateKey)), optional(live(m, m.seen, seenKey))
 	v, next, record := judgeTrack(st, prior, c)
 	if next != nil {
-		m.put(c.StateKey, next, c.Policy.TTL)
+		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL)
 	}
 	if record != nil {
-		m.put(seenKey, *record, c.Policy.TTL)
+		put(m, m.seen, kindSeen, seenKey, *record, c.Policy.TTL)
 	}
 	return v
 }
 
-// memorySeenKey is the entry of one seen ping: its seen set's key and its
-// field in it.
-func memorySeenKey(c *Claim) string {
-	return c.SeenKey + "\x00" + seenField(c)
+// optional is a pointer to v if there is one.
+func optional[V any](v V, ok bool) *V {
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 // Settle implements Store.
@@ -118,17 +158,17 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 // settleTumbling marks the key settled, whichever claim it holds, as Redis
 // does (see settleCmd).
 func (m *MemoryStore) settleTumbling(c *Claim) {
-	if e := m.live(c.Observation.Key); e != nil {
-		e.value = settledRecord(c)
+	k := m.keyOf(c.Observation.Key)
+	if _, ok := live(m, m.claims, k); ok {
+		replace(m.claims, k, settledRecord(c))
 	}
 }
 
 func (m *MemoryStore) settleTrack(c *Claim) {
-	if e := m.live(memorySeenKey(c)); e != nil {
-		if v := e.value.(seenValue); v.flag == flagPending && v.token == c.Token {
-			v.flag = flagSettled
-			e.value = v
-		}
+	k := m.seenKey(c)
+	if v, ok := live(m, m.seen, k); ok && v.flag == flagPending && v.token == c.Token {
+		v.flag = flagSettled
+		replace(m.seen, k, v)
 	}
 }
 
@@ -148,25 +188,27 @@ func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error
 }
 
 func (m *MemoryStore) releaseTumbling(c *Claim) bool {
-	e := m.live(c.Observation.Key)
-	if e == nil || e.value.(record).token != uint32(c.Token) {
+	k := m.keyOf(c.Observation.Key)
+	if held, ok := live(m, m.claims, k); !ok || held.token != uint32(c.Token) {
 		return false
 	}
-	m.remove(e)
+	delete(m.claims, k)
 	return true
 }
 
 func (m *MemoryStore) releaseTrack(c *Claim) bool {
 	released := false
-	if e := m.live(memorySeenKey(c)); e != nil {
-		if v := e.value.(seenValue); v.flag != flagSuppressed && v.token == c.Token {
-			m.remove(e)
-			released = true
-		}
+	seenKey := m.seenKey(c)
+	if v, ok := live(m, m.seen, seenKey); ok && v.flag != flagSuppressed && v.token == c.Token {
+		delete(m.seen, seenKey)
+		released = true
 	}
-	if e := m.live(c.StateKey); e != nil {
-		if st := e.value.(*trackState); !st.undo(c.Token) {
-			m.remove(e)
+	stateKey := m.keyOf(c.StateKey)
+	if st, ok := live(m, m.tracks, stateKey); ok {
+		if st.undo(c.Token) {
+			replace(m.tracks, stateKey, st)
+		} else {
+			delete(m.tracks, stateKey)
 		}
 	}
 	return released
@@ -176,9 +218,11 @@ func (m *MemoryStore) releaseTrack(c *Claim) bool {
 func (m *MemoryStore) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dropExpired(m.now())
-	return len(m.entries)
+	m.dropExpired(m.now().UnixNano())
+	return m.len()
 }
+
+func (m *MemoryStore) len() int { return len(m.claims) + len(m.seen) + len(m.tracks) }
 
 // Evictions returns how many unexpired keys were dropped to stay within
 // max_keys since the store was created.
@@ -188,76 +232,158 @@ func (m *MemoryStore) Evictions() uint64 {
 	return m.evictions
 }
 
-// live returns the unexpired entry for key, removing it if it has expired.
-func (m *MemoryStore) live(key string) *memoryEntry {
-	e := m.entries[key]
-	if e == nil {
-		return nil
+// live returns key's unexpired value in entries, removing it if it has
+// expired.
+func live[V any](m *MemoryStore, entries map[memoryKey]memorySlot[V], key memoryKey) (V, bool) {
+	slot, ok := entries[key]
+	if ok && m.now().UnixNano() >= slot.expires {
+		delete(entries, key)
+		ok = false
 	}
-	if !m.now().Before(e.expires) {
-		m.remove(e)
-		return nil
-	}
-	return e
+	return slot.value, ok
+}
+
+// replace changes the value of a live key, keeping its expiry.
+func replace[V any](entries map[memoryKey]memorySlot[V], key memoryKey, value V) {
+	slot := entries[key]
+	slot.value = value
+	entries[key] = slot
 }
 
 // put stores value under key with a fresh expiry, making room first if the
 // key is new and the store is full.
-func (m *MemoryStore) put(key string, value any, ttl time.Duration) {
-	now := m.now()
-	if e := m.entries[key]; e != nil {
-		e.value, e.expires = value, now.Add(ttl)
-		heap.Fix(&m.byExpiry, e.index)
-		return
+func put[V any](m *MemoryStore, entries map[memoryKey]memorySlot[V], kind memoryKind, key memoryKey, value V, ttl time.Duration) {
+	now := m.now().UnixNano()
+	if _, ok := entries[key]; !ok {
+		m.makeRoom(now)
 	}
-	m.makeRoom(now)
-	e := &memoryEntry{key: key, value: value, expires: now.Add(ttl)}
-	m.entries[key] = e
-	heap.Push(&m.byExpiry, e)
+	slot := memorySlot[V]{value: value, expires: now + int64(ttl)}
+	entries[key] = slot
+	m.byExpiry.push(expiryItem{expires: slot.expires, key: key, kind: kind})
+	if len(m.byExpiry) > 2*m.len()+1024 {
+		m.rebuildExpiry()
+	}
 }
 
 // makeRoom drops expired keys, then, if the store is still full, the key
 // closest to expiry.
-func (m *MemoryStore) makeRoom(now time.Time) {
+func (m *MemoryStore) makeRoom(now int64) {
 	m.dropExpired(now)
-	if len(m.entries) >= m.maxKeys {
-		m.remove(m.byExpiry[0])
-		m.evictions++
+	if m.len() < m.maxKeys {
+		return
+	}
+	for len(m.byExpiry) > 0 {
+		if m.removeIfCurrent(m.byExpiry.pop()) {
+			m.evictions++
+			return
+		}
 	}
 }
 
-func (m *MemoryStore) dropExpired(now time.Time) {
-	for len(m.byExpiry) > 0 && !now.Before(m.byExpiry[0].expires) {
-		m.remove(m.byExpiry[0])
+func (m *MemoryStore) dropExpired(now int64) {
+	for len(m.byExpiry) > 0 && now >= m.byExpiry[0].expires {
+		m.removeIfCurrent(m.byExpiry.pop())
 	}
 }
 
-func (m *MemoryStore) remove(e *memoryEntry) {
-	heap.Remove(&m.byExpiry, e.index)
-	delete(m.entries, e.key)
+// removeIfCurrent removes the key of a heap item if the item is its current
+// expiry. The heap keeps the items of keys since released or stored again
+// (with a later expiry) until they come up: finding and removing them
+// early would mean keeping each key's heap position, a pointer or an index
+// to update on every move of the heap.
+func (m *MemoryStore) removeIfCurrent(it expiryItem) bool {
+	switch it.kind {
+	case kindClaim:
+		return removeIfExpires(m.claims, it)
+	case kindSeen:
+		return removeIfExpires(m.seen, it)
+	default:
+		return removeIfExpires(m.tracks, it)
+	}
 }
 
-// expiryHeap orders entries by expiry, soonest first.
-type expiryHeap []*memoryEntry
-
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+func removeIfExpires[V any](entries map[memoryKey]memorySlot[V], it expiryItem) bool {
+	if slot, ok := entries[it.key]; ok && slot.expires == it.expires {
+		delete(entries, it.key)
+		return true
+	}
+	return false
 }
 
-func (h *expiryHeap) Push(x any) {
-	e := x.(*memoryEntry)
-	e.index = len(*h)
-	*h = append(*h, e)
+// rebuildExpiry rebuilds the heap from the live keys, once the items of
+// released and re-stored keys outnumber them: amortised over the puts that
+// made those items, and it bounds the heap by the keys the store holds.
+func (m *MemoryStore) rebuildExpiry() {
+	h := m.byExpiry[:0]
+	h = appendExpiries(h, m.claims, kindClaim)
+	h = appendExpiries(h, m.seen, kindSeen)
+	h = appendExpiries(h, m.tracks, kindTrack)
+	h.init()
+	m.byExpiry = h
 }
 
-func (h *expiryHeap) Pop() any {
+func appendExpiries[V any](h expiryHeap, entries map[memoryKey]memorySlot[V], kind memoryKind) expiryHeap {
+	for key, slot := range entries {
+		h = append(h, expiryItem{expires: slot.expires, key: key, kind: kind})
+	}
+	return h
+}
+
+// expiryItem is one key's expiry in the heap.
+type expiryItem struct {
+	expires int64
+	key     memoryKey
+	kind    memoryKind
+}
+
+// expiryHeap is a min-heap of expiries, soonest first. It is typed rather
+// than a container/heap, whose interface would allocate every item it
+// pushes.
+type expiryHeap []expiryItem
+
+func (h *expiryHeap) push(it expiryItem) {
+	*h = append(*h, it)
+	h.up(len(*h) - 1)
+}
+
+func (h *expiryHeap) pop() expiryItem {
 	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return e
+	top, n := old[0], len(old)-1
+	old[0] = old[n]
+	*h = old[:n]
+	h.down(0)
+	return top
+}
+
+func (h expiryHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h expiryHeap) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if h[parent].expires <= h[i].expires {
+			return
+		}
+		h[parent], h[i] = h[i], h[parent]
+		i = parent
+	}
+}
+
+func (h expiryHeap) down(i int) {
+	for {
+		least := i
+		for _, child := range [2]int{2*i + 1, 2*i + 2} {
+			if child < len(h) && h[child].expires < h[least].expires {
+				least = child
+			}
+		}
+		if least == i {
+			return
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
 }

@@ -135,7 +135,7 @@ func (n *NearCache) lookup(c *Claim) (record, bool) {
 // remember caches the holder of c's key until the key's expiry, minus the
 // margin.
 func (n *NearCache) remember(c *Claim, held record) {
-	e := nearEntry{holder: held, cachedAt: c.At, expires: held.claimedAt.Add(c.Policy.TTL - nearCacheMargin)}
+	e := nearEntry{holder: held, cachedAt: c.At, expires: time.UnixMilli(held.claimedMs).Add(c.Policy.TTL - nearCacheMargin)}
 	if e.cachedAt.Before(e.expires) {
 		n.cache.Set(nearKey(c), e)
 	}
@@ -147,5 +147,5 @@ func nearKey(c *Claim) string {
 	if c.Policy.Shape == Tumbling {
 		return c.Observation.Key
 	}
-	return memorySeenKey(c)
+	return c.SeenKey + "\x00" + seenField(c) // the seen set's key and the ping's field in it
 }

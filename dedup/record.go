@@ -17,18 +17,18 @@ import (
 // round trip; the first sighting itself is not needed, only whether another
 // ping equals it, and fingerprints keep a Redis key at 120 bytes.
 type record struct {
-	token     uint32    // the low 32 bits of the claiming request's token
-	claimedAt time.Time // server time, ms precision
-	settled   bool
+	claimedMs int64  // server time, Unix ms: no time.Time, so a record holds no pointer for the GC to follow
 	sighting  uint64 // fingerprint of the first sighting: device time and coordinates
+	token     uint32 // the low 32 bits of the claiming request's token
 	position  uint32 // fingerprint of its coordinates alone
+	settled   bool
 }
 
 func newRecord(c *Claim) record {
 	// ms precision, as in Redis, so both stores time out in-flight claims alike
 	return record{
 		token:     uint32(c.Token),
-		claimedAt: time.UnixMilli(c.At.UnixMilli()),
+		claimedMs: c.At.UnixMilli(),
 		sighting:  sightingPrint(c.Ping),
 		position:  positionPrint(c.Ping),
 	}
@@ -91,7 +91,7 @@ func (r record) encode() string {
 	}
 	binary.BigEndian.PutUint32(b[1:], r.token)
 	var ms [8]byte
-	binary.BigEndian.PutUint64(ms[:], uint64(r.claimedAt.UnixMilli()))
+	binary.BigEndian.PutUint64(ms[:], uint64(r.claimedMs))
 	copy(b[5:11], ms[2:])
 	binary.BigEndian.PutUint64(b[11:], r.sighting)
 	binary.BigEndian.PutUint32(b[19:], r.position)
@@ -107,7 +107,7 @@ func decodeRecord(s string) (record, error) {
 	return record{
 		settled:   s[0] == flagSettled,
 		token:     binary.BigEndian.Uint32([]byte(s[1:5])),
-		claimedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(ms[:]))),
+		claimedMs: int64(binary.BigEndian.Uint64(ms[:])),
 		sighting:  binary.BigEndian.Uint64([]byte(s[11:19])),
 		position:  binary.BigEndian.Uint32([]byte(s[19:23])),
 	}, nil
@@ -120,7 +120,7 @@ func judgeHeld(held record, c *Claim) Verdict {
 	c.holder, c.held = held, true
 	sameObservation := held.sighting == sightingPrint(c.Ping)
 	switch {
-	case sameObservation && inFlight(!held.settled, held.claimedAt, c):
+	case sameObservation && inFlight(!held.settled, held.claimedMs, c):
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	case sameObservation:
 		return suppressed(Redelivery)
@@ -131,9 +131,9 @@ func judgeHeld(held record, c *Claim) Verdict {
 	}
 }
 
-// inFlight reports whether a pending claim made at claimedAt may still be
+// inFlight reports whether a pending claim made at claimedMs may still be
 // waiting for its upstream. A claim older than the in-flight timeout counts
 // as settled even if its request vanished (a killed process never settles).
-func inFlight(pending bool, claimedAt time.Time, c *Claim) bool {
-	return pending && c.At.Sub(claimedAt) < c.Policy.InFlightTimeout
+func inFlight(pending bool, claimedMs int64, c *Claim) bool {
+	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < c.Policy.InFlightTimeout
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -346,36 +347,10 @@ func TestMemoryStoreHoldsItsBoundInEveryShape(t *testing.T) {
 	for _, shape := range Shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			m := NewMemoryStore(maxKeys)
-			pol := testPolicy(shape)
-			k := defaultKeyer()
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			ctx := context.Background()
-			batch := make([]*Claim, 0, 100)
-			assets := make([]string, 50)
-			for i := range assets {
-				assets[i] = fmt.Sprintf("veh-%d", i)
-			}
-			cell := k.Observe(parked).Cell
-			for i := range pings {
-				p := parked
-				p.Asset = assets[i%len(assets)]
-				p.Time = articleBase.Add(time.Duration(i) * time.Second)
-				p.Lat += float64(i%97) * 1e-6
-				obs := Observation{Ping: p, Bucket: k.Bucket(p.Time), Cell: cell}
-				obs.Key = k.Key(p.Asset, int64(i), cell) // distinct: a claim per ping
-				c := &Claim{Observation: obs, Policy: pol, Token: uint64(i + 1), At: articleBase}
-				if shape != Tumbling {
-					c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
-				}
-				if batch = append(batch, c); len(batch) == cap(batch) {
-					if _, err := m.Decide(ctx, batch); err != nil {
-						t.Fatal(err)
-					}
-					batch = batch[:0]
-				}
-			}
+			fillMemoryStore(t, m, shape, pings)
 			runtime.GC()
 			runtime.ReadMemStats(&after)
 			grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
@@ -388,5 +363,69 @@ func TestMemoryStoreHoldsItsBoundInEveryShape(t *testing.T) {
 			}
 			runtime.KeepAlive(m)
 		})
+	}
+}
+
+// A full memory store is work for the garbage collector only in its track
+// states (one per asset): its claims and seen pings hold no pointer, so no
+// collection of the process scans them, however many there are.
+func TestMemoryStoreKeysAreNothingForTheCollectorToScan(t *testing.T) {
+	const keys = 200_000
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			m := NewMemoryStore(keys)
+			before := scannableHeap()
+			fillMemoryStore(t, m, shape, keys)
+			grown := scannableHeap() - before
+			t.Logf("%d keys: scannable heap %+d KiB", m.Len(), grown/1024)
+			if m.Len() < keys/2 {
+				t.Fatalf("only %d keys held", m.Len())
+			}
+			if grown > 1<<20 { // the 50 assets' track states, and the test's own garbage
+				t.Errorf("the collector must scan %d KiB more with %d keys in the store", grown/1024, m.Len())
+			}
+			runtime.KeepAlive(m)
+		})
+	}
+}
+
+// scannableHeap is the bytes of live heap a collection scans for pointers.
+func scannableHeap() int64 {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/scan/heap:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+// fillMemoryStore claims pings distinct pings of 50 assets, each under a key
+// of its own.
+func fillMemoryStore(t *testing.T, m *MemoryStore, shape Shape, pings int) {
+	t.Helper()
+	pol := testPolicy(shape)
+	k := defaultKeyer()
+	ctx := context.Background()
+	batch := make([]*Claim, 0, 100)
+	assets := make([]string, 50)
+	for i := range assets {
+		assets[i] = fmt.Sprintf("veh-%d", i)
+	}
+	cell := k.Observe(parked).Cell
+	for i := range pings {
+		p := parked
+		p.Asset = assets[i%len(assets)]
+		p.Time = articleBase.Add(time.Duration(i) * time.Second)
+		p.Lat += float64(i%97) * 1e-6
+		obs := Observation{Ping: p, Bucket: k.Bucket(p.Time), Cell: cell}
+		obs.Key = k.Key(p.Asset, int64(i), cell) // distinct: a claim per ping
+		c := &Claim{Observation: obs, Policy: pol, Token: uint64(i + 1), At: articleBase}
+		if shape != Tumbling {
+			c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
+		}
+		if batch = append(batch, c); len(batch) == cap(batch) || i == pings-1 {
+			if _, err := m.Decide(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			batch = batch[:0]
+		}
 	}
 }

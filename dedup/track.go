@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"math"
-	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
@@ -159,7 +158,7 @@ type seenValue struct {
 // and the seen value to record; nil means leave it as it is.
 func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState, *seenValue) {
 	if seen != nil {
-		if inFlight(seen.flag == flagPending, time.UnixMilli(seen.claimedMs), c) {
+		if inFlight(seen.flag == flagPending, seen.claimedMs, c) {
 			return Verdict{Decision: InFlight, Reason: Redelivery}, nil, nil
 		}
 		return suppressed(Redelivery), nil, nil
