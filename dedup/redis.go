@@ -180,7 +180,5 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 }
 
 func (s *RedisStore) do(ctx context.Context, cmds []pipeline.Cmd) error {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	return s.pipeline.Do(ctx, cmds)
+	return s.pipeline.Do(ctx, s.timeout, cmds)
 }

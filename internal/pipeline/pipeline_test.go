@@ -49,7 +49,7 @@ func TestConcurrentRequestsShareRoundTrips(t *testing.T) {
 		for c := range copies {
 			wg.Go(func() {
 				cmds := []Cmd{setNX(fmt.Sprintf("key-%d", k), fmt.Sprint(c))}
-				if err := p.Do(context.Background(), cmds); err != nil {
+				if err := p.Do(context.Background(), time.Minute, cmds); err != nil {
 					t.Error(err)
 					return
 				}
@@ -78,9 +78,7 @@ func TestConcurrentRequestsShareRoundTrips(t *testing.T) {
 func TestALoneRequestGoesAtOnce(t *testing.T) {
 	p := newPipeline(t)
 	for i := range 5 {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a wait for a batch to fill would hang
-		err := p.Do(ctx, []Cmd{setNX(fmt.Sprintf("alone-%d", i), "x")})
-		cancel()
+		err := p.Do(context.Background(), 10*time.Second, []Cmd{setNX(fmt.Sprintf("alone-%d", i), "x")}) // a wait for a batch to fill would time out
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +94,7 @@ func TestScriptsAreLoadedOnFirstUse(t *testing.T) {
 	script := redis.NewScript(`return ARGV[1] .. KEYS[1]`)
 	for range 2 {
 		cmds := []Cmd{EvalSha(script, []string{"k"}, "v")}
-		if err := p.Do(context.Background(), cmds); err != nil {
+		if err := p.Do(context.Background(), time.Minute, cmds); err != nil {
 			t.Fatal(err)
 		}
 		if got, _ := cmds[0].Result.(*redis.Cmd).Text(); got != "vk" {
@@ -124,9 +122,7 @@ func TestCommandsOfCallersThatGaveUpAreNeverSent(t *testing.T) {
 	warm.Wait()
 	p := New(c)
 	do := func(key string, timeout time.Duration) error {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		return p.Do(ctx, []Cmd{setNX(key, "x")})
+		return p.Do(context.Background(), timeout, []Cmd{setNX(key, "x")})
 	}
 
 	srv.Pause()
