@@ -71,23 +71,35 @@ func rejectionFor(err error) (rejection, bool) {
 // writeSuppressed answers a duplicate so that the sender counts it as
 // delivered.
 func (a *answers) writeSuppressed(w http.ResponseWriter, reason string) {
-	h := w.Header()
-	h.Set(headerDecision, string(dedup.Suppressed))
-	h.Set(headerReason, reason)
-	a.suppressed.write(w)
+	a.suppressed.write(w, headerDecision, string(dedup.Suppressed), headerReason, reason)
 }
 
-// write sends the answer's status, Content-Type and body.
-func (b bodyAnswer) write(w http.ResponseWriter) {
-	h := w.Header()
+// write sends the answer's status, Content-Type and body, with the headers
+// given as name, value pairs.
+func (b bodyAnswer) write(w http.ResponseWriter, headers ...string) {
+	kv := append(make([]string, 0, 8), headers...)
 	if b.contentType != "" {
-		h.Set("Content-Type", b.contentType)
+		kv = append(kv, "Content-Type", b.contentType)
 	}
 	if b.status != http.StatusNoContent { // which must not carry one (RFC 9110)
-		h.Set("Content-Length", strconv.Itoa(len(b.body)))
+		kv = append(kv, "Content-Length", strconv.Itoa(len(b.body)))
 	}
+	setHeaders(w.Header(), kv)
 	w.WriteHeader(b.status)
 	_, _ = w.Write(b.body)
+}
+
+// setHeaders sets canonical header names to values, given as name, value
+// pairs, with one allocation for all their values where Header.Set makes
+// one each: a duplicate's answer has four. Each value is a slice of its
+// own, capped at its one element, so that a later handler that edits or
+// appends to one (Caddy's header directive does both) changes no other.
+func setHeaders(h http.Header, kv []string) {
+	values := make([]string, len(kv)/2)
+	for i := range values {
+		values[i] = kv[2*i+1]
+		h[kv[2*i]] = values[i : i+1 : i+1]
+	}
 }
 
 // writeInFlight asks the sender to come back: the first delivery of this
@@ -122,12 +134,12 @@ func writeRejection(w http.ResponseWriter, r rejection) {
 // client needs a body of its own to stop sending; X-Dedup-Reason names the
 // rule either way.
 func (a *answers) writeDeadLettered(w http.ResponseWriter, r rejection) {
-	w.Header().Set(headerDecision, string(decisionDeadLettered))
-	w.Header().Set(headerReason, r.reason())
 	if a.deadLettered.hasBody {
-		a.deadLettered.write(w)
+		a.deadLettered.write(w, headerDecision, string(decisionDeadLettered), headerReason, r.reason())
 		return
 	}
+	w.Header().Set(headerDecision, string(decisionDeadLettered))
+	w.Header().Set(headerReason, r.reason())
 	r.body.Decision = decisionDeadLettered
 	writeJSON(w, a.deadLettered.status, r.body)
 }

@@ -25,6 +25,9 @@ type request struct {
 	unsure []*dedup.Claim
 	// one holds the element of a single ping, saving an allocation.
 	one [1]element
+	// placeholders answers for the request in its replacer, if it was the
+	// first request there (see publishPlaceholders), saving another.
+	placeholders outcomePlaceholders
 }
 
 // newRequest returns the request of a batch, its elements not yet read.

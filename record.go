@@ -102,7 +102,8 @@ func publishPlaceholders(repl *caddy.Replacer, req *request) {
 		v.(*outcomePlaceholders).req = req
 		return
 	}
-	op := &outcomePlaceholders{req: req}
+	op := &req.placeholders
+	op.req = req
 	repl.Set(placeholderOutcome, op)
 	repl.Map(op.get)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"slices"
 	"testing"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
@@ -72,6 +73,29 @@ func TestBodyAnswerIsWrittenAsGiven(t *testing.T) {
 	bodyAnswer{status: 200, contentType: "application/json", body: []byte(`{"result":"ok"}`), hasBody: true}.write(w)
 	if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" || w.Header().Get("Content-Length") != "15" || w.Body.String() != `{"result":"ok"}` {
 		t.Fatalf("wrote %d %v %q", w.Code, w.Header(), w.Body.String())
+	}
+}
+
+// The headers of an answer share one allocation but no value: a later
+// handler that edits one in place or appends to it (Caddy's header
+// directive does both) leaves the others as they were.
+func TestAnswerHeadersAreIndependent(t *testing.T) {
+	w := httptest.NewRecorder()
+	bodyAnswer{status: 200, contentType: "text/plain", body: []byte("ok"), hasBody: true}.write(w, headerDecision, "suppressed", headerReason, "jitter")
+	h := w.Header()
+	h[headerDecision][0] = "edited"
+	h.Add(headerReason, "added")
+	h["Content-Type"] = append(h["Content-Type"], "appended")
+	want := map[string][]string{
+		headerDecision:   {"edited"},
+		headerReason:     {"jitter", "added"},
+		"Content-Type":   {"text/plain", "appended"},
+		"Content-Length": {"2"},
+	}
+	for name, values := range want {
+		if !slices.Equal(h[name], values) {
+			t.Errorf("%s: %q, want %q", name, h[name], values)
+		}
 	}
 }
 
