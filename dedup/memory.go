@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"context"
-	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -20,30 +19,25 @@ const DefaultMaxKeys = 1_000_000
 // newest claims, exactly the ones redeliveries are about to hit. Hence this
 // small map ordered by expiry instead of a cache library.
 //
-// Nothing it holds per key is a pointer: keys are kept as 128-bit seeded
-// hashes of the key strings (which are themselves blake2b-128 digests, so
-// no collision is more likely than theirs), values and expiries as plain
-// numbers, and the expiry order as a heap of such numbers. The garbage
+// Nothing it holds per key is a pointer: keys are kept as hashedKeys,
+// values and expiries as plain numbers, and the expiry order as a heap of such numbers. The garbage
 // collector then never scans the store, however many keys it holds: a
 // million claims held as strings, boxed values and a heap of pointers made
 // every collection of the whole Caddy process walk three million objects.
 type MemoryStore struct {
 	maxKeys int
 	now     func() time.Time
-	seeds   [2]maphash.Seed
+	keys    keyHasher
 
 	mu sync.Mutex
 	// One map per kind of value: a tumbling claim's record, a seen ping's
 	// seenValue (sliding and session), an asset's trackState.
-	claims    map[memoryKey]memorySlot[record]
-	seen      map[memoryKey]memorySlot[seenValue]
-	tracks    map[memoryKey]memorySlot[trackState]
+	claims    map[hashedKey]memorySlot[record]
+	seen      map[hashedKey]memorySlot[seenValue]
+	tracks    map[hashedKey]memorySlot[trackState]
 	byExpiry  expiryHeap
 	evictions uint64
 }
-
-// memoryKey is a key string's 128-bit seeded hash.
-type memoryKey [2]uint64
 
 // memorySlot is one key's value and expiry (Unix ns).
 type memorySlot[V any] struct {
@@ -68,32 +62,11 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 	}
 	return &MemoryStore{
 		maxKeys: maxKeys, now: time.Now,
-		seeds:  [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
-		claims: make(map[memoryKey]memorySlot[record]),
-		seen:   make(map[memoryKey]memorySlot[seenValue]),
-		tracks: make(map[memoryKey]memorySlot[trackState]),
+		keys:   newKeyHasher(),
+		claims: make(map[hashedKey]memorySlot[record]),
+		seen:   make(map[hashedKey]memorySlot[seenValue]),
+		tracks: make(map[hashedKey]memorySlot[trackState]),
 	}
-}
-
-// keyOf is the store's key for a key string.
-func (m *MemoryStore) keyOf(key string) memoryKey {
-	return memoryKey{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
-}
-
-// seenKey is the entry of one seen ping: its seen set's key and its field
-// in it (a Redis hash's field, a key of its own here).
-func (m *MemoryStore) seenKey(c *Claim) memoryKey {
-	var k memoryKey
-	field := seenField(c)
-	for i, seed := range m.seeds {
-		var h maphash.Hash
-		h.SetSeed(seed)
-		h.WriteString(c.SeenKey)
-		h.WriteByte(0)
-		h.WriteString(field)
-		k[i] = h.Sum64()
-	}
-	return k
 }
 
 // Decide implements Store.
@@ -112,7 +85,7 @@ func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, err
 }
 
 func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
-	k := m.keyOf(c.Observation.Key)
+	k := m.keys.key(c.Observation.Key)
 	if held, ok := live(m, m.claims, k); ok {
 		return judgeHeld(held, c)
 	}
@@ -121,7 +94,7 @@ func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
 }
 
 func (m *MemoryStore) decideTrack(c *Claim) Verdict {
-	stateKey, seenKey := m.keyOf(c.StateKey), m.seenKey(c)
+	stateKey, seenKey := m.keys.key(c.StateKey), m.keys.seen(c)
 	var st, prior = optional(live(m, m.tracks, stateKey)), optional(live(m, m.seen, seenKey))
 	v, next, record := judgeTrack(st, prior, c)
 	if next != nil {
@@ -158,14 +131,14 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 // settleTumbling marks the key settled, whichever claim it holds, as Redis
 // does (see settleCmd).
 func (m *MemoryStore) settleTumbling(c *Claim) {
-	k := m.keyOf(c.Observation.Key)
+	k := m.keys.key(c.Observation.Key)
 	if _, ok := live(m, m.claims, k); ok {
 		replace(m.claims, k, settledRecord(c))
 	}
 }
 
 func (m *MemoryStore) settleTrack(c *Claim) {
-	k := m.seenKey(c)
+	k := m.keys.seen(c)
 	if v, ok := live(m, m.seen, k); ok && v.flag == flagPending && v.token == c.Token {
 		v.flag = flagSettled
 		replace(m.seen, k, v)
@@ -188,7 +161,7 @@ func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error
 }
 
 func (m *MemoryStore) releaseTumbling(c *Claim) bool {
-	k := m.keyOf(c.Observation.Key)
+	k := m.keys.key(c.Observation.Key)
 	if held, ok := live(m, m.claims, k); !ok || held.token != uint32(c.Token) {
 		return false
 	}
@@ -198,12 +171,12 @@ func (m *MemoryStore) releaseTumbling(c *Claim) bool {
 
 func (m *MemoryStore) releaseTrack(c *Claim) bool {
 	released := false
-	seenKey := m.seenKey(c)
+	seenKey := m.keys.seen(c)
 	if v, ok := live(m, m.seen, seenKey); ok && v.flag != flagSuppressed && v.token == c.Token {
 		delete(m.seen, seenKey)
 		released = true
 	}
-	stateKey := m.keyOf(c.StateKey)
+	stateKey := m.keys.key(c.StateKey)
 	if st, ok := live(m, m.tracks, stateKey); ok {
 		if st.undo(c.Token) {
 			replace(m.tracks, stateKey, st)
@@ -234,7 +207,7 @@ func (m *MemoryStore) Evictions() uint64 {
 
 // live returns key's unexpired value in entries, removing it if it has
 // expired.
-func live[V any](m *MemoryStore, entries map[memoryKey]memorySlot[V], key memoryKey) (V, bool) {
+func live[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], key hashedKey) (V, bool) {
 	slot, ok := entries[key]
 	if ok && m.now().UnixNano() >= slot.expires {
 		delete(entries, key)
@@ -244,7 +217,7 @@ func live[V any](m *MemoryStore, entries map[memoryKey]memorySlot[V], key memory
 }
 
 // replace changes the value of a live key, keeping its expiry.
-func replace[V any](entries map[memoryKey]memorySlot[V], key memoryKey, value V) {
+func replace[V any](entries map[hashedKey]memorySlot[V], key hashedKey, value V) {
 	slot := entries[key]
 	slot.value = value
 	entries[key] = slot
@@ -252,7 +225,7 @@ func replace[V any](entries map[memoryKey]memorySlot[V], key memoryKey, value V)
 
 // put stores value under key with a fresh expiry, making room first if the
 // key is new and the store is full.
-func put[V any](m *MemoryStore, entries map[memoryKey]memorySlot[V], kind memoryKind, key memoryKey, value V, ttl time.Duration) {
+func put[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], kind memoryKind, key hashedKey, value V, ttl time.Duration) {
 	now := m.now().UnixNano()
 	if _, ok := entries[key]; !ok {
 		m.makeRoom(now)
@@ -302,7 +275,7 @@ func (m *MemoryStore) removeIfCurrent(it expiryItem) bool {
 	}
 }
 
-func removeIfExpires[V any](entries map[memoryKey]memorySlot[V], it expiryItem) bool {
+func removeIfExpires[V any](entries map[hashedKey]memorySlot[V], it expiryItem) bool {
 	if slot, ok := entries[it.key]; ok && slot.expires == it.expires {
 		delete(entries, it.key)
 		return true
@@ -322,7 +295,7 @@ func (m *MemoryStore) rebuildExpiry() {
 	m.byExpiry = h
 }
 
-func appendExpiries[V any](h expiryHeap, entries map[memoryKey]memorySlot[V], kind memoryKind) expiryHeap {
+func appendExpiries[V any](h expiryHeap, entries map[hashedKey]memorySlot[V], kind memoryKind) expiryHeap {
 	for key, slot := range entries {
 		h = append(h, expiryItem{expires: slot.expires, key: key, kind: kind})
 	}
@@ -332,7 +305,7 @@ func appendExpiries[V any](h expiryHeap, entries map[memoryKey]memorySlot[V], ki
 // expiryItem is one key's expiry in the heap.
 type expiryItem struct {
 	expires int64
-	key     memoryKey
+	key     hashedKey
 	kind    memoryKind
 }
 

@@ -31,25 +31,28 @@ const nearCacheMargin = time.Second
 // bounded.
 type NearCache struct {
 	next     Store
-	cache    *otter.Cache[string, nearEntry]
+	keys     keyHasher
+	cache    *otter.Cache[hashedKey, nearEntry]
 	onLookup func(hit bool)
 }
 
 // nearEntry is a cached holder and when the key it holds expires, on the
-// server clock of the claims (cachedAt is when it was cached).
+// server clock of the claims (cachedAt is when it was cached), in Unix ns:
+// no time.Time, whose location is a pointer for the garbage collector to
+// follow in every entry.
 type nearEntry struct {
 	holder            record
-	cachedAt, expires time.Time
+	cachedAt, expires int64
 }
 
 // NewNearCache puts a cache of at most size keys in front of next. onLookup,
 // if not nil, is told of every lookup, for metrics.
 func NewNearCache(next Store, size int, onLookup func(hit bool)) *NearCache {
-	n := &NearCache{next: next, onLookup: onLookup}
-	n.cache = otter.Must(&otter.Options[string, nearEntry]{
+	n := &NearCache{next: next, onLookup: onLookup, keys: newKeyHasher()}
+	n.cache = otter.Must(&otter.Options[hashedKey, nearEntry]{
 		MaximumSize: size,
-		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry]) time.Duration {
-			return e.Value.expires.Sub(e.Value.cachedAt)
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[hashedKey, nearEntry]) time.Duration {
+			return time.Duration(e.Value.expires - e.Value.cachedAt)
 		}),
 	})
 	return n
@@ -122,8 +125,8 @@ func (n *NearCache) Release(ctx context.Context, claims []*Claim) ([]bool, error
 func (n *NearCache) Len() int { return n.cache.EstimatedSize() }
 
 func (n *NearCache) lookup(c *Claim) (record, bool) {
-	e, ok := n.cache.GetIfPresent(nearKey(c))
-	if ok && !c.At.Before(e.expires) {
+	e, ok := n.cache.GetIfPresent(n.key(c))
+	if ok && c.At.UnixNano() >= e.expires {
 		ok = false // expired, not yet swept
 	}
 	if n.onLookup != nil {
@@ -135,17 +138,17 @@ func (n *NearCache) lookup(c *Claim) (record, bool) {
 // remember caches the holder of c's key until the key's expiry, minus the
 // margin.
 func (n *NearCache) remember(c *Claim, held record) {
-	e := nearEntry{holder: held, cachedAt: c.At, expires: time.UnixMilli(held.claimedMs).Add(c.Policy.TTL - nearCacheMargin)}
-	if e.cachedAt.Before(e.expires) {
-		n.cache.Set(nearKey(c), e)
+	e := nearEntry{holder: held, cachedAt: c.At.UnixNano(), expires: time.UnixMilli(held.claimedMs).Add(c.Policy.TTL - nearCacheMargin).UnixNano()}
+	if e.cachedAt < e.expires {
+		n.cache.Set(n.key(c), e)
 	}
 }
 
-// nearKey is what the cache knows c by: its tumbling key, or its seen entry
-// in the track shapes.
-func nearKey(c *Claim) string {
+// key is what the cache knows c by: its tumbling key, or its seen entry in
+// the track shapes.
+func (n *NearCache) key(c *Claim) hashedKey {
 	if c.Policy.Shape == Tumbling {
-		return c.Observation.Key
+		return n.keys.key(c.Observation.Key)
 	}
-	return c.SeenKey + "\x00" + seenField(c) // the seen set's key and the ping's field in it
+	return n.keys.seen(c)
 }
