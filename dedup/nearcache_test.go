@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -171,7 +170,7 @@ func TestNearCacheAnswersFinalRedeliveriesOfTheTrackShapes(t *testing.T) {
 func TestFullNearCacheIsOneObjectAnEntry(t *testing.T) {
 	const size = 100_000
 	n := NewNearCache(NewMemoryStore(0), size, nil)
-	scanned, objects := scannableHeap(), liveObjects()
+	scanned, objects := heapAfterGC(scannableBytes), heapAfterGC(liveObjects)
 	k := defaultKeyer()
 	cell := k.Observe(parked).Cell
 	pol, now := testPolicy(Tumbling), time.Now()
@@ -179,19 +178,11 @@ func TestFullNearCacheIsOneObjectAnEntry(t *testing.T) {
 		c := &Claim{Observation: Observation{Ping: parked, Key: k.Key(parked.Asset, int64(i), cell)}, Policy: pol, At: now}
 		n.remember(c, settledRecord(c))
 	}
-	scanned, objects = scannableHeap()-scanned, liveObjects()-objects
+	scanned, objects = heapAfterGC(scannableBytes)-scanned, heapAfterGC(liveObjects)-objects
 	perEntry := float64(objects) / size
 	t.Logf("%.2f objects and %d scannable bytes an entry", perEntry, scanned/size)
 	if perEntry > 1.25 {
 		t.Errorf("a full near cache is %.2f heap objects an entry for the collector to mark, want one", perEntry)
 	}
 	runtime.KeepAlive(n)
-}
-
-// liveObjects is the number of objects in the live heap.
-func liveObjects() int64 {
-	runtime.GC()
-	s := []metrics.Sample{{Name: "/gc/heap/objects:objects"}}
-	metrics.Read(s)
-	return int64(s[0].Value.Uint64())
 }

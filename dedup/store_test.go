@@ -374,9 +374,9 @@ func TestMemoryStoreKeysAreNothingForTheCollectorToScan(t *testing.T) {
 	for _, shape := range Shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			m := NewMemoryStore(keys)
-			before := scannableHeap()
+			before := heapAfterGC(scannableBytes)
 			fillMemoryStore(t, m, shape, keys)
-			grown := scannableHeap() - before
+			grown := heapAfterGC(scannableBytes) - before
 			t.Logf("%d keys: scannable heap %+d KiB", m.Len(), grown/1024)
 			if m.Len() < keys/2 {
 				t.Fatalf("only %d keys held", m.Len())
@@ -389,10 +389,16 @@ func TestMemoryStoreKeysAreNothingForTheCollectorToScan(t *testing.T) {
 	}
 }
 
-// scannableHeap is the bytes of live heap a collection scans for pointers.
-func scannableHeap() int64 {
+// Heap figures of runtime/metrics, read by heapAfterGC.
+const (
+	scannableBytes = "/gc/scan/heap:bytes"      // the live heap a collection scans for pointers
+	liveObjects    = "/gc/heap/objects:objects" // the objects in the live heap
+)
+
+// heapAfterGC reads a heap figure right after a collection.
+func heapAfterGC(name string) int64 {
 	runtime.GC()
-	s := []metrics.Sample{{Name: "/gc/scan/heap:bytes"}}
+	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
 	return int64(s[0].Value.Uint64())
 }
