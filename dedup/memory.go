@@ -20,10 +20,11 @@ const DefaultMaxKeys = 1_000_000
 // small map ordered by expiry instead of a cache library.
 //
 // Nothing it holds per key is a pointer: keys are kept as hashedKeys,
-// values and expiries as plain numbers, and the expiry order as a heap of such numbers. The garbage
-// collector then never scans the store, however many keys it holds: a
-// million claims held as strings, boxed values and a heap of pointers made
-// every collection of the whole Caddy process walk three million objects.
+// values and expiries as plain numbers, and the expiry order as a heap of
+// such numbers. The garbage collector then never scans the store, however
+// many keys it holds: a million claims held as strings, boxed values and a
+// heap of pointers made every collection of the whole Caddy process walk
+// three million objects.
 type MemoryStore struct {
 	maxKeys int
 	now     func() time.Time
@@ -95,7 +96,7 @@ func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
 
 func (m *MemoryStore) decideTrack(c *Claim) Verdict {
 	stateKey, seenKey := m.keys.key(c.StateKey), m.keys.seen(c)
-	var st, prior = optional(live(m, m.tracks, stateKey)), optional(live(m, m.seen, seenKey))
+	st, prior := optional(live(m, m.tracks, stateKey)), optional(live(m, m.seen, seenKey))
 	v, next, record := judgeTrack(st, prior, c)
 	if next != nil {
 		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL)
