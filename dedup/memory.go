@@ -74,35 +74,36 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	now := m.now().UnixNano()
 	verdicts := make([]Verdict, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
-			verdicts[i] = m.decideTumbling(c)
+			verdicts[i] = m.decideTumbling(c, now)
 		} else {
-			verdicts[i] = m.decideTrack(c)
+			verdicts[i] = m.decideTrack(c, now)
 		}
 	}
 	return verdicts, nil
 }
 
-func (m *MemoryStore) decideTumbling(c *Claim) Verdict {
+func (m *MemoryStore) decideTumbling(c *Claim, now int64) Verdict {
 	k := m.keys.key(c.Observation.Key)
-	if held, ok := live(m, m.claims, k); ok {
+	if held, ok := live(m.claims, k, now); ok {
 		return judgeHeld(held, c)
 	}
-	put(m, m.claims, kindClaim, k, newRecord(c), c.Policy.TTL)
+	put(m, m.claims, kindClaim, k, newRecord(c), c.Policy.TTL, now)
 	return accepted
 }
 
-func (m *MemoryStore) decideTrack(c *Claim) Verdict {
+func (m *MemoryStore) decideTrack(c *Claim, now int64) Verdict {
 	stateKey, seenKey := m.keys.key(c.StateKey), m.keys.seen(c)
-	st, prior := optional(live(m, m.tracks, stateKey)), optional(live(m, m.seen, seenKey))
+	st, prior := optional(live(m.tracks, stateKey, now)), optional(live(m.seen, seenKey, now))
 	v, next, record := judgeTrack(st, prior, c)
 	if next != nil {
-		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL)
+		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL, now)
 	}
 	if record != nil {
-		put(m, m.seen, kindSeen, seenKey, *record, c.Policy.TTL)
+		put(m, m.seen, kindSeen, seenKey, *record, c.Policy.TTL, now)
 	}
 	return v
 }
@@ -119,11 +120,12 @@ func optional[V any](v V, ok bool) *V {
 func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	now := m.now().UnixNano()
 	for _, c := range claims {
 		if c.Policy.Shape == Tumbling {
-			m.settleTumbling(c)
+			m.settleTumbling(c, now)
 		} else {
-			m.settleTrack(c)
+			m.settleTrack(c, now)
 		}
 	}
 	return nil
@@ -131,16 +133,16 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 
 // settleTumbling marks the key settled, whichever claim it holds, as Redis
 // does (see settleCmd).
-func (m *MemoryStore) settleTumbling(c *Claim) {
+func (m *MemoryStore) settleTumbling(c *Claim, now int64) {
 	k := m.keys.key(c.Observation.Key)
-	if _, ok := live(m, m.claims, k); ok {
+	if _, ok := live(m.claims, k, now); ok {
 		replace(m.claims, k, settledRecord(c))
 	}
 }
 
-func (m *MemoryStore) settleTrack(c *Claim) {
+func (m *MemoryStore) settleTrack(c *Claim, now int64) {
 	k := m.keys.seen(c)
-	if v, ok := live(m, m.seen, k); ok && v.flag == flagPending && v.token == c.Token {
+	if v, ok := live(m.seen, k, now); ok && v.flag == flagPending && v.token == c.Token {
 		v.flag = flagSettled
 		replace(m.seen, k, v)
 	}
@@ -150,35 +152,36 @@ func (m *MemoryStore) settleTrack(c *Claim) {
 func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	now := m.now().UnixNano()
 	released := make([]bool, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
-			released[i] = m.releaseTumbling(c)
+			released[i] = m.releaseTumbling(c, now)
 		} else {
-			released[i] = m.releaseTrack(c)
+			released[i] = m.releaseTrack(c, now)
 		}
 	}
 	return released, nil
 }
 
-func (m *MemoryStore) releaseTumbling(c *Claim) bool {
+func (m *MemoryStore) releaseTumbling(c *Claim, now int64) bool {
 	k := m.keys.key(c.Observation.Key)
-	if held, ok := live(m, m.claims, k); !ok || held.token != uint32(c.Token) {
+	if held, ok := live(m.claims, k, now); !ok || held.token != uint32(c.Token) {
 		return false
 	}
 	delete(m.claims, k)
 	return true
 }
 
-func (m *MemoryStore) releaseTrack(c *Claim) bool {
+func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 	released := false
 	seenKey := m.keys.seen(c)
-	if v, ok := live(m, m.seen, seenKey); ok && v.flag != flagSuppressed && v.token == c.Token {
+	if v, ok := live(m.seen, seenKey, now); ok && v.flag != flagSuppressed && v.token == c.Token {
 		delete(m.seen, seenKey)
 		released = true
 	}
 	stateKey := m.keys.key(c.StateKey)
-	if st, ok := live(m, m.tracks, stateKey); ok {
+	if st, ok := live(m.tracks, stateKey, now); ok {
 		if st.undo(c.Token) {
 			replace(m.tracks, stateKey, st)
 		} else {
@@ -206,11 +209,11 @@ func (m *MemoryStore) Evictions() uint64 {
 	return m.evictions
 }
 
-// live returns key's unexpired value in entries, removing it if it has
-// expired.
-func live[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], key hashedKey) (V, bool) {
+// live returns key's value in entries if it is unexpired at now, and
+// removes it if it has expired.
+func live[V any](entries map[hashedKey]memorySlot[V], key hashedKey, now int64) (V, bool) {
 	slot, ok := entries[key]
-	if ok && m.now().UnixNano() >= slot.expires {
+	if ok && now >= slot.expires {
 		delete(entries, key)
 		ok = false
 	}
@@ -226,8 +229,7 @@ func replace[V any](entries map[hashedKey]memorySlot[V], key hashedKey, value V)
 
 // put stores value under key with a fresh expiry, making room first if the
 // key is new and the store is full.
-func put[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], kind memoryKind, key hashedKey, value V, ttl time.Duration) {
-	now := m.now().UnixNano()
+func put[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], kind memoryKind, key hashedKey, value V, ttl time.Duration, now int64) {
 	if _, ok := entries[key]; !ok {
 		m.makeRoom(now)
 	}

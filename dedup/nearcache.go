@@ -138,7 +138,8 @@ func (n *NearCache) lookup(c *Claim) (record, bool) {
 // remember caches the holder of c's key until the key's expiry, minus the
 // margin.
 func (n *NearCache) remember(c *Claim, held record) {
-	e := nearEntry{holder: held, cachedAt: c.At.UnixNano(), expires: time.UnixMilli(held.claimedMs).Add(c.Policy.TTL - nearCacheMargin).UnixNano()}
+	expires := held.claimedMs*int64(time.Millisecond) + int64(c.Policy.TTL-nearCacheMargin)
+	e := nearEntry{holder: held, cachedAt: c.At.UnixNano(), expires: expires}
 	if e.cachedAt < e.expires {
 		n.cache.Set(n.key(c), e)
 	}
