@@ -42,7 +42,7 @@ func (u SpeedUnit) metresPerSecond() float64 {
 // fieldPaths are the paths of the fields beside asset, time and position,
 // in the order the parse plan keeps their leaves: accuracy, speed, the
 // events, the states, the records that are not positions.
-func (p Parser) fieldPaths() []string {
+func (p *Parser) fieldPaths() []string {
 	paths := []string{p.AccuracyPath, p.SpeedPath}
 	for _, m := range p.Events {
 		paths = append(paths, m.Path)
@@ -65,7 +65,7 @@ func fieldValue(root gjson.Result, checks []keyCheck, plan *parsePlan, i int, pa
 }
 
 // skipped reports a record that a Skip match says is not a position.
-func (p Parser) skipped(root gjson.Result, checks []keyCheck, plan *parsePlan) bool {
+func (p *Parser) skipped(root gjson.Result, checks []keyCheck, plan *parsePlan) bool {
 	at := 2 + len(p.Events) + len(p.States)
 	for i, m := range p.Skip {
 		if m.matches(fieldValue(root, checks, plan, at+i, m.Path)) {
@@ -80,7 +80,7 @@ func (p Parser) skipped(root gjson.Result, checks []keyCheck, plan *parsePlan) b
 // is not a finite number of at least 0 (speed -1 is "unknown" on iOS) counts
 // as not reported, rather than refusing a position for a field nothing
 // keys on.
-func (p Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, plan *parsePlan) {
+func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, plan *parsePlan) {
 	if acc, ok := measure(fieldValue(root, checks, plan, 0, p.AccuracyPath)); ok {
 		ping.Accuracy = acc
 	}

@@ -179,17 +179,34 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 	// The body is read in place, not copied; the caller must not change it
 	// while the ping is in use (see Ping.Asset).
 	json := unsafe.String(unsafe.SliceData(body), len(body))
-	// A buffer on the stack that fits the plan: the presets with events and
-	// states need more steps, and the plain formats need not zero them.
-	var checks []keyCheck
-	var err error
-	if len(plan.checks) <= 16 {
-		var buf [16]keyCheck
-		checks, err = plan.scan(json, buf[:])
-	} else {
-		var buf [48]keyCheck
-		checks, err = plan.scan(json, buf[:])
+	if len(plan.checks) > smallPlan {
+		return p.extractLarge(json, plan)
 	}
+	var buf [smallPlan]keyCheck
+	return p.extract(json, plan, buf[:])
+}
+
+// The scan's steps live on the stack, in a buffer that fits the plan: the
+// presets with events and states need more steps than the plain formats.
+// The large buffer has a frame of its own, entered only by the plans that
+// need it: in Extract's frame it would deepen every ping's stack by 4 KB,
+// enough to outgrow the 8 KB a request's goroutine has after the collector
+// shrinks it, and a stack that outgrows its size is copied whole.
+const (
+	smallPlan = 16
+	largePlan = 48
+)
+
+//go:noinline
+func (p *Parser) extractLarge(json string, plan *parsePlan) (Ping, error) {
+	var buf [largePlan]keyCheck
+	return p.extract(json, plan, buf[:])
+}
+
+// extract reads the ping of json, a JSON object, by plan, with buf for the
+// steps of the scan.
+func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, error) {
+	checks, err := plan.scan(json, buf)
 	if err != nil {
 		return Ping{}, err
 	}
@@ -315,14 +332,14 @@ func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) g
 	return gjson.Result{}
 }
 
-func (p Parser) assetField() string {
+func (p *Parser) assetField() string {
 	if len(p.AssetPaths) == 0 {
 		return "asset"
 	}
 	return p.AssetPaths[0]
 }
 
-func (p Parser) asset(v gjson.Result) (string, error) {
+func (p *Parser) asset(v gjson.Result) (string, error) {
 	switch v.Type {
 	case gjson.String:
 		if v.Str == "" {
@@ -347,7 +364,7 @@ func (p Parser) asset(v gjson.Result) (string, error) {
 // MaxAssetBytes, or holding an ASCII control character, which would break
 // the log lines and headers it is written to. Both are RuleType: the value is
 // not of the kind an asset id is.
-func (p Parser) checkAsset(asset string) error {
+func (p *Parser) checkAsset(asset string) error {
 	if len(asset) > MaxAssetBytes {
 		return invalid(p.assetField(), RuleType,
 			"the asset id is %d bytes long; at most %d are allowed: send the device's short id (or a hash of a long one)",
@@ -362,7 +379,7 @@ func (p Parser) checkAsset(asset string) error {
 	return nil
 }
 
-func (p Parser) time(v gjson.Result) (time.Time, error) {
+func (p *Parser) time(v gjson.Result) (time.Time, error) {
 	if v.Type == gjson.Null {
 		return time.Time{}, invalid(p.TimePaths[0], RuleRequired,
 			"missing; every ping needs the device's own timestamp at %s (arrival time is never used)", oneOf(p.TimePaths))
@@ -376,7 +393,7 @@ func (p Parser) time(v gjson.Result) (time.Time, error) {
 
 // naiveTime reads a timestamp without an offset in the configured time
 // zone, or says how to name one.
-func (p Parser) naiveTime(v gjson.Result, err error) (time.Time, error) {
+func (p *Parser) naiveTime(v gjson.Result, err error) (time.Time, error) {
 	var ie *InvalidPingError
 	if !errors.As(err, &ie) || ie.Rule != RuleTimezone {
 		return time.Time{}, err
@@ -389,7 +406,7 @@ func (p Parser) naiveTime(v gjson.Result, err error) (time.Time, error) {
 }
 
 // axisError names the field of a projected coordinate the CRS refused.
-func (p Parser) axisError(err error) error {
+func (p *Parser) axisError(err error) error {
 	var ae *geo.AxisError
 	if !errors.As(err, &ae) {
 		return err

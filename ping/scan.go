@@ -122,7 +122,7 @@ type parsePlan struct {
 	fields         []int // the leaves of Parser.fieldPaths, in its order
 }
 
-func (p Parser) makePlan() *parsePlan {
+func (p *Parser) makePlan() *parsePlan {
 	var checks []keyCheck
 	for _, path := range p.paths() {
 		checks = appendKeyChecks(checks, path)
@@ -140,7 +140,7 @@ func (p Parser) makePlan() *parsePlan {
 	return plan
 }
 
-func (p Parser) paths() []string {
+func (p *Parser) paths() []string {
 	paths := append(append([]string(nil), p.AssetPaths...), p.TimePaths...)
 	return append(append(paths, p.LatPath, p.LonPath, p.KindPath), p.fieldPaths()...)
 }
