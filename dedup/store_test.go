@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/metrics"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,6 +263,79 @@ func TestRedisKeysAlwaysCarryTheTTL(t *testing.T) {
 				pttl := c.PTTL(ctx, k).Val()
 				if d := pol.TTL - pttl; pttl <= 0 || d < 0 || d > time.Second {
 					t.Fatalf("%q has PTTL %v, want %v within a second", k, pttl, pol.TTL)
+				}
+			}
+		})
+	}
+}
+
+// Redis-specific: a track without an undo record (an asset's first fix, or
+// one whose last acceptance was released) ends at its flag, where earlier
+// versions wrote a zeroed copy of the track after it. Both layouts must
+// give the same decisions, so that instances of either version can share a
+// Redis while they are upgraded.
+func TestRedisTracksWithoutAnUndoRecordReadTheSameInEitherLayout(t *testing.T) {
+	const trackLayoutSize = 265 // CORE in lua/track_decide.lua
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			ctx, pol := context.Background(), testPolicy(shape)
+			srv := redistest.Start(t)
+			s, c := newRedisStore(t, srv), srv.Client()
+			first := claimOf(pol, parked, 1, articleBase)
+			decide(t, s, first)
+			short := c.Get(ctx, first.StateKey).Val()
+			if want := 8 + trackLayoutSize + 1; len(short) != want {
+				t.Fatalf("a first fix's track is %d bytes, want %d (no undo record)", len(short), want)
+			}
+			// The same track as an earlier version wrote it, for another asset.
+			other := parked
+			other.Asset = "veh-89"
+			zeroed := claimOf(pol, other, 1, articleBase)
+			decide(t, s, zeroed)
+			c.Append(ctx, zeroed.StateKey, strings.Repeat("\x00", trackLayoutSize))
+
+			// A jitter fix is suppressed; then the first fix's forward fails,
+			// which leaves nothing to go back to: both tracks are gone.
+			jitter := parked
+			jitter.Time, jitter.Lat = articleBase.Add(10*time.Second), parked.Lat+0.00002
+			otherJitter := jitter
+			otherJitter.Asset = other.Asset
+			for _, cl := range []*Claim{claimOf(pol, jitter, 7, articleBase), claimOf(pol, otherJitter, 7, articleBase)} {
+				if v := decide(t, s, cl); v.Decision != Suppressed {
+					t.Fatalf("jitter after the first fix: %+v", v)
+				}
+			}
+			for _, cl := range []*Claim{first, zeroed} {
+				if ok, err := releaseOne(ctx, s, cl); err != nil || !ok {
+					t.Fatalf("releasing the first fix: %v %v", ok, err)
+				}
+				if n := c.Exists(ctx, cl.StateKey).Val(); n != 0 {
+					t.Fatalf("releasing an asset's only acceptance left its track")
+				}
+			}
+			decide(t, s, first)
+			decide(t, s, zeroed)
+			c.Append(ctx, zeroed.StateKey, strings.Repeat("\x00", trackLayoutSize))
+
+			for i := 1; i <= 12; i++ {
+				p := parked
+				p.Time = articleBase.Add(time.Duration(i) * 20 * time.Second)
+				p.Lat += float64(i%3) * 0.00002 // parked jitter,
+				if i >= 8 {
+					p.Lat += 0.01 // then a move
+				}
+				q := p
+				q.Asset = other.Asset
+				mine, theirs := claimOf(pol, p, uint64(i+1), articleBase), claimOf(pol, q, uint64(i+1), articleBase)
+				if a, b := decide(t, s, mine), decide(t, s, theirs); a != b {
+					t.Fatalf("fix %d: %+v with the short layout, %+v with the zeroed one", i, a, b)
+				}
+				if i == 8 { // the move's forward fails: both tracks go back
+					a, errA := releaseOne(ctx, s, mine)
+					b, errB := releaseOne(ctx, s, theirs)
+					if errA != nil || errB != nil || !a || !b {
+						t.Fatalf("releasing the move: %v %v, %v %v", a, errA, b, errB)
+					}
 				}
 			}
 		})

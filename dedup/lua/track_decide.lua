@@ -11,7 +11,8 @@
 -- ARGV[7]  session idle, µs         ARGV[8]  in-flight timeout, ms
 --
 -- Track: seen max (i8), the current track (CORE), whether an undo record
--- follows (byte), and the track before the last acceptance (CORE).
+-- follows (byte), and the track before the last acceptance (CORE), present
+-- only when the byte is 1.
 -- Seen value: 's' (suppressed), or 'p' (pending) / 'a' (settled) + token
 -- (8 bytes) + claim time ms (i8).
 
@@ -21,11 +22,12 @@ local FIX = '>i8ddi8c8dddBBBc8d'
 -- stay: anchor lat, lon, spread m², fixes, arrival µs, last fix µs; ref
 -- point; last accepted point; flags (1 last is a candidate outside the
 -- stay, 2 it could be an outlier); session start; state print; the past
--- stays (PAST of them: lat, lon, radius², arrival µs, departure µs)
+-- stays (PAST of them: lat, lon, radius², arrival µs, departure µs).
+-- Written out rather than built by concatenation, which every call would
+-- do again: Lua 5.1 folds no string constants.
 local PAST = 3
-local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8' .. string.rep('dddi8i8', PAST)
-local CORE_SIZE = struct.size(CORE)
-local NOSTATE = string.rep('\0', 8)
+local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8'
+local CORE_SIZE = 265 -- struct.size(CORE)
 
 -- the constants of track.go
 local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2 = 1.5, 4, 4, 70, 64, 3, 10.24
@@ -44,19 +46,6 @@ end
 local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, event, statep, radius = struct.unpack(FIX, ARGV[1])
 local fixpoint = { t = t, lat = lat, lon = lon, bucket = bucket, token = token }
 
-local function decode(s, pos)
-	local f = { struct.unpack(CORE, s, pos) }
-	local c = { alat = f[1], alon = f[2], spread2 = f[3], n = f[4], startT = f[5], lastT = f[6],
-		ref = { t = f[7], lat = f[8], lon = f[9], bucket = f[10], token = f[11] },
-		last = { t = f[12], lat = f[13], lon = f[14], bucket = f[15], token = f[16] },
-		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, sessionStart = f[18], state = f[19], past = {} }
-	for i = 1, PAST do
-		local k = 19 + 5 * (i - 1)
-		c.past[i] = { lat = f[k + 1], lon = f[k + 2], radius2 = f[k + 3], startT = f[k + 4], endT = f[k + 5] }
-	end
-	return c, f[#f]
-end
-
 local function encode(c)
 	local flags = 0
 	if c.hasCand then flags = flags + 1 end
@@ -69,6 +58,41 @@ local function encode(c)
 		p[1].lat, p[1].lon, p[1].radius2, p[1].startT, p[1].endT,
 		p[2].lat, p[2].lon, p[2].radius2, p[2].startT, p[2].endT,
 		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT)
+end
+
+local function remember(decision)
+	if decision == 'accepted' then
+		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
+	else
+		redis.call('HSET', KEYS[2], ARGV[2], 's')
+	end
+	redis.call('PEXPIRE', KEYS[2], ttl)
+end
+
+-- An asset's first fix starts its track, with no undo record. This comes
+-- before the functions that judge a fix against a track: Lua makes a
+-- closure of each as the script reaches it, on every call.
+local raw = redis.call('GET', KEYS[1])
+if not raw then
+	local none = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
+	local c = { alat = lat, alon = lon, spread2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
+		hasCand = false, outlier = false, sessionStart = t, state = statep, past = { none, none, none } }
+	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. '\0', 'PX', ttl)
+	remember('accepted')
+	return { 'accepted', '' }
+end
+
+local function decode(s, pos)
+	local f = { struct.unpack(CORE, s, pos) }
+	local c = { alat = f[1], alon = f[2], spread2 = f[3], n = f[4], startT = f[5], lastT = f[6],
+		ref = { t = f[7], lat = f[8], lon = f[9], bucket = f[10], token = f[11] },
+		last = { t = f[12], lat = f[13], lon = f[14], bucket = f[15], token = f[16] },
+		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, sessionStart = f[18], state = f[19], past = {} }
+	for i = 1, PAST do
+		local k = 19 + 5 * (i - 1)
+		c.past[i] = { lat = f[k + 1], lon = f[k + 2], radius2 = f[k + 3], startT = f[k + 4], endT = f[k + 5] }
+	end
+	return c, f[#f]
 end
 
 local function dist2(plat, plon)
@@ -145,14 +169,6 @@ local function reason(c)
 	return 'jitter'
 end
 
-local function noPast()
-	local p = {}
-	for i = 1, PAST do
-		p[i] = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
-	end
-	return p
-end
-
 -- leave remembers the stay the asset is leaving, if it was settled, until
 -- the departure (the last accepted ping, outside it).
 local function leave(c)
@@ -184,18 +200,6 @@ local function judgeLate(c)
 		end
 	end
 	return 'accepted', ''
-end
-
-local raw = redis.call('GET', KEYS[1])
-if not raw then
-	local c = { alat = lat, alon = lon, spread2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
-		hasCand = false, outlier = false, sessionStart = t, state = statep, past = noPast() }
-	-- No undo record yet: a flag 0 and a zeroed track (all of whose numbers
-	-- and prints are zero bytes).
-	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. string.char(0) .. string.rep('\0', CORE_SIZE), 'PX', ttl)
-	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
-	redis.call('PEXPIRE', KEYS[2], ttl)
-	return { 'accepted', '' }
 end
 
 -- Only the current track is decoded: the undo record is carried as it is,
@@ -247,13 +251,8 @@ local function judge()
 end
 
 local decision, why = judge()
-local prevFlag = 0
-if hasPrev then prevFlag = 1 end
-redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. string.char(prevFlag) .. prevRaw, 'PX', ttl)
-if decision == 'accepted' then
-	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
-else
-	redis.call('HSET', KEYS[2], ARGV[2], 's')
-end
-redis.call('PEXPIRE', KEYS[2], ttl)
+local undo = '\0'
+if hasPrev then undo = '\1' .. prevRaw end
+redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. undo, 'PX', ttl)
+remember(decision)
 return { decision, why }

@@ -3,7 +3,7 @@
 -- as it was before it (trackState.undo in Go). Only the claim's own token
 -- acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes)
-local CORE = '>dddi8i8i8' .. 'i8ddi8c8' .. 'i8ddi8c8' .. 'Bi8c8' .. string.rep('dddi8i8', 3)
+local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8' -- as in track_decide.lua
 local CORE_SIZE = 265
 
 local released = 0
@@ -20,7 +20,7 @@ local fields = { struct.unpack(CORE, st, 9) }
 if fields[16] == ARGV[2] then -- the last accepted ping's token
 	if string.byte(st, 9 + CORE_SIZE) == 1 then
 		local prev = string.sub(st, 10 + CORE_SIZE, 9 + 2 * CORE_SIZE)
-		redis.call('SET', KEYS[1], string.sub(st, 1, 8) .. prev .. string.char(0) .. prev, 'KEEPTTL')
+		redis.call('SET', KEYS[1], string.sub(st, 1, 8) .. prev .. '\0', 'KEEPTTL')
 	else
 		redis.call('DEL', KEYS[1])
 	end
