@@ -132,7 +132,7 @@ func run(rounds int, duration time.Duration, conns int) error {
 	// fresh process and a fresh Redis see (new connections, a heap and a
 	// key space still growing) ran measurably slower than the rest.
 	for _, v := range variants {
-		load(fmt.Sprintf("http://127.0.0.1:%d/", siteNamed(sites, v.site).port), v.bodies, conns, duration/3, uint64(rounds))
+		load(siteNamed(sites, v.site).url(), v.bodies, conns, duration/3, uint64(rounds))
 	}
 
 	results := map[string][]result{}
@@ -148,7 +148,7 @@ func run(rounds int, duration time.Duration, conns int) error {
 			s := siteNamed(sites, v.site)
 			rtBefore, cmdsBefore := redisTotals(metricsURL)
 			cpuBefore := meter.read()
-			res := load(fmt.Sprintf("http://127.0.0.1:%d/", s.port), v.bodies, conns, duration, uint64(r))
+			res := load(s.url(), v.bodies, conns, duration, uint64(r))
 			res.cpu = meter.read().perRequest(cpuBefore, res.requests)
 			if usesRedis(v.site) {
 				rt, cmds := redisTotals(metricsURL)
@@ -163,6 +163,9 @@ func run(rounds int, duration time.Duration, conns int) error {
 	report(results, rounds, duration, conns)
 	return redisMemory(rdb)
 }
+
+// url is where the site is served.
+func (s *site) url() string { return fmt.Sprintf("http://127.0.0.1:%d/", s.port) }
 
 func siteNamed(sites []*site, name string) *site {
 	for _, s := range sites {
@@ -192,8 +195,8 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 		return ratios
 	}
 	ratioOf := func(v variant) float64 {
-		ratios := ratiosOf(v)
-		return ratios[len(ratios)/2]
+		_, median, _ := quartiles(ratiosOf(v))
+		return median
 	}
 	fmt.Printf("\n%d rounds x %s per variant, %d connections, one Caddy; req/s and latencies are medians of the rounds, "+
 		"ratios the medians of the rounds' ratios:\n\n", rounds, duration, conns)
@@ -222,12 +225,18 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 	fmt.Fprintln(tw, "ratio\tmeasured\tmiddle half of the rounds\ttarget\t\t")
 	for _, tg := range targets {
 		v := variantNamed(tg.variant)
-		ratios := ratiosOf(v)
-		r, low, high := ratios[len(ratios)/2], ratios[len(ratios)/4], ratios[(3*len(ratios))/4]
+		low, r, high := quartiles(ratiosOf(v))
 		fmt.Fprintf(tw, "%s / %s\t%.2f\t%.2f-%.2f\t>= %.2f\t%s\t\n", v.label, shortName(v.baseline), r, low, high, tg.atLeast,
 			verdict(r, low, high, tg.atLeast))
 	}
 	tw.Flush()
+}
+
+// quartiles returns the lower quartile, the median and the upper quartile
+// of sorted values.
+func quartiles(sorted []float64) (low, median, high float64) {
+	n := len(sorted)
+	return sorted[n/4], sorted[n/2], sorted[3*n/4]
 }
 
 // verdict says whether a median ratio meets its target, and whether the
