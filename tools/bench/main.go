@@ -70,6 +70,11 @@ var variants = []variant{
 	{"new pings, sliding on redis", "sliding", allNew, plainNew},
 	{"new pings, session on redis", "session", allNew, plainNew},
 	{static, "static", allDuplicate, ""},
+	// What the answer alone costs: a static respond that also sends the
+	// two headers every suppressed ping is answered with (X-Dedup and
+	// X-Dedup-Reason, fixed by the contract), so the gap between it and a
+	// duplicate is the handler's reading, keying and claiming of the ping.
+	{"static respond with a duplicate's two X-Dedup headers", "static-headers", allDuplicate, static},
 	{"duplicate pings, redis without near cache", "redis", allDuplicate, static},
 	{"duplicate pings, redis with near cache", "redis-near", allDuplicate, static},
 	{"duplicate pings, memory", "memory", allDuplicate, static},
@@ -120,6 +125,7 @@ func run(rounds int, duration time.Duration, conns int) error {
 		{name: "sliding", config: "telemetry_dedup {\n\t\tkey_prefix bench-sliding:\n\t\tshape sliding\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
 		{name: "session", config: "telemetry_dedup {\n\t\tkey_prefix bench-session:\n\t\tshape session\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
 		{name: "static", config: "respond 200"},
+		{name: "static-headers", config: "header X-Dedup suppressed\n\theader X-Dedup-Reason redelivery\n\trespond 200"},
 	}
 	stopCaddy, metricsURL, caddyPID, err := startCaddy(dir, caddyBin, sites)
 	if err != nil {
@@ -281,7 +287,11 @@ func variantNamed(label string) variant {
 
 // usesRedis reports a site whose store is Redis.
 func usesRedis(site string) bool {
-	return site != "plain" && site != "static" && site != "memory"
+	switch site {
+	case "redis", "redis-near", "sliding", "session":
+		return true
+	}
+	return false
 }
 
 func shortName(label string) string {
