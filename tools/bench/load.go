@@ -18,7 +18,7 @@ type result struct {
 	rps                  float64
 	requests, errors     int64
 	p50, p99             time.Duration
-	roundTrips, commands float64  // Redis, per request
+	roundTrips, commands float64  // Redis, per request; -1 for a site without Redis
 	cpu                  cpuTimes // per request, by process
 	firstError           string   // what the first failed request got
 }

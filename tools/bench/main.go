@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -156,7 +157,8 @@ func run(rounds int, duration time.Duration, conns int) error {
 			cpuBefore := meter.read()
 			res := load(s.url(), v.bodies, conns, duration, uint64(r))
 			res.cpu = meter.read().perRequest(cpuBefore, res.requests)
-			if usesRedis(v.site) {
+			res.roundTrips, res.commands = -1, -1
+			if s.usesRedis() {
 				rt, cmds := redisTotals(metricsURL)
 				res.roundTrips = (rt - rtBefore) / float64(res.requests)
 				res.commands = (cmds - cmdsBefore) / float64(res.requests)
@@ -215,7 +217,7 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 			ratio = fmt.Sprintf("%.2fx %s", ratioOf(v), shortName(v.baseline))
 		}
 		rt, cmds := "-", "-"
-		if usesRedis(v.site) {
+		if m.roundTrips >= 0 {
 			rt, cmds = fmt.Sprintf("%.3f", m.roundTrips), fmt.Sprintf("%.2f", m.commands)
 		}
 		c := medianCPU(results[v.label])
@@ -286,13 +288,7 @@ func variantNamed(label string) variant {
 }
 
 // usesRedis reports a site whose store is Redis.
-func usesRedis(site string) bool {
-	switch site {
-	case "redis", "redis-near", "sliding", "session":
-		return true
-	}
-	return false
-}
+func (s *site) usesRedis() bool { return strings.Contains(s.config, "store redis") }
 
 func shortName(label string) string {
 	switch label {
