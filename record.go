@@ -91,9 +91,11 @@ func (e *element) key() string {
 // read none.
 type outcomePlaceholders struct{ req *request }
 
-// placeholderOutcome is where a replacer keeps its request's
-// outcomePlaceholders, so that a handler that runs twice on one request (a
-// retried route) publishes its latest outcome.
+// placeholderOutcome names, to the replacer, the outcomePlaceholders that
+// answer it, so that a handler that runs twice on one request (a retried
+// route) finds the provider it registered and publishes its latest outcome.
+// The provider answers it itself: a replacer's Set would allocate its map
+// on most requests, which set nothing else.
 const placeholderOutcome = placeholderPrefix + "_outcome"
 
 // publishPlaceholders makes the request's outcome readable as placeholders.
@@ -104,7 +106,6 @@ func publishPlaceholders(repl *caddy.Replacer, req *request) {
 	}
 	op := &req.placeholders
 	op.req = req
-	repl.Set(placeholderOutcome, op)
 	repl.Map(op.get)
 }
 
@@ -114,6 +115,9 @@ func publishPlaceholders(repl *caddy.Replacer, req *request) {
 func (op *outcomePlaceholders) get(key string) (any, bool) {
 	if !strings.HasPrefix(key, placeholderPrefix) {
 		return nil, false
+	}
+	if key == placeholderOutcome {
+		return op, true
 	}
 	if op.req.single() {
 		return elementPlaceholder(key, &op.req.elements[0])
