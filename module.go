@@ -109,8 +109,9 @@ type Handler struct {
 
 	// The answers the handler gives itself, instead of the upstream's, as
 	// the sender's client must read them. Default: the preset's, else 200
-	// with an empty body for a suppression and 409 with Retry-After: 1 for
-	// an in-flight redelivery.
+	// with an empty body for a suppression, 409 with Retry-After: 1 for an
+	// in-flight redelivery, and 202 with a JSON body naming the field and
+	// the rule for a dead-lettered ping.
 	Answers *Answers `json:"answers,omitempty"`
 
 	// The coordinate system of lat and lon: EPSG:4326 (WGS 84 degrees),
@@ -255,7 +256,7 @@ type Handler struct {
 	StuckAfter caddy.Duration `json:"stuck_after,omitempty"`
 
 	// How many assets stuck detection remembers, least recently seen
-	// forgotten first; this bounds its memory (about 200 bytes each).
+	// forgotten first; this bounds its memory (about 230 bytes each).
 	// Default: 10000.
 	StuckTrack int `json:"stuck_track,omitempty"`
 

@@ -41,6 +41,7 @@ const (
 	BreakerOpen
 )
 
+// String is the state's label in metrics and logs.
 func (s BreakerState) String() string {
 	switch s {
 	case BreakerHalfOpen:

@@ -29,8 +29,9 @@ const (
 	// Reobservation: the same coordinates as the first sighting, at another
 	// time in its bucket (the device reporting again on schedule).
 	Reobservation Reason = "reobservation"
-	// Jitter: other coordinates in the same place: the same cell, or within
-	// the hysteresis distance (GPS noise of a parked asset).
+	// Jitter: other coordinates in the same place (GPS noise of a parked
+	// asset): in tumbling the same cell, in sliding and session the asset's
+	// stay, within the radius of its anchor.
 	Jitter Reason = "jitter"
 	// ReasonSliding: the same place as the last accepted ping less than a
 	// window ago, in a bucket tumbling would have admitted.

@@ -15,6 +15,7 @@ const DefaultInFlightTimeout = 30 * time.Second
 // Claim is one observation's claim on the store: what the store needs to
 // decide it, and afterwards to settle or release it.
 type Claim struct {
+	// Observation is the ping being claimed, quantised and keyed.
 	Observation
 	// Policy is how the claim is judged.
 	Policy *Policy

@@ -10,4 +10,5 @@ type ConfigError struct {
 	Problem string
 }
 
+// Error names the option and says what to change.
 func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }

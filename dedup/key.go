@@ -41,6 +41,7 @@ type Keyer struct {
 
 // Observation is a ping with its quantised parts and key.
 type Observation struct {
+	// Ping is the ping as read from the request.
 	ping.Ping
 	// Bucket is the device epoch second floored to the window.
 	Bucket int64

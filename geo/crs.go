@@ -158,6 +158,7 @@ type AxisError struct {
 	Detail string
 }
 
+// Error names the coordinate and says what was found and what is allowed.
 func (e *AxisError) Error() string {
 	return fmt.Sprintf("%s: %s", e.Axis, e.Detail)
 }

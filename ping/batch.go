@@ -18,6 +18,7 @@ type BatchTooLargeError struct {
 	Count, Max int
 }
 
+// Error says how many pings came, how many may, and to split the batch.
 func (e *BatchTooLargeError) Error() string {
 	return fmt.Sprintf("the batch holds %d pings; at most %d are allowed (max_batch): split it", e.Count, e.Max)
 }

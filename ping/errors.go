@@ -41,6 +41,7 @@ type MalformedError struct {
 	Reason string
 }
 
+// Error is the Reason, for the sender.
 func (e *MalformedError) Error() string { return e.Reason }
 
 // InvalidPingError reports a well-formed body whose ping breaks a rule. The
@@ -55,6 +56,7 @@ type InvalidPingError struct {
 	Detail string
 }
 
+// Error names the field and says what was found and what is allowed.
 func (e *InvalidPingError) Error() string {
 	return fmt.Sprintf("%s: %s", e.Field, e.Detail)
 }

@@ -41,8 +41,8 @@ type Preset struct {
 //   - traccar: Traccar's position forwarding (forward.type=json): the
 //     device's uniqueId, or the position's deviceId, and the fix time.
 //   - geojson: a GeoJSON Feature with a Point geometry ([lon, lat]), its id
-//     in "id" or properties.id, and the time in properties.time or
-//     properties.timestamp.
+//     in "id", properties.id or properties.asset_id, and the time in
+//     properties.time or properties.timestamp.
 func ParsePreset(name string) (Preset, error) {
 	switch name {
 	case "owntracks":
