@@ -10,6 +10,7 @@
 //
 //	go run ./tools/bench                      # 7 rounds of 3 s per variant, 32 connections
 //	go run ./tools/bench -rounds 9 -duration 5s -conns 64
+//	go run ./tools/bench -rounds 1 -profile "new pings, redis"   # and a CPU profile of Caddy under it
 package main
 
 import (
@@ -28,8 +29,24 @@ func main() {
 	rounds := flag.Int("rounds", 7, "rounds over all variants")
 	duration := flag.Duration("duration", 3*time.Second, "load per variant and round")
 	conns := flag.Int("conns", 32, "concurrent connections of the load generator")
+	profile := flag.String("profile", "", "after the rounds, load this variant (its label, as printed) once more, for -profile-seconds, while taking a CPU profile of Caddy")
+	profileOut := flag.String("profile-out", "caddy.pprof", "where -profile writes the profile (read it with go tool pprof)")
+	profileSeconds := flag.Int("profile-seconds", 10, "how long -profile's load and profile last")
 	flag.Parse()
-	if err := run(*rounds, *duration, *conns); err != nil {
+	var prof *profiling
+	if *profile != "" {
+		v, ok := variantLabelled(*profile)
+		if !ok {
+			fmt.Fprintf(os.Stderr, "bench: -profile %q is no variant; give one of:\n%s\n", *profile, variantLabels())
+			os.Exit(2)
+		}
+		if *profileSeconds < 1 {
+			fmt.Fprintf(os.Stderr, "bench: -profile-seconds %d: give at least 1\n", *profileSeconds)
+			os.Exit(2)
+		}
+		prof = &profiling{variant: v, out: *profileOut, seconds: *profileSeconds}
+	}
+	if err := run(*rounds, *duration, *conns, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -100,7 +117,7 @@ var targets = []struct {
 	{"duplicate pings, sliding on redis", 0.70},
 }
 
-func run(rounds int, duration time.Duration, conns int) error {
+func run(rounds int, duration time.Duration, conns int, prof *profiling) error {
 	dir, err := os.MkdirTemp("", "telemetry-dedup-bench-")
 	if err != nil {
 		return err
@@ -128,11 +145,12 @@ func run(rounds int, duration time.Duration, conns int) error {
 		{name: "static", config: "respond 200"},
 		{name: "static-headers", config: "header X-Dedup suppressed\n\theader X-Dedup-Reason redelivery\n\trespond 200"},
 	}
-	stopCaddy, metricsURL, caddyPID, err := startCaddy(dir, caddyBin, sites)
+	stopCaddy, adminURL, caddyPID, err := startCaddy(dir, caddyBin, sites)
 	if err != nil {
 		return err
 	}
 	defer stopCaddy()
+	metricsURL := adminURL + "/metrics"
 	meter := cpuMeter{caddyPID: caddyPID, redisPID: rdb.pid}
 
 	// A first pass, not recorded, warms every variant up: the first load a
@@ -169,7 +187,13 @@ func run(rounds int, duration time.Duration, conns int) error {
 		}
 	}
 	report(results, rounds, duration, conns)
-	return redisMemory(rdb)
+	if err := redisMemory(rdb); err != nil {
+		return err
+	}
+	if prof != nil {
+		return prof.take(adminURL, siteNamed(sites, prof.variant.site).url(), conns, uint64(rounds))
+	}
+	return nil
 }
 
 // url is where the site is served.
@@ -279,12 +303,28 @@ func medianCPU(rounds []result) cpuTimes {
 }
 
 func variantNamed(label string) variant {
+	v, ok := variantLabelled(label)
+	if !ok {
+		panic("no variant " + label)
+	}
+	return v
+}
+
+func variantLabelled(label string) (variant, bool) {
 	for _, v := range variants {
 		if v.label == label {
-			return v
+			return v, true
 		}
 	}
-	panic("no variant " + label)
+	return variant{}, false
+}
+
+func variantLabels() string {
+	var b strings.Builder
+	for _, v := range variants {
+		fmt.Fprintf(&b, "  %q\n", v.label)
+	}
+	return b.String()
 }
 
 // usesRedis reports a site whose store is Redis.

@@ -59,7 +59,7 @@ func startRedis(dir string) (*redisServer, func(), error) {
 }
 
 // startCaddy serves every site, and the upstream, from one Caddy process.
-func startCaddy(dir, bin string, sites []*site) (stop func(), metricsURL string, pid int, err error) {
+func startCaddy(dir, bin string, sites []*site) (stop func(), adminURL string, pid int, err error) {
 	upstream := fmt.Sprintf("127.0.0.1:%d", freePort())
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort())
 	var b strings.Builder
@@ -101,7 +101,7 @@ func startCaddy(dir, bin string, sites []*site) (stop func(), metricsURL string,
 			}
 		}
 	}
-	return stop, "http://" + admin + "/metrics", cmd.Process.Pid, nil
+	return stop, "http://" + admin, cmd.Process.Pid, nil
 }
 
 func freePort() int {
