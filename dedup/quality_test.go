@@ -77,6 +77,8 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		{"2s cadence, sigma 3 m", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, false},
 		{"2s cadence, backlogs one ping a request", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, true},
 		{"1s cadence, slow wander", fleetsim.Config{Cadence: time.Second, SigmaM: 3, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false},
+		// Backlogs of 1,200 to 1,800 pings, each sent as two batches (max_batch 1000), the oldest first.
+		{"1s cadence, backlogs over max_batch", fleetsim.Config{Cadence: time.Second, SigmaM: 3, OfflineShare: 0.2, OfflineMin: 20 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false},
 		{"30s cadence, speed and accuracy reported", fleetsim.Config{Cadence: 30 * time.Second, SigmaM: 4, ReportSpeed: true, ReportAccuracy: true}, 1.3, 1.3, false},
 	} {
 		for _, shape := range []Shape{Sliding, Session} {

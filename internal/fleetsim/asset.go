@@ -193,8 +193,8 @@ func (a *asset) startPhase() {
 }
 
 // send returns the deliveries of the asset's pings: one request per live
-// ping, the offline stretch (if any) as one shuffled batch when it ends,
-// and the redeliveries of both.
+// ping, the offline stretch (if any) shuffled, in batches of at most
+// MaxBatch, when it ends, and the redeliveries of both.
 func (a *asset) send(pings []Ping, offline bool) []Delivery {
 	var from, to time.Time
 	if offline && len(pings) > 0 {
@@ -203,7 +203,7 @@ func (a *asset) send(pings []Ping, offline bool) []Delivery {
 	i, j := firstAtOrAfter(pings, from), firstAtOrAfter(pings, to)
 	out := live(pings[:i])
 	if i < j {
-		out = append(out, a.batch(pings[i:j], to))
+		out = append(out, a.batches(pings[i:j], to)...)
 	}
 	out = append(out, live(pings[j:])...)
 	return append(out, a.redeliveries(out)...)
@@ -231,13 +231,19 @@ func live(pings []Ping) []Delivery {
 	return out
 }
 
-// batch returns the held pings as one batch arriving at the end of the
-// stretch, shuffled as a sender flushing a queue in no particular order
-// would.
-func (a *asset) batch(held []Ping, arrival time.Time) Delivery {
-	pings := slices.Clone(held)
-	a.rng.Shuffle(len(pings), func(i, j int) { pings[i], pings[j] = pings[j], pings[i] })
-	return Delivery{Pings: pings, Batch: true, Arrival: arrival}
+// batches returns the held pings, in device-time order, as batches of at
+// most MaxBatch arriving at the end of the stretch, the oldest first, as a
+// sender flushing its queue sends them (Overland's batch is the oldest
+// points it holds); each batch is shuffled, as a sender holding its queue in
+// no particular order would send it.
+func (a *asset) batches(held []Ping, arrival time.Time) []Delivery {
+	var out []Delivery
+	for chunk := range slices.Chunk(held, a.cfg.MaxBatch) {
+		pings := slices.Clone(chunk)
+		a.rng.Shuffle(len(pings), func(i, j int) { pings[i], pings[j] = pings[j], pings[i] })
+		out = append(out, Delivery{Pings: pings, Batch: true, Arrival: arrival})
+	}
+	return out
 }
 
 // redeliveries draws which of the deliveries are sent again, and when.

@@ -96,12 +96,17 @@ type Config struct {
 	// Default 30m.
 	RedeliveryMaxDelay time.Duration
 	// OfflineShare is the share of assets that go offline once: the pings
-	// of the stretch are not sent live but together, shuffled, as one batch
-	// when it ends. Default 0.1.
+	// of the stretch are not sent live but together when it ends, shuffled,
+	// in batches of at most MaxBatch. Default 0.1.
 	OfflineShare float64
 	// OfflineMin and OfflineMax bound the length of the offline stretch,
 	// uniform; it starts at a uniformly random time. Default 10m and 30m.
 	OfflineMin, OfflineMax time.Duration
+	// MaxBatch caps the pings of one batch: a longer offline stretch is
+	// sent as several batches, the oldest pings first, as a sender flushing
+	// a long queue does. Default 1000, the largest batch Overland sends (its
+	// batch_size setting) and the module's default max_batch.
+	MaxBatch int
 
 	// Seed makes the run reproducible: the same Config generates the same
 	// deliveries. Default 1.
@@ -158,6 +163,7 @@ func (c Config) withDefaults() Config {
 	c.OfflineShare = orNone(c.OfflineShare, 0.1)
 	c.OfflineMin = cmp.Or(c.OfflineMin, 10*time.Minute)
 	c.OfflineMax = cmp.Or(c.OfflineMax, 30*time.Minute)
+	c.MaxBatch = cmp.Or(c.MaxBatch, 1000)
 	c.Seed = cmp.Or(c.Seed, 1)
 	if c.Start.IsZero() {
 		c.Start = time.Now().Add(-c.Duration - 10*time.Minute)
@@ -206,6 +212,7 @@ func (c Config) Validate() error {
 	check(c.RedeliveryMaxDelay >= c.Cadence, "RedeliveryMaxDelay: %v must be at least Cadence %v", c.RedeliveryMaxDelay, c.Cadence)
 	check(isShare(c.OfflineShare), "OfflineShare: %v must be in [0, 1]", c.OfflineShare)
 	check(isDurationRange(c.OfflineMin, c.OfflineMax), "Offline: [%v, %v] must be an interval of positive durations", c.OfflineMin, c.OfflineMax)
+	check(c.MaxBatch > 0, "MaxBatch: %d must be at least 1", c.MaxBatch)
 	// Longitudes are scaled by 1/cos(lat): near the poles a metre of
 	// easting is no longer a small number of degrees.
 	check(c.Center.Lat > -80 && c.Center.Lat < 80, "Center: latitude %v must be within ±80°", c.Center.Lat)

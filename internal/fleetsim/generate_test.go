@@ -343,6 +343,53 @@ func TestOfflineStretchesArriveAsOneLateShuffledBatch(t *testing.T) {
 	}
 }
 
+// A backlog longer than MaxBatch goes as several batches, all at the end of
+// the stretch, the oldest pings first, together holding every ping of it
+// once: a 1 s cadence
+// offline for 30 minutes would otherwise be one batch of 1,800 pings, which
+// no sender makes and the module's default max_batch refuses.
+func TestALongBacklogIsSplitIntoBatchesOfAtMostMaxBatch(t *testing.T) {
+	cfg := quiet()
+	cfg.Assets, cfg.Duration, cfg.Cadence, cfg.OfflineShare = 1, time.Hour, time.Second, 1
+	cfg.OfflineMin, cfg.OfflineMax = 30*time.Minute, 30*time.Minute
+	var batches []Delivery
+	for _, d := range Generate(cfg) {
+		if d.Batch {
+			batches = append(batches, d)
+		}
+	}
+	if len(batches) != 2 {
+		t.Fatalf("%d batches for 1,800 pings, want 2 of at most %d", len(batches), DefaultConfig().MaxBatch)
+	}
+	seen := map[time.Time]bool{}
+	var latest time.Time
+	for i, d := range batches {
+		if len(d.Pings) > DefaultConfig().MaxBatch {
+			t.Errorf("batch %d holds %d pings, more than MaxBatch", i, len(d.Pings))
+		}
+		if !d.Arrival.Equal(batches[0].Arrival) {
+			t.Errorf("batch %d arrives at %v, the first at %v: both end the stretch", i, d.Arrival, batches[0].Arrival)
+		}
+		oldest := d.Pings[0].Time
+		for _, p := range d.Pings {
+			if seen[p.Time] {
+				t.Fatalf("the fix at %v is in two batches", p.Time)
+			}
+			seen[p.Time] = true
+			oldest = minTime(oldest, p.Time)
+		}
+		if !oldest.After(latest) {
+			t.Errorf("batch %d holds a fix of %v, before the latest of the batch before (%v): the oldest go first", i, oldest, latest)
+		}
+		for _, p := range d.Pings {
+			latest = maxTime(latest, p.Time)
+		}
+	}
+	if n := len(seen); n < 1799 || n > 1801 {
+		t.Errorf("the batches hold %d fixes, want the stretch's 1,800", n)
+	}
+}
+
 // checkLiveAround checks that the batch at index b is the asset's only
 // delivery of its stretch [first, last] and comes before the asset's next
 // live ping.
@@ -390,6 +437,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{Config{RedeliveryMaxDelay: time.Second}, "RedeliveryMaxDelay"},
 		{Config{Center: LatLon{Lat: 89, Lon: 0}}, "Center"},
 		{Config{Concurrency: -1}, "Concurrency"},
+		{Config{MaxBatch: -1}, "MaxBatch"},
 	} {
 		err := tc.cfg.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

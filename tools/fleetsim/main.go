@@ -25,9 +25,9 @@
 // and sends the pings of an offline batch as single requests. Ranges are
 // given as one value or lo-hi, e.g. -multipath-sigmas 4-8 or -parked
 // 5m-45m. A zero -sigma, -multipath, -heading-drift, -redeliveries or
-// -offline switches that off. An offline batch must fit the module's
-// max_batch (1000 by default): at -cadence 1s, keep -offline-duration
-// under 16m. Each run names its assets afresh (-asset-prefix), so that it
+// -offline switches that off. An offline stretch is sent in batches of at
+// most -max-batch pings (1000 by default, as the module's max_batch), the
+// oldest first: lower it with a lower max_batch. Each run names its assets afresh (-asset-prefix), so that it
 // is not judged against the state an earlier run left in the module's
 // store.
 package main
@@ -97,6 +97,7 @@ func parseFlags(args []string) (fleetsim.Config, options, error) {
 	offline := fs.Float64("offline", def.OfflineShare, "share of assets that go offline once and then send a batch")
 	offlineFor := durationRange{def.OfflineMin, def.OfflineMax}
 	fs.Var(&offlineFor, "offline-duration", "length of the offline stretch")
+	fs.IntVar(&cfg.MaxBatch, "max-batch", def.MaxBatch, "most pings in one batch: a longer offline stretch is sent as several")
 	fs.Uint64Var(&cfg.Seed, "seed", def.Seed, "random seed")
 	start := fs.String("start", "", "device time of the start, RFC 3339 (default: duration + 10m ago)")
 	center := latLon(def.Center)
