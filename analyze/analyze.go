@@ -37,6 +37,16 @@ const (
 	// is not mistaken for parking.
 	stationaryRadiusM     = 25.0
 	stationaryMinDuration = 2 * time.Minute
+	// maxExcursion and maxStrayShare say which fixes beyond
+	// stationaryRadiusM a stationary run goes on through: at most
+	// maxExcursion in a row, the fix after them back, and at most
+	// maxStrayShare of the run's fixes in all. A receiver's multipath
+	// outliers come alone or in pairs, now and then; an asset that leaves
+	// does not come back a fix later. Were a run to end at every outlier,
+	// the receiver's jitter would be measured without its outliers, and
+	// each outlier would count as two moves.
+	maxExcursion  = 2
+	maxStrayShare = 0.25
 	// minMoveM is the floor of the real-move threshold, so that a capture
 	// with (almost) no jitter does not count rounding noise as moves.
 	minMoveM = 1.0

@@ -30,7 +30,10 @@ type synthFleet struct {
 	cadence         time.Duration
 	sigmaM, stepM   float64
 	redeliveryShare float64 // lines sent twice in a row
-	seed            uint64
+	// outlierShare of the parked fixes are multipath outliers, outlierM
+	// from the true position in a random direction.
+	outlierShare, outlierM float64
+	seed                   uint64
 }
 
 var synthStart = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -63,19 +66,23 @@ func (f synthFleet) track(rng *rand.Rand, asset string) []ping.Ping {
 	lat, lon := 52.3+0.4*rng.Float64(), 13.1+0.6*rng.Float64()
 	t := synthStart.Add(time.Duration(rng.IntN(int(f.cadence/time.Second))) * time.Second)
 	var track []ping.Ping
-	emit := func() {
+	emit := func(parked bool) {
 		nLat, nLon := offsetM(lat, lon, f.sigmaM*rng.NormFloat64(), f.sigmaM*rng.NormFloat64())
+		if parked && f.outlierShare > 0 && rng.Float64() < f.outlierShare {
+			bearing := 2 * math.Pi * rng.Float64()
+			nLat, nLon = offsetM(lat, lon, f.outlierM*math.Cos(bearing), f.outlierM*math.Sin(bearing))
+		}
 		track = append(track, ping.Ping{Asset: asset, Time: t, Lat: nLat, Lon: nLon})
 		t = t.Add(f.cadence)
 	}
 	for range f.cycles {
 		for range f.parked {
-			emit()
+			emit(true)
 		}
 		heading := 2 * math.Pi * rng.Float64()
 		for range f.moving {
 			lat, lon = offsetM(lat, lon, f.stepM*math.Cos(heading), f.stepM*math.Sin(heading))
-			emit()
+			emit(false)
 		}
 	}
 	return track
@@ -128,6 +135,28 @@ func TestAnalyzeMeasuresRayleighJitter(t *testing.T) {
 	}
 	if rep.Jitter.Samples < testFleet.assets*testFleet.cycles*testFleet.parked {
 		t.Errorf("%d jitter samples, want at least every parked fix", rep.Jitter.Samples)
+	}
+}
+
+// A receiver that throws multipath outliers (here 5% of its parked fixes,
+// 40 m out) still parks in one stationary run per parking: an outlier
+// alone does not end a run, so the jitter measured is the receiver's, its
+// outliers included, and the radius recommended holds them.
+func TestAnalyzeMeasuresJitterThroughMultipathOutliers(t *testing.T) {
+	urban := testFleet
+	urban.sigmaM, urban.outlierShare, urban.outlierM = 3, 0.05, 40
+	rep := analyze(t, urban.capture(), Options{Shape: dedup.Sliding})
+	if want := urban.assets * urban.cycles; rep.Jitter.Runs != want {
+		t.Errorf("%d stationary runs, want one per parking, %d", rep.Jitter.Runs, want)
+	}
+	if rep.Jitter.Samples < urban.assets*urban.cycles*urban.parked*9/10 {
+		t.Errorf("%d jitter samples of %d parked fixes", rep.Jitter.Samples, urban.assets*urban.cycles*urban.parked)
+	}
+	if rep.Jitter.P99M < 0.9*urban.outlierM {
+		t.Errorf("p99 jitter %.1f m: the %g m outliers were left out", rep.Jitter.P99M, urban.outlierM)
+	}
+	if rep.Recommended.RadiusM < urban.outlierM {
+		t.Errorf("radius %g m does not hold the receiver's %g m outliers", rep.Recommended.RadiusM, urban.outlierM)
 	}
 }
 

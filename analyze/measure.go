@@ -32,10 +32,7 @@ func (a *analyzer) findRuns(fixes []fixPoint) {
 	at := func(k int) fixPoint { return fixes[a.order[k]] }
 	for start := 0; start < len(a.order); {
 		first := at(start)
-		end := start + 1
-		for end < len(a.order) && geo.DistanceM(first.lat, first.lon, at(end).lat, at(end).lon) <= stationaryRadiusM {
-			end++
-		}
+		end := a.stationaryEnd(fixes, start)
 		// Too short: a later start may still open a run within this span.
 		if at(end-1).t.Sub(first.t) < stationaryMinDuration {
 			start++
@@ -48,6 +45,48 @@ func (a *analyzer) findRuns(fixes []fixPoint) {
 		a.sampleRun(fixes, a.order[start:end])
 		start = end
 	}
+}
+
+// stationaryEnd returns where the stationary span opened by the fix at
+// position start in a.order ends (exclusive): the fixes within
+// stationaryRadiusM of that first fix, through the excursions beyond it
+// that maxExcursion and maxStrayShare allow, and only of fixes that lie
+// beyond that radius of the span's mean position too. A fix beyond the
+// first fix but near the mean says the first fix lay off the parking's
+// centre (the last fix of the move that parked there, say), not that the
+// receiver threw an outlier: the span ends there, as it always did, and a
+// later start opens the parking's run.
+func (a *analyzer) stationaryEnd(fixes []fixPoint, start int) int {
+	first := fixes[a.order[start]]
+	at := func(k int) fixPoint { return fixes[a.order[k]] }
+	near := func(k int) bool {
+		return geo.DistanceM(first.lat, first.lon, at(k).lat, at(k).lon) <= stationaryRadiusM
+	}
+	sumLat, sumLon, n := first.lat, first.lon, 1.0
+	stray := func(k int) bool {
+		return !near(k) && geo.DistanceM(sumLat/n, sumLon/n, at(k).lat, at(k).lon) > stationaryRadiusM
+	}
+	end, strays := start+1, 0
+	for end < len(a.order) {
+		if near(end) {
+			sumLat, sumLon, n = sumLat+at(end).lat, sumLon+at(end).lon, n+1
+			end++
+			continue
+		}
+		back := end
+		for back < len(a.order) && back-end < maxExcursion && stray(back) {
+			back++
+		}
+		if back == end || back == len(a.order) || !near(back) {
+			break // no outlier, or no return from it
+		}
+		if float64(strays+back-end) > maxStrayShare*float64(back+1-start) {
+			break
+		}
+		strays += back - end
+		end = back
+	}
+	return end
 }
 
 // sampleRun adds the distance of each fix of a run to the run's median
