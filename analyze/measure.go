@@ -32,7 +32,7 @@ func (a *analyzer) findRuns(fixes []fixPoint) {
 	at := func(k int) fixPoint { return fixes[a.order[k]] }
 	for start := 0; start < len(a.order); {
 		first := at(start)
-		end := a.stationaryEnd(fixes, start)
+		end := a.stationaryEnd(at, start)
 		// Too short: a later start may still open a run within this span.
 		if at(end-1).t.Sub(first.t) < stationaryMinDuration {
 			start++
@@ -56,28 +56,25 @@ func (a *analyzer) findRuns(fixes []fixPoint) {
 // centre (the last fix of the move that parked there, say), not that the
 // receiver threw an outlier: the span ends there, as it always did, and a
 // later start opens the parking's run.
-func (a *analyzer) stationaryEnd(fixes []fixPoint, start int) int {
-	first := fixes[a.order[start]]
-	at := func(k int) fixPoint { return fixes[a.order[k]] }
-	near := func(k int) bool {
-		return geo.DistanceM(first.lat, first.lon, at(k).lat, at(k).lon) <= stationaryRadiusM
+func (a *analyzer) stationaryEnd(at func(k int) fixPoint, start int) int {
+	first := at(start)
+	within := func(lat, lon float64, k int) bool {
+		return geo.DistanceM(lat, lon, at(k).lat, at(k).lon) <= stationaryRadiusM
 	}
 	sumLat, sumLon, n := first.lat, first.lon, 1.0
-	stray := func(k int) bool {
-		return !near(k) && geo.DistanceM(sumLat/n, sumLon/n, at(k).lat, at(k).lon) > stationaryRadiusM
-	}
 	end, strays := start+1, 0
 	for end < len(a.order) {
-		if near(end) {
+		if within(first.lat, first.lon, end) {
 			sumLat, sumLon, n = sumLat+at(end).lat, sumLon+at(end).lon, n+1
 			end++
 			continue
 		}
 		back := end
-		for back < len(a.order) && back-end < maxExcursion && stray(back) {
+		for back < len(a.order) && back-end < maxExcursion &&
+			!within(first.lat, first.lon, back) && !within(sumLat/n, sumLon/n, back) {
 			back++
 		}
-		if back == end || back == len(a.order) || !near(back) {
+		if back == end || back == len(a.order) || !within(first.lat, first.lon, back) {
 			break // no outlier, or no return from it
 		}
 		if float64(strays+back-end) > maxStrayShare*float64(back+1-start) {

@@ -27,9 +27,9 @@
 // 5m-45m. A zero -sigma, -multipath, -heading-drift, -redeliveries or
 // -offline switches that off. An offline stretch is sent in batches of at
 // most -max-batch pings (1000 by default, as the module's max_batch), the
-// oldest first: lower it with a lower max_batch. Each run names its assets afresh (-asset-prefix), so that it
-// is not judged against the state an earlier run left in the module's
-// store.
+// oldest first: lower it with a lower max_batch. Each run names its assets
+// afresh (-asset-prefix), so that it is not judged against the state an
+// earlier run left in the module's store.
 package main
 
 import (
