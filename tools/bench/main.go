@@ -11,6 +11,7 @@
 //	go run ./tools/bench                      # 7 rounds of 3 s per variant, 32 connections
 //	go run ./tools/bench -rounds 9 -duration 5s -conns 64
 //	go run ./tools/bench -rounds 1 -profile "new pings, redis"   # and a CPU profile of Caddy under it
+//	go run ./tools/bench -rounds 1 -profile "new pings, redis" -profile-kind allocs   # or what it allocates
 package main
 
 import (
@@ -29,7 +30,8 @@ func main() {
 	rounds := flag.Int("rounds", 7, "rounds over all variants")
 	duration := flag.Duration("duration", 3*time.Second, "load per variant and round")
 	conns := flag.Int("conns", 32, "concurrent connections of the load generator")
-	profile := flag.String("profile", "", "after the rounds, load this variant (its label, as printed) once more, for -profile-seconds, while taking a CPU profile of Caddy")
+	profile := flag.String("profile", "", "after the rounds, load this variant (its label, as printed) once more, for -profile-seconds, while taking a profile of Caddy")
+	profileKind := flag.String("profile-kind", "cpu", "what -profile records: cpu (where Caddy's CPU time goes) or allocs (what it allocates, and where)")
 	profileOut := flag.String("profile-out", "caddy.pprof", "where -profile writes the profile (read it with go tool pprof)")
 	profileSeconds := flag.Int("profile-seconds", 10, "how long -profile's load and profile last")
 	flag.Parse()
@@ -44,7 +46,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bench: -profile-seconds %d: give at least 1\n", *profileSeconds)
 			os.Exit(2)
 		}
-		prof = &profiling{variant: v, out: *profileOut, seconds: *profileSeconds}
+		if !slices.Contains(profileKinds, *profileKind) {
+			fmt.Fprintf(os.Stderr, "bench: -profile-kind %q: give one of %s\n", *profileKind, strings.Join(profileKinds, ", "))
+			os.Exit(2)
+		}
+		prof = &profiling{variant: v, kind: *profileKind, out: *profileOut, seconds: *profileSeconds}
 	}
 	if err := run(*rounds, *duration, *conns, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
