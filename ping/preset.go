@@ -40,6 +40,7 @@ type Preset struct {
 //     and the Transistorsoft SDK's JSON body that the same port takes.
 //   - traccar: Traccar's position forwarding (forward.type=json): the
 //     device's uniqueId, or the position's deviceId, and the fix time.
+//     Its event forwarding's bodies ({"event":...}) pass through untouched.
 //   - geojson: a GeoJSON Feature with a Point geometry ([lon, lat]), its id
 //     in "id", properties.id or properties.asset_id, and the time in
 //     properties.time or properties.timestamp.
@@ -128,7 +129,11 @@ func traccarForward() Parser {
 		{Path: "position.attributes.image"}, {Path: "position.attributes.video"}, {Path: "position.attributes.audio"}}
 	p.States = []string{"position.attributes.ignition", "position.attributes.driverUniqueId"}
 	// A position the device marks invalid carries no fix (often its last
-	// known coordinates): forwarded as it came, never keyed.
-	p.Skip = []Match{{Path: "position.valid", Values: []string{"false"}}}
+	// known coordinates): forwarded as it came, never keyed. So is what
+	// Traccar's event forwarder (event.forward.url) posts, when it shares
+	// the endpoint: an event with the position it happened at, which the
+	// position forwarder has sent already. Keyed, it would be that
+	// position's redelivery, and Traccar never resends a lost event.
+	p.Skip = []Match{{Path: "position.valid", Values: []string{"false"}}, {Path: "event"}}
 	return p
 }

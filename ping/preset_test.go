@@ -71,6 +71,29 @@ func TestOwnTracksNonLocationMessagesAreNotPings(t *testing.T) {
 	}
 }
 
+// What Traccar's event forwarder posts is not a position, with or without
+// the position the event happened at; a position forward is, whatever its
+// attributes say (an attribute named event is a device's own).
+func TestTraccarEventForwardsAreNotPings(t *testing.T) {
+	p := mustPreset("traccar").Parser
+	for _, body := range []string{
+		`{"event":{"id":9,"attributes":{},"deviceId":7,"type":"deviceOnline","eventTime":"2024-05-01T10:00:00.000+00:00",` +
+			`"positionId":0,"geofenceId":0,"maintenanceId":0},"device":{"id":7,"uniqueId":"358240051111110"}}`,
+		`{"event":{"id":10,"attributes":{},"deviceId":7,"type":"geofenceEnter","eventTime":"2024-05-01T10:00:00.000+00:00",` +
+			`"positionId":31,"geofenceId":2,"maintenanceId":0},"position":{"id":31,"deviceId":7,"fixTime":"2024-05-01T10:00:00.000+00:00",` +
+			`"latitude":52.52,"longitude":13.40},"device":{"id":7,"uniqueId":"358240051111110"},"geofence":{"id":2,"name":"Depot"}}`,
+	} {
+		if _, err := p.Parse([]byte(body), time.Now()); !errors.Is(err, ErrNotAPing) {
+			t.Errorf("%s: got %v, want ErrNotAPing", body, err)
+		}
+	}
+	position := `{"position":{"deviceId":7,"fixTime":"2024-05-01T10:00:00.000+00:00","latitude":52.52,"longitude":13.40,` +
+		`"attributes":{"event":3}},"device":{"uniqueId":"358240051111110"}}`
+	if _, err := p.Parse([]byte(position), time.Date(2024, 5, 1, 10, 1, 0, 0, time.UTC)); err != nil {
+		t.Errorf("a position with an event attribute: %v, want a ping", err)
+	}
+}
+
 func TestGeoJSONWithoutAPointIsRejected(t *testing.T) {
 	p := mustPreset("geojson").Parser
 	body := `{"type":"Feature","id":"a","geometry":{"type":"LineString","coordinates":[[13.4,52.5],[13.5,52.6]]},"properties":{"time":"2024-05-01T10:00:00Z"}}`

@@ -119,6 +119,9 @@ func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
 				p.Event = "position.attributes.alarm=sos"
 				speed(2.332613 * 1852 / 3600)(p)
 			}))}},
+		// The event forwarder's alarm at that position: a notification the
+		// backend must get, not a position to deduplicate.
+		{"traccar-forward/event_forward_composed.json", "traccar", []fixtureOutcome{notAPing}},
 	} {
 		t.Run(tt.file, func(t *testing.T) {
 			body, err := os.ReadFile(filepath.Join(sendersDir, tt.file))
