@@ -419,3 +419,51 @@ func TestTraccarInvalidPositionsPassUntouched(t *testing.T) {
 		t.Fatalf("upstream saw %d of the two invalid positions", up.count())
 	}
 }
+
+// A tracker's status message without a fix of its own (a GT06 heartbeat
+// with the ignition, an alarm sent from a garage) reaches Traccar's
+// forwarder as a position that repeats the last fix's fixTime and
+// coordinates, at its own deviceTime. Each is judged at that time: an
+// ignition switched on and then off again, and a second SOS, reach the
+// receiver in every shape; the statuses that say nothing new, and the
+// forwarder's retry of one, do not.
+func TestTraccarStatusWithoutAFixIsJudgedAtItsOwnTime(t *testing.T) {
+	ts := base()
+	fixTime := ts.Format("2006-01-02T15:04:05.000+00:00")
+	status := func(at time.Duration, attributes string) []byte {
+		return fmt.Appendf(nil, `{"position":{"id":0,"attributes":{%s},"deviceId":7,"protocol":"gt06","fixTime":%q,"deviceTime":%q,`+
+			`"valid":true,"latitude":52.5200087,"longitude":13.4049547,"speed":0.0,"accuracy":0.0},"device":{"id":7,"uniqueId":"358240051111110"}}`,
+			attributes, fixTime, ts.Add(at).Format("2006-01-02T15:04:05.000+00:00"))
+	}
+	for _, shape := range []string{"tumbling", "sliding", "session"} {
+		t.Run(shape, func(t *testing.T) {
+			up := newUpstream(t)
+			answering(up, http.StatusOK, "", "")
+			tester := startCaddy(t, up, "preset traccar\n\t\tshape "+shape)
+			for _, step := range []struct {
+				at               time.Duration
+				attributes       string
+				decision, reason string
+			}{
+				{0, `"ignition":false`, "accepted", ""}, // the fix itself: deviceTime is its fixTime
+				{time.Minute, `"ignition":true`, "accepted", ""},
+				{6 * time.Minute, `"ignition":false`, "accepted", ""},
+				{8 * time.Minute, `"ignition":false`, "suppressed", ""},
+				{9 * time.Minute, `"ignition":false,"alarm":"sos"`, "accepted", "event"},
+				{9 * time.Minute, `"ignition":false,"alarm":"sos"`, "suppressed", "redelivery"},
+				{9*time.Minute + 30*time.Second, `"ignition":false`, "suppressed", ""},
+				{9*time.Minute + 45*time.Second, `"ignition":false,"alarm":"sos"`, "accepted", "event"},
+			} {
+				sent := up.count()
+				res := send(t, tester.Client, http.MethodPost, "", "application/json", status(step.at, step.attributes))
+				decision, reason := res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason")
+				if res.status != http.StatusOK || decision != step.decision || (step.reason != "" || decision == "accepted") && reason != step.reason {
+					t.Fatalf("+%s %s: %d %s %q, want %s %q", step.at, step.attributes, res.status, decision, reason, step.decision, step.reason)
+				}
+				if reached := up.count() > sent; reached != (step.decision == "accepted") {
+					t.Fatalf("+%s %s: reached the receiver %v", step.at, step.attributes, reached)
+				}
+			}
+		})
+	}
+}

@@ -39,7 +39,8 @@ type Preset struct {
 //     timestamp, speed in knots, accuracy, alarm, ignition, valid, ...),
 //     and the Transistorsoft SDK's JSON body that the same port takes.
 //   - traccar: Traccar's position forwarding (forward.type=json): the
-//     device's uniqueId, or the position's deviceId, and the fix time.
+//     device's uniqueId, or the position's deviceId, and the device's
+//     time of the message (deviceTime, else fixTime).
 //     Its event forwarding's bodies ({"event":...}) pass through untouched.
 //   - geojson: a GeoJSON Feature with a Point geometry ([lon, lat]), its id
 //     in "id", properties.id or properties.asset_id, and the time in
@@ -122,7 +123,12 @@ func transistorsoft() Parser {
 // and stops over minutes anyway.
 func traccarForward() Parser {
 	p := NewParser()
-	p.AssetPaths, p.TimePaths = []string{"device.uniqueId", "position.deviceId"}, []string{"position.fixTime"}
+	// A status message without a fix of its own (a heartbeat with the
+	// ignition, an alarm from a garage) comes as a position that repeats
+	// the last fix's fixTime and coordinates (Traccar's OutdatedHandler) at
+	// its own deviceTime; every other position has both times the fix's.
+	// Judged by fixTime, each such status was a redelivery of that fix.
+	p.AssetPaths, p.TimePaths = []string{"device.uniqueId", "position.deviceId"}, []string{"position.deviceTime", "position.fixTime"}
 	p.LatPath, p.LonPath = "position.latitude", "position.longitude"
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "position.accuracy", "position.speed", Knots
 	p.Events = []Match{{Path: "position.attributes.alarm"}, {Path: "position.attributes.result"},

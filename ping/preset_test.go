@@ -36,6 +36,11 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 			// Without the device object, the position's deviceId names the asset.
 			`{"position":{"deviceId":7,"fixTime":"2024-05-01T12:00:00.000+0200","latitude":-33.8688,"longitude":151.2093}}`,
 			Ping{Asset: "7", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: -33.8688, Lon: 151.2093}},
+		{"traccar",
+			// A status message without a fix: the last fix's fixTime, its own deviceTime.
+			`{"position":{"deviceId":7,"protocol":"gt06","fixTime":"2024-05-01T09:40:00.000+00:00","deviceTime":"2024-05-01T10:00:00.000+00:00",` +
+				`"valid":true,"latitude":52.5200087,"longitude":13.4049547,"attributes":{"ignition":true}},"device":{"uniqueId":"358240051111110"}}`,
+			Ping{Asset: "358240051111110", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 52.5200087, Lon: 13.4049547}},
 		{"geojson",
 			`{"type":"Feature","id":"veh-88","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
 				`"properties":{"time":"2024-05-01T10:00:00Z","speed":0}}`,
