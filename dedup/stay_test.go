@@ -130,19 +130,29 @@ func TestReleaseRestoresTheStay(t *testing.T) {
 	})
 }
 
-// A redelivery of an event is suppressed: only the event's own exact
-// redeliveries are, never an event at the fix of a plain ping.
-func TestAnEventIsSuppressedOnlyAsItsOwnRedelivery(t *testing.T) {
-	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
-		park(t, d)
-		plain := offset(60, 1, 1)
-		d.settled(t, plain)
-		alarm := withEvent(plain, "alarm")
-		if v := d.settled(t, alarm); v.Decision != Accepted {
-			t.Fatalf("an alarm at the very fix of a plain ping: %+v, want accepted", v)
-		}
-		if v := d.settled(t, alarm); v != suppressed(Redelivery) {
-			t.Fatalf("the alarm's redelivery: %+v, want suppressed/redelivery", v)
-		}
-	})
+// An event, or a state change, at the very fix of another ping is no
+// redelivery of it (in tumbling both are in the key): only its own exact
+// redeliveries are.
+func TestAnEventOrAStateChangeIsSuppressedOnlyAsItsOwnRedelivery(t *testing.T) {
+	plain := offset(60, 1, 1)
+	for _, tt := range []struct {
+		name          string
+		before, after ping.Ping
+	}{
+		{"an alarm at a plain ping's fix", plain, withEvent(plain, "alarm")},
+		{"the ignition on at its off's fix", withState(plain, "ignition=false"), withState(plain, "ignition=true")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				d.settled(t, tt.before)
+				if v := d.settled(t, tt.after); v.Decision != Accepted {
+					t.Fatalf("%+v, want accepted", v)
+				}
+				if v := d.settled(t, tt.after); v != suppressed(Redelivery) {
+					t.Fatalf("its redelivery: %+v, want suppressed/redelivery", v)
+				}
+			})
+		})
+	}
 }

@@ -403,14 +403,21 @@ func trackReason(p, ref trackPoint, shape Shape) Reason {
 }
 
 // seenField identifies a ping within its seen set: exact device time,
-// coordinates and event, so that an event reported at the very fix of a
-// plain ping is not taken for its redelivery.
+// coordinates, event and state, so that an event or a state change reported
+// at the very fix of another ping is not taken for its redelivery. The
+// state follows a NUL, which no event or state holds (their values are
+// query-escaped), and only when there is one: a ping without a state has
+// the field it always had.
 func seenField(c *Claim) string {
-	b := make([]byte, 24, 24+len(c.Event))
+	b := make([]byte, 24, 25+len(c.Event)+len(c.State))
 	binary.BigEndian.PutUint64(b[0:], uint64(c.Time.UnixNano()))
 	binary.BigEndian.PutUint64(b[8:], math.Float64bits(c.Lat))
 	binary.BigEndian.PutUint64(b[16:], math.Float64bits(c.Lon))
-	return string(append(b, c.Event...))
+	b = append(b, c.Event...)
+	if c.State != "" {
+		b = append(append(b, 0), c.State...)
+	}
+	return string(b)
 }
 
 // encodeFix lays a fix and the radius out as the Lua script reads them with
