@@ -301,6 +301,36 @@ func TestStoreRedisAcceptsPlaceholders(t *testing.T) {
 	}
 }
 
+// Every Caddyfile example in the README adapts as Caddy reads it, without a
+// warning (caddy fmt's layout included): a site block as it stands, a
+// telemetry_dedup block inside a site. The options block (its syntax, with
+// placeholders such as [<matcher>]) and the fragments of one (a store block,
+// a log block) are not Caddyfiles; any other kind of block is one the test
+// does not know how to check.
+func TestREADMECaddyfileExamplesAdapt(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	for i, block := range regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindAllSubmatch(readme, -1) {
+		body := string(block[1])
+		first := strings.Fields(body)[0]
+		switch {
+		case strings.HasPrefix(body, "telemetry_dedup [<matcher>]"), first == "store", first == "log":
+			continue
+		case first == "telemetry_dedup":
+			body = ":8080 {\n\t" + strings.ReplaceAll(strings.TrimSuffix(body, "\n"), "\n", "\n\t") + "\n}\n"
+		case first != "{" && !strings.ContainsAny(first, ".:"):
+			t.Errorf("README Caddyfile block %d starts with %q, which this test does not know how to check", i, first)
+			continue
+		}
+		if _, warnings, err := adapter.Adapt([]byte(body), nil); err != nil || len(warnings) > 0 {
+			t.Errorf("README Caddyfile block %d: %v %v\n%s", i, err, warnings, body)
+		}
+	}
+}
+
 // caddy adapt of the example gives JSON that configures the handler exactly
 // as the Caddyfile says, and the example is formatted as caddy fmt would.
 func TestExampleAdaptsToEquivalentJSON(t *testing.T) {
