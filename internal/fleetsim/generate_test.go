@@ -345,9 +345,9 @@ func TestOfflineStretchesArriveAsOneLateShuffledBatch(t *testing.T) {
 
 // A backlog longer than MaxBatch goes as several batches, all at the end of
 // the stretch, the oldest pings first, together holding every ping of it
-// once: a 1 s cadence
-// offline for 30 minutes would otherwise be one batch of 1,800 pings, which
-// no sender makes and the module's default max_batch refuses.
+// once: a 1 s cadence offline for 30 minutes would otherwise be one batch of
+// 1,800 pings, which no sender makes and the module's default max_batch
+// refuses.
 func TestALongBacklogIsSplitIntoBatchesOfAtMostMaxBatch(t *testing.T) {
 	cfg := quiet()
 	cfg.Assets, cfg.Duration, cfg.Cadence, cfg.OfflineShare = 1, time.Hour, time.Second, 1
@@ -370,20 +370,18 @@ func TestALongBacklogIsSplitIntoBatchesOfAtMostMaxBatch(t *testing.T) {
 		if !d.Arrival.Equal(batches[0].Arrival) {
 			t.Errorf("batch %d arrives at %v, the first at %v: both end the stretch", i, d.Arrival, batches[0].Arrival)
 		}
-		oldest := d.Pings[0].Time
+		oldest, newest := d.Pings[0].Time, d.Pings[0].Time
 		for _, p := range d.Pings {
 			if seen[p.Time] {
 				t.Fatalf("the fix at %v is in two batches", p.Time)
 			}
 			seen[p.Time] = true
-			oldest = minTime(oldest, p.Time)
+			oldest, newest = minTime(oldest, p.Time), maxTime(newest, p.Time)
 		}
 		if !oldest.After(latest) {
 			t.Errorf("batch %d holds a fix of %v, before the latest of the batch before (%v): the oldest go first", i, oldest, latest)
 		}
-		for _, p := range d.Pings {
-			latest = maxTime(latest, p.Time)
-		}
+		latest = newest
 	}
 	if n := len(seen); n < 1799 || n > 1801 {
 		t.Errorf("the batches hold %d fixes, want the stretch's 1,800", n)

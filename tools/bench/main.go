@@ -39,16 +39,13 @@ func main() {
 	if *profile != "" {
 		v, ok := variantLabelled(*profile)
 		if !ok {
-			fmt.Fprintf(os.Stderr, "bench: -profile %q is no variant; give one of:\n%s\n", *profile, variantLabels())
-			os.Exit(2)
+			refuse("-profile %q is no variant; give one of:\n%s", *profile, variantLabels())
 		}
 		if *profileSeconds < 1 {
-			fmt.Fprintf(os.Stderr, "bench: -profile-seconds %d: give at least 1\n", *profileSeconds)
-			os.Exit(2)
+			refuse("-profile-seconds %d: give at least 1", *profileSeconds)
 		}
 		if !slices.Contains(profileKinds, *profileKind) {
-			fmt.Fprintf(os.Stderr, "bench: -profile-kind %q: give one of %s\n", *profileKind, strings.Join(profileKinds, ", "))
-			os.Exit(2)
+			refuse("-profile-kind %q: give one of %s", *profileKind, strings.Join(profileKinds, ", "))
 		}
 		prof = &profiling{variant: v, kind: *profileKind, out: *profileOut, seconds: *profileSeconds}
 	}
@@ -56,6 +53,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// refuse ends the run, before anything is built, over a flag it cannot use.
+func refuse(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(2)
 }
 
 // site is one Caddy site of the benchmark.
