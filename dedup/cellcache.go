@@ -26,11 +26,9 @@ type CellCache struct {
 	slots [cellCacheSlots]cellSlot
 }
 
-// cellSlot holds the last coordinates that hashed to it, under a sequence
-// lock: seq is odd while a writer fills the slot, and a reader that sees
-// it change discards what it read.
+// cellSlot holds the last coordinates that hashed to it.
 type cellSlot struct {
-	seq      atomic.Uint64
+	lock     seqLock
 	lat, lon atomic.Uint64 // the float64 bits
 	cell     atomic.Uint64
 }
@@ -56,13 +54,13 @@ func slotOf(lat, lon uint64) uint64 {
 }
 
 func (s *cellSlot) lookup(lat, lon uint64, res int) (h3.Cell, bool) {
-	seq := s.seq.Load()
-	if seq&1 == 1 {
+	seq, ok := s.lock.readBegin()
+	if !ok {
 		return 0, false
 	}
 	hit := s.lat.Load() == lat && s.lon.Load() == lon
 	cell := h3.Cell(s.cell.Load())
-	if !hit || s.seq.Load() != seq || cell == 0 || cellResolution(cell) != res {
+	if !hit || !s.lock.readValid(seq) || cell == 0 || cellResolution(cell) != res {
 		return 0, false
 	}
 	return cell, true
@@ -71,14 +69,14 @@ func (s *cellSlot) lookup(lat, lon uint64, res int) (h3.Cell, bool) {
 // store fills the slot, unless another writer is filling it: a cache may
 // forget.
 func (s *cellSlot) store(lat, lon uint64, cell h3.Cell) {
-	seq := s.seq.Load()
-	if seq&1 == 1 || !s.seq.CompareAndSwap(seq, seq+1) {
+	seq, ok := s.lock.tryLock()
+	if !ok {
 		return
 	}
 	s.lat.Store(lat)
 	s.lon.Store(lon)
 	s.cell.Store(uint64(cell))
-	s.seq.Store(seq + 2)
+	s.lock.unlock(seq)
 }
 
 // cellResolution reads the resolution an H3 index carries in bits 52-55,

@@ -3,8 +3,6 @@ package dedup
 import (
 	"context"
 	"time"
-
-	"github.com/maypok86/otter/v2"
 )
 
 // DefaultNearCache is how many settled keys a near cache holds by default.
@@ -28,34 +26,27 @@ const nearCacheMargin = time.Second
 // once settled or once suppressed; any other ping there depends on the
 // asset's state, which only the store holds, and passes through. An entry
 // lives until the key's own expiry, minus a margin, and the cache is
-// bounded.
+// bounded: it takes 64 bytes a key, allocated at once, and holds nothing
+// the garbage collector scans (see nearTable).
 type NearCache struct {
 	next     Store
 	keys     keyHasher
-	cache    *otter.Cache[hashedKey, nearEntry]
+	table    *nearTable
 	onLookup func(hit bool)
 }
 
 // nearEntry is a cached holder and when the key it holds expires, on the
-// server clock of the claims (cachedAt is when it was cached), in Unix ns:
-// no time.Time, whose location is a pointer for the garbage collector to
-// follow in every entry.
+// server clock of the claims, in Unix ns.
 type nearEntry struct {
-	holder            record
-	cachedAt, expires int64
+	holder  record
+	expires int64
 }
 
-// NewNearCache puts a cache of at most size keys in front of next. onLookup,
-// if not nil, is told of every lookup, for metrics.
+// NewNearCache puts a cache of size keys (rounded up to a multiple of 8) in
+// front of next. onLookup, if not nil, is told of every lookup, for
+// metrics.
 func NewNearCache(next Store, size int, onLookup func(hit bool)) *NearCache {
-	n := &NearCache{next: next, onLookup: onLookup, keys: newKeyHasher()}
-	n.cache = otter.Must(&otter.Options[hashedKey, nearEntry]{
-		MaximumSize: size,
-		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[hashedKey, nearEntry]) time.Duration {
-			return time.Duration(e.Value.expires - e.Value.cachedAt)
-		}),
-	})
-	return n
+	return &NearCache{next: next, onLookup: onLookup, keys: newKeyHasher(), table: newNearTable(size)}
 }
 
 // Decide implements Store: the claims the cache can answer are answered
@@ -121,14 +112,13 @@ func (n *NearCache) Release(ctx context.Context, claims []*Claim) ([]bool, error
 	return n.next.Release(ctx, claims)
 }
 
-// Len returns how many keys the cache holds.
-func (n *NearCache) Len() int { return n.cache.EstimatedSize() }
+// Len returns how many keys the cache holds, expired ones that nothing
+// has replaced yet included. It counts them one by one: for tests and
+// occasional looks, not for every request.
+func (n *NearCache) Len() int { return n.table.len() }
 
 func (n *NearCache) lookup(c *Claim) (record, bool) {
-	e, ok := n.cache.GetIfPresent(n.key(c))
-	if ok && c.At.UnixNano() >= e.expires {
-		ok = false // expired, not yet swept
-	}
+	e, ok := n.table.get(n.key(c), c.At.UnixNano())
 	if n.onLookup != nil {
 		n.onLookup(ok)
 	}
@@ -138,10 +128,9 @@ func (n *NearCache) lookup(c *Claim) (record, bool) {
 // remember caches the holder of c's key until the key's expiry, minus the
 // margin.
 func (n *NearCache) remember(c *Claim, held record) {
-	expires := held.claimedMs*int64(time.Millisecond) + int64(c.Policy.TTL-nearCacheMargin)
-	e := nearEntry{holder: held, cachedAt: c.At.UnixNano(), expires: expires}
-	if e.cachedAt < e.expires {
-		n.cache.Set(n.key(c), e)
+	e := nearEntry{holder: held, expires: held.claimedMs*int64(time.Millisecond) + int64(c.Policy.TTL-nearCacheMargin)}
+	if c.At.UnixNano() < e.expires {
+		n.table.put(n.key(c), e)
 	}
 }
 
