@@ -96,8 +96,8 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 		p.sending = true
 	}
 	p.mu.Unlock()
-	if lead {
-		p.sendQueued()
+	if lead && p.sendQueued() {
+		go p.drain()
 	}
 	select { // a lead's own job is usually answered by now: no timer for it
 	case err := <-job.done:
@@ -142,17 +142,17 @@ func stopTimer(t *time.Timer) {
 // to queue their commands, which then travel in this round trip instead of
 // the next; on an idle one nothing else is ready and the yield returns at
 // once. Unlike waiting on a timer, it costs no system call and never waits
-// for nothing. If more has queued up meanwhile, a new goroutine sends it, so
-// that this request's caller gets its answer now rather than after serving
-// everyone else.
-func (p *Pipeline) sendQueued() {
+// for nothing. It reports whether more has queued up meanwhile: the caller
+// must then send that too (see drain), as the pipeline still counts a batch
+// as on its way.
+func (p *Pipeline) sendQueued() (more bool) {
 	runtime.Gosched()
 	p.mu.Lock()
 	batch := p.take()
-	if len(batch) == 0 { // another sender took it all
+	if len(batch) == 0 { // every job in it had expired
 		p.sending = false
 		p.mu.Unlock()
-		return
+		return false
 	}
 	p.mu.Unlock()
 	p.send(batch)
@@ -160,10 +160,21 @@ func (p *Pipeline) sendQueued() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.queue) > 0 {
-		go p.sendQueued()
-		return
+		return true
 	}
 	p.sending = false
+	return false
+}
+
+// drain sends batches until nothing is queued. A request that sent a batch
+// hands what queued behind it to a drain goroutine, so that its caller gets
+// its answer now rather than after serving everyone else; one goroutine then
+// serves the whole busy stretch. A goroutine a batch grew a new stack each
+// time, go-redis's call path being deep: stack growth took 5.3 µs a new
+// ping in a CPU profile of Caddy under all-new load, 2.0 with one drainer.
+func (p *Pipeline) drain() {
+	for p.sendQueued() {
+	}
 }
 
 // take removes from the queue the jobs of one batch, up to maxPipeline
