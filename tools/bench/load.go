@@ -19,6 +19,7 @@ type result struct {
 	requests, errors     int64
 	p50, p99             time.Duration
 	roundTrips, commands float64  // Redis, per request; -1 for a site without Redis
+	baselineRPS          float64  // the mean of the baseline's runs before and after this one
 	cpu                  cpuTimes // per request, by process
 	firstError           string   // what the first failed request got
 }

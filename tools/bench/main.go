@@ -2,13 +2,13 @@
 // builds Caddy with the module (as pinned in xcaddy.json), starts one Caddy
 // serving every variant on its own port in front of a fast upstream (a Caddy
 // respond site), starts a throwaway redis-server, and drives each variant
-// with the same Go load generator and the same bodies, alternating the
-// variants over several rounds. It prints throughput as ratios against the
-// baselines measured in the same run, since machines are noisy, and the CPU
-// time Caddy, Redis and the load generator each spent per request, which
-// says where a variant's time goes.
+// with the same Go load generator and the same bodies, each between two runs
+// of its baseline, over several rounds. It prints throughput as ratios
+// against the baselines measured seconds apart, since machines are noisy,
+// and the CPU time Caddy, Redis and the load generator each spent per
+// request, which says where a variant's time goes.
 //
-//	go run ./tools/bench                      # 7 rounds of 3 s per variant, 32 connections
+//	go run ./tools/bench                      # 7 rounds of 2 s runs, 32 connections
 //	go run ./tools/bench -rounds 9 -duration 5s -conns 64
 //	go run ./tools/bench -rounds 1 -profile "new pings, redis"   # and a CPU profile of Caddy under it
 //	go run ./tools/bench -rounds 1 -profile "new pings, redis" -profile-kind allocs   # or what it allocates
@@ -28,7 +28,7 @@ import (
 
 func main() {
 	rounds := flag.Int("rounds", 7, "rounds over all variants")
-	duration := flag.Duration("duration", 3*time.Second, "load per variant and round")
+	duration := flag.Duration("duration", 2*time.Second, "load per run (a variant runs once a round, a baseline once more than the variants compared with it)")
 	conns := flag.Int("conns", 32, "concurrent connections of the load generator")
 	profile := flag.String("profile", "", "after the rounds, load this variant (its label, as printed) once more, for -profile-seconds, while taking a profile of Caddy")
 	profileKind := flag.String("profile-kind", "cpu", "what -profile records: cpu (where Caddy's CPU time goes) or allocs (what it allocates, and where)")
@@ -171,14 +171,9 @@ func run(rounds int, duration time.Duration, conns int, prof *profiling) error {
 
 	results := map[string][]result{}
 	for r := range rounds {
-		// Every other round runs the variants backwards, so that a machine
-		// slowing down or speeding up over a round favours neither a
-		// baseline nor what is compared with it.
-		order := slices.Clone(variants)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, v := range order {
+		order := roundOrder(r)
+		runs := make([]result, len(order))
+		for i, v := range order {
 			s := siteNamed(sites, v.site)
 			rtBefore, cmdsBefore := redisTotals(metricsURL)
 			cpuBefore := meter.read()
@@ -192,7 +187,13 @@ func run(rounds int, duration time.Duration, conns int, prof *profiling) error {
 			}
 			fmt.Fprintf(os.Stderr, "round %d  %-50s %8.0f req/s  p50 %-9s p99 %-9s errors %d %s\n",
 				r+1, v.label, res.rps, res.p50, res.p99, res.errors, res.firstError)
-			results[v.label] = append(results[v.label], res)
+			runs[i] = res
+		}
+		for i, v := range order {
+			if v.baseline != "" { // between two runs of its baseline: see roundOrder
+				runs[i].baselineRPS = (runs[i-1].rps + runs[i+1].rps) / 2
+			}
+			results[v.label] = append(results[v.label], runs[i])
 		}
 	}
 	report(results, rounds, duration, conns)
@@ -203,6 +204,33 @@ func run(rounds int, duration time.Duration, conns int, prof *profiling) error {
 		return prof.take(adminURL, siteNamed(sites, prof.variant.site).url(), conns, uint64(rounds))
 	}
 	return nil
+}
+
+// roundOrder is the order in which round r runs the variants: each
+// baseline, then every variant compared with it, each followed by the
+// baseline again. A variant is then measured between two runs of its
+// baseline, seconds apart, and compared with their mean, so that a machine
+// that speeds up or slows down (a shared VM's neighbours come and go)
+// moves both sides of a ratio alike: with every variant run once a round,
+// a ratio compared runs up to 15 s apart, and its rounds spread over
+// 0.5-1.2 on a noisy machine. Every other round runs backwards.
+func roundOrder(r int) []variant {
+	var order []variant
+	for _, b := range variants {
+		if b.baseline != "" {
+			continue
+		}
+		order = append(order, b)
+		for _, v := range variants {
+			if v.baseline == b.label {
+				order = append(order, v, b)
+			}
+		}
+	}
+	if r%2 == 1 {
+		slices.Reverse(order)
+	}
+	return order
 }
 
 // url is where the site is served.
@@ -226,11 +254,11 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 		return byRPS[len(byRPS)/2]
 	}
 	// A ratio is the median of the rounds' ratios: each round compares a
-	// variant with its baseline measured moments apart.
+	// variant with the runs of its baseline just before and just after it.
 	ratiosOf := func(v variant) []float64 {
 		ratios := make([]float64, rounds)
 		for r := range ratios {
-			ratios[r] = results[v.label][r].rps / results[v.baseline][r].rps
+			ratios[r] = results[v.label][r].rps / results[v.label][r].baselineRPS
 		}
 		slices.Sort(ratios)
 		return ratios
@@ -239,8 +267,8 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 		_, median, _ := quartiles(ratiosOf(v))
 		return median
 	}
-	fmt.Printf("\n%d rounds x %s per variant, %d connections, one Caddy; req/s and latencies are medians of the rounds, "+
-		"ratios the medians of the rounds' ratios:\n\n", rounds, duration, conns)
+	fmt.Printf("\n%d rounds x %s per run, every variant between two runs of its baseline, %d connections, one Caddy; "+
+		"req/s and latencies are medians of the runs, ratios the medians of the rounds' ratios:\n\n", rounds, duration, conns)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "variant\treq/s\tratio\tp50\tp99\tRedis round trips / ping\tcommands / ping\tCPU µs / request: Caddy, Redis, load\terrors\t")
 	for _, v := range variants {
