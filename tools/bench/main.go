@@ -34,7 +34,13 @@ func main() {
 	profileKind := flag.String("profile-kind", "cpu", "what -profile records: cpu (where Caddy's CPU time goes) or allocs (what it allocates, and where)")
 	profileOut := flag.String("profile-out", "caddy.pprof", "where -profile writes the profile (read it with go tool pprof)")
 	profileSeconds := flag.Int("profile-seconds", 10, "how long -profile's load and profile last")
+	against := flag.String("against", "", "another Caddy binary with telemetry_dedup (built from an earlier commit with tools/xbuild, say) to run side by side with this checkout's: each run is made on both, one right after the other, and the two are compared round by round")
 	flag.Parse()
+	if *against != "" {
+		if info, err := os.Stat(*against); err != nil || info.IsDir() {
+			refuse("-against %q is not a Caddy binary: build one with go run ./tools/xbuild -o <file> in the checkout to compare with", *against)
+		}
+	}
 	var prof *profiling
 	if *profile != "" {
 		v, ok := variantLabelled(*profile)
@@ -49,7 +55,7 @@ func main() {
 		}
 		prof = &profiling{variant: v, kind: *profileKind, out: *profileOut, seconds: *profileSeconds}
 	}
-	if err := run(*rounds, *duration, *conns, prof); err != nil {
+	if err := run(*rounds, *duration, *conns, prof, *against); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -126,7 +132,7 @@ var targets = []struct {
 	{"duplicate pings, sliding on redis", 0.70},
 }
 
-func run(rounds int, duration time.Duration, conns int, prof *profiling) error {
+func run(rounds int, duration time.Duration, conns int, prof *profiling, against string) error {
 	dir, err := os.MkdirTemp("", "telemetry-dedup-bench-")
 	if err != nil {
 		return err
@@ -144,66 +150,140 @@ func run(rounds int, duration time.Duration, conns int, prof *profiling) error {
 	}
 	defer stopRedis()
 
-	sites := []*site{
-		{name: "plain", config: "reverse_proxy %s"},
-		{name: "memory", config: "telemetry_dedup {\n\t\tkey_prefix bench-memory:\n\t}\n\treverse_proxy %s"},
-		{name: "redis", config: "telemetry_dedup {\n\t\tkey_prefix bench-redis:\n\t\tstore redis " + rdb.url + "\n\t\tnear_cache off\n\t}\n\treverse_proxy %s"},
-		{name: "redis-near", config: "telemetry_dedup {\n\t\tkey_prefix bench-redis-near:\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
-		{name: "sliding", config: "telemetry_dedup {\n\t\tkey_prefix bench-sliding:\n\t\tshape sliding\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
-		{name: "session", config: "telemetry_dedup {\n\t\tkey_prefix bench-session:\n\t\tshape session\n\t\tstore redis " + rdb.url + "\n\t}\n\treverse_proxy %s"},
-		{name: "static", config: "respond 200"},
-		{name: "static-headers", config: "header X-Dedup suppressed\n\theader X-Dedup-Reason redelivery\n\trespond 200"},
-	}
-	stopCaddy, adminURL, caddyPID, err := startCaddy(dir, caddyBin, sites)
+	this, stop, err := startCaddyUnderTest(filepath.Join(dir, "this"), "this checkout", caddyBin, "", rdb)
 	if err != nil {
 		return err
 	}
-	defer stopCaddy()
-	metricsURL := adminURL + "/metrics"
-	meter := cpuMeter{caddyPID: caddyPID, redisPID: rdb.pid}
+	defer stop()
+	caddies := []*caddyUnderTest{this}
+	if against != "" {
+		other, stop, err := startCaddyUnderTest(filepath.Join(dir, "against"), against, against, "against-", rdb)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		caddies = append(caddies, other)
+	}
 
 	// A first pass, not recorded, warms every variant up: the first load a
 	// fresh process and a fresh Redis see (new connections, a heap and a
 	// key space still growing) ran measurably slower than the rest.
-	for _, v := range variants {
-		load(siteNamed(sites, v.site).url(), v.bodies, conns, duration/3, uint64(rounds))
+	for _, c := range caddies {
+		for _, v := range variants {
+			load(siteNamed(c.sites, v.site).url(), v.bodies, conns, duration/3, uint64(rounds))
+		}
 	}
 
-	results := map[string][]result{}
 	for r := range rounds {
 		order := roundOrder(r)
-		runs := make([]result, len(order))
-		for i, v := range order {
-			s := siteNamed(sites, v.site)
-			rtBefore, cmdsBefore := redisTotals(metricsURL)
-			cpuBefore := meter.read()
-			res := load(s.url(), v.bodies, conns, duration, uint64(r))
-			res.cpu = meter.read().perRequest(cpuBefore, res.requests)
-			res.roundTrips, res.commands = -1, -1
-			if s.usesRedis() {
-				rt, cmds := redisTotals(metricsURL)
-				res.roundTrips = (rt - rtBefore) / float64(res.requests)
-				res.commands = (cmds - cmdsBefore) / float64(res.requests)
-			}
-			fmt.Fprintf(os.Stderr, "round %d  %-50s %8.0f req/s  p50 %-9s p99 %-9s errors %d %s\n",
-				r+1, v.label, res.rps, res.p50, res.p99, res.errors, res.firstError)
-			runs[i] = res
+		runs := make([][]result, len(caddies))
+		for i := range caddies {
+			runs[i] = make([]result, len(order))
 		}
 		for i, v := range order {
-			if v.baseline != "" { // between two runs of its baseline: see roundOrder
-				runs[i].baselineRPS = (runs[i-1].rps + runs[i+1].rps) / 2
+			for _, k := range turns(len(caddies), r) { // side by side, each first every other round
+				runs[k][i] = caddies[k].measure(v, conns, duration, uint64(r))
 			}
-			results[v.label] = append(results[v.label], runs[i])
+		}
+		for k, c := range caddies {
+			c.record(order, runs[k])
 		}
 	}
-	report(results, rounds, duration, conns)
+	for _, c := range caddies {
+		report(c, rounds, duration, conns)
+	}
+	if len(caddies) > 1 {
+		compare(caddies[0], caddies[1], rounds)
+	}
 	if err := redisMemory(rdb); err != nil {
 		return err
 	}
 	if prof != nil {
-		return prof.take(adminURL, siteNamed(sites, prof.variant.site).url(), conns, uint64(rounds))
+		return prof.take(this.adminURL, siteNamed(this.sites, prof.variant.site).url(), conns, uint64(rounds))
 	}
 	return nil
+}
+
+// caddyUnderTest is one Caddy process serving every site of the benchmark,
+// and what was measured of it.
+type caddyUnderTest struct {
+	name     string // this checkout, or the -against binary
+	sites    []*site
+	adminURL string
+	meter    cpuMeter
+	// results are each variant's runs, a round's after another's.
+	results map[string][]result
+}
+
+// startCaddyUnderTest starts bin in dir, serving every site with keys
+// under prefix in the shared Redis.
+func startCaddyUnderTest(dir, name, bin, prefix string, rdb *redisServer) (*caddyUnderTest, func(), error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, err
+	}
+	dedupSite := func(name, options string) *site {
+		return &site{name: name, config: "telemetry_dedup {\n\t\tkey_prefix " + prefix + "bench-" + name + ":\n" + options + "\t}\n\treverse_proxy %s"}
+	}
+	redis := "\t\tstore redis " + rdb.url + "\n"
+	sites := []*site{
+		{name: "plain", config: "reverse_proxy %s"},
+		dedupSite("memory", ""),
+		dedupSite("redis", redis+"\t\tnear_cache off\n"),
+		dedupSite("redis-near", redis),
+		dedupSite("sliding", "\t\tshape sliding\n"+redis),
+		dedupSite("session", "\t\tshape session\n"+redis),
+		{name: "static", config: "respond 200"},
+		{name: "static-headers", config: "header X-Dedup suppressed\n\theader X-Dedup-Reason redelivery\n\trespond 200"},
+	}
+	stop, adminURL, pid, err := startCaddy(dir, bin, sites)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &caddyUnderTest{name: name, sites: sites, adminURL: adminURL, meter: cpuMeter{caddyPID: pid, redisPID: rdb.pid},
+		results: map[string][]result{}}, stop, nil
+}
+
+// measure loads variant v for d and reads what it cost each process.
+func (c *caddyUnderTest) measure(v variant, conns int, d time.Duration, round uint64) result {
+	s := siteNamed(c.sites, v.site)
+	metricsURL := c.adminURL + "/metrics"
+	rtBefore, cmdsBefore := redisTotals(metricsURL)
+	cpuBefore := c.meter.read()
+	res := load(s.url(), v.bodies, conns, d, round)
+	res.cpu = c.meter.read().perRequest(cpuBefore, res.requests)
+	res.roundTrips, res.commands = -1, -1
+	if s.usesRedis() {
+		rt, cmds := redisTotals(metricsURL)
+		res.roundTrips = (rt - rtBefore) / float64(res.requests)
+		res.commands = (cmds - cmdsBefore) / float64(res.requests)
+	}
+	fmt.Fprintf(os.Stderr, "round %d  %-50s %8.0f req/s  p50 %-9s p99 %-9s errors %d %s\n",
+		round+1, v.label, res.rps, res.p50, res.p99, res.errors, res.firstError)
+	return res
+}
+
+// record keeps a round's runs, made in order, each variant with the mean
+// of the runs of its baseline around it.
+func (c *caddyUnderTest) record(order []variant, runs []result) {
+	for i, v := range order {
+		if v.baseline != "" { // between two runs of its baseline: see roundOrder
+			runs[i].baselineRPS = (runs[i-1].rps + runs[i+1].rps) / 2
+		}
+		c.results[v.label] = append(c.results[v.label], runs[i])
+	}
+}
+
+// turns is the order in which n processes take a run in round r: every
+// other round the other way round, so that neither always goes first.
+func turns(n, r int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	if r%2 == 1 {
+		slices.Reverse(order)
+	}
+	return order
 }
 
 // roundOrder is the order in which round r runs the variants: each
@@ -247,7 +327,8 @@ func siteNamed(sites []*site, name string) *site {
 
 // report prints the medians of the rounds as ratios to their baselines,
 // then the ratios the issue sets targets for.
-func report(results map[string][]result, rounds int, duration time.Duration, conns int) {
+func report(c *caddyUnderTest, rounds int, duration time.Duration, conns int) {
+	results := c.results
 	median := func(label string) result {
 		byRPS := slices.Clone(results[label])
 		slices.SortFunc(byRPS, func(a, b result) int { return cmp.Compare(a.rps, b.rps) })
@@ -255,20 +336,12 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 	}
 	// A ratio is the median of the rounds' ratios: each round compares a
 	// variant with the runs of its baseline just before and just after it.
-	ratiosOf := func(v variant) []float64 {
-		ratios := make([]float64, rounds)
-		for r := range ratios {
-			ratios[r] = results[v.label][r].rps / results[v.label][r].baselineRPS
-		}
-		slices.Sort(ratios)
-		return ratios
-	}
 	ratioOf := func(v variant) float64 {
-		_, median, _ := quartiles(ratiosOf(v))
+		_, median, _ := quartiles(c.ratios(v))
 		return median
 	}
-	fmt.Printf("\n%d rounds x %s per run, every variant between two runs of its baseline, %d connections, one Caddy; "+
-		"req/s and latencies are medians of the runs, ratios the medians of the rounds' ratios:\n\n", rounds, duration, conns)
+	fmt.Printf("\n%s: %d rounds x %s per run, every variant between two runs of its baseline, %d connections, one Caddy; "+
+		"req/s and latencies are medians of the runs, ratios the medians of the rounds' ratios:\n\n", c.name, rounds, duration, conns)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "variant\treq/s\tratio\tp50\tp99\tRedis round trips / ping\tcommands / ping\tCPU µs / request: Caddy, Redis, load\terrors\t")
 	for _, v := range variants {
@@ -294,11 +367,24 @@ func report(results map[string][]result, rounds int, duration time.Duration, con
 	fmt.Fprintln(tw, "ratio\tmeasured\tmiddle half of the rounds\ttarget\t\t")
 	for _, tg := range targets {
 		v := variantNamed(tg.variant)
-		low, r, high := quartiles(ratiosOf(v))
+		low, r, high := quartiles(c.ratios(v))
 		fmt.Fprintf(tw, "%s / %s\t%.2f\t%.2f-%.2f\t>= %.2f\t%s\t\n", v.label, shortName(v.baseline), r, low, high, tg.atLeast,
 			verdict(r, low, high, tg.atLeast))
 	}
 	tw.Flush()
+}
+
+// ratios are a variant's ratios to its baseline, one a round, sorted. A
+// ratio compares the variant with the runs of its baseline just before and
+// just after it.
+func (c *caddyUnderTest) ratios(v variant) []float64 {
+	runs := c.results[v.label]
+	ratios := make([]float64, len(runs))
+	for r, res := range runs {
+		ratios[r] = res.rps / res.baselineRPS
+	}
+	slices.Sort(ratios)
+	return ratios
 }
 
 // quartiles returns the lower quartile, the median and the upper quartile
