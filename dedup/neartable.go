@@ -25,7 +25,7 @@ type nearTable struct {
 
 type nearSet [nearWays]nearSlot
 
-// nearSlot is one cached entry: 64 bytes, a cache line.
+// nearSlot is one cached entry: 64 bytes, the size of a cache line.
 type nearSlot struct {
 	lock       seqLock
 	key0, key1 atomic.Uint64
