@@ -176,17 +176,14 @@ func run(rounds int, duration time.Duration, conns int, prof *profiling, against
 
 	for r := range rounds {
 		order := roundOrder(r)
-		runs := make([][]result, len(caddies))
-		for i := range caddies {
-			runs[i] = make([]result, len(order))
-		}
-		for i, v := range order {
-			for _, k := range turns(len(caddies), r) { // side by side, each first every other round
-				runs[k][i] = caddies[k].measure(v, conns, duration, uint64(r))
+		runs := map[*caddyUnderTest][]result{}
+		for _, v := range order {
+			for _, c := range inTurn(caddies, r) { // side by side, each first every other round
+				runs[c] = append(runs[c], c.measure(v, conns, duration, uint64(r)))
 			}
 		}
-		for k, c := range caddies {
-			c.record(order, runs[k])
+		for _, c := range caddies {
+			c.record(order, runs[c])
 		}
 	}
 	for _, c := range caddies {
@@ -273,17 +270,15 @@ func (c *caddyUnderTest) record(order []variant, runs []result) {
 	}
 }
 
-// turns is the order in which n processes take a run in round r: every
-// other round the other way round, so that neither always goes first.
-func turns(n, r int) []int {
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
-	}
+// inTurn returns s in the order round r takes it: every other round
+// backwards, so that a machine speeding up or slowing down over a round
+// favours neither end of it.
+func inTurn[T any](s []T, r int) []T {
+	s = slices.Clone(s)
 	if r%2 == 1 {
-		slices.Reverse(order)
+		slices.Reverse(s)
 	}
-	return order
+	return s
 }
 
 // roundOrder is the order in which round r runs the variants: each
@@ -293,7 +288,7 @@ func turns(n, r int) []int {
 // that speeds up or slows down (a shared VM's neighbours come and go)
 // moves both sides of a ratio alike: with every variant run once a round,
 // a ratio compared runs up to 15 s apart, and its rounds spread over
-// 0.5-1.2 on a noisy machine. Every other round runs backwards.
+// 0.5-1.2 on a noisy machine.
 func roundOrder(r int) []variant {
 	var order []variant
 	for _, b := range variants {
@@ -307,10 +302,7 @@ func roundOrder(r int) []variant {
 			}
 		}
 	}
-	if r%2 == 1 {
-		slices.Reverse(order)
-	}
-	return order
+	return inTurn(order, r)
 }
 
 // url is where the site is served.
