@@ -32,9 +32,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
-	ctx, cancel := h.upstreamContext(r.Context(), claims)
-	defer cancel()
 	detached := context.WithoutCancel(r.Context())
+	ctx, cancel := h.upstreamContext(detached, claims)
+	defer cancel()
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
 
@@ -52,14 +52,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 }
 
 // upstreamContext is the context of the upstream request of claimed pings:
-// detached from the sender, and cancelled upstreamBound after the claims
-// were made. An upstream that hangs past it is cut (the proxy answers 504)
+// detached (the caller passes a context without the sender's
+// cancellation), and cancelled upstreamBound after the claims were made. An upstream that hangs past it is cut (the proxy answers 504)
 // and the claims released, in time to be finished before in_flight_timeout:
 // a claim older than that is always finished, so counting it as settled
 // loses nothing.
-func (h *Handler) upstreamContext(ctx context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
+func (h *Handler) upstreamContext(detached context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
 	// The claims of one request are made at one instant, in one store call.
-	return context.WithDeadline(context.WithoutCancel(ctx), claims[0].At.Add(h.settings.upstreamBound))
+	return context.WithDeadline(detached, claims[0].At.Add(h.settings.upstreamBound))
 }
 
 // failedStatus reports an upstream answer (0: none) that does not show the
@@ -107,7 +107,7 @@ func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next cad
 		return err
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	ctx, cancel := h.upstreamContext(r.Context(), req.unsure)
+	ctx, cancel := h.upstreamContext(context.WithoutCancel(r.Context()), req.unsure)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {

@@ -60,7 +60,7 @@ func (h *Handler) recordOutcome(r *http.Request, e *element) {
 	}
 	metrics.decisions.WithLabelValues(string(e.decision), e.reason).Inc()
 	if e.claimed() {
-		h.watchForStuck(e.obs.Asset, dedup.Verdict{Decision: e.decision, Reason: dedup.Reason(e.reason)})
+		h.watchForStuck(e.obs.Asset, dedup.Verdict{Decision: e.decision, Reason: dedup.Reason(e.reason)}, e.claim.At)
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "telemetry_dedup decision"); c != nil {
 		c.Write(zap.String("decision", string(e.decision)), zap.String("reason", e.reason),
@@ -172,9 +172,9 @@ func batchPlaceholder(key string, elements []element) (any, bool) {
 }
 
 // watchForStuck feeds the stuck-asset tracker and warns, once per asset
-// per hour, about an asset that looks stuck.
-func (h *Handler) watchForStuck(asset string, v dedup.Verdict) {
-	now := time.Now()
+// per hour, about an asset that looks stuck. now is when the verdict was
+// made (the claim's time: one clock read fewer a ping).
+func (h *Handler) watchForStuck(asset string, v dedup.Verdict, now time.Time) {
 	if !h.stuck.Observe(asset, v, now) {
 		return
 	}
