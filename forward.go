@@ -52,8 +52,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 }
 
 // upstreamContext is the context of the upstream request of claimed pings:
-// detached (the caller passes a context without the sender's
-// cancellation), and cancelled upstreamBound after the claims were made. An upstream that hangs past it is cut (the proxy answers 504)
+// detached from the sender (the caller passes a context without the
+// sender's cancellation), and cancelled upstreamBound after the claims
+// were made. An upstream that hangs past it is cut (the proxy answers 504)
 // and the claims released, in time to be finished before in_flight_timeout:
 // a claim older than that is always finished, so counting it as settled
 // loses nothing.
