@@ -69,13 +69,18 @@ func failedStatus(status int) bool { return status == 0 || status >= 500 }
 
 // finish settles the claims of a forwarded request, or releases them when
 // the upstream failed and release_on_failure is on. If the store cannot
-// say, the reconciler takes over.
+// say, the reconciler takes over. The answer waits for a release (the
+// sender's retry must find the claims gone) but not for a settlement: the
+// upstream's answer is the sender's whatever becomes of it, and the store
+// has it ahead of the redelivery that answer might prompt.
 func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool) {
 	if !failed || !h.settings.release {
-		if err := h.deduper.Settle(ctx, claims...); err != nil {
-			h.storeErrors.log("settling a claim failed; the reconciler settles it once the store answers", err)
-			h.reconcile(claims, false)
-		}
+		h.deduper.SettleLater(claims, func(err error) {
+			if err != nil {
+				h.storeErrors.log("settling a claim failed; the reconciler settles it once the store answers", err)
+				h.reconcile(claims, false)
+			}
+		})
 		return
 	}
 	released, err := h.deduper.Release(ctx, claims...)

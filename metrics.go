@@ -153,11 +153,12 @@ func (s instrumentedStore) Decide(ctx context.Context, claims []*dedup.Claim) ([
 	return v, err
 }
 
-func (s instrumentedStore) Settle(ctx context.Context, claims []*dedup.Claim) error {
+func (s instrumentedStore) Settle(claims []*dedup.Claim, done func(error)) {
 	start := time.Now()
-	err := s.next.Settle(ctx, claims)
-	observeOp(s.settleTime, s.settleErrs, start, err)
-	return err
+	s.next.Settle(claims, func(err error) {
+		observeOp(s.settleTime, s.settleErrs, start, err)
+		done(err)
+	})
 }
 
 func (s instrumentedStore) Release(ctx context.Context, claims []*dedup.Claim) ([]bool, error) {

@@ -69,7 +69,8 @@ func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOut
 }
 
 func (c *redisConnection) Destruct() error {
-	c.reconciler.Close() // first: its goroutine calls through the client
+	c.pipeline.Close()   // first: the settlements of the last requests are still on their way
+	c.reconciler.Close() // then: its goroutine calls through the client
 	return c.client.Close()
 }
 

@@ -178,13 +178,15 @@ func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, e
 	return v, err
 }
 
-func (g guardedStore) Settle(ctx context.Context, claims []*Claim) error {
+func (g guardedStore) Settle(claims []*Claim, done func(error)) {
 	if !g.breaker.allow() {
-		return ErrBreakerOpen
+		done(ErrBreakerOpen)
+		return
 	}
-	err := g.next.Settle(ctx, claims)
-	g.breaker.done(err)
-	return err
+	g.next.Settle(claims, func(err error) {
+		g.breaker.done(err)
+		done(err)
+	})
 }
 
 func (g guardedStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {

@@ -20,7 +20,7 @@ func (f *flakyStore) Decide(context.Context, []*Claim) ([]Verdict, error) {
 	f.calls++
 	return []Verdict{accepted}, f.down
 }
-func (f *flakyStore) Settle(context.Context, []*Claim) error { f.calls++; return f.down }
+func (f *flakyStore) Settle(_ []*Claim, done func(error)) { f.calls++; done(f.down) }
 func (f *flakyStore) Release(context.Context, []*Claim) ([]bool, error) {
 	f.calls++
 	return []bool{f.down == nil}, f.down

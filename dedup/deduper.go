@@ -130,9 +130,18 @@ func deviceTimeOrder(claims []*Claim) []int {
 }
 
 // Settle marks accepted claims as settled: redeliveries from now on are
-// suppressed with 200 instead of asked to come back.
+// suppressed with 200 instead of asked to come back. It waits for the
+// store's answer; SettleLater does not.
 func (d *Deduper) Settle(ctx context.Context, claims ...*Claim) error {
-	return d.Store.Settle(ctx, claims)
+	return WaitSettled(ctx, d.Store, claims)
+}
+
+// SettleLater marks accepted claims as settled without waiting for the
+// store, which tells done its answer (see Store.Settle). A request settles
+// its claims this way once its upstream has answered: its own answer does
+// not depend on the settlement, and need not wait a round trip for it.
+func (d *Deduper) SettleLater(claims []*Claim, done func(error)) {
+	d.Store.Settle(claims, done)
 }
 
 // Release undoes accepted claims, so that the sender's retry of an

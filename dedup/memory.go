@@ -116,10 +116,9 @@ func optional[V any](v V, ok bool) *V {
 	return &v
 }
 
-// Settle implements Store.
-func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
+// Settle implements Store; it settles the claims before it returns.
+func (m *MemoryStore) Settle(claims []*Claim, done func(error)) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	now := m.now().UnixNano()
 	for _, c := range claims {
 		if c.Policy.Shape == Tumbling {
@@ -128,7 +127,8 @@ func (m *MemoryStore) Settle(_ context.Context, claims []*Claim) error {
 			m.settleTrack(c, now)
 		}
 	}
-	return nil
+	m.mu.Unlock()
+	done(nil)
 }
 
 // settleTumbling marks the key settled, whichever claim it holds, as Redis

@@ -97,14 +97,15 @@ func (n *NearCache) cachedVerdict(held record, c *Claim) Verdict {
 }
 
 // Settle implements Store; a claim the store settled is cached.
-func (n *NearCache) Settle(ctx context.Context, claims []*Claim) error {
-	if err := n.next.Settle(ctx, claims); err != nil {
-		return err
-	}
-	for _, c := range claims {
-		n.remember(c, settledRecord(c))
-	}
-	return nil
+func (n *NearCache) Settle(claims []*Claim, done func(error)) {
+	n.next.Settle(claims, func(err error) {
+		if err == nil {
+			for _, c := range claims {
+				n.remember(c, settledRecord(c))
+			}
+		}
+		done(err)
+	})
 }
 
 // Release implements Store. Nothing released is ever cached.

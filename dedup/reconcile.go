@@ -250,7 +250,7 @@ func (r *Reconciler) attempt(jobs []*reconcileJob) {
 	if jobs[0].release {
 		released, err = r.store.Release(context.Background(), claims)
 	} else {
-		err = r.store.Settle(context.Background(), claims)
+		err = WaitSettled(context.Background(), r.store, claims)
 	}
 	now := time.Now()
 	for _, j := range jobs {

@@ -193,11 +193,12 @@ func (d *downStore) Release(ctx context.Context, claims []*Claim) ([]bool, error
 	return d.Store.Release(ctx, claims)
 }
 
-func (d *downStore) Settle(ctx context.Context, claims []*Claim) error {
+func (d *downStore) Settle(claims []*Claim, done func(error)) {
 	if err := d.err(); err != nil {
-		return err
+		done(err)
+		return
 	}
-	return d.Store.Settle(ctx, claims)
+	d.Store.Settle(claims, done)
 }
 
 // The queue is bounded: claims handed over beyond it are dropped and

@@ -126,8 +126,14 @@ func trackVerdict(cmd *redis.Cmd) (Verdict, error) {
 	return Verdict{Decision: Decision(res[0]), Reason: Reason(res[1])}, nil
 }
 
-// Settle implements Store.
-func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
+// Settle implements Store without waiting: the settlements join the
+// pipeline's queue, ahead of every claim decided later, and go with the
+// next batch. Nothing a sender is told depends on them (a settlement only
+// turns a redelivery's "come back" into "delivered"), so the answer need
+// not wait a round trip for them; and settlements that wait for no one
+// ride along with the claims of other requests instead of making round
+// trips of their own.
+func (s *RedisStore) Settle(claims []*Claim, done func(error)) {
 	cmds := make([]pipeline.Cmd, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
@@ -136,7 +142,7 @@ func (s *RedisStore) Settle(ctx context.Context, claims []*Claim) error {
 			cmds[i] = pipeline.EvalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token))
 		}
 	}
-	return s.do(ctx, cmds)
+	s.pipeline.Go(s.timeout, cmds, done)
 }
 
 // settleCmd settles a tumbling claim with a plain SET, a fraction of a

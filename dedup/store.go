@@ -23,11 +23,31 @@ type Store interface {
 	// that no longer holds its key is left alone; in the tumbling shape the
 	// key is settled whichever claim holds it, since its observation was
 	// delivered either way.
-	Settle(ctx context.Context, claims []*Claim) error
+	//
+	// Settle need not wait for the store's answer: it calls done with it,
+	// once, on any goroutine, before or after it returns; done must not
+	// block. A settlement reaches the store ahead of every claim decided
+	// after Settle returns, so the redelivery a sender makes once it has
+	// its answer finds its claim settled however late the answer to the
+	// settlement comes. WaitSettled waits for it.
+	Settle(claims []*Claim, done func(error))
 
 	// Release undoes accepted claims, so that the sender's retry is judged
 	// as if the failed request had never come, and reports per claim
 	// whether there was still something of it to undo. It never undoes
 	// another request's claim.
 	Release(ctx context.Context, claims []*Claim) ([]bool, error)
+}
+
+// WaitSettled settles claims in store and waits for the store's answer, or
+// for ctx to end.
+func WaitSettled(ctx context.Context, store Store, claims []*Claim) error {
+	answered := make(chan error, 1)
+	store.Settle(claims, func(err error) { answered <- err })
+	select {
+	case err := <-answered:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

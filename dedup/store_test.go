@@ -38,11 +38,15 @@ func newRedisStore(t testing.TB, srv *redistest.Server) *RedisStore {
 	return newRedisStoreOn(t, c)
 }
 
-// newRedisStoreOn returns a store on client, with its own pipeline; the
-// client is closed when the test ends.
+// newRedisStoreOn returns a store on client, with its own pipeline; both
+// are closed when the test ends.
 func newRedisStoreOn(t testing.TB, client redis.UniversalClient) *RedisStore {
-	t.Cleanup(func() { _ = client.Close() })
-	return NewRedisStore(pipeline.New(client), time.Second)
+	pipe := pipeline.New(client)
+	t.Cleanup(func() {
+		pipe.Close()
+		_ = client.Close()
+	})
+	return NewRedisStore(pipe, time.Second)
 }
 
 // decideOne, settleOne and releaseOne run one claim as a batch of one.
@@ -54,7 +58,7 @@ func decideOne(ctx context.Context, s Store, c *Claim) (Verdict, error) {
 	return v[0], nil
 }
 
-func settleOne(ctx context.Context, s Store, c *Claim) error { return s.Settle(ctx, []*Claim{c}) }
+func settleOne(ctx context.Context, s Store, c *Claim) error { return WaitSettled(ctx, s, []*Claim{c}) }
 
 func releaseOne(ctx context.Context, s Store, c *Claim) (bool, error) {
 	r, err := s.Release(ctx, []*Claim{c})

@@ -104,15 +104,7 @@ func TestMetricsCountEveryDecisionAcrossReloads(t *testing.T) {
 	}
 
 	families := scrape(t)
-	var decides uint64
-	for _, m := range families["caddy_telemetry_dedup_store_duration_seconds"].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "op" && l.GetValue() == "decide" {
-				decides += m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	if decides < 10 {
+	if decides := storeCalls(families, "decide"); decides < 10 {
 		t.Errorf("store_duration_seconds saw %d decisions, want at least the 10 of this test", decides)
 	}
 	for _, name := range []string{"caddy_telemetry_dedup_in_flight", "caddy_telemetry_dedup_memory_store_keys", "caddy_telemetry_dedup_stuck_assets"} {
@@ -210,4 +202,18 @@ func TestStuckAssetsAreListed(t *testing.T) {
 	if f := scrape(t)["caddy_telemetry_dedup_stuck_assets"]; f == nil || f.GetMetric()[0].GetGauge().GetValue() < 1 {
 		t.Errorf("stuck_assets gauge: %v", f)
 	}
+}
+
+// storeCalls counts the store calls of one op (decide, settle, release)
+// that have been answered, as store_duration_seconds observed them.
+func storeCalls(families map[string]*dto.MetricFamily, op string) uint64 {
+	var n uint64
+	for _, m := range families["caddy_telemetry_dedup_store_duration_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "op" && l.GetValue() == op {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
 }

@@ -35,13 +35,21 @@ func commandCalls(t *testing.T, c *redis.Client) map[string]int {
 	return calls
 }
 
-// storeTraffic counts what the module sent Redis during f: round trips by
-// its own count, commands by Redis's.
-func storeTraffic(t *testing.T, c *redis.Client, f func()) (roundTrips float64, calls map[string]int) {
+// storeTraffic counts what the module sent Redis during f, whose requests
+// make settlements store calls to settle what they forwarded: round trips by
+// its own count, commands by Redis's. A request's answer does not wait for
+// its settlement, so it first waits for the settlements to be answered.
+func storeTraffic(t *testing.T, c *redis.Client, settlements uint64, f func()) (roundTrips float64, calls map[string]int) {
 	t.Helper()
 	rt := counterValue(t, "caddy_telemetry_dedup_redis_round_trips_total", nil)
+	settled := storeCalls(scrape(t), "settle")
 	before := commandCalls(t, c)
 	f()
+	for deadline := time.Now().Add(5 * time.Second); storeCalls(scrape(t), "settle") < settled+settlements; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d settlements never answered", settlements)
+		}
+	}
 	after := commandCalls(t, c)
 	calls = map[string]int{}
 	for k, v := range after {
@@ -59,14 +67,16 @@ func TestStoreRoundTrips(t *testing.T) {
 	tester := startCaddy(t, up, redisOptions(srv, ""))
 	at := base()
 	// Warm up: the connection.
-	post(t, tester.Client, ping("veh-rt-warm-up", at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	storeTraffic(t, inspector, 1, func() {
+		post(t, tester.Client, ping("veh-rt-warm-up", at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	})
 
 	first := ping("veh-rt", at, 52.5200087, 13.4049547)
-	rt, calls := storeTraffic(t, inspector, func() { post(t, tester.Client, first).expect(t, http.StatusCreated, "accepted") })
+	rt, calls := storeTraffic(t, inspector, 1, func() { post(t, tester.Client, first).expect(t, http.StatusCreated, "accepted") })
 	if rt != 2 || calls["set"] != 2 || len(calls) != 1 {
 		t.Errorf("a new ping: %v round trips, commands %v; want the claim (SET NX) and its settlement (SET XX), no script", rt, calls)
 	}
-	rt, calls = storeTraffic(t, inspector, func() {
+	rt, calls = storeTraffic(t, inspector, 0, func() {
 		post(t, tester.Client, ping("veh-rt", at.Add(10*time.Second), 52.5200410, 13.4049920)).expect(t, http.StatusOK, "suppressed")
 	})
 	if rt != 0 || len(calls) != 0 {
@@ -78,13 +88,13 @@ func TestStoreRoundTrips(t *testing.T) {
 		elements = append(elements, string(ping(fmt.Sprintf("veh-rt-%d", i), at, 52.5200087, 13.4049547)))
 	}
 	batch := []byte("[" + strings.Join(elements, ",") + "]")
-	rt, calls = storeTraffic(t, inspector, func() {
+	rt, calls = storeTraffic(t, inspector, 1, func() {
 		postBatch(t, tester.Client, "application/json", batch).expect(t, http.StatusCreated, "accepted")
 	})
 	if rt != 2 || calls["set"] != 200 || len(calls) != 1 {
 		t.Errorf("a batch of 100 new pings: %v round trips, commands %v; want 2 round trips: 100 claims, then 100 settlements", rt, calls)
 	}
-	rt, calls = storeTraffic(t, inspector, func() { postBatch(t, tester.Client, "application/json", batch).expect(t, http.StatusOK, "suppressed") })
+	rt, calls = storeTraffic(t, inspector, 0, func() { postBatch(t, tester.Client, "application/json", batch).expect(t, http.StatusOK, "suppressed") })
 	if rt != 0 {
 		t.Errorf("the same batch again: %v round trips, commands %v; want none (near cache)", rt, calls)
 	}
@@ -96,10 +106,30 @@ func TestRoundTripsWithoutTheNearCache(t *testing.T) {
 	up := newUpstream(t)
 	tester := startCaddy(t, up, redisOptions(srv, "near_cache off"))
 	body := ping("veh-no-cache", base(), 52.5200087, 13.4049547)
-	post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
-	rt, calls := storeTraffic(t, inspector, func() { post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed") })
+	storeTraffic(t, inspector, 1, func() { post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted") })
+	rt, calls := storeTraffic(t, inspector, 0, func() { post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed") })
 	if rt != 1 || calls["set"] != 1 || len(calls) != 1 {
 		t.Errorf("a duplicate without near cache: %v round trips, commands %v; want one SET", rt, calls)
+	}
+}
+
+// A request's answer does not wait for its settlement, yet the redelivery
+// a sender makes as soon as it has the answer finds the claim settled: the
+// settlement goes to Redis ahead of every later claim. Without the near
+// cache every redelivery is judged by Redis.
+func TestRedeliveryRightAfterTheAnswerIsSuppressed(t *testing.T) {
+	for _, shape := range []string{"tumbling", "sliding"} {
+		t.Run(shape, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := newUpstream(t)
+			tester := startCaddy(t, up, redisOptions(srv, "near_cache off\n\t\tshape "+shape))
+			at := base()
+			for i := range 200 {
+				body := ping(fmt.Sprintf("veh-redeliver-%s-%d", shape, i), at, 52.5200087, 13.4049547)
+				post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
+				post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
+			}
+		})
 	}
 }
 

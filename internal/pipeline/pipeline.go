@@ -24,7 +24,13 @@ import (
 // up, and whoever sends next takes them all. go-redis splits a pipeline per
 // node on a Cluster, so each node gets one round trip per batch.
 //
-// One Pipeline serves every store on one Redis connection.
+// Commands that need no answer before their caller goes on (Go) queue the
+// same way and are sent by the pipeline's own goroutine. Batches go one
+// after the other, in the order their commands queued: a command queued
+// before another reaches Redis before it.
+//
+// One Pipeline serves every store on one Redis connection; Close flushes and
+// stops it.
 type Pipeline struct {
 	client redis.UniversalClient
 
@@ -35,8 +41,17 @@ type Pipeline struct {
 	// carries, and on a busy server that cost, not the wait, is what limits
 	// throughput (measured: two batches at a time carried 3.4 commands a
 	// round trip under load, one with the yield of sendQueued 8.6, for 6%
-	// more new pings per second and a third less Redis CPU).
+	// more new pings per second and a third less Redis CPU). Whoever set it
+	// sends until the queue is empty, or hands that on to drain.
 	sending bool
+	closed  bool
+
+	// wake hands the sending of what is queued to drain, which then sends
+	// until the queue is empty. Only the sender hands it on, so at most one
+	// hand-over is ever waiting.
+	wake chan struct{}
+	stop chan struct{}
+	done chan struct{}
 
 	roundTrips, commands atomic.Uint64
 }
@@ -44,11 +59,25 @@ type Pipeline struct {
 // maxPipeline caps the commands of one round trip.
 const maxPipeline = 512
 
-// pipelineJob is one request's commands.
+// ErrClosed answers commands queued after Close.
+var ErrClosed = errors.New("redis pipeline closed")
+
+// pipelineJob is one request's commands, answered on answered (Do) or by
+// calling then (Go).
 type pipelineJob struct {
 	cmds     []Cmd
 	deadline time.Time
-	done     chan error // receives nil or the first command error
+	answered chan error
+	then     func(error)
+}
+
+// answer gives the job its outcome: nil or the first command error.
+func (job *pipelineJob) answer(err error) {
+	if job.then != nil {
+		job.then(err)
+		return
+	}
+	job.answered <- err
 }
 
 // Cmd is one command: a plain one (Queue only), or a script, which is sent
@@ -62,10 +91,12 @@ type Cmd struct {
 	Result redis.Cmder
 }
 
-// New returns a pipeline on client. It starts nothing: batches are sent by
-// the requests themselves.
+// New returns a pipeline on client and starts its goroutine, which sends
+// the batches nobody waiting is sending. Close stops it.
 func New(client redis.UniversalClient) *Pipeline {
-	return &Pipeline{client: client}
+	p := &Pipeline{client: client, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go p.drain()
+	return p
 }
 
 // RoundTrips returns how many pipelines were sent, and how many commands
@@ -88,32 +119,80 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	job := &pipelineJob{cmds: cmds, deadline: deadline, done: make(chan error, 1)}
-	p.mu.Lock()
-	p.queue = append(p.queue, job)
-	lead := !p.sending
-	if lead {
-		p.sending = true
-	}
-	p.mu.Unlock()
-	if lead && p.sendQueued() {
-		go p.drain()
+	job := &pipelineJob{cmds: cmds, deadline: deadline, answered: make(chan error, 1)}
+	if lead := p.enqueue(job); lead && p.sendQueued() {
+		p.wake <- struct{}{}
 	}
 	select { // a lead's own job is usually answered by now: no timer for it
-	case err := <-job.done:
+	case err := <-job.answered:
 		return err
 	default:
 	}
 	timer := startTimer(time.Until(deadline))
 	defer stopTimer(timer)
 	select {
-	case err := <-job.done:
+	case err := <-job.answered:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-timer.C:
 		return context.DeadlineExceeded
 	}
+}
+
+// Go queues cmds to run as Do's would, within timeout, and returns at once:
+// the pipeline's goroutine sends them, and then calls then with the first
+// command error or nil (or with context.DeadlineExceeded if the timeout
+// passed before they could go, or ErrClosed after Close). then runs on the
+// goroutine that sent the batch, the pipeline's own or a Do caller's: it
+// must not block. Commands queued by Go reach Redis before any queued after
+// Go returns.
+func (p *Pipeline) Go(timeout time.Duration, cmds []Cmd, then func(error)) {
+	job := &pipelineJob{cmds: cmds, deadline: time.Now().Add(timeout), then: then}
+	if lead := p.enqueue(job); lead {
+		p.wake <- struct{}{}
+	}
+}
+
+// enqueue queues job, answering it ErrClosed after Close, and reports
+// whether the caller is now the sender.
+func (p *Pipeline) enqueue(job *pipelineJob) (lead bool) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		job.answer(ErrClosed)
+		return false
+	}
+	p.queue = append(p.queue, job)
+	lead = !p.sending
+	p.sending = true
+	p.mu.Unlock()
+	return lead
+}
+
+// Close sends what is queued, waits until it has been answered, and stops
+// the pipeline's goroutine; commands queued later are answered ErrClosed.
+// It does not close the client.
+func (p *Pipeline) Close() {
+	// A job with no commands, queued last: once it is answered, so is
+	// everything queued before it.
+	last := &pipelineJob{deadline: time.Now().Add(time.Hour), answered: make(chan error, 1)}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.queue = append(p.queue, last)
+	p.closed = true
+	lead := !p.sending
+	p.sending = true
+	p.mu.Unlock()
+	if lead {
+		p.wake <- struct{}{}
+	}
+	<-last.answered
+	close(p.stop)
+	<-p.done
 }
 
 // timers are stopped timers, for Do to wait with.
@@ -143,8 +222,8 @@ func stopTimer(t *time.Timer) {
 // the next; on an idle one nothing else is ready and the yield returns at
 // once. Unlike waiting on a timer, it costs no system call and never waits
 // for nothing. It reports whether more has queued up meanwhile: the caller
-// must then send that too (see drain), as the pipeline still counts a batch
-// as on its way.
+// must then send that too, or hand it to drain, as the pipeline still counts
+// a batch as on its way.
 func (p *Pipeline) sendQueued() (more bool) {
 	runtime.Gosched()
 	p.mu.Lock()
@@ -166,14 +245,23 @@ func (p *Pipeline) sendQueued() (more bool) {
 	return false
 }
 
-// drain sends batches until nothing is queued. A request that sent a batch
-// hands what queued behind it to a drain goroutine, so that its caller gets
-// its answer now rather than after serving everyone else; one goroutine then
-// serves the whole busy stretch. A goroutine a batch grew a new stack each
-// time, go-redis's call path being deep: stack growth took 5.3 µs a new
-// ping in a CPU profile of Caddy under all-new load, 2.0 with one drainer.
+// drain sends, on each hand-over, batches until nothing is queued. A
+// request that sent a batch hands what queued behind it to drain, so that
+// its caller gets its answer now rather than after serving everyone else;
+// commands queued by Go are handed to it at once. One long-lived goroutine
+// serves every busy stretch: a goroutine a batch grew a new stack each time,
+// go-redis's call path being deep (stack growth took 5.3 µs a new ping in a
+// CPU profile of Caddy under all-new load, 2.0 with one drainer a stretch).
 func (p *Pipeline) drain() {
-	for p.sendQueued() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.wake:
+			for p.sendQueued() {
+			}
+		case <-p.stop:
+			return
+		}
 	}
 }
 
@@ -190,7 +278,7 @@ func (p *Pipeline) take() []*pipelineJob {
 	for ; i < len(p.queue); i++ {
 		job := p.queue[i]
 		if job.expired(now) {
-			job.done <- context.DeadlineExceeded
+			job.answer(context.DeadlineExceeded)
 			continue
 		}
 		if len(batch) > 0 && n+len(job.cmds) > maxPipeline {
@@ -209,9 +297,9 @@ func (job *pipelineJob) expired(now time.Time) bool { return !now.Before(job.dea
 // jobs (each job's caller still gives up at its own), then once more for
 // the scripts Redis did not know yet.
 func (p *Pipeline) send(batch []*pipelineJob) {
-	latest := batch[0].deadline
+	var latest time.Time // Close's empty job, due in an hour, sends nothing
 	for _, job := range batch {
-		if job.deadline.After(latest) {
+		if len(job.cmds) > 0 && job.deadline.After(latest) {
 			latest = job.deadline
 		}
 	}
@@ -228,7 +316,7 @@ func (p *Pipeline) send(batch []*pipelineJob) {
 		p.exec(ctx, live, func(c *Cmd) bool { return isNoScript(c.Result.Err()) })
 	}
 	for _, job := range batch {
-		job.done <- job.err()
+		job.answer(job.err())
 	}
 }
 

@@ -17,8 +17,12 @@ func newPipeline(t *testing.T) *Pipeline {
 	t.Helper()
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	return New(c)
+	p := New(c)
+	t.Cleanup(func() {
+		p.Close()
+		_ = c.Close()
+	})
+	return p
 }
 
 // setNX queues SET key value NX GET: nil means this call won the key.
@@ -121,6 +125,7 @@ func TestCommandsOfCallersThatGaveUpAreNeverSent(t *testing.T) {
 	}
 	warm.Wait()
 	p := New(c)
+	t.Cleanup(p.Close)
 	do := func(key string, timeout time.Duration) error {
 		return p.Do(context.Background(), timeout, []Cmd{setNX(key, "x")})
 	}
@@ -148,6 +153,63 @@ func TestCommandsOfCallersThatGaveUpAreNeverSent(t *testing.T) {
 			t.Errorf("EXISTS %s = %d, %v; want %d", key, n, err, want)
 		}
 	}
+}
+
+// Commands queued with Go are sent without their caller waiting, reach
+// Redis ahead of everything queued after Go returned, and have their
+// answer given to then.
+func TestGoSendsAheadOfLaterCommands(t *testing.T) {
+	p := newPipeline(t)
+	for i := range 200 {
+		key := fmt.Sprintf("go-%d", i)
+		answered := make(chan error, 1)
+		p.Go(time.Minute, []Cmd{setNX(key, "first")}, func(err error) { answered <- err })
+		later := []Cmd{setNX(key, "later")}
+		if err := p.Do(context.Background(), time.Minute, later); err != nil {
+			t.Fatal(err)
+		}
+		if won(t, later[0]) {
+			t.Fatalf("%s: a command queued after Go returned reached Redis first", key)
+		}
+		if err := <-answered; err != nil {
+			t.Fatalf("%s: Go's command answered %v", key, err)
+		}
+	}
+}
+
+// Close sends what Go queued before it returns, and commands queued after
+// it are answered ErrClosed, not lost in a queue nobody sends.
+func TestCloseSendsWhatIsQueued(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	p := New(c)
+	const queued = 500
+	var answers sync.WaitGroup
+	for i := range queued {
+		answers.Add(1)
+		p.Go(time.Minute, []Cmd{setNX(fmt.Sprintf("queued-%d", i), "x")}, func(err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			answers.Done()
+		})
+	}
+	p.Close()
+	answers.Wait() // every then was called
+	if n, err := srv.Client().DBSize(context.Background()).Result(); err != nil || n != queued {
+		t.Fatalf("after Close: %d keys, %v; want all %d queued before it", n, err, queued)
+	}
+
+	closed := make(chan error, 1)
+	p.Go(time.Minute, []Cmd{setNX("after-close", "x")}, func(err error) { closed <- err })
+	if err := <-closed; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Go after Close answered %v, want ErrClosed", err)
+	}
+	if err := p.Do(context.Background(), time.Minute, []Cmd{setNX("after-close", "x")}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Do after Close: %v, want ErrClosed", err)
+	}
+	p.Close() // a second Close is harmless
 }
 
 func waitUntil(t *testing.T, cond func() bool) {
