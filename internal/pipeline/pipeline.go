@@ -120,7 +120,7 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 		deadline = d
 	}
 	job := &pipelineJob{cmds: cmds, deadline: deadline, answered: make(chan error, 1)}
-	if lead := p.enqueue(job); lead && p.sendQueued() {
+	if lead := p.enqueue(job, false); lead && p.sendQueued() {
 		p.wake <- struct{}{}
 	}
 	select { // a lead's own job is usually answered by now: no timer for it
@@ -149,14 +149,15 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 // Go returns.
 func (p *Pipeline) Go(timeout time.Duration, cmds []Cmd, then func(error)) {
 	job := &pipelineJob{cmds: cmds, deadline: time.Now().Add(timeout), then: then}
-	if lead := p.enqueue(job); lead {
+	if p.enqueue(job, false) {
 		p.wake <- struct{}{}
 	}
 }
 
 // enqueue queues job, answering it ErrClosed after Close, and reports
-// whether the caller is now the sender.
-func (p *Pipeline) enqueue(job *pipelineJob) (lead bool) {
+// whether the caller is now the sender. closing makes job the last one the
+// pipeline takes.
+func (p *Pipeline) enqueue(job *pipelineJob, closing bool) (lead bool) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -164,6 +165,7 @@ func (p *Pipeline) enqueue(job *pipelineJob) (lead bool) {
 		return false
 	}
 	p.queue = append(p.queue, job)
+	p.closed = closing
 	lead = !p.sending
 	p.sending = true
 	p.mu.Unlock()
@@ -177,20 +179,12 @@ func (p *Pipeline) Close() {
 	// A job with no commands, queued last: once it is answered, so is
 	// everything queued before it.
 	last := &pipelineJob{deadline: time.Now().Add(time.Hour), answered: make(chan error, 1)}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return
-	}
-	p.queue = append(p.queue, last)
-	p.closed = true
-	lead := !p.sending
-	p.sending = true
-	p.mu.Unlock()
-	if lead {
+	if p.enqueue(last, true) {
 		p.wake <- struct{}{}
 	}
-	<-last.answered
+	if errors.Is(<-last.answered, ErrClosed) {
+		return // closed before
+	}
 	close(p.stop)
 	<-p.done
 }
