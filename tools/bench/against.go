@@ -32,7 +32,10 @@ func compare(this, other *caddyUnderTest, rounds int) {
 	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "ratio\tthis checkout\tthat binary\ttarget\t")
 	for _, tg := range targets {
-		v := variantNamed(tg.variant)
+		v, measured := variantLabelled(tg.variant)
+		if !measured { // left out by -only
+			continue
+		}
 		l1, m1, h1 := quartiles(this.ratios(v))
 		l2, m2, h2 := quartiles(other.ratios(v))
 		fmt.Fprintf(tw, "%s / %s\t%.2f (%.2f-%.2f)\t%.2f (%.2f-%.2f)\t>= %.2f\t\n", v.label, shortName(v.baseline), m1, l1, h1, m2, l2, h2, tg.atLeast)

@@ -12,6 +12,7 @@
 //	go run ./tools/bench -rounds 9 -duration 5s -conns 64
 //	go run ./tools/bench -rounds 1 -profile "new pings, redis"   # and a CPU profile of Caddy under it
 //	go run ./tools/bench -rounds 1 -profile "new pings, redis" -profile-kind allocs   # or what it allocates
+//	go run ./tools/bench -only 'new pings, (redis|sliding)'   # only the variants whose label matches, with their baselines
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -34,11 +36,21 @@ func main() {
 	profileKind := flag.String("profile-kind", "cpu", "what -profile records: cpu (where Caddy's CPU time goes) or allocs (what it allocates, and where)")
 	profileOut := flag.String("profile-out", "caddy.pprof", "where -profile writes the profile (read it with go tool pprof)")
 	profileSeconds := flag.Int("profile-seconds", 10, "how long -profile's load and profile last")
+	only := flag.String("only", "", "measure only the variants whose label matches this regular expression (and their baselines); the targets table then lists only theirs")
 	against := flag.String("against", "", "another Caddy binary with telemetry_dedup (built from an earlier commit with tools/xbuild, say) to run side by side with this checkout's: each run is made on both, one right after the other, and the two are compared round by round")
 	flag.Parse()
 	if *against != "" {
 		if info, err := os.Stat(*against); err != nil || info.IsDir() {
 			refuse("-against %q is not a Caddy binary: build one with go run ./tools/xbuild -o <file> in the checkout to compare with", *against)
+		}
+	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			refuse("-only %q: %v", *only, err)
+		}
+		if variants = selectVariants(re); len(variants) == 0 {
+			refuse("-only %q matches no variant; the labels are:\n%s", *only, variantLabels())
 		}
 	}
 	var prof *profiling
@@ -358,7 +370,10 @@ func report(c *caddyUnderTest, rounds int, duration time.Duration, conns int) {
 	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "ratio\tmeasured\tmiddle half of the rounds\ttarget\t\t")
 	for _, tg := range targets {
-		v := variantNamed(tg.variant)
+		v, measured := variantLabelled(tg.variant)
+		if !measured { // left out by -only
+			continue
+		}
 		low, r, high := quartiles(c.ratios(v))
 		fmt.Fprintf(tw, "%s / %s\t%.2f\t%.2f-%.2f\t>= %.2f\t%s\t\n", v.label, shortName(v.baseline), r, low, high, tg.atLeast,
 			verdict(r, low, high, tg.atLeast))
@@ -417,12 +432,17 @@ func medianCPU(rounds []result) cpuTimes {
 	}
 }
 
-func variantNamed(label string) variant {
-	v, ok := variantLabelled(label)
-	if !ok {
-		panic("no variant " + label)
+// selectVariants is what -only keeps: the variants whose label matches re,
+// and the baselines they are compared with, in their usual order.
+func selectVariants(re *regexp.Regexp) []variant {
+	keep := map[string]bool{}
+	for _, v := range variants {
+		if re.MatchString(v.label) {
+			keep[v.label] = true
+			keep[v.baseline] = v.baseline != ""
+		}
 	}
-	return v
+	return slices.DeleteFunc(slices.Clone(variants), func(v variant) bool { return !keep[v.label] })
 }
 
 func variantLabelled(label string) (variant, bool) {
