@@ -174,7 +174,7 @@ func (h *Handler) quantise(req *request) {
 		if e := &req.elements[i]; e.waiting() {
 			p := e.obs.Ping
 			p.Asset = dedup.ScopedAsset(e.scope, p.Asset)
-			e.obs = h.settings.keyer.Observe(p)
+			e.obs = h.deduper.Observe(p)
 		}
 	}
 }

@@ -39,7 +39,7 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	for i := range req.elements {
 		h.recordOutcome(r, &req.elements[i])
 	}
-	publishPlaceholders(repl, req)
+	publishPlaceholders(repl, req, &h.settings.keyer)
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone
@@ -89,7 +89,12 @@ func (e *element) key() string {
 // outcome when something reads one (an access log, a header template):
 // computed on demand, not written ahead on every request, most of which
 // read none.
-type outcomePlaceholders struct{ req *request }
+type outcomePlaceholders struct {
+	req *request
+	// keyer computes the cell of a ping that was decided without one (in
+	// the sliding and session shapes), if a placeholder asks for it.
+	keyer *dedup.Keyer
+}
 
 // placeholderOutcome names, to the replacer, the outcomePlaceholders that
 // answer it, so that a handler that runs twice on one request (a retried
@@ -99,13 +104,13 @@ type outcomePlaceholders struct{ req *request }
 const placeholderOutcome = placeholderPrefix + "_outcome"
 
 // publishPlaceholders makes the request's outcome readable as placeholders.
-func publishPlaceholders(repl *caddy.Replacer, req *request) {
+func publishPlaceholders(repl *caddy.Replacer, req *request, keyer *dedup.Keyer) {
 	if v, ok := repl.Get(placeholderOutcome); ok {
 		v.(*outcomePlaceholders).req = req
 		return
 	}
 	op := &req.placeholders
-	op.req = req
+	op.req, op.keyer = req, keyer
 	repl.Map(op.get)
 }
 
@@ -120,12 +125,12 @@ func (op *outcomePlaceholders) get(key string) (any, bool) {
 		return op, true
 	}
 	if op.req.single() {
-		return elementPlaceholder(key, &op.req.elements[0])
+		return op.elementPlaceholder(key, &op.req.elements[0])
 	}
 	return batchPlaceholder(key, op.req.elements)
 }
 
-func elementPlaceholder(key string, e *element) (any, bool) {
+func (op *outcomePlaceholders) elementPlaceholder(key string, e *element) (any, bool) {
 	switch key {
 	case placeholderDecision:
 		return string(e.decision), true
@@ -143,6 +148,9 @@ func elementPlaceholder(key string, e *element) (any, bool) {
 	case placeholderBucket:
 		return strconv.FormatInt(e.obs.Bucket, 10), true
 	case placeholderCell:
+		if e.obs.Cell == 0 { // decided by the asset's stay, without a cell
+			return op.keyer.Cell(e.obs.Lat, e.obs.Lon).String(), true
+		}
 		return e.obs.Cell.String(), true
 	case placeholderEvent:
 		return e.obs.Event, true

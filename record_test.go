@@ -26,24 +26,30 @@ func TestPlaceholdersSayWhatBecameOfTheRequest(t *testing.T) {
 	cell := h3.LatLngToCell(h3.NewLatLng(52.5200087, 13.4049547), 12).String()
 	for _, tt := range []struct {
 		name   string
+		shape  string
 		bodies []string // sent in turn on one request; the last one's outcome counts
 		want   map[string]string
 	}{
-		{"a new ping", []string{ping}, map[string]string{
+		{"a new ping", "", []string{ping}, map[string]string{
 			"decision": "accepted", "reason": "", "asset": "veh-1", "bucket": bucket, "cell": cell,
 			"accepted": "{http.telemetry_dedup.accepted}"}},
-		{"its redelivery", []string{ping, ping}, map[string]string{"decision": "suppressed", "reason": "redelivery", "asset": "veh-1"}},
-		{"a rejected ping", []string{`{"asset_id":"veh-1"}`}, map[string]string{
+		// decided by the asset's stay, without a cell: the placeholder computes it
+		{"a new ping, sliding", "sliding", []string{ping}, map[string]string{
+			"decision": "accepted", "asset": "veh-1", "bucket": bucket, "cell": cell}},
+		{"its redelivery, session", "session", []string{ping, ping}, map[string]string{
+			"decision": "suppressed", "reason": "redelivery", "cell": cell}},
+		{"its redelivery", "", []string{ping, ping}, map[string]string{"decision": "suppressed", "reason": "redelivery", "asset": "veh-1"}},
+		{"a rejected ping", "", []string{`{"asset_id":"veh-1"}`}, map[string]string{
 			"decision": "rejected", "reason": "required", "key": "", "asset": "{http.telemetry_dedup.asset}", "cell": "{http.telemetry_dedup.cell}"}},
-		{"a batch", []string{ping, "[" + ping + `,{"asset_id":"veh-2"}]`}, map[string]string{
+		{"a batch", "", []string{ping, "[" + ping + `,{"asset_id":"veh-2"}]`}, map[string]string{
 			"decision": "partial", "reason": "", "accepted": "0", "suppressed": "1", "rejected": "1", "in_flight": "0",
 			"asset": "{http.telemetry_dedup.asset}"}},
-		{"a ping after a batch", []string{"[" + ping + "]", `{"asset_id":"veh-1"}`}, map[string]string{
+		{"a ping after a batch", "", []string{"[" + ping + "]", `{"asset_id":"veh-1"}`}, map[string]string{
 			"decision": "rejected", "suppressed": "{http.telemetry_dedup.suppressed}"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			prefix := "placeholders-" + strings.ReplaceAll(tt.name, " ", "-") + ":"
-			h := provisioned(t, &Handler{KeyPrefix: &prefix})
+			h := provisioned(t, &Handler{KeyPrefix: &prefix, Shape: tt.shape})
 			r := httptest.NewRequest(http.MethodPost, "/telemetry", nil)
 			repl := caddyhttp.NewTestReplacer(r)
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))

@@ -14,7 +14,8 @@ var benchBody = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z
 	`"speed_kmh":0,"heading":270,"battery":0.82,"firmware":"4.2.1"}`)
 
 // The CPU cost of one ping before it touches a store: extraction,
-// validation, bucket, H3 cell and key; for coordinates seen before (a
+// validation, and what its shape decides on (tumbling: bucket, H3 cell and
+// key; sliding and session: the bucket); for coordinates seen before (a
 // redelivery, whose cell is cached) and for new ones.
 func BenchmarkParseValidateKey(b *testing.B) {
 	p, k := ping.NewParser().Prepared(), defaultKeyer()
@@ -25,25 +26,28 @@ func BenchmarkParseValidateKey(b *testing.B) {
 		fresh[i] = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.` + strconv.Itoa(5000000+i) +
 			`,"lon":13.4049547,"speed_kmh":0,"heading":270,"battery":0.82,"firmware":"4.2.1"}`)
 	}
-	for _, bodies := range []struct {
-		name string
-		next func(i int) []byte
-	}{
-		{"repeated", func(int) []byte { return benchBody }},
-		{"new", func(i int) []byte { return fresh[i%len(fresh)] }},
-	} {
-		b.Run(bodies.name, func(b *testing.B) {
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				i++
-				ping, err := p.Parse(bodies.next(i), now)
-				if err != nil {
-					b.Fatal(err)
+	for _, shape := range []Shape{Tumbling, Sliding} {
+		d := &Deduper{Keyer: k, Policy: *testPolicy(shape)}
+		for _, bodies := range []struct {
+			name string
+			next func(i int) []byte
+		}{
+			{"repeated", func(int) []byte { return benchBody }},
+			{"new", func(i int) []byte { return fresh[i%len(fresh)] }},
+		} {
+			b.Run(string(shape)+"/"+bodies.name, func(b *testing.B) {
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					i++
+					ping, err := p.Parse(bodies.next(i), now)
+					if err != nil {
+						b.Fatal(err)
+					}
+					_ = d.Observe(ping)
 				}
-				_ = k.Observe(ping)
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // DefaultInFlightTimeout is how long an unsettled claim may wait for its
@@ -54,6 +56,19 @@ type Deduper struct {
 	Policy Policy
 	// Now is the server clock; nil means time.Now.
 	Now func() time.Time
+}
+
+// Observe quantises a validated ping as the policy's shape decides it:
+// tumbling claims its key, from the bucket and the H3 cell; sliding and
+// session judge the asset's stay, not a cell, and read only the bucket (to
+// name a re-report's reason), so the cell and the key, an H3 lookup and a
+// hash a new position would cost, are left zero. Keyer.Observe computes
+// them where they are shown.
+func (d *Deduper) Observe(p ping.Ping) Observation {
+	if d.Policy.Shape == Tumbling {
+		return d.Keyer.Observe(p)
+	}
+	return Observation{Ping: p, Bucket: d.Keyer.Bucket(p.Time)}
 }
 
 // Claim decides obs. The returned claim is what Settle and Release need if

@@ -21,7 +21,7 @@ func newTestDeduper(s Store, shape Shape) *testDeduper {
 
 func (td *testDeduper) claim(t *testing.T, p ping.Ping) (*Claim, Verdict) {
 	t.Helper()
-	c, v, err := td.Claim(context.Background(), td.Keyer.Observe(p))
+	c, v, err := td.Claim(context.Background(), td.Observe(p))
 	if err != nil {
 		t.Fatalf("claim %+v: %v", p, err)
 	}
@@ -48,6 +48,25 @@ func (td *testDeduper) settled(t *testing.T, p ping.Ping) Verdict {
 
 func at(offset time.Duration, lat, lon float64) ping.Ping {
 	return ping.Ping{Asset: "veh-88", Time: articleBase.Add(offset), Lat: lat, Lon: lon}
+}
+
+// A deduper quantises a ping as its shape decides: tumbling by the key of
+// the key contract, the track shapes by the asset's stay, which needs the
+// bucket (a re-report's reason names the shape when the window turned) and
+// no cell or key: they are not computed there.
+func TestDeduperObservesWhatItsShapeDecidesOn(t *testing.T) {
+	p := ping.Ping{Asset: "veh-88", Time: articleBase.Add(90 * time.Second), Lat: 52.5200087, Lon: 13.4049547}
+	full := defaultKeyer().Observe(p)
+	for _, shape := range Shapes {
+		got := (&Deduper{Keyer: defaultKeyer(), Policy: *testPolicy(shape)}).Observe(p)
+		want := full
+		if shape != Tumbling {
+			want.Cell, want.Key = 0, ""
+		}
+		if got != want {
+			t.Errorf("%s: %+v, want %+v", shape, got, want)
+		}
+	}
 }
 
 func TestDeduperNamesEachDuplicate(t *testing.T) {

@@ -76,13 +76,15 @@ func (k Keyer) Observe(p ping.Ping) Observation {
 	o := Observation{
 		Ping:   p,
 		Bucket: k.Bucket(p.Time),
-		Cell:   k.cell(h3.NewLatLng(p.Lat, p.Lon)),
+		Cell:   k.Cell(p.Lat, p.Lon),
 	}
 	o.Key = k.observationKey(p, o.Bucket, o.Cell)
 	return o
 }
 
-func (k Keyer) cell(ll h3.LatLng) h3.Cell {
+// Cell is the H3 cell of a validated position at the Keyer's resolution.
+func (k Keyer) Cell(lat, lon float64) h3.Cell {
+	ll := h3.NewLatLng(lat, lon)
 	if k.Cells == nil {
 		return h3.LatLngToCell(ll, k.Resolution)
 	}
