@@ -106,7 +106,8 @@ const placeholderOutcome = placeholderPrefix + "_outcome"
 // publishPlaceholders makes the request's outcome readable as placeholders.
 func publishPlaceholders(repl *caddy.Replacer, req *request, keyer *dedup.Keyer) {
 	if v, ok := repl.Get(placeholderOutcome); ok {
-		v.(*outcomePlaceholders).req = req
+		op := v.(*outcomePlaceholders)
+		op.req, op.keyer = req, keyer
 		return
 	}
 	op := &req.placeholders

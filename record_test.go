@@ -67,3 +67,29 @@ func TestPlaceholdersSayWhatBecameOfTheRequest(t *testing.T) {
 		})
 	}
 }
+
+// A second handler on the same request (another route's, with its own
+// shape and resolution) answers the placeholders with its own outcome: a
+// sliding ping's cell at that handler's resolution.
+func TestPlaceholdersFollowTheLastHandler(t *testing.T) {
+	at := time.Now().UTC().Truncate(5 * time.Minute).Add(-time.Hour)
+	ping := `{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`
+	first, second := "placeholders-first:", "placeholders-second:"
+	resolution := 9
+	handlers := []*Handler{
+		provisioned(t, &Handler{KeyPrefix: &first}),
+		provisioned(t, &Handler{KeyPrefix: &second, Shape: "sliding", Resolution: &resolution}),
+	}
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", nil)
+	repl := caddyhttp.NewTestReplacer(r)
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	for _, h := range handlers {
+		r.Body, r.ContentLength = io.NopCloser(strings.NewReader(ping)), int64(len(ping))
+		_ = h.ServeHTTP(httptest.NewRecorder(), r, next)
+	}
+	want := h3.LatLngToCell(h3.NewLatLng(52.5200087, 13.4049547), resolution).String()
+	if got := repl.ReplaceKnown("{http.telemetry_dedup.cell}", ""); got != want {
+		t.Errorf("cell = %q, want %q (the second handler's, at resolution %d)", got, want, resolution)
+	}
+}

@@ -45,14 +45,16 @@ type Observation struct {
 	ping.Ping
 	// Bucket is the device epoch second floored to the window.
 	Bucket int64
-	// Cell is the H3 cell of the position at the configured resolution.
+	// Cell is the H3 cell of the position at the configured resolution;
+	// zero where the shape decides without one (see Deduper.Observe).
 	Cell h3.Cell
 	// Key is Prefix + hex(blake2b-128(asset "|" bucket "|" cell)), the
 	// article's layout, for every ping that carries neither a state nor an
 	// event. A state adds its value, so that a change of it is a new key;
 	// an event adds itself and the exact sighting (device time and
 	// coordinates), so that only the ping's own redeliveries share its key
-	// and no re-observation or jitter ever meets it.
+	// and no re-observation or jitter ever meets it. Empty, as Cell is
+	// zero, where the shape decides without it.
 	Key string
 }
 
