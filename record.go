@@ -105,14 +105,13 @@ const placeholderOutcome = placeholderPrefix + "_outcome"
 
 // publishPlaceholders makes the request's outcome readable as placeholders.
 func publishPlaceholders(repl *caddy.Replacer, req *request, keyer *dedup.Keyer) {
-	if v, ok := repl.Get(placeholderOutcome); ok {
-		op := v.(*outcomePlaceholders)
-		op.req, op.keyer = req, keyer
-		return
-	}
 	op := &req.placeholders
+	if v, ok := repl.Get(placeholderOutcome); ok {
+		op = v.(*outcomePlaceholders)
+	} else {
+		repl.Map(op.get)
+	}
 	op.req, op.keyer = req, keyer
-	repl.Map(op.get)
 }
 
 // get is the value of placeholder key: a single ping's decision, reason and

@@ -49,9 +49,11 @@ func main() {
 		if err != nil {
 			refuse("-only %q: %v", *only, err)
 		}
-		if variants = selectVariants(re); len(variants) == 0 {
+		selected := selectVariants(re)
+		if len(selected) == 0 {
 			refuse("-only %q matches no variant; the labels are:\n%s", *only, variantLabels())
 		}
+		variants = selected
 	}
 	var prof *profiling
 	if *profile != "" {
@@ -438,8 +440,7 @@ func selectVariants(re *regexp.Regexp) []variant {
 	keep := map[string]bool{}
 	for _, v := range variants {
 		if re.MatchString(v.label) {
-			keep[v.label] = true
-			keep[v.baseline] = v.baseline != ""
+			keep[v.label], keep[v.baseline] = true, true // a baseline's own baseline is "", no label
 		}
 	}
 	return slices.DeleteFunc(slices.Clone(variants), func(v variant) bool { return !keep[v.label] })
