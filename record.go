@@ -39,7 +39,7 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	for i := range req.elements {
 		h.recordOutcome(r, &req.elements[i])
 	}
-	publishPlaceholders(repl, req, &h.settings.keyer)
+	publishPlaceholders(repl, req, &h.deduper.Keyer)
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone
