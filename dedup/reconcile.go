@@ -19,6 +19,11 @@ const DefaultReconcileQueue = 10_000
 // the store first answers, behind that answer in the server's socket buffer
 // or, after a network cut, in TCP retransmission for up to about a minute.
 // Acting by token again undoes what landed late and touches nothing else.
+// The first confirmation comes soon: a server that hung runs what its
+// sockets buffered the moment it resumes, possibly after the first answer
+// came on another connection, and the claim that lands then is already as
+// old as the hang, so it counts as settled (a redelivery told 200, the
+// observation lost) once in_flight_timeout has passed since it was made.
 const (
 	reconcileFirstRetry = 100 * time.Millisecond
 	reconcileMaxRetry   = 2 * time.Second
@@ -27,7 +32,7 @@ const (
 // reconcileBatch is about how many claims one store call carries.
 const reconcileBatch = 256
 
-var reconcileConfirmations = []time.Duration{time.Second, time.Minute}
+var reconcileConfirmations = []time.Duration{100 * time.Millisecond, time.Second, time.Minute}
 
 // ReconcileOutcome is what became of a claim handed to a Reconciler.
 type ReconcileOutcome string
