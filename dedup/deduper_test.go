@@ -113,9 +113,12 @@ func TestDeduperAsksInFlightRedeliveriesToComeBack(t *testing.T) {
 func TestDeduperTreatsAnOldUnsettledClaimAsSettled(t *testing.T) {
 	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		d := newTestDeduper(s, pol.Shape)
+		d.Policy.InFlightTimeout = 200 * time.Millisecond
 		first := at(0, 52.5200087, 13.4049547)
 		d.claim(t, first) // its process dies: never settled, never released
+		// Both clocks: the claim's own, and the store's since it landed.
 		d.clock = d.clock.Add(d.Policy.InFlightTimeout)
+		time.Sleep(d.Policy.InFlightTimeout)
 		if v := d.verdict(t, first); v != suppressed(Redelivery) {
 			t.Fatalf("redelivery %s after the claim: %+v, want suppressed/redelivery", d.Policy.InFlightTimeout, v)
 		}

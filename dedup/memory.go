@@ -88,8 +88,8 @@ func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, err
 
 func (m *MemoryStore) decideTumbling(c *Claim, now int64) Verdict {
 	k := m.keys.key(c.Observation.Key)
-	if held, ok := live(m.claims, k, now); ok {
-		return judgeHeld(held, c)
+	if slot, ok := liveSlot(m.claims, k, now); ok {
+		return waitFromLanding(judgeHeld(slot.value, c), !slot.value.settled, slot.left(now), c.Policy)
 	}
 	put(m, m.claims, kindClaim, k, newRecord(c), c.Policy.TTL, now)
 	return accepted
@@ -97,8 +97,12 @@ func (m *MemoryStore) decideTumbling(c *Claim, now int64) Verdict {
 
 func (m *MemoryStore) decideTrack(c *Claim, now int64) Verdict {
 	stateKey, seenKey := m.keys.key(c.StateKey), m.keys.seen(c)
-	st, prior := optional(live(m.tracks, stateKey, now)), optional(live(m.seen, seenKey, now))
+	seen, ok := liveSlot(m.seen, seenKey, now)
+	st, prior := optional(live(m.tracks, stateKey, now)), optional(seen.value, ok)
 	v, next, record := judgeTrack(st, prior, c)
+	if ok {
+		v = waitFromLanding(v, seen.value.flag == flagPending, seen.left(now), c.Policy)
+	}
 	if next != nil {
 		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL, now)
 	}
@@ -212,12 +216,25 @@ func (m *MemoryStore) Evictions() uint64 {
 // live returns key's value in entries if it is unexpired at now, and
 // removes it if it has expired.
 func live[V any](entries map[hashedKey]memorySlot[V], key hashedKey, now int64) (V, bool) {
+	slot, ok := liveSlot(entries, key, now)
+	return slot.value, ok
+}
+
+// liveSlot is live's slot, expiry and all.
+func liveSlot[V any](entries map[hashedKey]memorySlot[V], key hashedKey, now int64) (memorySlot[V], bool) {
 	slot, ok := entries[key]
 	if ok && now >= slot.expires {
 		delete(entries, key)
 		ok = false
 	}
-	return slot.value, ok
+	return slot, ok
+}
+
+// left is how long the slot has to live, as Redis's PTTL says it: the
+// slot was stored with a fresh TTL when its claim reached the store, and
+// kept its expiry since, so it dates the landing the same way.
+func (s memorySlot[V]) left(now int64) time.Duration {
+	return time.Duration(s.expires - now)
 }
 
 // replace changes the value of a live key, keeping its expiry.

@@ -19,11 +19,12 @@ const DefaultReconcileQueue = 10_000
 // the store first answers, behind that answer in the server's socket buffer
 // or, after a network cut, in TCP retransmission for up to about a minute.
 // Acting by token again undoes what landed late and touches nothing else.
-// The first confirmation comes soon: a server that hung runs what its
-// sockets buffered the moment it resumes, possibly after the first answer
-// came on another connection, and the claim that lands then is already as
-// old as the hang, so it counts as settled (a redelivery told 200, the
-// observation lost) once in_flight_timeout has passed since it was made.
+// A claim that lands late waits in_flight_timeout from its landing before
+// it counts as settled (RedisStore dates it on Redis's clock), so a
+// confirmation within in_flight_timeout of the landing releases it before
+// any redelivery is told 200. The first comes soon: a server that hung
+// runs what its sockets buffered the moment it resumes, possibly after the
+// first answer came on another connection.
 const (
 	reconcileFirstRetry = 100 * time.Millisecond
 	reconcileMaxRetry   = 2 * time.Second

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // outcomes counts what a Reconciler reports.
@@ -165,6 +166,50 @@ func TestReconcilerOutlastsAHungRedis(t *testing.T) {
 	}
 	if v, err := decideOne(ctx, s, claimOf(pol, parked, 2, time.Now())); err != nil || v.Decision != Accepted {
 		t.Fatalf("the sender's retry: %v %v, want accepted", v, err)
+	}
+}
+
+// A claim a hung Redis runs from its socket buffer on resuming lands older
+// than in_flight_timeout by its claim time. Until its reconciler releases
+// it, a redelivery must be told to come back, not that it was delivered:
+// the claim waits in_flight_timeout from when it reached Redis, and only
+// then counts as settled.
+func TestClaimThatLandsLateWaitsFromItsLanding(t *testing.T) {
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			srv := redistest.Start(t)
+			s := newRedisStore(t, srv)
+			s.timeout = 50 * time.Millisecond
+			pol := testPolicy(shape)
+			pol.InFlightTimeout = 400 * time.Millisecond
+			ctx := context.Background()
+			ready := claimOf(pol, ping.Ping{Asset: "veh-1", Time: articleBase, Lat: 1, Lon: 1}, 9, time.Now())
+			if _, err := decideOne(ctx, s, ready); err != nil { // a connection ready before the hang
+				t.Fatal(err)
+			}
+
+			srv.Pause()
+			orphan := claimOf(pol, parked, 1, time.Now())
+			if _, err := decideOne(ctx, s, orphan); !MayHaveWritten(err) {
+				t.Fatalf("a claim on a hung Redis: %v, want a timeout", err)
+			}
+			time.Sleep(2 * pol.InFlightTimeout)
+			srv.Resume()
+			landed := time.Now()
+			for srv.Client().Exists(ctx, orphan.Key()).Val() == 0 {
+				if time.Since(landed) > time.Second {
+					t.Fatal("the claim written before the hang never landed")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if v, err := decideOne(ctx, s, claimOf(pol, parked, 2, time.Now())); err != nil || v != (Verdict{Decision: InFlight, Reason: Redelivery}) {
+				t.Fatalf("a redelivery just after the late claim landed: %v %v, want in flight", v, err)
+			}
+			time.Sleep(pol.InFlightTimeout - time.Since(landed) + 100*time.Millisecond)
+			if v, err := decideOne(ctx, s, claimOf(pol, parked, 3, time.Now())); err != nil || v != suppressed(Redelivery) {
+				t.Fatalf("a redelivery in_flight_timeout after it landed: %v %v, want suppressed (counts as settled)", v, err)
+			}
+		})
 	}
 }
 

@@ -133,7 +133,27 @@ func judgeHeld(held record, c *Claim) Verdict {
 
 // inFlight reports whether a pending claim made at claimedMs may still be
 // waiting for its upstream. A claim older than the in-flight timeout counts
-// as settled even if its request vanished (a killed process never settles).
+// as settled even if its request vanished (a killed process never settles),
+// unless waitFromLanding finds it reached the store later.
 func inFlight(pending bool, claimedMs int64, c *Claim) bool {
 	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < c.Policy.InFlightTimeout
+}
+
+// waitFromLanding is v, or in_flight if v suppresses a redelivery that
+// found a pending claim (older than in_flight_timeout by its claim time,
+// or v would say in_flight already) which reached the store less than
+// in_flight_timeout ago. The two differ for a claim a hung Redis ran from
+// its socket buffer on resuming, long after its request gave up: by its
+// claim time it would count as settled at once, and a redelivery told 200
+// before the reconciler released it would be lost. left is the claim's
+// remaining time to live, which dates its landing on the store's own
+// clock; a negative one (the key gone since, or unreadable) counts as just
+// landed, and one over the TTL (written under a longer TTL, since
+// reconfigured) cannot be dated, so the claim time stands.
+func waitFromLanding(v Verdict, pending bool, left time.Duration, pol *Policy) Verdict {
+	landedLately := left < 0 || (left <= pol.TTL && pol.TTL-left < pol.InFlightTimeout)
+	if pending && landedLately && v == suppressed(Redelivery) {
+		return Verdict{Decision: InFlight, Reason: Redelivery}
+	}
+	return v
 }

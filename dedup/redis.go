@@ -79,7 +79,41 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 			return nil, err
 		}
 	}
+	s.holdLateClaims(ctx, claims, verdicts)
 	return verdicts, nil
+}
+
+// holdLateClaims applies waitFromLanding to the tumbling redeliveries that
+// found a pending claim older than in_flight_timeout, dating each claim by
+// its key's remaining TTL: one more round trip, only for those, which
+// arise only after a hang or a vanished process. If Redis cannot say, the
+// redelivery is told to come back, the safe answer while a claim is
+// pending.
+func (s *RedisStore) holdLateClaims(ctx context.Context, claims []*Claim, verdicts []Verdict) {
+	var old []int
+	for i, c := range claims {
+		if c.Policy.Shape == Tumbling && c.held && !c.holder.settled && verdicts[i] == suppressed(Redelivery) {
+			old = append(old, i)
+		}
+	}
+	if len(old) == 0 {
+		return
+	}
+	cmds := make([]pipeline.Cmd, len(old))
+	for j, i := range old {
+		key := claims[i].Observation.Key
+		cmds[j] = pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.PTTL(ctx, key) }}
+	}
+	err := s.do(ctx, cmds)
+	for j, i := range old {
+		left := time.Duration(-1) // undated: counts as just landed
+		if err == nil {
+			if ttl, err := cmds[j].Result.(*redis.DurationCmd).Result(); err == nil {
+				left = ttl
+			}
+		}
+		verdicts[i] = waitFromLanding(verdicts[i], true, left, claims[i].Policy)
+	}
 }
 
 func claimCmd(c *Claim) pipeline.Cmd {

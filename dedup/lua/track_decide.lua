@@ -14,7 +14,8 @@
 -- follows (byte), and the track before the last acceptance (CORE), present
 -- only when the byte is 1.
 -- Seen value: 's' (suppressed), or 'p' (pending) / 'a' (settled) + token
--- (8 bytes) + claim time ms (i8).
+-- (8 bytes) + claim time ms (i8) + the time it reached Redis, Redis's clock,
+-- ms (i8; absent from values written before it was added).
 
 -- device time µs, lat, lon, bucket, token, metres per degree of longitude
 -- and of latitude, accuracy m, moving, at rest, event, state print, radius m
@@ -35,10 +36,23 @@ local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2 = 1.5, 4, 4, 70, 64, 3
 local now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local shape, window, idle = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 
+-- Redis's own clock, ms: when a claim reached it, which is later than the
+-- claim's time if a hung server ran it from its socket buffer on resuming.
+local function redisMs()
+	local tm = redis.call('TIME')
+	return tm[1] * 1000 + math.floor(tm[2] / 1000)
+end
+
+-- A pending claim waits in_flight_timeout from its claim time and from the
+-- time it reached Redis, each on its own clock: one that landed late is in
+-- flight until its request's reconciler has released it, not settled.
 local seen = redis.call('HGET', KEYS[2], ARGV[2])
 if seen then
-	if string.sub(seen, 1, 1) == 'p' and now - struct.unpack('>i8', seen, 10) < tonumber(ARGV[8]) then
-		return { 'in_flight', 'redelivery' }
+	if string.sub(seen, 1, 1) == 'p' then
+		local wait = tonumber(ARGV[8])
+		if now - struct.unpack('>i8', seen, 10) < wait or (#seen >= 25 and redisMs() - struct.unpack('>i8', seen, 18) < wait) then
+			return { 'in_flight', 'redelivery' }
+		end
 	end
 	return { 'suppressed', 'redelivery' }
 end
@@ -62,7 +76,7 @@ end
 
 local function remember(decision)
 	if decision == 'accepted' then
-		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8', now))
+		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()))
 	else
 		redis.call('HSET', KEYS[2], ARGV[2], 's')
 	end
