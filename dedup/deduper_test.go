@@ -125,6 +125,21 @@ func TestDeduperTreatsAnOldUnsettledClaimAsSettled(t *testing.T) {
 	})
 }
 
+// An instance whose clock runs ahead of the claiming one's sees a fresh
+// claim as older than in_flight_timeout; the store's own clock says it has
+// just landed, so a redelivery still waits for it.
+func TestDeduperWithAClockAheadStillWaitsForAPendingClaim(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		first := at(0, 52.5200087, 13.4049547)
+		d.claim(t, first)
+		d.clock = d.clock.Add(2 * d.Policy.InFlightTimeout)
+		if v := d.verdict(t, first); v.Decision != InFlight || v.Reason != Redelivery {
+			t.Fatalf("redelivery on a clock %s ahead: %+v, want in_flight/redelivery", 2*d.Policy.InFlightTimeout, v)
+		}
+	})
+}
+
 // Release undoes everything the failed request changed: in the track
 // shapes the asset's last accepted ping is the one before again, so the
 // retry is judged as if the failure had never happened.

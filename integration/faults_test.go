@@ -2,9 +2,11 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,16 +73,32 @@ func acceptedOnRetry(t *testing.T, client *http.Client, body []byte) {
 // warmRedisConnections sends a few pings at once, so that the store has
 // connections ready before a fault: a connection opened to a hung Redis
 // waits in its handshake and never writes the claim, which would leave
-// these tests nothing to reconcile.
-func warmRedisConnections(t *testing.T, client *http.Client) {
+// these tests nothing to reconcile. It then waits for their settlements,
+// which go after the answers: a batch of them still on its way when Redis
+// hangs holds up the pipeline, the claim made during the hang waits past
+// its timeout behind it and is never written, and again there would be
+// nothing to reconcile.
+func warmRedisConnections(t *testing.T, client *http.Client, srv *redistest.Server) {
 	t.Helper()
+	const n = 4
 	var wg sync.WaitGroup
-	for i := range 4 {
+	for i := range n {
 		wg.Go(func() {
 			post(t, client, ping(fmt.Sprintf("veh-warm-up-%d", i), base(), 52.5200087, 13.4049547))
 		})
 	}
 	wg.Wait()
+	rdb := srv.Client()
+	waitFor(t, func() bool {
+		ctx := context.Background()
+		keys := rdb.Keys(ctx, "*").Val()
+		for _, k := range keys {
+			if v := rdb.Get(ctx, k).Val(); !strings.HasPrefix(v, "a") { // a settled claim's record
+				return false
+			}
+		}
+		return len(keys) == n
+	})
 }
 
 // The first fault, failing closed: Redis hangs past the timeout, so
@@ -92,7 +110,7 @@ func TestTimedOutClaimIsReleasedFailingClosed(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}\n\t\ton_store_error closed")
-	warmRedisConnections(t, tester.Client)
+	warmRedisConnections(t, tester.Client, srv)
 	released := func() float64 {
 		return counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released"}) +
 			counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released_late"})
@@ -118,7 +136,7 @@ func TestTimedOutClaimIsReleasedWhenTheUncheckedForwardFails(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}")
-	warmRedisConnections(t, tester.Client)
+	warmRedisConnections(t, tester.Client, srv)
 	body := ping("veh-hung-open-failed", base(), 52.5200087, 13.4049547)
 	var took committed
 	var once sync.Once
@@ -150,7 +168,7 @@ func TestTimedOutClaimIsSettledWhenTheUncheckedForwardSucceeds(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}")
-	warmRedisConnections(t, tester.Client)
+	warmRedisConnections(t, tester.Client, srv)
 	settled := func() float64 {
 		return counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "settled"})
 	}
