@@ -33,7 +33,10 @@ const (
 // reconcileBatch is about how many claims one store call carries.
 const reconcileBatch = 256
 
-var reconcileConfirmations = []time.Duration{100 * time.Millisecond, time.Second, time.Minute}
+// The gaps between confirmations are no longer than DefaultInFlightTimeout,
+// so that with it every claim landing in the first minute meets one before
+// it could count as settled.
+var reconcileConfirmations = []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
 
 // ReconcileOutcome is what became of a claim handed to a Reconciler.
 type ReconcileOutcome string
@@ -326,13 +329,15 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 }
 
 // finish takes j off the queue, counting its claims as outcome if given.
+// It counts them first: whoever sees the queue shorter (Len, the pending
+// gauge) then also sees their outcome.
 func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
-	r.mu.Lock()
-	r.claims -= len(j.claims)
-	r.mu.Unlock()
 	if outcome != "" {
 		r.count(outcome, len(j.claims))
 	}
+	r.mu.Lock()
+	r.claims -= len(j.claims)
+	r.mu.Unlock()
 }
 
 func (r *Reconciler) count(outcome ReconcileOutcome, n int) {
