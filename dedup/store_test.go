@@ -346,6 +346,58 @@ func TestRedisTracksWithoutAnUndoRecordReadTheSameInEitherLayout(t *testing.T) {
 	}
 }
 
+// Redis-specific: an accepted ping's seen value carries the time it
+// reached Redis, which earlier versions did not write. A value without it
+// must be judged by its claim time alone, and settle and release it as
+// before, so that instances of either version can share a Redis while they
+// are upgraded.
+func TestRedisSeenValuesWithoutALandingTimeReadAsBefore(t *testing.T) {
+	const withLanding, withoutLanding = 1 + 8 + 8 + 8, 1 + 8 + 8 // flag, token, claim time[, landing]
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			ctx, pol := context.Background(), testPolicy(shape)
+			srv := redistest.Start(t)
+			s, rdb := newRedisStore(t, srv), srv.Client()
+			at := time.Now()
+			asEarlierVersions := func(c *Claim) {
+				t.Helper()
+				v := rdb.HGet(ctx, c.SeenKey, seenField(c)).Val()
+				if len(v) != withLanding {
+					t.Fatalf("an accepted ping's seen value is %d bytes, want %d", len(v), withLanding)
+				}
+				rdb.HSet(ctx, c.SeenKey, seenField(c), v[:withoutLanding])
+			}
+
+			old := claimOf(pol, parked, 1, at)
+			decide(t, s, old)
+			asEarlierVersions(old)
+			if v := decide(t, s, claimOf(pol, parked, 2, at.Add(time.Second))); v.Decision != InFlight {
+				t.Fatalf("a redelivery while the claim is young: %+v, want in flight", v)
+			}
+			if v := decide(t, s, claimOf(pol, parked, 3, at.Add(pol.InFlightTimeout))); v != suppressed(Redelivery) {
+				t.Fatalf("a redelivery in_flight_timeout after the claim: %+v, want suppressed (counts as settled by its claim time)", v)
+			}
+
+			other := parked
+			other.Asset = "veh-89"
+			settled, released := claimOf(pol, other, 4, at), claimOf(pol, ping.Ping{Asset: "veh-90", Time: articleBase, Lat: 1, Lon: 1}, 5, at)
+			for _, c := range []*Claim{settled, released} {
+				decide(t, s, c)
+				asEarlierVersions(c)
+			}
+			if err := settleOne(ctx, s, settled); err != nil {
+				t.Fatal(err)
+			}
+			if v := decide(t, s, claimOf(pol, other, 6, at.Add(time.Second))); v != suppressed(Redelivery) {
+				t.Fatalf("a redelivery after settling: %+v, want suppressed", v)
+			}
+			if ok, err := releaseOne(ctx, s, released); err != nil || !ok {
+				t.Fatalf("releasing: %v %v", ok, err)
+			}
+		})
+	}
+}
+
 func TestRedisStoreReportsAnUnreachableServer(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newRedisStore(t, srv)
