@@ -152,8 +152,15 @@ func inFlight(pending bool, claimedMs int64, c *Claim) bool {
 // reconfigured) cannot be dated, so the claim time stands.
 func waitFromLanding(v Verdict, pending bool, left time.Duration, pol *Policy) Verdict {
 	landedLately := left < 0 || (left <= pol.TTL && pol.TTL-left < pol.InFlightTimeout)
-	if pending && landedLately && v == suppressed(Redelivery) {
+	if settledByClaimTime(v, pending) && landedLately {
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	}
 	return v
+}
+
+// settledByClaimTime reports whether v suppresses a redelivery of a pending
+// claim, which only its claim time made count as settled: the one verdict
+// waitFromLanding may change, and so the only one worth dating a claim for.
+func settledByClaimTime(v Verdict, pending bool) bool {
+	return pending && v == suppressed(Redelivery)
 }

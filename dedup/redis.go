@@ -92,7 +92,7 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 func (s *RedisStore) holdLateClaims(ctx context.Context, claims []*Claim, verdicts []Verdict) {
 	var old []int
 	for i, c := range claims {
-		if c.Policy.Shape == Tumbling && c.held && !c.holder.settled && verdicts[i] == suppressed(Redelivery) {
+		if c.Policy.Shape == Tumbling && c.held && settledByClaimTime(verdicts[i], !c.holder.settled) {
 			old = append(old, i)
 		}
 	}
