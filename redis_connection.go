@@ -26,9 +26,13 @@ type redisConnection struct {
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
 	where := describeTopology(r)
+	c := &redisConnection{}
 	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
 		metricsOnce.Do(initMetrics)
 		metrics.breakerTransitions.WithLabelValues(to.String()).Inc()
+		if to == dedup.BreakerClosed && c.reconciler != nil {
+			c.reconciler.Wake() // Redis answers again: release what waited for it now, not after a backoff
+		}
 		if to == dedup.BreakerOpen {
 			logger.Warn("redis store circuit breaker opened: skipping Redis and applying on_store_error until a probe succeeds",
 				zap.String("redis", where), zap.String("from", from.String()), zap.Error(cause))
@@ -37,7 +41,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
 	})
 	client := redis.NewUniversalClient(opts)
-	c := &redisConnection{client: client, pipeline: pipeline.New(client), breaker: breaker}
+	c.client, c.pipeline, c.breaker = client, pipeline.New(client), breaker
 	store := dedup.NewRedisStore(c.pipeline, r.operationTimeout())
 	c.store = breaker.Guard(store)
 	// The reconciler backs off on its own, and goes around the breaker: its

@@ -153,6 +153,25 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 	return true
 }
 
+// Wake makes the claims waiting out a backoff due now: the store answers
+// again (its breaker closed), and each moment a released claim waits is a
+// moment in which a retry of its observation may find it older than
+// in_flight_timeout and be told it was delivered.
+func (r *Reconciler) Wake() {
+	now := time.Now()
+	r.mu.Lock()
+	for _, j := range r.jobs {
+		if j.failures > 0 {
+			j.due = now
+		}
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 // Len returns how many claims are waiting.
 func (r *Reconciler) Len() int {
 	r.mu.Lock()

@@ -279,6 +279,32 @@ func TestReconcilerIsBounded(t *testing.T) {
 
 // A store that never answers within the claim's TTL: there is nothing left
 // to act on, and the claim is let go.
+// A store that answers again is told so (its breaker closes): the claims
+// waiting out a backoff go now, not when their backoff ends.
+func TestReconcilerWakesWhenTheStoreAnswersAgain(t *testing.T) {
+	store := &downStore{Store: NewMemoryStore(0)}
+	pol := testPolicy(Tumbling)
+	orphan := claimOf(pol, parked, 1, time.Now())
+	if _, err := decideOne(context.Background(), store.Store, orphan); err != nil {
+		t.Fatal(err)
+	}
+	r, o := testReconciler(t, store, 0)
+	r.Hand([]*Claim{orphan}, true)
+	time.Sleep(1600 * time.Millisecond) // tries at 0, 0.1, 0.3, 0.7 and 1.5 s: the next is 1.6 s after the last
+	store.mu.Lock()
+	store.up = true
+	store.mu.Unlock()
+	woken := time.Now()
+	r.Wake()
+	drained(t, r)
+	if got := o.String(); got != "map[released:1]" {
+		t.Fatalf("outcomes %s, want released", got)
+	}
+	if waited := time.Since(woken); waited > 400*time.Millisecond {
+		t.Fatalf("released %s after the wake-up: it waited out its backoff", waited)
+	}
+}
+
 func TestReconcilerGivesUpAtTheTTL(t *testing.T) {
 	pol := testPolicy(Tumbling)
 	pol.TTL = 300 * time.Millisecond
