@@ -111,9 +111,9 @@ func (s *settings) readsForm(ct contentType) bool {
 
 func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
 	req := newRequest(batch)
-	parser := &h.settings.parser
+	parser, extracts := &h.settings.parser, h.settings.extracts
 	if batch.Framing == ping.Form {
-		parser = &h.settings.formParser
+		parser, extracts = &h.settings.formParser, h.settings.formExtracts
 	}
 	now := time.Now()
 	var scope string
@@ -124,7 +124,7 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 	for i, raw := range batch.Elements {
 		e := &req.elements[i]
 		e.raw = batch.Sent(i)
-		p, err := h.readPing(parser, raw, repl, scopeErr, now)
+		p, err := h.readPing(parser, extracts, raw, repl, scopeErr, now)
 		switch {
 		case errors.Is(err, ping.ErrNotAPing):
 			e.decision, e.reason = decisionSkipped, reasonNotAPing
@@ -137,12 +137,13 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 	return req
 }
 
-// readPing reads and validates one ping with parser. scopeErr is why the
-// request's key scope could not be filled, if it could not: the ping's own
-// faults are reported first, as they would be without a scope.
-func (h *Handler) readPing(parser *ping.Parser, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
+// readPing reads one ping through extracts, the cache in front of parser,
+// and validates it with parser. scopeErr is why the request's key scope
+// could not be filled, if it could not: the ping's own faults are reported
+// first, as they would be without a scope.
+func (h *Handler) readPing(parser *ping.Parser, extracts *ping.ExtractCache, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
 	s := &h.settings
-	if p, err = parser.Extract(raw); err != nil {
+	if p, err = extracts.Extract(raw); err != nil {
 		return p, err
 	}
 	if s.assetTemplate != "" {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 func init() {
@@ -290,6 +291,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	s := &h.settings
 	s.keyer.Cells = new(dedup.CellCache)
+	s.extracts = ping.NewExtractCache(s.parser)
+	if s.encoding != encodingJSON {
+		s.formExtracts = ping.NewExtractCache(s.formParser)
+	}
 	h.storeErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)

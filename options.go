@@ -35,7 +35,10 @@ const (
 type settings struct {
 	// parser reads JSON pings, formParser pings in form fields.
 	parser, formParser ping.Parser
-	splitter           ping.Splitter
+	// extracts and formExtracts remember what each parser read of the
+	// latest pings, for the retries that repeat them byte for byte.
+	extracts, formExtracts *ping.ExtractCache
+	splitter               ping.Splitter
 	// encoding says where a request's fields are: json, form or auto.
 	encoding      string
 	answers       answers

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/seqlock"
 )
 
 // A CellCache remembers 2^cellCacheBits coordinates: far more than the
@@ -28,7 +30,7 @@ type CellCache struct {
 
 // cellSlot holds the last coordinates that hashed to it.
 type cellSlot struct {
-	lock     seqLock
+	lock     seqlock.Lock
 	lat, lon atomic.Uint64 // the float64 bits
 	cell     atomic.Uint64
 }
@@ -54,13 +56,13 @@ func slotOf(lat, lon uint64) uint64 {
 }
 
 func (s *cellSlot) lookup(lat, lon uint64, res int) (h3.Cell, bool) {
-	seq, ok := s.lock.readBegin()
+	seq, ok := s.lock.ReadBegin()
 	if !ok {
 		return 0, false
 	}
 	hit := s.lat.Load() == lat && s.lon.Load() == lon
 	cell := h3.Cell(s.cell.Load())
-	if !hit || !s.lock.readValid(seq) || cell == 0 || cellResolution(cell) != res {
+	if !hit || !s.lock.ReadValid(seq) || cell == 0 || cellResolution(cell) != res {
 		return 0, false
 	}
 	return cell, true
@@ -69,14 +71,14 @@ func (s *cellSlot) lookup(lat, lon uint64, res int) (h3.Cell, bool) {
 // store fills the slot, unless another writer is filling it: a cache may
 // forget.
 func (s *cellSlot) store(lat, lon uint64, cell h3.Cell) {
-	seq, ok := s.lock.tryLock()
+	seq, ok := s.lock.TryLock()
 	if !ok {
 		return
 	}
 	s.lat.Store(lat)
 	s.lon.Store(lon)
 	s.cell.Store(uint64(cell))
-	s.lock.unlock(seq)
+	s.lock.Unlock(seq)
 }
 
 // cellResolution reads the resolution an H3 index carries in bits 52-55,

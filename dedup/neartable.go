@@ -3,6 +3,8 @@ package dedup
 import (
 	"math/bits"
 	"sync/atomic"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/seqlock"
 )
 
 // nearWays is how many slots a set of the near cache's table has: a key
@@ -16,7 +18,7 @@ const nearWays = 8
 // library's entries are objects (a node each, with the pointers of its
 // eviction policy): at the default 100,000 entries those were 100,000
 // objects for every collection of the whole process to mark, and a node to
-// allocate for every accepted ping. Reads take no lock (see seqLock). When
+// allocate for every accepted ping. Reads take no lock (see seqlock.Lock). When
 // a key's set is full, the entry that expires soonest gives way, which, as
 // the entries of one store share a TTL, is the one claimed longest ago.
 type nearTable struct {
@@ -27,7 +29,7 @@ type nearSet [nearWays]nearSlot
 
 // nearSlot is one cached entry: 64 bytes, the size of a cache line.
 type nearSlot struct {
-	lock       seqLock
+	lock       seqlock.Lock
 	key0, key1 atomic.Uint64
 	// expires is when the entry ends, in Unix ns on the claims' clock; 0
 	// for a slot never filled.
@@ -98,7 +100,7 @@ func (t *nearTable) len() int {
 }
 
 func (s *nearSlot) read(key hashedKey, now int64) (nearEntry, bool) {
-	seq, ok := s.lock.readBegin()
+	seq, ok := s.lock.ReadBegin()
 	if !ok {
 		return nearEntry{}, false
 	}
@@ -114,11 +116,11 @@ func (s *nearSlot) read(key hashedKey, now int64) (nearEntry, bool) {
 		},
 	}
 	same := s.key0.Load() == key[0] && s.key1.Load() == key[1]
-	return e, same && now < e.expires && s.lock.readValid(seq)
+	return e, same && now < e.expires && s.lock.ReadValid(seq)
 }
 
 func (s *nearSlot) write(key hashedKey, e nearEntry) {
-	seq, ok := s.lock.tryLock()
+	seq, ok := s.lock.TryLock()
 	if !ok {
 		return
 	}
@@ -129,5 +131,5 @@ func (s *nearSlot) write(key hashedKey, e nearEntry) {
 	s.sighting.Store(e.holder.sighting)
 	s.tokenPosition.Store(uint64(e.holder.token) | uint64(e.holder.position)<<32)
 	s.settled.Store(e.holder.settled)
-	s.lock.unlock(seq)
+	s.lock.Unlock(seq)
 }
