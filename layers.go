@@ -111,9 +111,9 @@ func (s *settings) readsForm(ct contentType) bool {
 
 func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
 	req := newRequest(batch)
-	parser, extracts := &h.settings.parser, h.settings.extracts
+	extracts := h.settings.extracts
 	if batch.Framing == ping.Form {
-		parser, extracts = &h.settings.formParser, h.settings.formExtracts
+		extracts = h.settings.formExtracts
 	}
 	now := time.Now()
 	var scope string
@@ -124,7 +124,7 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 	for i, raw := range batch.Elements {
 		e := &req.elements[i]
 		e.raw = batch.Sent(i)
-		p, err := h.readPing(parser, extracts, raw, repl, scopeErr, now)
+		p, err := h.readPing(extracts, raw, repl, scopeErr, now)
 		switch {
 		case errors.Is(err, ping.ErrNotAPing):
 			e.decision, e.reason = decisionSkipped, reasonNotAPing
@@ -137,11 +137,11 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 	return req
 }
 
-// readPing reads one ping through extracts, the cache in front of parser,
-// and validates it with parser. scopeErr is why the request's key scope
+// readPing reads one ping through extracts and validates it with the
+// cache's parser. scopeErr is why the request's key scope
 // could not be filled, if it could not: the ping's own faults are reported
 // first, as they would be without a scope.
-func (h *Handler) readPing(parser *ping.Parser, extracts *ping.ExtractCache, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
+func (h *Handler) readPing(extracts *ping.ExtractCache, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
 	s := &h.settings
 	if p, err = extracts.Extract(raw); err != nil {
 		return p, err
@@ -154,7 +154,7 @@ func (h *Handler) readPing(parser *ping.Parser, extracts *ping.ExtractCache, raw
 	if scopeErr != nil {
 		return p, scopeErr
 	}
-	return p, parser.Validate(p, now)
+	return p, extracts.Parser().Validate(p, now)
 }
 
 // refuse marks an element that cannot be keyed: rejected with the answer

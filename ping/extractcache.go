@@ -52,6 +52,10 @@ func NewExtractCache(p Parser) *ExtractCache {
 	return &ExtractCache{parser: p, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
 }
 
+// Parser is the parser the cache stands in front of, for what it does
+// besides Extract (Validate).
+func (c *ExtractCache) Parser() *Parser { return &c.parser }
+
 // Extract returns what the parser's Extract returns for body, sharing
 // body's memory in the same way.
 func (c *ExtractCache) Extract(body []byte) (Ping, error) {
