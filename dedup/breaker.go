@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -62,6 +63,8 @@ type Breaker struct {
 	cooldown time.Duration
 	onChange func(from, to BreakerState, cause error)
 	now      func() time.Time
+	// beforeProbe, if set, runs before a probe's own call (BeforeProbe).
+	beforeProbe func(context.Context) error
 
 	mu          sync.Mutex
 	state       BreakerState
@@ -92,33 +95,59 @@ func (b *Breaker) State() BreakerState {
 	return b.state
 }
 
+// BeforeProbe makes every probe first call f, and go to the store only if
+// f succeeds; if it fails, the probe has failed. A connection whose
+// reconciler owes releases passes its ReleaseOwed: the first request let
+// through after an outage may be the retry of an observation whose failed
+// request's claim still waits to be released, by then older than
+// in_flight_timeout, and it must find that claim gone, not settled. Set it
+// before the breaker is used.
+func (b *Breaker) BeforeProbe(f func(context.Context) error) { b.beforeProbe = f }
+
 // Guard wraps s so that Decide and Settle go through the breaker. Release
 // always tries the store, since an accepted claim that cannot be released
 // may cost an observation, but its outcome still counts.
 func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b} }
 
-// allow reports whether a call may go to the store now. Once the wait is
-// over the first caller becomes the probe.
-func (b *Breaker) allow() bool {
+// allow reports whether a call may go to the store now, and whether it is
+// the probe. Once the wait is over the first caller becomes the probe.
+func (b *Breaker) allow() (ok, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case BreakerClosed:
-		return true
+		return true, false
 	case BreakerOpen:
 		if b.now().Sub(b.openedAt) < b.wait {
-			return false
+			return false, false
 		}
 		b.transition(BreakerHalfOpen, nil)
 		b.probing = true
-		return true
+		return true, true
 	default: // half open: one probe at a time
 		if b.probing {
-			return false
+			return false, false
 		}
 		b.probing = true
-		return true
+		return true, true
 	}
+}
+
+// enter lets a call through or says why not: the breaker is open, or the
+// probe's first step (BeforeProbe) failed, in which case the probe counts
+// as failed and the call is not made either.
+func (b *Breaker) enter(ctx context.Context) error {
+	ok, probe := b.allow()
+	if !ok {
+		return ErrBreakerOpen
+	}
+	if probe && b.beforeProbe != nil {
+		if err := b.beforeProbe(ctx); err != nil {
+			b.done(err)
+			return fmt.Errorf("%w (what the store owed before the probe failed: %w)", ErrBreakerOpen, err)
+		}
+	}
+	return nil
 }
 
 // done records a call's outcome. A call cancelled by its own caller (the
@@ -170,8 +199,8 @@ type guardedStore struct {
 }
 
 func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
-	if !g.breaker.allow() {
-		return nil, ErrBreakerOpen
+	if err := g.breaker.enter(ctx); err != nil {
+		return nil, err
 	}
 	v, err := g.next.Decide(ctx, claims)
 	g.breaker.done(err)
@@ -179,8 +208,8 @@ func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, e
 }
 
 func (g guardedStore) Settle(claims []*Claim, done func(error)) {
-	if !g.breaker.allow() {
-		done(ErrBreakerOpen)
+	if err := g.breaker.enter(context.Background()); err != nil {
+		done(err)
 		return
 	}
 	g.next.Settle(claims, func(err error) {

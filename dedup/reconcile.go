@@ -88,6 +88,9 @@ type Reconciler struct {
 	report   func(ReconcileOutcome, int)
 	confirm  []time.Duration
 
+	// working is held while jobs taken off the queue are worked on, so
+	// that ReleaseOwed never overtakes a pass already on its way.
+	working sync.Mutex
 	mu      sync.Mutex
 	jobs    []*reconcileJob
 	claims  int // in jobs
@@ -228,6 +231,8 @@ func (r *Reconciler) untilNext() time.Duration {
 // work does every job that is due, the releases in one store call and the
 // settlements in another.
 func (r *Reconciler) work() {
+	r.working.Lock()
+	defer r.working.Unlock()
 	now := time.Now()
 	r.mu.Lock()
 	var due []*reconcileJob
@@ -255,20 +260,67 @@ func (r *Reconciler) work() {
 	}
 	for _, jobs := range [][]*reconcileJob{releases, settles} {
 		for len(jobs) > 0 {
-			n, claims := 0, 0
-			for n < len(jobs) && (n == 0 || claims+len(jobs[n].claims) <= reconcileBatch) {
-				claims += len(jobs[n].claims)
-				n++
-			}
-			r.attempt(jobs[:n])
+			n := nextBatch(jobs)
+			_ = r.attempt(context.Background(), jobs[:n]) // a failed pass is rescheduled
 			jobs = jobs[n:]
 		}
 	}
 }
 
+// ReleaseOwed makes now, and waits for, the releases the store has not yet
+// answered: those still waiting out a backoff after failing, and those just
+// handed over. A store whose breaker is about to let a request through
+// again calls it first (Breaker.BeforeProbe): a claim whose release waits
+// here may by then be older than in_flight_timeout, and the retry of its
+// observation, coming through first, would be told it was delivered. It
+// returns the store's error if a release failed; what was not released is
+// then retried with its backoff as before.
+func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
+	r.working.Lock()
+	defer r.working.Unlock()
+	now := time.Now()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	var owed []*reconcileJob
+	r.jobs = slices.DeleteFunc(r.jobs, func(j *reconcileJob) bool {
+		if !j.release || j.answers > 0 || j.expired(now) { // confirmations and expired claims can wait for work
+			return false
+		}
+		owed = append(owed, j)
+		return true
+	})
+	r.mu.Unlock()
+	for len(owed) > 0 {
+		n := nextBatch(owed)
+		if err := r.attempt(ctx, owed[:n]); err != nil {
+			for _, j := range owed[n:] {
+				r.requeue(j)
+			}
+			return err
+		}
+		owed = owed[n:]
+	}
+	return nil
+}
+
+// nextBatch is how many of jobs one store call takes: whole jobs, up to
+// about reconcileBatch claims, and at least one.
+func nextBatch(jobs []*reconcileJob) int {
+	n, claims := 0, 0
+	for n < len(jobs) && (n == 0 || claims+len(jobs[n].claims) <= reconcileBatch) {
+		claims += len(jobs[n].claims)
+		n++
+	}
+	return n
+}
+
 // attempt makes one store call for jobs, all releases or all settlements,
-// and reschedules or finishes each by its answer.
-func (r *Reconciler) attempt(jobs []*reconcileJob) {
+// and reschedules or finishes each by its answer. It returns the store's
+// error, if the call failed.
+func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) error {
 	var claims []*Claim
 	for _, j := range jobs {
 		claims = append(claims, j.claims...)
@@ -276,9 +328,9 @@ func (r *Reconciler) attempt(jobs []*reconcileJob) {
 	var released []bool
 	var err error
 	if jobs[0].release {
-		released, err = r.store.Release(context.Background(), claims)
+		released, err = r.store.Release(ctx, claims)
 	} else {
-		err = WaitSettled(context.Background(), r.store, claims)
+		err = WaitSettled(ctx, r.store, claims)
 	}
 	now := time.Now()
 	for _, j := range jobs {
@@ -294,6 +346,7 @@ func (r *Reconciler) attempt(jobs []*reconcileJob) {
 		}
 		r.answered(j, mine, now)
 	}
+	return err
 }
 
 // answered records a store's answer to one pass over j: the first answer

@@ -216,9 +216,20 @@ func TestClaimThatLandsLateWaitsFromItsLanding(t *testing.T) {
 // downStore fails every call until up is set.
 type downStore struct {
 	Store
-	mu    sync.Mutex
-	up    bool
-	calls int
+	mu      sync.Mutex
+	up      bool
+	calls   int
+	decides int
+}
+
+func (d *downStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
+	d.mu.Lock()
+	d.decides++
+	d.mu.Unlock()
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	return d.Store.Decide(ctx, claims)
 }
 
 func (d *downStore) err() error {
@@ -229,6 +240,12 @@ func (d *downStore) err() error {
 		return nil
 	}
 	return errors.New("i/o timeout")
+}
+
+func (d *downStore) callCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.calls
 }
 
 func (d *downStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
@@ -261,9 +278,7 @@ func TestReconcilerIsBounded(t *testing.T) {
 		t.Fatal("a claim beyond the bound was taken")
 	}
 	time.Sleep(time.Second)
-	store.mu.Lock()
-	calls := store.calls
-	store.mu.Unlock()
+	calls := store.callCount()
 	// 100, 200, 400 ms: at most 4 tries of each of the two calls in a second.
 	if calls < 2 || calls > 10 {
 		t.Fatalf("%d store calls in a second while the store was down; want a few, backing off", calls)
@@ -302,6 +317,86 @@ func TestReconcilerWakesWhenTheStoreAnswersAgain(t *testing.T) {
 	}
 	if waited := time.Since(woken); waited > 400*time.Millisecond {
 		t.Fatalf("released %s after the wake-up: it waited out its backoff", waited)
+	}
+}
+
+// After an outage, the first request the breaker lets through may be the
+// retry of an observation whose failed request's claim still waits in the
+// reconciler to be released, by then older than in_flight_timeout. The
+// probe releases what the reconciler owes first, so the retry is accepted
+// and passed on, not told that its observation was delivered.
+func TestProbeReleasesWhatTheReconcilerOwesFirst(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		pol.InFlightTimeout = 200 * time.Millisecond
+		ctx := context.Background()
+		failed := claimOf(pol, parked, 1, time.Now())
+		if v, err := decideOne(ctx, s, failed); err != nil || v.Decision != Accepted {
+			t.Fatalf("the first request's claim: %v %v", v, err)
+		}
+		store := &downStore{Store: s}
+		r, o := testReconciler(t, store, 0)
+		breaker := NewBreaker(1, time.Hour, nil)
+		breaker.BeforeProbe(r.ReleaseOwed)
+		guarded := breaker.Guard(store)
+
+		// The store goes away: the upstream failed, the release failed and
+		// waits in the reconciler, and the breaker opens.
+		r.Hand([]*Claim{failed}, true)
+		if _, err := decideOne(ctx, guarded, claimOf(pol, parked, 2, time.Now())); err == nil || breaker.State() != BreakerOpen {
+			t.Fatalf("a claim while the store is down: %v, breaker %s", err, breaker.State())
+		}
+		// The reconciler tries at 0, 0.1, 0.3 and 0.7 s, then at 1.5 s: the
+		// store comes back just after the 0.7 s try, when the claim is
+		// older than in_flight_timeout and the breaker's wait is over.
+		for store.callCount() < 5 { // the claim above, and four releases
+			time.Sleep(5 * time.Millisecond)
+		}
+		store.mu.Lock()
+		store.up = true
+		store.mu.Unlock()
+
+		retry := claimOf(pol, parked, 3, time.Now())
+		if v, err := decideOne(ctx, guarded, retry); err != nil || v.Decision != Accepted {
+			t.Fatalf("the sender's retry, the breaker's probe: %v %v, want accepted (the failed request's claim released first)", v, err)
+		}
+		if got := o.String(); got != "map[released:1]" {
+			t.Fatalf("outcomes %s, want the failed request's claim released", got)
+		}
+		if breaker.State() != BreakerClosed {
+			t.Fatalf("breaker %s after a successful probe", breaker.State())
+		}
+	})
+}
+
+// While what the reconciler owes cannot be released, the probe fails
+// without making its own call: the retry does not overtake the release.
+func TestProbeFailsWhileWhatIsOwedCannotBeReleased(t *testing.T) {
+	store := &downStore{Store: NewMemoryStore(0)}
+	r, _ := testReconciler(t, store, 0)
+	breaker := NewBreaker(1, time.Hour, nil)
+	breaker.BeforeProbe(r.ReleaseOwed)
+	guarded := breaker.Guard(store)
+	pol := testPolicy(Tumbling)
+	ctx := context.Background()
+	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	if _, err := decideOne(ctx, guarded, claimOf(pol, parked, 2, time.Now())); err == nil {
+		t.Fatal("a claim went through a store that is down")
+	}
+	time.Sleep(breakerFirstProbe)
+	store.mu.Lock()
+	decides := store.decides
+	store.mu.Unlock()
+	_, err := decideOne(ctx, guarded, claimOf(pol, parked, 3, time.Now()))
+	if !errors.Is(err, ErrBreakerOpen) || MayHaveWritten(err) {
+		t.Fatalf("the probe while the release still fails: %v, want the breaker's error (nothing written)", err)
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.decides != decides {
+		t.Fatal("the probe's own claim went to the store ahead of the release it waits for")
+	}
+	if breaker.State() != BreakerOpen {
+		t.Fatalf("breaker %s after a failed probe, want open", breaker.State())
 	}
 }
 
