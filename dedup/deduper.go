@@ -31,7 +31,9 @@ type Claim struct {
 	StateKey, SeenKey string
 
 	// holder is, after a tumbling claim lost (held), the claim that holds
-	// its key, as the store returned it: what a near cache remembers.
+	// its key, as the store returned it, and after a redelivery in the
+	// track shapes found its ping settled, that ping's claim: what a near
+	// cache remembers.
 	holder record
 	held   bool
 }

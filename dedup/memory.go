@@ -102,6 +102,7 @@ func (m *MemoryStore) decideTrack(c *Claim, now int64) Verdict {
 	v, next, record := judgeTrack(st, prior, c)
 	if ok {
 		v = waitFromLanding(v, seen.value.flag == flagPending, seen.left(now), c.Policy)
+		holdSettledSeen(c, seen.value)
 	}
 	if next != nil {
 		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL, now)

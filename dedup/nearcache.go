@@ -74,14 +74,16 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 		v := decided[j]
 		verdicts[at[j]] = v
 		switch {
-		case c.Policy.Shape != Tumbling:
-			// A fresh suppression is recorded as final; a redelivery may
-			// have met a pending entry merely past the in-flight timeout.
-			if v.Decision == Suppressed && v.Reason != Redelivery {
-				n.remember(c, newRecord(c))
-			}
-		case v.Decision == Suppressed && c.held && c.holder.settled:
+		case v.Decision != Suppressed:
+		case c.held && c.holder.settled:
+			// A settled holder (tumbling), or the settled ping a track
+			// shape's redelivery found: cached as long as its key lives.
 			n.remember(c, c.holder)
+		case c.Policy.Shape != Tumbling && v.Reason != Redelivery:
+			// A fresh suppression is final. A redelivery that found no
+			// settled ping may have met a pending one merely past the
+			// in-flight timeout, or a suppressed one of unknown age.
+			n.remember(c, newRecord(c))
 		}
 	}
 	return verdicts, nil

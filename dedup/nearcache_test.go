@@ -164,6 +164,53 @@ func TestNearCacheAnswersFinalRedeliveriesOfTheTrackShapes(t *testing.T) {
 	}
 }
 
+// In the track shapes, a redelivery of a ping settled out of the cache's
+// sight (by another instance, or before newer pings pushed its entry out)
+// is cached from the store's answer, for as long as that ping's seen entry
+// lives; a redelivery that met a ping merely pending past the in-flight
+// timeout is not: its request may still fail and release it.
+func TestNearCacheLearnsSettledPingsOfTheTrackShapesFromTheStore(t *testing.T) {
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			n := newNearCached(t)
+			ctx := context.Background()
+			pol := testPolicy(shape)
+			pol.InFlightTimeout = 50 * time.Millisecond
+			elsewhere := claimOf(pol, parked, 1, articleBase) // decided straight in Redis, as another Caddy would
+			decideOne(ctx, n.redis, elsewhere)
+			settleOne(ctx, n.redis, elsewhere)
+			for i := range 3 {
+				if v := decide(t, n, claimOf(pol, parked, uint64(i+2), articleBase.Add(time.Minute))); v != suppressed(Redelivery) {
+					t.Fatalf("redelivery %d: %+v", i, v)
+				}
+			}
+			if n.miss != 1 || n.hits != 2 {
+				t.Fatalf("%d misses and %d hits for three redeliveries of a settled ping; want the first a miss, then hits", n.miss, n.hits)
+			}
+			if _, ok := n.lookup(claimOf(pol, parked, 5, articleBase.Add(pol.TTL-nearCacheMargin-time.Millisecond))); !ok {
+				t.Fatal("not cached for the settled ping's life")
+			}
+			if _, ok := n.lookup(claimOf(pol, parked, 6, articleBase.Add(pol.TTL-nearCacheMargin))); ok {
+				t.Fatal("cached past the settled ping's own expiry (dated by the redelivery, not by the ping)")
+			}
+
+			other := parked
+			other.Asset = "veh-99"
+			decideOne(ctx, n.redis, claimOf(pol, other, 7, time.Now())) // pending: its request never finishes
+			time.Sleep(2 * pol.InFlightTimeout)
+			hits := n.hits
+			for i := range 2 {
+				if v := decide(t, n, claimOf(pol, other, uint64(i+8), time.Now())); v != suppressed(Redelivery) {
+					t.Fatalf("redelivery %d of a ping pending past the in-flight timeout: %+v", i, v)
+				}
+			}
+			if n.hits != hits {
+				t.Fatal("a redelivery that met a pending ping was answered from the cache")
+			}
+		})
+	}
+}
+
 // A full near cache is nothing for the collector to scan: no object an
 // entry and no pointer, where a cache library's node made 100,000 entries
 // 100,000 objects (127-134 scannable bytes each) for every collection of

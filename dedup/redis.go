@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -73,7 +74,7 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 		if c.Policy.Shape == Tumbling {
 			verdicts[i], err = claimVerdict(c, cmds[i].Result.(*redis.StatusCmd))
 		} else {
-			verdicts[i], err = trackVerdict(cmds[i].Result.(*redis.Cmd))
+			verdicts[i], err = trackVerdict(c, cmds[i].Result.(*redis.Cmd))
 		}
 		if err != nil {
 			return nil, err
@@ -149,13 +150,19 @@ func trackDecideCmd(c *Claim) pipeline.Cmd {
 		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(), pol.InFlightTimeout.Milliseconds())
 }
 
-func trackVerdict(cmd *redis.Cmd) (Verdict, error) {
+// trackVerdict reads the decision script's answer: the verdict and, for a
+// redelivery of a settled ping, that ping's claim time (8 bytes), which
+// makes the seen entry c's holder.
+func trackVerdict(c *Claim, cmd *redis.Cmd) (Verdict, error) {
 	res, err := cmd.StringSlice()
 	if err != nil {
 		return Verdict{}, err
 	}
-	if len(res) != 2 {
+	if len(res) < 2 || len(res) > 3 || (len(res) == 3 && len(res[2]) != 8) {
 		return Verdict{}, fmt.Errorf("track script answered %q", res)
+	}
+	if len(res) == 3 {
+		c.held, c.holder = true, record{claimedMs: int64(binary.BigEndian.Uint64([]byte(res[2]))), settled: true}
 	}
 	return Verdict{Decision: Decision(res[0]), Reason: Reason(res[1])}, nil
 }

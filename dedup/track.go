@@ -153,6 +153,15 @@ type seenValue struct {
 	claimedMs int64
 }
 
+// holdSettledSeen makes a settled seen entry, found by a redelivery, the
+// holder of c (as the Redis store does), so that a near cache may answer
+// the next redeliveries until the entry expires.
+func holdSettledSeen(c *Claim, seen seenValue) {
+	if seen.flag == flagSettled {
+		c.held, c.holder = true, record{claimedMs: seen.claimedMs, settled: true}
+	}
+}
+
 // judgeTrack decides c against the asset's state st (nil if none) and the
 // ping's seen entry (nil if new). It returns the verdict, the state to store
 // and the seen value to record; nil means leave it as it is.

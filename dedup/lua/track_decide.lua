@@ -53,6 +53,10 @@ if seen then
 		if now - struct.unpack('>i8', seen, 10) < wait or (#seen >= 25 and redisMs() - struct.unpack('>i8', seen, 18) < wait) then
 			return { 'in_flight', 'redelivery' }
 		end
+	elseif string.sub(seen, 1, 1) == 'a' then
+		-- settled for good: its claim time says how long a near cache may
+		-- answer for it
+		return { 'suppressed', 'redelivery', string.sub(seen, 10, 17) }
 	end
 	return { 'suppressed', 'redelivery' }
 end
