@@ -199,8 +199,10 @@ func (h *Handler) claim(ctx context.Context, req *request) {
 		return
 	}
 	claims, verdicts, err := h.deduper.ClaimAll(ctx, batch)
-	if dedup.MayHaveWritten(err) { // the breaker logs its own transitions
+	if err != nil && !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
 		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+	}
+	if dedup.MayHaveWritten(err) {
 		req.unsure = claims
 	}
 	for j, i := range at {

@@ -48,10 +48,10 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// retries during an outage must not reopen a breaker whose probe is on
 	// its way, and it must reach Redis as soon as Redis answers.
 	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(logger, where))
-	// After an outage, the releases it owes reach Redis before any request
-	// the breaker lets through: that request may be the retry of one of
-	// them, and must find its claim gone.
-	breaker.BeforeProbe(c.reconciler.ReleaseOwed)
+	// Once Redis answers again, the releases it owes reach Redis before
+	// any request's call: that request may be the retry of one of them,
+	// and must find its claim gone.
+	breaker.ReleaseFirst(c.reconciler.Owes, c.reconciler.ReleaseOwed)
 	return c
 }
 

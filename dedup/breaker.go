@@ -28,6 +28,11 @@ const breakerFirstProbe = 100 * time.Millisecond
 // every request wait for the store timeout.
 var ErrBreakerOpen = errors.New("the store's circuit breaker is open after repeated failures; skipping the store until a probe succeeds")
 
+// ErrReleasesOwed is returned for a call not made because the releases
+// owed before it (Breaker.ReleaseFirst) failed: nothing of the call was
+// written, and the store is failing.
+var ErrReleasesOwed = errors.New("the store did not take the releases of failed requests that must reach it first, so this call was not made")
+
 // BreakerState is where a circuit breaker stands.
 type BreakerState int32
 
@@ -63,8 +68,9 @@ type Breaker struct {
 	cooldown time.Duration
 	onChange func(from, to BreakerState, cause error)
 	now      func() time.Time
-	// beforeProbe, if set, runs before a probe's own call (BeforeProbe).
-	beforeProbe func(context.Context) error
+	// While owed reports true, a call first runs releaseOwed (ReleaseFirst).
+	owed        func() bool
+	releaseOwed func(context.Context) error
 
 	mu          sync.Mutex
 	state       BreakerState
@@ -95,56 +101,58 @@ func (b *Breaker) State() BreakerState {
 	return b.state
 }
 
-// BeforeProbe makes every probe first call f, and go to the store only if
-// f succeeds; if it fails, the probe has failed. A connection whose
-// reconciler owes releases passes its ReleaseOwed: the first request let
-// through after an outage may be the retry of an observation whose failed
+// ReleaseFirst makes every call the breaker lets through, while owed
+// reports true, first call release, and go to the store only if it
+// succeeds; if it fails, the call has failed. A connection passes its
+// reconciler's Owes and ReleaseOwed: once the store answers again, the
+// first request through may be the retry of an observation whose failed
 // request's claim still waits to be released, by then older than
 // in_flight_timeout, and it must find that claim gone, not settled. Set it
 // before the breaker is used.
-func (b *Breaker) BeforeProbe(f func(context.Context) error) { b.beforeProbe = f }
+func (b *Breaker) ReleaseFirst(owed func() bool, release func(context.Context) error) {
+	b.owed, b.releaseOwed = owed, release
+}
 
 // Guard wraps s so that Decide and Settle go through the breaker. Release
 // always tries the store, since an accepted claim that cannot be released
 // may cost an observation, but its outcome still counts.
 func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b} }
 
-// allow reports whether a call may go to the store now, and whether it is
-// the probe. Once the wait is over the first caller becomes the probe.
-func (b *Breaker) allow() (ok, probe bool) {
+// allow reports whether a call may go to the store now. Once the wait is
+// over the first caller becomes the probe.
+func (b *Breaker) allow() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case BreakerClosed:
-		return true, false
+		return true
 	case BreakerOpen:
 		if b.now().Sub(b.openedAt) < b.wait {
-			return false, false
+			return false
 		}
 		b.transition(BreakerHalfOpen, nil)
 		b.probing = true
-		return true, true
+		return true
 	default: // half open: one probe at a time
 		if b.probing {
-			return false, false
+			return false
 		}
 		b.probing = true
-		return true, true
+		return true
 	}
 }
 
 // enter lets a call through or says why not: the breaker is open, or the
-// probe's first step (BeforeProbe) failed, in which case the probe counts
-// as failed and the call is not made either.
+// releases owed before it (ReleaseFirst) failed, in which case the call
+// counts as failed and is not made.
 func (b *Breaker) enter(ctx context.Context) error {
-	ok, probe := b.allow()
-	if !ok {
+	if !b.allow() {
 		return ErrBreakerOpen
 	}
-	if probe && b.beforeProbe != nil {
-		if err := b.beforeProbe(ctx); err != nil {
+	if b.owed != nil && b.owed() {
+		if err := b.releaseOwed(ctx); err != nil {
 			b.done(err)
-			return fmt.Errorf("%w (what the store owed before the probe failed: %w)", ErrBreakerOpen, err)
+			return fmt.Errorf("%w: %w", ErrReleasesOwed, err)
 		}
 	}
 	return nil

@@ -140,7 +140,7 @@ func TestBreakerCooldownBelowTheFirstProbe(t *testing.T) {
 	b.now = func() time.Time { return clock }
 	b.done(errors.New("down"))
 	clock = clock.Add(30 * time.Millisecond)
-	if ok, _ := b.allow(); !ok {
+	if !b.allow() {
 		t.Fatal("no probe after a 30ms cooldown")
 	}
 }
@@ -151,14 +151,14 @@ func TestBreakerAllowsOneProbeAtATime(t *testing.T) {
 	b.now = func() time.Time { return clock }
 	b.done(errors.New("down"))
 	clock = clock.Add(breakerFirstProbe)
-	if ok, probe := b.allow(); !ok || !probe {
+	if !b.allow() {
 		t.Fatal("no probe after the first wait")
 	}
-	if ok, _ := b.allow(); ok {
+	if b.allow() {
 		t.Fatal("a second call went through while the probe is out")
 	}
 	b.done(nil)
-	if ok, probe := b.allow(); !ok || probe || b.State() != BreakerClosed {
+	if !b.allow() || b.State() != BreakerClosed {
 		t.Fatalf("a successful probe must close the breaker (state %s)", b.State())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,12 +62,13 @@ const (
 )
 
 // MayHaveWritten reports whether a failed store call may still have written
-// its claims: anything but a call the breaker never let through. A refused
+// its claims: anything but a call the breaker never let through, or did
+// not make because the releases owed before it failed. A refused
 // connection is no proof either: go-redis retries a command that failed on
 // a broken connection, so the error that is left may be the last attempt's
 // while an earlier one reached Redis; the breaker keeps such calls few.
 func MayHaveWritten(err error) bool {
-	return err != nil && !errors.Is(err, ErrBreakerOpen)
+	return err != nil && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrReleasesOwed)
 }
 
 // Reconciler settles or releases, by token, the claims whose store call
@@ -92,6 +94,7 @@ type Reconciler struct {
 	// that ReleaseOwed never overtakes a pass already on its way.
 	working sync.Mutex
 	mu      sync.Mutex
+	owed    atomic.Int64 // release jobs the store has not yet answered
 	jobs    []*reconcileJob
 	claims  int // in jobs
 	closed  bool
@@ -148,6 +151,9 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 	}
 	r.jobs = append(r.jobs, job)
 	r.claims += len(claims)
+	if release {
+		r.owed.Add(1)
+	}
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
@@ -175,6 +181,10 @@ func (r *Reconciler) Wake() {
 	}
 }
 
+// Owes reports whether releases wait that the store has not yet answered:
+// ReleaseOwed has work to do.
+func (r *Reconciler) Owes() bool { return r.owed.Load() > 0 }
+
 // Len returns how many claims are waiting.
 func (r *Reconciler) Len() int {
 	r.mu.Lock()
@@ -196,6 +206,7 @@ func (r *Reconciler) Close() {
 	r.mu.Lock()
 	left := r.claims
 	r.jobs, r.claims = nil, 0
+	r.owed.Store(0)
 	r.mu.Unlock()
 	r.count(ReconcileDropped, left)
 }
@@ -269,12 +280,12 @@ func (r *Reconciler) work() {
 
 // ReleaseOwed makes now, and waits for, the releases the store has not yet
 // answered: those still waiting out a backoff after failing, and those just
-// handed over. A store whose breaker is about to let a request through
-// again calls it first (Breaker.BeforeProbe): a claim whose release waits
-// here may by then be older than in_flight_timeout, and the retry of its
-// observation, coming through first, would be told it was delivered. It
-// returns the store's error if a release failed; what was not released is
-// then retried with its backoff as before.
+// handed over. A store call made while Owes reports true calls it first
+// (Breaker.ReleaseFirst): a claim whose release waits here may by then be
+// older than in_flight_timeout, and the retry of its observation, coming
+// through first, would be told it was delivered. It returns the store's
+// error if a release failed; what was not released is then retried with
+// its backoff as before.
 func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
 	r.working.Lock()
 	defer r.working.Unlock()
@@ -352,6 +363,9 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) error {
 // answered records a store's answer to one pass over j: the first answer
 // decides the outcome, the confirmations count what landed late.
 func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
+	if j.release && j.answers == 0 {
+		r.owed.Add(-1)
+	}
 	late := 0
 	for i, ok := range released {
 		if ok && !j.released[i] {
@@ -404,6 +418,9 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 // It counts them first: whoever sees the queue shorter (Len, the pending
 // gauge) then also sees their outcome.
 func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
+	if j.release && j.answers == 0 { // expired unanswered
+		r.owed.Add(-1)
+	}
 	if outcome != "" {
 		r.count(outcome, len(j.claims))
 	}

@@ -320,83 +320,88 @@ func TestReconcilerWakesWhenTheStoreAnswersAgain(t *testing.T) {
 	}
 }
 
-// After an outage, the first request the breaker lets through may be the
+// Once the store answers again, the first request through may be the
 // retry of an observation whose failed request's claim still waits in the
-// reconciler to be released, by then older than in_flight_timeout. The
-// probe releases what the reconciler owes first, so the retry is accepted
-// and passed on, not told that its observation was delivered.
-func TestProbeReleasesWhatTheReconcilerOwesFirst(t *testing.T) {
-	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
-		pol.InFlightTimeout = 200 * time.Millisecond
-		ctx := context.Background()
-		failed := claimOf(pol, parked, 1, time.Now())
-		if v, err := decideOne(ctx, s, failed); err != nil || v.Decision != Accepted {
-			t.Fatalf("the first request's claim: %v %v", v, err)
-		}
-		store := &downStore{Store: s}
-		r, o := testReconciler(t, store, 0)
-		breaker := NewBreaker(1, time.Hour, nil)
-		breaker.BeforeProbe(r.ReleaseOwed)
-		guarded := breaker.Guard(store)
+// reconciler to be released, by then older than in_flight_timeout. Every
+// call made while releases are owed makes them first, so the retry is
+// accepted and passed on, not told that its observation was delivered:
+// whether it is the probe of an open breaker or a call through a closed
+// one (a hang shorter than it takes to open it).
+func TestCallsReleaseWhatTheReconcilerOwesFirst(t *testing.T) {
+	for _, breakerOpened := range []bool{true, false} {
+		t.Run(map[bool]string{true: "probe", false: "closed breaker"}[breakerOpened], func(t *testing.T) {
+			eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+				pol.InFlightTimeout = 200 * time.Millisecond
+				ctx := context.Background()
+				failed := claimOf(pol, parked, 1, time.Now())
+				if v, err := decideOne(ctx, s, failed); err != nil || v.Decision != Accepted {
+					t.Fatalf("the first request's claim: %v %v", v, err)
+				}
+				store := &downStore{Store: s}
+				r, o := testReconciler(t, store, 0)
+				breaker := NewBreaker(1, time.Hour, nil)
+				breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
+				guarded := breaker.Guard(store)
 
-		// The store goes away: the upstream failed, the release failed and
-		// waits in the reconciler, and the breaker opens.
-		r.Hand([]*Claim{failed}, true)
-		if _, err := decideOne(ctx, guarded, claimOf(pol, parked, 2, time.Now())); err == nil || breaker.State() != BreakerOpen {
-			t.Fatalf("a claim while the store is down: %v, breaker %s", err, breaker.State())
-		}
-		// The reconciler tries at 0, 0.1, 0.3 and 0.7 s, then at 1.5 s: the
-		// store comes back just after the 0.7 s try, when the claim is
-		// older than in_flight_timeout and the breaker's wait is over.
-		for store.callCount() < 5 { // the claim above, and four releases
-			time.Sleep(5 * time.Millisecond)
-		}
-		store.mu.Lock()
-		store.up = true
-		store.mu.Unlock()
+				// The store goes away: the upstream failed, the release
+				// failed and waits in the reconciler.
+				r.Hand([]*Claim{failed}, true)
+				calls := 4 // the reconciler's tries at 0, 0.1, 0.3 and 0.7 s; the next is at 1.5 s
+				if breakerOpened {
+					if _, err := decideOne(ctx, guarded, claimOf(pol, parked, 2, time.Now())); err == nil || breaker.State() != BreakerOpen {
+						t.Fatalf("a claim while the store is down: %v, breaker %s", err, breaker.State())
+					}
+					calls++
+				}
+				// The store comes back just after the 0.7 s try, when the
+				// claim is older than in_flight_timeout (and the breaker's
+				// wait is over).
+				for store.callCount() < calls {
+					time.Sleep(5 * time.Millisecond)
+				}
+				store.mu.Lock()
+				store.up = true
+				store.mu.Unlock()
 
-		retry := claimOf(pol, parked, 3, time.Now())
-		if v, err := decideOne(ctx, guarded, retry); err != nil || v.Decision != Accepted {
-			t.Fatalf("the sender's retry, the breaker's probe: %v %v, want accepted (the failed request's claim released first)", v, err)
-		}
-		if got := o.String(); got != "map[released:1]" {
-			t.Fatalf("outcomes %s, want the failed request's claim released", got)
-		}
-		if breaker.State() != BreakerClosed {
-			t.Fatalf("breaker %s after a successful probe", breaker.State())
-		}
-	})
+				retry := claimOf(pol, parked, 3, time.Now())
+				if v, err := decideOne(ctx, guarded, retry); err != nil || v.Decision != Accepted {
+					t.Fatalf("the sender's retry: %v %v, want accepted (the failed request's claim released first)", v, err)
+				}
+				if got := o.String(); got != "map[released:1]" {
+					t.Fatalf("outcomes %s, want the failed request's claim released", got)
+				}
+				if r.Owes() || breaker.State() != BreakerClosed {
+					t.Fatalf("after the retry: still owes %v, breaker %s", r.Owes(), breaker.State())
+				}
+			})
+		})
+	}
 }
 
-// While what the reconciler owes cannot be released, the probe fails
-// without making its own call: the retry does not overtake the release.
-func TestProbeFailsWhileWhatIsOwedCannotBeReleased(t *testing.T) {
+// While what the reconciler owes cannot be released, a call fails without
+// being made: the retry does not overtake the release, and the caller
+// knows nothing of its call was written.
+func TestCallFailsWhileWhatIsOwedCannotBeReleased(t *testing.T) {
 	store := &downStore{Store: NewMemoryStore(0)}
 	r, _ := testReconciler(t, store, 0)
-	breaker := NewBreaker(1, time.Hour, nil)
-	breaker.BeforeProbe(r.ReleaseOwed)
+	breaker := NewBreaker(2, time.Hour, nil)
+	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
 	guarded := breaker.Guard(store)
 	pol := testPolicy(Tumbling)
-	ctx := context.Background()
 	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
-	if _, err := decideOne(ctx, guarded, claimOf(pol, parked, 2, time.Now())); err == nil {
-		t.Fatal("a claim went through a store that is down")
-	}
-	time.Sleep(breakerFirstProbe)
-	store.mu.Lock()
-	decides := store.decides
-	store.mu.Unlock()
-	_, err := decideOne(ctx, guarded, claimOf(pol, parked, 3, time.Now()))
-	if !errors.Is(err, ErrBreakerOpen) || MayHaveWritten(err) {
-		t.Fatalf("the probe while the release still fails: %v, want the breaker's error (nothing written)", err)
+	for attempt := range 2 {
+		_, err := decideOne(context.Background(), guarded, claimOf(pol, parked, 3, time.Now()))
+		if !errors.Is(err, ErrReleasesOwed) || MayHaveWritten(err) {
+			t.Fatalf("call %d while the release still fails: %v, want ErrReleasesOwed (nothing written)", attempt, err)
+		}
 	}
 	store.mu.Lock()
 	defer store.mu.Unlock()
-	if store.decides != decides {
-		t.Fatal("the probe's own claim went to the store ahead of the release it waits for")
+	if store.decides != 0 {
+		t.Fatal("a claim went to the store ahead of the release it waits for")
 	}
 	if breaker.State() != BreakerOpen {
-		t.Fatalf("breaker %s after a failed probe, want open", breaker.State())
+		t.Fatalf("breaker %s after two failed calls, want open", breaker.State())
 	}
 }
 
