@@ -246,14 +246,7 @@ func (r *Reconciler) work() {
 	defer r.working.Unlock()
 	now := time.Now()
 	r.mu.Lock()
-	var due []*reconcileJob
-	r.jobs = slices.DeleteFunc(r.jobs, func(j *reconcileJob) bool {
-		if j.due.After(now) {
-			return false
-		}
-		due = append(due, j)
-		return true
-	})
+	due := r.takeLocked(func(j *reconcileJob) bool { return !j.due.After(now) })
 	r.mu.Unlock()
 
 	var releases, settles []*reconcileJob
@@ -295,13 +288,8 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
 		r.mu.Unlock()
 		return nil
 	}
-	var owed []*reconcileJob
-	r.jobs = slices.DeleteFunc(r.jobs, func(j *reconcileJob) bool {
-		if !j.release || j.answers > 0 || j.expired(now) { // confirmations and expired claims can wait for work
-			return false
-		}
-		owed = append(owed, j)
-		return true
+	owed := r.takeLocked(func(j *reconcileJob) bool {
+		return j.release && j.answers == 0 && !j.expired(now) // confirmations and expired claims can wait for work
 	})
 	r.mu.Unlock()
 	for len(owed) > 0 {
@@ -315,6 +303,19 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
 		owed = owed[n:]
 	}
 	return nil
+}
+
+// takeLocked takes the jobs that match off the queue, in queue order.
+func (r *Reconciler) takeLocked(match func(*reconcileJob) bool) []*reconcileJob {
+	var taken []*reconcileJob
+	r.jobs = slices.DeleteFunc(r.jobs, func(j *reconcileJob) bool {
+		if match(j) {
+			taken = append(taken, j)
+			return true
+		}
+		return false
+	})
+	return taken
 }
 
 // nextBatch is how many of jobs one store call takes: whole jobs, up to
