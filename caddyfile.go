@@ -150,13 +150,13 @@ var caddyfileOptions = []option{
 	{"answers", "{ suppressed|in_flight|dead_lettered <status> ... }", (*Handler).unmarshalAnswers},
 	{"crs", "EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.CRS) }},
 	{"shape", "tumbling|sliding|session", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Shape) }},
-	{"window", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.Window) }},
-	{"session_idle", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.SessionIdle) }},
+	{"window", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.Window) }},
+	{"session_idle", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.SessionIdle) }},
 	{"resolution", "<0..15>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return intPtrArg(d, &h.Resolution, 0, "a whole number from 0 to 15, e.g. resolution 12")
 	}},
 	{"radius", "<metres>", func(h *Handler, d *caddyfile.Dispenser) error {
-		return floatArg(d, &h.Radius, "m", "a distance in metres above your receivers' parked jitter, e.g. radius 25")
+		return positiveFloatArg(d, &h.Radius, "m", "a distance in metres above your receivers' parked jitter, e.g. radius 25")
 	}},
 	{"hysteresis", "<metres>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return floatArg(d, &h.Hysteresis, "m", "a distance in metres; hysteresis is retired: remove it, and set radius if needed")
@@ -171,7 +171,7 @@ var caddyfileOptions = []option{
 		h.OutageMargin = new(caddy.Duration)
 		return durationArg(d, h.OutageMargin)
 	}},
-	{"ttl", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.TTL) }},
+	{"ttl", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.TTL) }},
 	{"store", "memory|redis [<url>] { ... }", (*Handler).unmarshalStore},
 	{"near_cache", "off|<entries>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return countOrOffArg(d, &h.NearCache, "off, or a number of keys such as 100000")
@@ -180,7 +180,7 @@ var caddyfileOptions = []option{
 	{"release_on_failure", "on|off", func(h *Handler, d *caddyfile.Dispenser) error {
 		return onOffArg(d, &h.ReleaseOnFailure, "on (the default) or off")
 	}},
-	{"in_flight_timeout", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.InFlightTimeout) }},
+	{"in_flight_timeout", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.InFlightTimeout) }},
 	{"mode", "enforce|shadow", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Mode) }},
 	{"on_invalid", "reject|dead_letter", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.OnInvalid) }},
 	{"dead_letter_stream", "<key>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.DeadLetterStream) }},
@@ -193,13 +193,13 @@ var caddyfileOptions = []option{
 	{"max_batch", "<pings>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return intArg(d, &h.MaxBatch, 1, "a positive number of pings such as 1000")
 	}},
-	{"max_future", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.MaxFuture) }},
-	{"max_past", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.MaxPast) }},
+	{"max_future", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.MaxFuture) }},
+	{"max_past", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.MaxPast) }},
 	{"null_island", "reject|allow", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.NullIsland) }},
 	{"stuck_ratio", "<share>", func(h *Handler, d *caddyfile.Dispenser) error {
-		return floatArg(d, &h.StuckRatio, "", "a share between 0 and 1, e.g. stuck_ratio 0.95")
+		return positiveFloatArg(d, &h.StuckRatio, "", "a share above 0 and at most 1, e.g. stuck_ratio 0.95")
 	}},
-	{"stuck_after", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.StuckAfter) }},
+	{"stuck_after", "<duration>", func(h *Handler, d *caddyfile.Dispenser) error { return positiveDurationArg(d, &h.StuckAfter) }},
 	{"stuck_track", "<assets>", func(h *Handler, d *caddyfile.Dispenser) error {
 		return intArg(d, &h.StuckTrack, 1, "a positive number of assets, e.g. stuck_track 10000")
 	}},
@@ -398,6 +398,19 @@ func floatArg(d *caddyfile.Dispenser, dst *float64, unit, use string) error {
 	return nil
 }
 
+// positiveFloatArg is floatArg for an option whose 0 means its default in
+// JSON: written out in a Caddyfile, 0 or less is a mistake, not a default.
+func positiveFloatArg(d *caddyfile.Dispenser, dst *float64, unit, use string) error {
+	option := d.Val()
+	if err := floatArg(d, dst, unit, use); err != nil {
+		return err
+	}
+	if *dst <= 0 {
+		return d.Errf("%s %s: must be more than 0; use %s, or leave %s out for its default", option, d.Val(), use, option)
+	}
+	return nil
+}
+
 // onOffArg reads on or off.
 func onOffArg(d *caddyfile.Dispenser, dst **bool, use string) error {
 	option := d.Val()
@@ -439,6 +452,19 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 		return d.Errf("%s %q: %v; use a duration such as 30s, 5m or 6h30m", option, s, err)
 	}
 	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// positiveDurationArg is durationArg for an option whose 0 means its
+// default in JSON: written out in a Caddyfile, 0 or less is a mistake.
+func positiveDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	option := d.Val()
+	if err := durationArg(d, dst); err != nil {
+		return err
+	}
+	if *dst <= 0 {
+		return d.Errf("%s %s: must be more than 0; use a duration such as 30s, 5m or 6h30m, or leave %s out for its default", option, d.Val(), option)
+	}
 	return nil
 }
 

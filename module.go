@@ -30,8 +30,8 @@ func init() {
 // jitter of a parked asset is answered 200 with X-Dedup: suppressed and
 // never reaches the backend.
 //
-// Changing window, resolution or key_prefix starts a fresh key space: every
-// key already in the store stops matching.
+// Changing window, resolution, key_prefix or key_scope starts a fresh key
+// space: every key already in the store stops matching.
 type Handler struct {
 	// Where the fields are in each JSON ping: gjson paths (dots for
 	// nesting). asset and time take several paths, tried in order; the

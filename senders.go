@@ -65,7 +65,7 @@ type retryAnswer struct {
 	retryAfter string
 }
 
-// defaultAnswers are DESIGN.md's: 200 and an empty body for a duplicate,
+// defaultAnswers are the design's (README, Decisions): 200 and an empty body for a duplicate,
 // 409 and Retry-After: 1 for an in-flight redelivery.
 var defaultAnswers = answers{
 	suppressed:   bodyAnswer{status: http.StatusOK},

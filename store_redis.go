@@ -46,12 +46,15 @@ type RedisStore struct {
 	// The Sentinel master name; Addresses are then the sentinels.
 	Master string `json:"master,omitempty"`
 
-	// ACL user and password, for the data nodes. Override the URL's.
+	// ACL user for the data nodes. Overrides the URL's.
 	Username string `json:"username,omitempty"`
+	// Password for the data nodes (of Username, or the default user).
+	// Overrides the URL's.
 	Password string `json:"password,omitempty"`
 
-	// ACL user and password for the sentinels, if they differ.
+	// ACL user for the sentinels, if it differs from the data nodes'.
 	SentinelUsername string `json:"sentinel_username,omitempty"`
+	// Password for the sentinels, if it differs from the data nodes'.
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 
 	// The database number (not with Cluster). Overrides the URL's.
@@ -64,10 +67,13 @@ type RedisStore struct {
 	// store error (and on_store_error decides). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	// Connection-level timeouts. Default: go-redis's (5s dial, 3s
-	// read/write); the per-operation timeout bounds each wait anyway.
-	DialTimeout  caddy.Duration `json:"dial_timeout,omitempty"`
-	ReadTimeout  caddy.Duration `json:"read_timeout,omitempty"`
+	// How long opening a connection may take. Default: go-redis's, 5s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+	// How long reading a reply may take on a connection. Default:
+	// go-redis's, 3s; Timeout bounds each operation's wait anyway.
+	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
+	// How long writing a command may take on a connection. Default:
+	// go-redis's, 3s; Timeout bounds each operation's wait anyway.
 	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
 
 	// Connections per node. Default: 10 per CPU.
@@ -93,10 +99,11 @@ type RedisTLS struct {
 	// PEM file of the CA that signed the server's certificate. Default: the
 	// system roots.
 	CA string `json:"ca,omitempty"`
-	// PEM files of a client certificate and its key, for servers that
-	// require one (tls-auth-clients).
+	// PEM file of a client certificate, for servers that require one
+	// (tls-auth-clients).
 	Cert string `json:"cert,omitempty"`
-	Key  string `json:"key,omitempty"`
+	// PEM file of the client certificate's private key.
+	Key string `json:"key,omitempty"`
 	// The name to verify the server's certificate against. Default: the
 	// address's host.
 	ServerName string `json:"server_name,omitempty"`

@@ -115,7 +115,7 @@ func (b *Breaker) ReleaseFirst(owed func() bool, release func(context.Context) e
 
 // Guard wraps s so that Decide and Settle go through the breaker. Release
 // always tries the store, since an accepted claim that cannot be released
-// may cost an observation, but its outcome still counts.
+// may cost an observation, but its failures still count toward opening it.
 func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b} }
 
 // allow reports whether a call may go to the store now. Once the wait is

@@ -415,7 +415,7 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 	r.jobs = append(r.jobs, j)
 }
 
-// finish takes j off the queue, counting its claims as outcome if given.
+// finish ends j, taken off the queue, counting its claims as outcome if given.
 // It counts them first: whoever sees the queue shorter (Len, the pending
 // gauge) then also sees their outcome.
 func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {

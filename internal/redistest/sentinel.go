@@ -101,9 +101,6 @@ func (st *Sentinel) Addrs() []string {
 	return addrs
 }
 
-// Sentinels are the sentinel processes, for tests that kill or pause one.
-func (st *Sentinel) Sentinels() []*Server { return append([]*Server(nil), st.sentinels...) }
-
 // Master is the data server the sentinels currently agree is the master, so
 // that a test can kill whichever server holds that role, also after a
 // failover. While the sentinels disagree (during a failover) it is the last
