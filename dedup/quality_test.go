@@ -63,30 +63,45 @@ func (s singlesDecider) Deliver(ctx context.Context, d fleetsim.Delivery) ([]boo
 // The physics, on the fleet simulator: parked assets (Gaussian
 // noise, multipath outliers at 4 σ) cost about one admission per window in
 // sliding (session keeps a parked burst to one), while no redelivery is
-// admitted and no moving ping is suppressed farther than 40 m from the
-// last accepted one.
+// admitted and no moving ping is suppressed farther than LagFactor radii
+// (40 m at the default radius) from the last accepted one: at every
+// cadence from 1 s to 2 min, walking speeds, noisier receivers with the
+// radius sized for them.
 func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
 		cfg              fleetsim.Config
 		sliding, session float64 // most parked admissions per window
 		singles          bool    // backlogs one ping a request
+		radius           float64 // the policy's, if not the default
 	}{
-		{"10s cadence, sigma 3 m", fleetsim.Config{}, 1.2, 1.2, false},
-		{"10s cadence, sigma 5 m", fleetsim.Config{SigmaM: 5}, 1.4, 1.4, false},
-		{"2s cadence, sigma 3 m", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, false},
-		{"2s cadence, backlogs one ping a request", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, true},
-		{"1s cadence, slow wander", fleetsim.Config{Cadence: time.Second, SigmaM: 3, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false},
+		{"10s cadence, sigma 3 m", fleetsim.Config{}, 1.2, 1.2, false, 0},
+		{"10s cadence, sigma 5 m", fleetsim.Config{SigmaM: 5}, 1.4, 1.4, false, 0},
+		{"2s cadence, sigma 3 m", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, false, 0},
+		{"2s cadence, backlogs one ping a request", fleetsim.Config{Cadence: 2 * time.Second, Duration: 3 * time.Hour}, 1.3, 1.3, true, 0},
+		{"1s cadence, slow wander", fleetsim.Config{Cadence: time.Second, SigmaM: 3, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false, 0},
 		// Backlogs of 1,200 to 1,800 pings, each sent as two batches (max_batch 1000), the oldest first.
-		{"1s cadence, backlogs over max_batch", fleetsim.Config{Cadence: time.Second, SigmaM: 3, OfflineShare: 0.2, OfflineMin: 20 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false},
-		{"30s cadence, speed and accuracy reported", fleetsim.Config{Cadence: 30 * time.Second, SigmaM: 4, ReportSpeed: true, ReportAccuracy: true}, 1.3, 1.3, false},
+		{"1s cadence, backlogs over max_batch", fleetsim.Config{Cadence: time.Second, SigmaM: 3, OfflineShare: 0.2, OfflineMin: 20 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false, 0},
+		{"30s cadence, speed and accuracy reported", fleetsim.Config{Cadence: 30 * time.Second, SigmaM: 4, ReportSpeed: true, ReportAccuracy: true}, 1.3, 1.3, false, 0},
+		{"60s cadence", fleetsim.Config{Cadence: time.Minute}, 1.3, 1.3, false, 0},
+		{"2 min cadence, 12 h", fleetsim.Config{Cadence: 2 * time.Minute, Duration: 12 * time.Hour}, 1.3, 1.3, false, 0},
+		{"5s cadence, each interval ±50%", fleetsim.Config{Cadence: 5 * time.Second, CadenceJitter: 0.5, Duration: 3 * time.Hour}, 1.3, 1.3, false, 0},
+		// Slow movers must never be lost track of, nor their stops missed.
+		{"walking, 0.5 to 2 m/s", fleetsim.Config{SpeedMin: 0.5, SpeedMax: 2}, 1.3, 1.3, false, 0},
+		// A poorer receiver, with a radius that holds its 4 σ outliers (32 m),
+		// as analyze recommends: the lag bound grows with the radius.
+		{"sigma 8 m, radius 40", fleetsim.Config{SigmaM: 8}, 1.3, 1.3, false, 40},
 	} {
 		for _, shape := range []Shape{Sliding, Session} {
 			t.Run(tc.name+"/"+string(shape), func(t *testing.T) {
 				pol := *testPolicy(shape)
-				pol.TTL = 7 * time.Hour // past the simulated day and its latest redelivery
+				pol.TTL = 13 * time.Hour // past the simulated day and its latest redelivery
 				cfg := tc.cfg
 				cfg.Assets = 20
+				if tc.radius != 0 {
+					pol.Radius = tc.radius
+					cfg.LostMoveM = LagFactor*tc.radius + 1
+				}
 				var decider fleetsim.Decider = newDeduperDecider(NewMemoryStore(0), pol)
 				if tc.singles {
 					decider = singlesDecider{newDeduperDecider(NewMemoryStore(0), pol)}
