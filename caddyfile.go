@@ -406,7 +406,7 @@ func positiveFloatArg(d *caddyfile.Dispenser, dst *float64, unit, use string) er
 		return err
 	}
 	if *dst <= 0 {
-		return d.Errf("%s %s: must be more than 0; use %s, or leave %s out for its default", option, d.Val(), use, option)
+		return notPositiveError(d, option, use)
 	}
 	return nil
 }
@@ -463,9 +463,14 @@ func positiveDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 		return err
 	}
 	if *dst <= 0 {
-		return d.Errf("%s %s: must be more than 0; use a duration such as 30s, 5m or 6h30m, or leave %s out for its default", option, d.Val(), option)
+		return notPositiveError(d, option, "a duration such as 30s, 5m or 6h30m")
 	}
 	return nil
+}
+
+// notPositiveError reports the value just read as not above 0.
+func notPositiveError(d *caddyfile.Dispenser, option, use string) error {
+	return d.Errf("%s %s: must be more than 0; use %s, or leave %s out for its default", option, d.Val(), use, option)
 }
 
 // optionError reports a semantic error at the line of the option it names,

@@ -177,8 +177,10 @@ func TestNearCacheLearnsSettledPingsOfTheTrackShapesFromTheStore(t *testing.T) {
 			pol := testPolicy(shape)
 			pol.InFlightTimeout = 50 * time.Millisecond
 			elsewhere := claimOf(pol, parked, 1, articleBase) // decided straight in Redis, as another Caddy would
-			decideOne(ctx, n.redis, elsewhere)
-			settleOne(ctx, n.redis, elsewhere)
+			decide(t, n.redis, elsewhere)
+			if err := settleOne(ctx, n.redis, elsewhere); err != nil {
+				t.Fatal(err)
+			}
 			for i := range 3 {
 				if v := decide(t, n, claimOf(pol, parked, uint64(i+2), articleBase.Add(time.Minute))); v != suppressed(Redelivery) {
 					t.Fatalf("redelivery %d: %+v", i, v)
@@ -196,7 +198,7 @@ func TestNearCacheLearnsSettledPingsOfTheTrackShapesFromTheStore(t *testing.T) {
 
 			other := parked
 			other.Asset = "veh-99"
-			decideOne(ctx, n.redis, claimOf(pol, other, 7, time.Now())) // pending: its request never finishes
+			decide(t, n.redis, claimOf(pol, other, 7, time.Now())) // pending: its request never finishes
 			time.Sleep(2 * pol.InFlightTimeout)
 			hits := n.hits
 			for i := range 2 {
