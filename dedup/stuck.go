@@ -28,7 +28,10 @@ const stuckWindow = 64
 // is not stuck: it is admitted again every window.
 //
 // It remembers the last 64 decisions of at most Track assets, least recently
-// seen dropped first, so its memory is bounded whatever the fleet size.
+// seen dropped first, so its memory is bounded whatever the fleet size. An
+// asset enters at its first suppressed ping: one whose every ping is
+// accepted cannot be stuck, so a fleet of moving assets takes no room from
+// the assets that can.
 type StuckTracker struct {
 	ratio     float64
 	after     time.Duration
@@ -43,7 +46,7 @@ type assetHistory struct {
 	recent       uint64 // one bit per recent ping, 1 = suppressed, newest lowest
 	n            int    // how many bits of recent are filled, up to stuckWindow
 	pings        uint64
-	lastAccepted time.Time // or the first sighting, if none was accepted
+	lastAccepted time.Time // or the first suppression, if none was accepted since
 	lastReason   Reason
 	warned       time.Time
 }
@@ -54,11 +57,12 @@ type StuckAsset struct {
 	Asset string `json:"asset"`
 	// Ratio is the suppressed share of its last 64 pings.
 	Ratio float64 `json:"ratio"`
-	// Pings counts its pings since the tracker first saw it.
+	// Pings counts its pings since its first suppressed one.
 	Pings uint64 `json:"pings"`
 	// LastReason is the reason of its last suppression.
 	LastReason Reason `json:"last_reason"`
-	// Since is when it last had a ping accepted (or was first seen).
+	// Since is when it last had a ping accepted (or its first suppressed
+	// ping, if none was accepted since).
 	Since time.Time `json:"since"`
 }
 
@@ -78,6 +82,9 @@ func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn boo
 	defer t.mu.Unlock()
 	h, ok := t.assets.Get(asset)
 	if !ok {
+		if v.Decision == Accepted {
+			return false // not stuck, and nothing to remember until it is suppressed
+		}
 		h = &assetHistory{lastAccepted: now}
 		t.assets.Add(strings.Clone(asset), h) // the id may share memory with a whole request body
 	}

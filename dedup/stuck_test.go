@@ -14,13 +14,14 @@ func TestStuckTrackerSpotsACachedFix(t *testing.T) {
 	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, 100)
 	now := articleBase
 	// A device repeating one cached fix: accepted once, then every copy is a
-	// redelivery.
+	// redelivery. The tracker counts from the first copy, 10 s later.
 	tr.Observe("cached", accepted, now)
+	firstCopy := now.Add(10 * time.Second)
 	for i := range 200 {
 		now = now.Add(10 * time.Second)
 		warn := tr.Observe("cached", suppressed(Redelivery), now)
-		stuckNow := now.Sub(articleBase) >= 15*time.Minute
-		if warn != (stuckNow && i == 89) { // warned once, the first time it is stuck
+		stuckNow := now.Sub(firstCopy) >= 15*time.Minute
+		if warn != (stuckNow && i == 90) { // warned once, the first time it is stuck
 			t.Fatalf("ping %d at +%s: warn=%v", i, now.Sub(articleBase), warn)
 		}
 	}
@@ -39,8 +40,30 @@ func TestStuckTrackerSpotsACachedFix(t *testing.T) {
 		tr.Observe("moving", accepted, now)
 	}
 	stuck := tr.Stuck(now)
-	if len(stuck) != 1 || stuck[0].Asset != "cached" || stuck[0].Ratio != 1 || stuck[0].LastReason != Redelivery || stuck[0].Pings != 201 {
-		t.Fatalf("stuck %+v, want only the cached fix", stuck)
+	if len(stuck) != 1 || stuck[0].Asset != "cached" || stuck[0].Ratio != 1 || stuck[0].LastReason != Redelivery ||
+		stuck[0].Pings != 200 || !stuck[0].Since.Equal(firstCopy) {
+		t.Fatalf("stuck %+v, want only the cached fix, stuck since its first copy", stuck)
+	}
+}
+
+// A fleet of moving assets, many more than the tracker holds, does not push
+// a stuck one out: an asset whose pings are all accepted takes no room.
+func TestStuckTrackerIsNotCrowdedOutByMovingAssets(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, 10)
+	now := articleBase
+	tr.Observe("cached", accepted, now)
+	for range 200 {
+		now = now.Add(10 * time.Second)
+		for i := range 100 {
+			tr.Observe(fmt.Sprintf("moving-%d", i), accepted, now)
+		}
+		tr.Observe("cached", suppressed(Redelivery), now)
+	}
+	if stuck := tr.Stuck(now); len(stuck) != 1 || stuck[0].Asset != "cached" {
+		t.Fatalf("stuck %+v, want the cached fix among 100 moving assets and room for 10", stuck)
+	}
+	if tr.Len() != 1 {
+		t.Fatalf("tracking %d assets, want only the one that was ever suppressed", tr.Len())
 	}
 }
 
