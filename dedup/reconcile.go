@@ -113,6 +113,9 @@ type reconcileJob struct {
 	released []bool // per claim, whether a pass released it
 }
 
+// owed reports a release the store has not yet answered: what Owes counts.
+func (j *reconcileJob) owed() bool { return j.release && j.answers == 0 }
+
 // NewReconciler starts a Reconciler on store, holding at most capacity
 // claims (DefaultReconcileQueue if capacity <= 0). report, if not nil, is
 // told how many claims met each outcome, for metrics and logs. Close stops
@@ -289,7 +292,7 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
 		return nil
 	}
 	owed := r.takeLocked(func(j *reconcileJob) bool {
-		return j.release && j.answers == 0 && !j.expired(now) // confirmations and expired claims can wait for work
+		return j.owed() && !j.expired(now) // confirmations and expired claims can wait for work
 	})
 	r.mu.Unlock()
 	for len(owed) > 0 {
@@ -364,7 +367,7 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) error {
 // answered records a store's answer to one pass over j: the first answer
 // decides the outcome, the confirmations count what landed late.
 func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
-	if j.release && j.answers == 0 {
+	if j.owed() {
 		r.owed.Add(-1)
 	}
 	late := 0
@@ -419,7 +422,7 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 // It counts them first: whoever sees the queue shorter (Len, the pending
 // gauge) then also sees their outcome.
 func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
-	if j.release && j.answers == 0 { // expired unanswered
+	if j.owed() { // expired unanswered
 		r.owed.Add(-1)
 	}
 	if outcome != "" {

@@ -328,8 +328,12 @@ func TestReconcilerWakesWhenTheStoreAnswersAgain(t *testing.T) {
 // whether it is the probe of an open breaker or a call through a closed
 // one (a hang shorter than it takes to open it).
 func TestCallsReleaseWhatTheReconcilerOwesFirst(t *testing.T) {
-	for _, breakerOpened := range []bool{true, false} {
-		t.Run(map[bool]string{true: "probe", false: "closed breaker"}[breakerOpened], func(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		breakerOpened bool
+	}{{"probe", true}, {"closed breaker", false}} {
+		breakerOpened := tc.breakerOpened
+		t.Run(tc.name, func(t *testing.T) {
 			eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 				pol.InFlightTimeout = 200 * time.Millisecond
 				ctx := context.Background()
