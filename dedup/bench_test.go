@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -16,15 +17,20 @@ var benchBody = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z
 // The CPU cost of one ping before it touches a store: extraction,
 // validation, and what its shape decides on (tumbling: bucket, H3 cell and
 // key; sliding and session: the bucket); for coordinates seen before (a
-// redelivery, whose cell is cached) and for new ones.
+// redelivery, whose cell is cached), for new ones near them (a parked
+// asset's jitter or a slow asset's next fixes, whose cell the cache holds
+// as a hexagon), and for new ones scattered over the globe (where it holds
+// none, and H3 computes every cell).
 func BenchmarkParseValidateKey(b *testing.B) {
 	p, k := ping.NewParser().Prepared(), defaultKeyer()
 	k.Cells = new(CellCache)
 	now := articleBase.Add(time.Minute)
-	fresh := make([][]byte, 16*cellCacheSlots) // more than the cache holds
-	for i := range fresh {
-		fresh[i] = []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.` + strconv.Itoa(5000000+i) +
-			`,"lon":13.4049547,"speed_kmh":0,"heading":270,"battery":0.82,"firmware":"4.2.1"}`)
+	nearby := make([][]byte, 16*cellCacheSlots) // more than the cache holds
+	scattered := make([][]byte, len(nearby))
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range nearby {
+		nearby[i] = benchPing("52."+strconv.Itoa(5000000+i), "13.4049547")
+		scattered[i] = benchPing(strconv.FormatFloat(rng.Float64()*140-70, 'f', 7, 64), strconv.FormatFloat(rng.Float64()*360-180, 'f', 7, 64))
 	}
 	for _, shape := range []Shape{Tumbling, Sliding} {
 		d := &Deduper{Keyer: k, Policy: *testPolicy(shape)}
@@ -33,7 +39,8 @@ func BenchmarkParseValidateKey(b *testing.B) {
 			next func(i int) []byte
 		}{
 			{"repeated", func(int) []byte { return benchBody }},
-			{"new", func(i int) []byte { return fresh[i%len(fresh)] }},
+			{"nearby", func(i int) []byte { return nearby[i%len(nearby)] }},
+			{"scattered", func(i int) []byte { return scattered[i%len(scattered)] }},
 		} {
 			b.Run(string(shape)+"/"+bodies.name, func(b *testing.B) {
 				b.ReportAllocs()
@@ -49,6 +56,12 @@ func BenchmarkParseValidateKey(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchPing is benchBody at another place.
+func benchPing(lat, lon string) []byte {
+	return []byte(`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":` + lat + `,"lon":` + lon +
+		`,"speed_kmh":0,"heading":270,"battery":0.82,"firmware":"4.2.1"}`)
 }
 
 // Each store operation of a ping, for each store and shape: the decision

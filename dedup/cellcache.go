@@ -11,21 +11,29 @@ import (
 
 // A CellCache remembers 2^cellCacheBits coordinates: far more than the
 // pings that arrive between an observation and its redeliveries on one
-// instance.
+// instance. It also holds 2^areaCacheBits hexagons, one for each of as
+// many small areas where pings were keyed lately.
 const (
 	cellCacheBits  = 12
 	cellCacheSlots = 1 << cellCacheBits
+	areaCacheBits  = 11
+	areaCacheSlots = 1 << areaCacheBits
 )
 
-// CellCache remembers the H3 cells of recently quantised coordinates, so
-// that exactly repeated coordinates (a sender's redelivery, a tracker
-// repeating a cached fix) are not quantised again: a cell costs a cgo call
-// of about 2 µs, a look-up here some nanoseconds. It never changes a key:
-// a hit is the cell H3 computed for exactly these coordinates and this
-// resolution. The zero value is ready; it is safe for concurrent use and
-// never allocates.
+// CellCache remembers the H3 cells of recent coordinates, so that most
+// pings are not quantised by H3 again: a cell costs a cgo call of about
+// 1.5 µs, a look-up here some nanoseconds. Exactly repeated coordinates (a
+// sender's redelivery, a tracker repeating a cached fix) find the cell H3
+// gave them; other coordinates near recent ones (a parked asset's jitter,
+// the next fix of a slow one) find it when they lie inside a cell the
+// cache holds as a hexagon, learnt once two pings of an area fell in it.
+// It never changes a key: a hit is the cell H3 computes for these
+// coordinates at this resolution (see hexagon for why). The zero value is
+// ready; it is safe for concurrent use, and it allocates only when it
+// learns a hexagon.
 type CellCache struct {
 	slots [cellCacheSlots]cellSlot
+	areas [areaCacheSlots]areaSlot
 }
 
 // cellSlot holds the last coordinates that hashed to it.
@@ -35,15 +43,33 @@ type cellSlot struct {
 	cell     atomic.Uint64
 }
 
-// Cell returns the cell of ll at resolution res, from the cache when it
-// was computed before.
+// areaSlot holds the hexagon last learnt in the areas that hash to it.
+type areaSlot struct {
+	lock  seqlock.Lock
+	cell  atomic.Uint64
+	edges [6][4]atomic.Uint64 // each edge's normal (x, y, z) and inside, as float64 bits
+	// seen is the cell H3 gave the last miss here: a second miss in it
+	// makes it the slot's hexagon, so one passing ping does not.
+	seen atomic.Uint64
+	// refused is the last cell here that is no hexagon (a pentagon, or a
+	// cell across an icosahedron edge), not to be tried again at once.
+	refused atomic.Uint64
+}
+
+// Cell returns the cell of ll at resolution res (0 to 15), from the cache
+// when it can.
 func (c *CellCache) Cell(ll h3.LatLng, res int) h3.Cell {
 	lat, lon := math.Float64bits(ll.Lat), math.Float64bits(ll.Lng)
 	s := &c.slots[slotOf(lat, lon)]
 	if cell, ok := s.lookup(lat, lon, res); ok {
 		return cell
 	}
-	cell := h3.LatLngToCell(ll, res)
+	p, area := unitVector(ll), &c.areas[areaOf(ll, res)]
+	cell, ok := area.lookup(p, res)
+	if !ok {
+		cell = h3.LatLngToCell(ll, res)
+		area.learn(cell)
+	}
 	s.store(lat, lon, cell)
 	return cell
 }
@@ -80,6 +106,71 @@ func (s *cellSlot) store(lat, lon uint64, cell h3.Cell) {
 	s.cell.Store(uint64(cell))
 	s.lock.Unlock(seq)
 }
+
+// areaSteps are the sides, in degrees, of the squares of latitude and
+// longitude that pick an area's slot, by resolution: a cell's average edge,
+// so that a square meets a few cells and a parked asset's jitter mostly
+// stays in one.
+var areaSteps = func() (steps [16]float64) {
+	const kmPerDegree = 111.195
+	for res := range steps {
+		steps[res] = h3.HexagonEdgeLengthAvgKm(res) / kmPerDegree
+	}
+	return steps
+}()
+
+// areaOf is the slot of the area around ll at resolution res.
+func areaOf(ll h3.LatLng, res int) uint64 {
+	step := areaSteps[res]
+	row, column := int64(math.Floor(ll.Lat/step)), int64(math.Floor(ll.Lng/step))
+	h := (uint64(row)*0x9e3779b97f4a7c15 + uint64(column) + uint64(res)<<56) * 0xbf58476d1ce4e5b9
+	return h >> (64 - areaCacheBits)
+}
+
+func (s *areaSlot) lookup(p vec3, res int) (h3.Cell, bool) {
+	seq, ok := s.lock.ReadBegin()
+	if !ok {
+		return 0, false
+	}
+	cell := h3.Cell(s.cell.Load())
+	if cell == 0 || cellResolution(cell) != res {
+		return 0, false
+	}
+	for i := range s.edges {
+		e := &s.edges[i]
+		normal := vec3{bitsFloat(&e[0]), bitsFloat(&e[1]), bitsFloat(&e[2])}
+		if normal.dot(p) <= bitsFloat(&e[3]) {
+			return 0, false
+		}
+	}
+	return cell, s.lock.ReadValid(seq)
+}
+
+// learn is told the cell H3 gave a point of the slot's areas that the slot
+// did not hold, and makes it the slot's hexagon the second time in a row.
+func (s *areaSlot) learn(cell h3.Cell) {
+	if h3.Cell(s.seen.Swap(uint64(cell))) != cell || h3.Cell(s.refused.Load()) == cell || h3.Cell(s.cell.Load()) == cell {
+		return // new here, no hexagon, or held already (the point was near an edge)
+	}
+	hex, ok := newHexagon(cell)
+	if !ok {
+		s.refused.Store(uint64(cell))
+		return
+	}
+	seq, ok := s.lock.TryLock()
+	if !ok {
+		return
+	}
+	s.cell.Store(uint64(hex.cell))
+	for i, e := range hex.edges {
+		for j, v := range [4]float64{e.normal.x, e.normal.y, e.normal.z, e.inside} {
+			s.edges[i][j].Store(math.Float64bits(v))
+		}
+	}
+	s.lock.Unlock(seq)
+}
+
+func bitsFloat(b *atomic.Uint64) float64 { return math.Float64frombits(b.Load()) }
 
 // cellResolution reads the resolution an H3 index carries in bits 52-55,
 // without a cgo call.
