@@ -37,7 +37,9 @@ type edgePlane struct {
 // centre: about 1e-16/r radians at r radians from it, 2e-9 for a point on
 // the edge of the finest cell that holds a face centre. Everything else
 // here and in H3 rounds at about 1e-15. The floor, 6 cm, stays above all of
-// it; the share keeps the band left to H3 at a tenth of a percent of a cell.
+// it; the share scales the margin with coarser cells. At the default
+// resolution, 12, the two leave H3 a band of 7 cm along edges of 10.8 m:
+// under 2% of a cell.
 const (
 	hexagonMarginFloor = 1e-8
 	hexagonMarginShare = 1e-3
