@@ -64,8 +64,8 @@ func (c *CellCache) Cell(ll h3.LatLng, res int) h3.Cell {
 	if cell, ok := s.lookup(lat, lon, res); ok {
 		return cell
 	}
-	p, area := unitVector(ll), &c.areas[areaOf(ll, res)]
-	cell, ok := area.lookup(p, res)
+	area := &c.areas[areaOf(ll, res)]
+	cell, ok := area.lookup(ll, res)
 	if !ok {
 		cell = h3.LatLngToCell(ll, res)
 		area.learn(cell)
@@ -127,7 +127,9 @@ func areaOf(ll h3.LatLng, res int) uint64 {
 	return h >> (64 - areaCacheBits)
 }
 
-func (s *areaSlot) lookup(p vec3, res int) (h3.Cell, bool) {
+// lookup finds ll in the slot's hexagon, if it holds one at res: only then
+// is ll put on the sphere.
+func (s *areaSlot) lookup(ll h3.LatLng, res int) (h3.Cell, bool) {
 	seq, ok := s.lock.ReadBegin()
 	if !ok {
 		return 0, false
@@ -136,6 +138,7 @@ func (s *areaSlot) lookup(p vec3, res int) (h3.Cell, bool) {
 	if cell == 0 || cellResolution(cell) != res {
 		return 0, false
 	}
+	p := unitVector(ll)
 	for i := range s.edges {
 		e := &s.edges[i]
 		normal := vec3{bitsFloat(&e[0]), bitsFloat(&e[1]), bitsFloat(&e[2])}
@@ -161,7 +164,7 @@ func (s *areaSlot) learn(cell h3.Cell) {
 	if !ok {
 		return
 	}
-	s.cell.Store(uint64(hex.cell))
+	s.cell.Store(uint64(cell))
 	for i, e := range hex.edges {
 		for j, v := range [4]float64{e.normal.x, e.normal.y, e.normal.z, e.inside} {
 			s.edges[i][j].Store(math.Float64bits(v))

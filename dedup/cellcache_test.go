@@ -75,7 +75,7 @@ func TestCellCacheAnswersNearbyCoordinatesFromItsHexagons(t *testing.T) {
 					jitter := areaSteps[res] / 3
 					for range 20 {
 						ll := h3.NewLatLng(place.Lat+(rng.Float64()-0.5)*jitter, place.Lng+(rng.Float64()-0.5)*jitter)
-						if _, ok := cache.areas[areaOf(ll, res)].lookup(unitVector(ll), res); ok && i < len(ordinary) {
+						if _, ok := cache.areas[areaOf(ll, res)].lookup(ll, res); ok && i < len(ordinary) {
 							fromHexagons.Add(1)
 						}
 						if got, want := cache.Cell(ll, res), h3.LatLngToCell(ll, res); got != want {

@@ -20,7 +20,6 @@ import (
 // made a hexagon. A point nearer an edge than the margin is left to H3, so
 // that neither the rounding here nor H3's own can put it on the other side.
 type hexagon struct {
-	cell  h3.Cell
 	edges [6]edgePlane
 }
 
@@ -58,7 +57,7 @@ func newHexagon(cell h3.Cell) (hexagon, bool) {
 		corners[i] = unitVector(ll)
 		middle = middle.plus(corners[i])
 	}
-	hex := hexagon{cell: cell}
+	var hex hexagon
 	shortest := math.Inf(1)
 	for i, a := range corners {
 		b := corners[(i+1)%6]
