@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -18,7 +19,7 @@ import (
 func TestCellCacheAnswersWhatH3Computes(t *testing.T) {
 	var cache CellCache
 	rng := rand.New(rand.NewPCG(1, 2))
-	points := []h3.LatLng{{Lat: 0, Lng: 0}, {Lat: -0.0, Lng: 0}, {Lat: 90, Lng: 180}, {Lat: -90, Lng: -180}}
+	points := []h3.LatLng{{Lat: 0, Lng: 0}, {Lat: math.Copysign(0, -1), Lng: 0}, {Lat: 90, Lng: 180}, {Lat: -90, Lng: -180}}
 	for range 3 * cellCacheSlots { // more points than slots: every slot is overwritten
 		points = append(points, h3.NewLatLng(rng.Float64()*180-90, rng.Float64()*360-180))
 	}

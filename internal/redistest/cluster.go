@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -115,21 +116,38 @@ func (c *Cluster) nodeFor(ctx context.Context, key string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	ranges, err := c.client.ClusterSlots(ctx).Result()
+	shards, err := c.client.ClusterShards(ctx).Result()
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range ranges {
-		if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+	for _, sh := range shards {
+		if !servesSlot(sh, slot) {
+			continue
+		}
+		for _, m := range sh.Nodes {
+			if m.Role != "master" {
+				continue
+			}
+			addr := net.JoinHostPort(m.IP, strconv.FormatInt(m.Port, 10))
 			for _, n := range c.nodes {
-				if n.Addr() == r.Nodes[0].Addr {
+				if n.Addr() == addr {
 					return n, nil
 				}
 			}
-			return nil, fmt.Errorf("slot %d is served by %s, which is not one of %v", slot, r.Nodes[0].Addr, c.Addrs())
+			return nil, fmt.Errorf("slot %d is served by %s, which is not one of %v", slot, addr, c.Addrs())
 		}
 	}
 	return nil, fmt.Errorf("slot %d is not served by any node", slot)
+}
+
+// servesSlot reports whether the shard holds the slot.
+func servesSlot(sh redis.ClusterShard, slot int64) bool {
+	for _, r := range sh.Slots {
+		if r.Start <= slot && slot <= r.End {
+			return true
+		}
+	}
+	return false
 }
 
 // waitReady waits until every node sees the whole cluster as healthy and
