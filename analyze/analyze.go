@@ -257,7 +257,7 @@ func (lr *lineReader) next() (line []byte, tooLong bool, err error) {
 		case err == bufio.ErrBufferFull:
 			continue
 		case err == io.EOF && (len(lr.buf) > 0 || tooLong):
-			err = nil // a last line without a newline
+			// a last line without a newline: the next call finds io.EOF
 		case err != nil:
 			return nil, false, err
 		}
