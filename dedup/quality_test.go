@@ -65,8 +65,9 @@ func (s singlesDecider) Deliver(ctx context.Context, d fleetsim.Delivery) ([]boo
 // sliding (session keeps a parked burst to one), while no redelivery is
 // admitted and no moving ping is suppressed farther than LagFactor radii
 // (40 m at the default radius) from the last accepted one: at every
-// cadence from 1 s to 2 min, walking speeds, noisier receivers with the
-// radius sized for them.
+// cadence from 1 s to 5 min, walking speeds, noisier receivers with the
+// radius sized for them, slow wander, and multipath outliers more frequent
+// and farther than the default's.
 func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
@@ -88,6 +89,12 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		{"5s cadence, each interval ±50%", fleetsim.Config{Cadence: 5 * time.Second, CadenceJitter: 0.5, Duration: 3 * time.Hour}, 1.3, 1.3, false, 0},
 		// Slow movers must never be lost track of, nor their stops missed.
 		{"walking, 0.5 to 2 m/s", fleetsim.Config{SpeedMin: 0.5, SpeedMax: 2}, 1.3, 1.3, false, 0},
+		{"5 min cadence, 24 h", fleetsim.Config{Cadence: 5 * time.Minute, Duration: 24 * time.Hour}, 1.3, 1.3, false, 0},
+		{"sigma 4 m, slow wander over 10 min", fleetsim.Config{SigmaM: 4, NoiseTau: 10 * time.Minute}, 1.3, 1.3, false, 0},
+		// Multipath worse than the default's 2% at 4 σ: more often, and farther.
+		{"multipath on 10% of fixes, 3 to 5 sigma", fleetsim.Config{MultipathShare: 0.1, MultipathSigmasMin: 3, MultipathSigmasMax: 5}, 1.3, 1.3, false, 0},
+		{"multipath on 5% of fixes, 4 to 8 sigma", fleetsim.Config{MultipathShare: 0.05, MultipathSigmasMin: 4, MultipathSigmasMax: 8}, 1.3, 1.3, false, 0},
+		{"walking slowly, 0.3 to 1 m/s", fleetsim.Config{SpeedMin: 0.3, SpeedMax: 1}, 1.3, 1.3, false, 0},
 		// A poorer receiver, with a radius that holds its 4 σ outliers (32 m),
 		// as analyze recommends: the lag bound grows with the radius.
 		{"sigma 8 m, radius 40", fleetsim.Config{SigmaM: 8}, 1.3, 1.3, false, 40},
