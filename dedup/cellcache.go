@@ -138,15 +138,19 @@ func (s *areaSlot) lookup(ll h3.LatLng, res int) (h3.Cell, bool) {
 	if cell == 0 || cellResolution(cell) != res {
 		return 0, false
 	}
-	p := unitVector(ll)
-	for i := range s.edges {
-		e := &s.edges[i]
-		normal := vec3{bitsFloat(&e[0]), bitsFloat(&e[1]), bitsFloat(&e[2])}
-		if normal.dot(p) <= bitsFloat(&e[3]) {
-			return 0, false
-		}
+	if hex := s.hexagon(); !hex.holds(unitVector(ll)) {
+		return 0, false
 	}
 	return cell, s.lock.ReadValid(seq)
+}
+
+// hexagon reads the slot's hexagon, as learn stored it.
+func (s *areaSlot) hexagon() (hex hexagon) {
+	for i := range s.edges {
+		e := &s.edges[i]
+		hex.edges[i] = edgePlane{normal: vec3{bitsFloat(&e[0]), bitsFloat(&e[1]), bitsFloat(&e[2])}, inside: bitsFloat(&e[3])}
+	}
+	return hex
 }
 
 // learn is told the cell H3 gave a point of the slot's areas that the slot
