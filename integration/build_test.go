@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/freeport"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/xbuild"
 )
 
@@ -173,23 +174,10 @@ func runCaddy(t *testing.T, caddy, caddyfile string, port int) caddyProcess {
 	}
 }
 
-// handedOut holds the ports freePort has returned. The kernel may offer a
-// port again as soon as the listener that found it closes, before the
-// Caddy it was picked for binds it: a site and its upstream, or a site and
-// the admin API, would then be given the same port.
-var handedOut sync.Map
-
-// freePort returns a free loopback port it has not returned before.
 func freePort(t *testing.T) int {
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if _, taken := handedOut.LoadOrStore(port, true); !taken {
-			return port
-		}
+	port, err := freeport.Pick()
+	if err != nil {
+		t.Fatal(err)
 	}
+	return port
 }

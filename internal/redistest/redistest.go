@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/freeport"
 )
 
 // startAttempts bounds the retries when a port picked by freePort is taken
@@ -351,10 +353,9 @@ func requireBinary(t testing.TB, name string) {
 }
 
 func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatalf("finding a free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }

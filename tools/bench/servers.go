@@ -9,11 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/freeport"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/xbuild"
 )
 
@@ -105,23 +105,10 @@ func startCaddy(dir, bin string, sites []*site) (stop func(), adminURL string, p
 	return stop, "http://" + admin, cmd.Process.Pid, nil
 }
 
-// handedOut holds the ports freePort has returned. The kernel may offer a
-// port again as soon as the listener that found it closes, before the
-// process it was picked for binds it: two sites of one Caddyfile then got
-// the same port, and Caddy refused the config as ambiguous.
-var handedOut sync.Map
-
-// freePort returns a free loopback port it has not returned before.
 func freePort() int {
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			panic(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if _, taken := handedOut.LoadOrStore(port, true); !taken {
-			return port
-		}
+	port, err := freeport.Pick()
+	if err != nil {
+		panic(err)
 	}
+	return port
 }
