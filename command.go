@@ -187,14 +187,16 @@ func pingArgument(arg string, stdin io.Reader) ([]byte, error) {
 func analyzeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "analyze [<capture.ndjson> | -]",
-		Short: "Recommend resolution, window and TTL from a capture of your own pings",
+		Short: "Recommend resolution, radius, window and TTL from a capture of your own pings",
 		Long: `Read an NDJSON capture of pings (one JSON ping per line; a file, or standard
 input for "-" or nothing) and report, for a grid of H3 resolutions and windows,
 what telemetry_dedup would admit and suppress and why, the measured parked
 jitter (p50/p95/p99 metres), and the share of real moves one cell would
 swallow; then a recommended resolution (the finest whose cell edge stays
-above the p95 jitter), window (at least ten report intervals) and the TTL for
-the retry ladder, e.g.
+above the p95 jitter), window (at least ten report intervals), radius of the
+sliding and session shapes (a quarter above the p99 jitter, widened while a
+replay of the parked stretches at it admits more than 1.2 of their fixes a
+window) and the TTL for the retry ladder, e.g.
 
   caddy telemetry-dedup analyze --preset traccar capture.ndjson
   zcat pings.ndjson.gz | caddy telemetry-dedup analyze --json -`,

@@ -110,7 +110,7 @@ type Options struct {
 // with fresh memory stores: the keys carry the asset, so decisions never
 // span assets. It measures the parked jitter, the report interval and the
 // real moves each resolution swallows, and recommends a resolution, a
-// window and a TTL. A line that cannot be read as a ping is counted in
+// window, a stay radius (checked by a replay in sliding) and a TTL. A line that cannot be read as a ping is counted in
 // Report.Skipped, never fatal; invalid options and read errors are.
 func Analyze(r io.Reader, opts Options) (*Report, error) {
 	opts = opts.withDefaults()
@@ -127,7 +127,7 @@ func Analyze(r io.Reader, opts Options) (*Report, error) {
 			return nil, err
 		}
 	}
-	if err := a.finish(); err != nil {
+	if err := a.finish(assets); err != nil {
 		return nil, err
 	}
 	return a.report, nil
@@ -179,6 +179,9 @@ type fixPoint struct {
 type assetFixes struct {
 	name  string
 	fixes []fixPoint
+	// parked marks, by capture index, the fixes of a stationary run but
+	// its first (the arrival, a move): the ones a stay should suppress.
+	parked []bool
 }
 
 // read parses the capture and groups its pings by asset, in order of first

@@ -203,6 +203,11 @@ func TestAnalyzeRecommends(t *testing.T) {
 		Window:  5 * time.Minute, // the smallest candidate of at least 10 × 10 s
 		TTL:     6*time.Hour + 30*time.Minute, TTLFrom: "last retry 6h0m0s + outage margin 30m0s",
 	}
+	// A receiver this good keeps to one admission a window at the base radius.
+	if got := rep.Recommended.ParkedAdmissionsPerWindow; got <= 0 || got > maxParkedPerWindow {
+		t.Errorf("the replay at the recommended radius admits %.2f parked fixes a window, want (0, %g]", got, maxParkedPerWindow)
+	}
+	want.ParkedAdmissionsPerWindow = rep.Recommended.ParkedAdmissionsPerWindow
 	if rep.Recommended != want {
 		t.Errorf("recommended %+v, want %+v", rep.Recommended, want)
 	}
@@ -400,7 +405,7 @@ func TestAnalyzeTableShowsTheRecommendation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + out.String())
-	for _, want := range []string{"resolution 12 (9.4 m edges)", "radius 10 m", "window 5m0s", "ttl 6h30m0s (last retry 6h0m0s + outage margin 30m0s)", "<- recommended"} {
+	for _, want := range []string{"resolution 12 (9.4 m edges)", "radius 10 m", fmt.Sprintf("parked assets' fixes are admitted %.2f times a window", rep.Recommended.ParkedAdmissionsPerWindow), "window 5m0s", "ttl 6h30m0s (last retry 6h0m0s + outage margin 30m0s)", "<- recommended"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q", want)
 		}

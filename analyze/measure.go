@@ -8,7 +8,8 @@ import (
 
 // measure adds one asset's report intervals, stationary runs and move
 // candidates, all in device-time order.
-func (a *analyzer) measure(fixes []fixPoint) {
+func (a *analyzer) measure(as *assetFixes) {
+	fixes := as.fixes
 	a.order = a.order[:0]
 	for i := range fixes {
 		a.order = append(a.order, int32(i))
@@ -20,13 +21,16 @@ func (a *analyzer) measure(fixes []fixPoint) {
 			a.gaps = append(a.gaps, gap)
 		}
 	}
-	a.findRuns(fixes)
+	a.findRuns(as)
 	a.findMoves(fixes)
 }
 
 // findRuns marks the stationary runs in a.runOf (by position in a.order;
-// 0 is none, else run number) and samples their jitter.
-func (a *analyzer) findRuns(fixes []fixPoint) {
+// 0 is none, else run number) and in as.parked, adds up their time and
+// samples their jitter.
+func (a *analyzer) findRuns(as *assetFixes) {
+	fixes := as.fixes
+	as.parked = make([]bool, len(fixes))
 	a.runOf = slices.Grow(a.runOf[:0], len(a.order))[:len(a.order)]
 	clear(a.runOf)
 	at := func(k int) fixPoint { return fixes[a.order[k]] }
@@ -41,7 +45,9 @@ func (a *analyzer) findRuns(fixes []fixPoint) {
 		a.report.Jitter.Runs++
 		for k := start; k < end; k++ {
 			a.runOf[k] = int32(a.report.Jitter.Runs)
+			as.parked[a.order[k]] = k > start
 		}
+		a.parkedTime += at(end - 1).t.Sub(first.t)
 		a.sampleRun(fixes, a.order[start:end])
 		start = end
 	}

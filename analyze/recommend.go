@@ -1,7 +1,6 @@
 package analyze
 
 import (
-	"math"
 	"slices"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 
 // finish turns the pooled measurements into the report's statistics and
 // recommendations.
-func (a *analyzer) finish() error {
+func (a *analyzer) finish(assets []*assetFixes) error {
 	rep := a.report
 	slices.Sort(a.gaps)
 	rep.MedianInterval = nearestRank(a.gaps, 50)
@@ -29,8 +28,10 @@ func (a *analyzer) finish() error {
 		c.SuppressionRatio = ratio(c.Pings-c.Admitted, c.Pings)
 	}
 	a.recommendResolution()
-	a.recommendRadius()
 	a.recommendWindow()
+	if err := a.recommendRadius(assets); err != nil {
+		return err
+	}
 	ttl, from, err := a.opts.ttl(rep.Recommended.Window)
 	rep.Recommended.TTL, rep.Recommended.TTLFrom = ttl, from
 	return err
@@ -49,26 +50,6 @@ func (a *analyzer) recommendResolution() {
 	if !slices.Contains(a.opts.Resolutions, rec.Resolution) {
 		a.note("recommended resolution %d is not among the candidates; add it to see its replay", rec.Resolution)
 	}
-}
-
-// The radius recommendation: a margin over the parked jitter (measured from
-// each stationary run's median, which the anchor of a stay approaches), and
-// a floor, so that an RTK-grade receiver's stays are not ruled by rounding.
-const (
-	radiusOverP99 = 1.25
-	minRadiusM    = 10
-)
-
-// recommendRadius recommends the stay radius of sliding and session: a
-// quarter above the p99 parked jitter, in whole metres.
-func (a *analyzer) recommendRadius() {
-	rec := &a.report.Recommended
-	if a.report.Jitter.Samples == 0 {
-		rec.RadiusM = dedup.DefaultRadius
-		a.note("no stationary run to measure jitter on; radius is the default %g m", dedup.DefaultRadius)
-		return
-	}
-	rec.RadiusM = max(minRadiusM, math.Ceil(radiusOverP99*a.report.Jitter.P99M))
 }
 
 // finestResolutionOver returns the finest H3 resolution whose average edge

@@ -28,9 +28,10 @@ type analyzer struct {
 	keys    map[bucketCell]string // of one candidate
 
 	// pooled over assets
-	gaps    []time.Duration
-	samples []float64
-	moves   []move
+	parkedTime time.Duration // the stationary runs' device time
+	gaps       []time.Duration
+	samples    []float64
+	moves      []move
 }
 
 // candidateRun replays one (resolution, window) candidate.
@@ -110,7 +111,7 @@ func (a *analyzer) addAsset(as *assetFixes) error {
 			return err
 		}
 	}
-	a.measure(as.fixes)
+	a.measure(as)
 	return nil
 }
 

@@ -111,10 +111,18 @@ type Recommendation struct {
 	Resolution int `json:"resolution"`
 	// EdgeM is that resolution's average cell edge, in metres.
 	EdgeM float64 `json:"edge_m"`
-	// RadiusM is the stay radius of the sliding and session shapes: 1.25
-	// times the p99 parked jitter, at least 10 m, in whole metres;
+	// RadiusM is the stay radius of the sliding and session shapes: the
+	// smallest of 1, 1.15, 1.3 and 1.5 times the base (1.25 times
+	// the p99 parked jitter, at least 10 m), in whole metres, at which a
+	// replay of the stationary runs in sliding, at the recommended window,
+	// admits at most 1.2 of their fixes a window (else 1.5 times the base);
+	// the base itself with less than a window of stationary runs, and
 	// dedup.DefaultRadius without stationary samples.
 	RadiusM float64 `json:"radius_m"`
+	// ParkedAdmissionsPerWindow is what that replay admitted at RadiusM:
+	// the fixes of stationary runs, their first (the arrival) left out,
+	// per window of their device time; 0 when not replayed.
+	ParkedAdmissionsPerWindow float64 `json:"parked_admissions_per_window"`
 	// Window is the smallest candidate window of at least ten median report
 	// intervals, else the largest candidate; DefaultWindow when no interval
 	// was measured.

@@ -79,6 +79,10 @@ func (r *Report) writeRecommendation(w io.Writer) {
 	fmt.Fprintf(w, "recommended\tresolution %d (%.1f m edges)\n", rec.Resolution, rec.EdgeM)
 	fmt.Fprintf(w, "\tradius %g m (shapes sliding and session: a suppressed ping then lies at most %g m from the last accepted one)\n",
 		rec.RadiusM, dedup.LagFactor*rec.RadiusM)
+	if rec.ParkedAdmissionsPerWindow > 0 {
+		fmt.Fprintf(w, "\t  (replayed in sliding at this radius and window, parked assets' fixes are admitted %.2f times a window)\n",
+			rec.ParkedAdmissionsPerWindow)
+	}
 	fmt.Fprintf(w, "\twindow %s\n", rec.Window)
 	fmt.Fprintf(w, "\tttl %s (%s)\n", rec.TTL, rec.TTLFrom)
 	for _, n := range r.Notes {

@@ -1,0 +1,115 @@
+package analyze
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/fleetsim"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// What an operator does with analyze, on the fleet simulator: capture a
+// fleet, take the recommended radius and window, run the fleet with them.
+// Parked assets then cost about one admission a window, with no lost move,
+// for receivers whose error wanders slowly (the anchor follows the wander,
+// a multipath outlier lands beyond it, and at a 1 s cadence there are many
+// outliers a window: there the p99 alone undersizes the radius, and the
+// replay widens it) as for the others, where it keeps the p99's radius.
+func TestAnalyzeRecommendationHoldsTheSimulatedFleet(t *testing.T) {
+	fiveMinutes := []time.Duration{5 * time.Minute}
+	for _, tc := range []struct {
+		name    string
+		cfg     fleetsim.Config
+		windows []time.Duration // analyze's candidates; nil: the defaults
+		widened bool            // the replay must widen the p99's radius
+	}{
+		{"1s cadence, sigma 5 m wandering over 2 min, 5 min window", fleetsim.Config{Cadence: time.Second, SigmaM: 5, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, fiveMinutes, true},
+		{"1s cadence, sigma 4 m wandering over 10 min, 5 min window", fleetsim.Config{Cadence: time.Second, SigmaM: 4, NoiseTau: 10 * time.Minute, Duration: 2 * time.Hour}, fiveMinutes, true},
+		{"1s cadence, sigma 6 m wandering over 30 s", fleetsim.Config{Cadence: time.Second, SigmaM: 6, NoiseTau: 30 * time.Second, Duration: 2 * time.Hour}, nil, false},
+		{"10s cadence, sigma 8 m", fleetsim.Config{SigmaM: 8}, nil, false},
+		// Outliers no radius removes from a replay's runs: the p99's radius stays.
+		{"5s cadence, sigma 6 m, 10% multipath at 3 to 6 sigma, 5 min window", fleetsim.Config{Cadence: 5 * time.Second, SigmaM: 6,
+			MultipathShare: 0.1, MultipathSigmasMin: 3, MultipathSigmasMax: 6, Duration: 3 * time.Hour}, fiveMinutes, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Assets, cfg.Seed = 20, 7
+			rep := analyze(t, captureOf(t, fleetsim.Generate(cfg)), Options{Windows: tc.windows})
+			rec := rep.Recommended
+			base := math.Ceil(radiusOverP99 * rep.Jitter.P99M)
+			if widened := rec.RadiusM > base; widened != tc.widened {
+				t.Errorf("radius %g m against the p99's %g m: widened %v, want %v", rec.RadiusM, base, widened, tc.widened)
+			}
+			if rec.RadiusM > base*radiusSteps[len(radiusSteps)-1]+1 {
+				t.Errorf("radius %g m, more than the steps allow over %g m", rec.RadiusM, base)
+			}
+
+			pol := dedup.Policy{Shape: dedup.Sliding, Window: rec.Window, SessionIdle: dedup.DefaultSessionIdle, Radius: rec.RadiusM,
+				TTL: 13 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}
+			cfg.Window, cfg.LostMoveM = rec.Window, dedup.LagFactor*rec.RadiusM+1
+			sc, err := fleetsim.Run(context.Background(), cfg, &simDecider{dedup.Deduper{Store: dedup.NewMemoryStore(0),
+				Keyer: dedup.Keyer{Window: rec.Window, Prefix: analyzePrefix}, Policy: pol}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("radius %g m (p99 %.1f m), window %s: replay %.2f, simulator %.2f parked admissions a window",
+				rec.RadiusM, rep.Jitter.P99M, rec.Window, rec.ParkedAdmissionsPerWindow, sc.ParkedAdmissionsPerWindow)
+			if sc.ParkedAdmissionsPerWindow > maxParkedPerWindow {
+				t.Errorf("%.2f parked admissions a window at the recommended radius, want at most %g", sc.ParkedAdmissionsPerWindow, maxParkedPerWindow)
+			}
+			if sc.LostMoves != 0 || sc.RedeliveriesAdmitted != 0 || sc.DeparturesNeverAdmitted != 0 {
+				t.Errorf("%d lost moves, %d redeliveries admitted, %d departures never admitted; want none",
+					sc.LostMoves, sc.RedeliveriesAdmitted, sc.DeparturesNeverAdmitted)
+			}
+		})
+	}
+}
+
+// captureOf writes the simulator's pings as the NDJSON capture analyze
+// reads by default, in the order they were sent.
+func captureOf(t *testing.T, deliveries []fleetsim.Delivery) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for _, d := range deliveries {
+		for _, p := range d.Pings {
+			if err := enc.Encode(map[string]any{"asset_id": p.Asset, "occurred_at": p.Time.Format(time.RFC3339Nano), "lat": p.Lat, "lon": p.Lon}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return buf.Bytes()
+}
+
+// simDecider decides the simulator's deliveries through a production
+// Deduper in process, settling each accepted claim as an upstream that took
+// it would.
+type simDecider struct{ d dedup.Deduper }
+
+func (s *simDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([]bool, error) {
+	s.d.Now = func() time.Time { return del.Arrival }
+	obs := make([]dedup.Observation, len(del.Pings))
+	for i, p := range del.Pings {
+		obs[i] = s.d.Observe(ping.Ping{Asset: p.Asset, Time: p.Time, Lat: p.Lat, Lon: p.Lon})
+	}
+	claims, verdicts, err := s.d.ClaimAll(ctx, obs)
+	if err != nil {
+		return nil, err
+	}
+	accepted := make([]bool, len(verdicts))
+	var settle []*dedup.Claim
+	for i, v := range verdicts {
+		if accepted[i] = v.Decision == dedup.Accepted; accepted[i] {
+			settle = append(settle, claims[i])
+		}
+	}
+	if len(settle) == 0 {
+		return accepted, nil
+	}
+	return accepted, s.d.Settle(ctx, settle...)
+}
