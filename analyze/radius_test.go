@@ -49,18 +49,18 @@ func TestAnalyzeRecommendationHoldsTheSimulatedFleet(t *testing.T) {
 				t.Errorf("radius %g m, more than the steps allow over %g m", rec.RadiusM, base)
 			}
 
-			pol := dedup.Policy{Shape: dedup.Sliding, Window: rec.Window, SessionIdle: dedup.DefaultSessionIdle, Radius: rec.RadiusM,
-				TTL: 13 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}
-			cfg.Window, cfg.LostMoveM = rec.Window, dedup.LagFactor*rec.RadiusM+1
-			sc, err := fleetsim.Run(context.Background(), cfg, &simDecider{dedup.Deduper{Store: dedup.NewMemoryStore(0),
-				Keyer: dedup.Keyer{Window: rec.Window, Prefix: analyzePrefix}, Policy: pol}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sc := simulate(t, cfg, rec.RadiusM, rec.Window)
 			t.Logf("radius %g m (p99 %.1f m), window %s: replay %.2f, simulator %.2f parked admissions a window",
 				rec.RadiusM, rep.Jitter.P99M, rec.Window, rec.ParkedAdmissionsPerWindow, sc.ParkedAdmissionsPerWindow)
 			if sc.ParkedAdmissionsPerWindow > maxParkedPerWindow {
 				t.Errorf("%.2f parked admissions a window at the recommended radius, want at most %g", sc.ParkedAdmissionsPerWindow, maxParkedPerWindow)
+			}
+			if tc.widened {
+				at := simulate(t, cfg, base, rec.Window)
+				t.Logf("at the p99's radius %g m: simulator %.2f parked admissions a window", base, at.ParkedAdmissionsPerWindow)
+				if at.ParkedAdmissionsPerWindow <= maxParkedPerWindow {
+					t.Errorf("the p99's radius %g m already holds the fleet (%.2f a window): nothing to widen", base, at.ParkedAdmissionsPerWindow)
+				}
 			}
 			if sc.LostMoves != 0 || sc.RedeliveriesAdmitted != 0 || sc.DeparturesNeverAdmitted != 0 {
 				t.Errorf("%d lost moves, %d redeliveries admitted, %d departures never admitted; want none",
@@ -68,6 +68,20 @@ func TestAnalyzeRecommendationHoldsTheSimulatedFleet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// simulate runs the fleet through sliding at radius r and window w.
+func simulate(t *testing.T, cfg fleetsim.Config, r float64, w time.Duration) fleetsim.Score {
+	t.Helper()
+	pol := dedup.Policy{Shape: dedup.Sliding, Window: w, SessionIdle: dedup.DefaultSessionIdle, Radius: r,
+		TTL: 13 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}
+	cfg.Window, cfg.LostMoveM = w, dedup.LagFactor*r+1
+	sc, err := fleetsim.Run(context.Background(), cfg, &simDecider{dedup.Deduper{Store: dedup.NewMemoryStore(0),
+		Keyer: dedup.Keyer{Window: w, Prefix: analyzePrefix}, Policy: pol}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
 }
 
 // captureOf writes the simulator's pings as the NDJSON capture analyze
