@@ -110,8 +110,9 @@ type Options struct {
 // with fresh memory stores: the keys carry the asset, so decisions never
 // span assets. It measures the parked jitter, the report interval and the
 // real moves each resolution swallows, and recommends a resolution, a
-// window, a stay radius (checked by a replay in sliding) and a TTL. A line that cannot be read as a ping is counted in
-// Report.Skipped, never fatal; invalid options and read errors are.
+// window, a stay radius (checked by a replay in sliding) and a TTL. A line
+// that cannot be read as a ping is counted in Report.Skipped, never fatal;
+// invalid options and read errors are.
 func Analyze(r io.Reader, opts Options) (*Report, error) {
 	opts = opts.withDefaults()
 	a, err := newAnalyzer(opts)
