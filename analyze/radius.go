@@ -2,7 +2,6 @@ package analyze
 
 import (
 	"cmp"
-	"context"
 	"math"
 	"slices"
 	"time"
@@ -89,32 +88,21 @@ func (a *analyzer) recommendRadius(assets []*assetFixes) error {
 // window w, in capture order as the handler would see them, and counts the
 // parked fixes it admits.
 func (a *analyzer) parkedAdmissions(assets []*assetFixes, r float64, w time.Duration) (int, error) {
-	ctx := context.Background()
-	pol := dedup.Policy{Shape: dedup.Sliding, Window: w, SessionIdle: dedup.DefaultSessionIdle, Radius: r,
-		TTL: analyzeTTL, InFlightTimeout: dedup.DefaultInFlightTimeout}
+	pol := a.opts.policy(w)
+	pol.Shape, pol.Radius = dedup.Sliding, r
 	if err := pol.Check(); err != nil {
 		return 0, err
 	}
+	observe := func(d *dedup.Deduper, _ int, p ping.Ping) dedup.Observation { return d.Observe(p) }
 	admitted := 0
 	for _, as := range assets {
-		var now time.Time
-		d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: dedup.Keyer{Window: w, Prefix: analyzePrefix}, Policy: pol,
-			Now: func() time.Time { return now }}
-		for i, f := range as.fixes {
-			now = f.t
-			c, v, err := d.Claim(ctx, d.Observe(ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon}))
-			if err != nil {
-				return 0, err
-			}
-			if v.Decision != dedup.Accepted {
-				continue
-			}
-			if as.parked[i] {
+		err := replayAsset(dedup.Keyer{Window: w, Prefix: analyzePrefix}, pol, as, observe, func(i int, v dedup.Verdict) {
+			if v.Decision == dedup.Accepted && as.parked[i] {
 				admitted++
 			}
-			if err := d.Settle(ctx, c); err != nil {
-				return 0, err
-			}
+		})
+		if err != nil {
+			return 0, err
 		}
 	}
 	return admitted, nil

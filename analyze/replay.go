@@ -140,17 +140,11 @@ func (a *analyzer) quantise(fixes []fixPoint) {
 	}
 }
 
-// replay runs one asset's pings through a production Deduper with a fresh
-// store, claiming each in capture order and settling every accepted claim,
-// as if the upstream took them all.
+// replay runs one asset's pings through a (resolution, window) candidate.
 func (a *analyzer) replay(run *candidateRun, as *assetFixes) error {
-	ctx := context.Background()
-	var now time.Time
-	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: run.keyer, Policy: run.policy, Now: func() time.Time { return now }}
 	cells, buckets := a.cells[run.res], a.buckets[run.win]
 	clear(a.keys)
-	for i, f := range as.fixes {
-		now = f.t
+	observe := func(_ *dedup.Deduper, i int, p ping.Ping) dedup.Observation {
 		bucket, cell := buckets[i], cells[i]
 		// Hashing is the replay's dearest step, and only an admitted ping
 		// brings a new (bucket, cell): remember the keys of this asset.
@@ -159,17 +153,37 @@ func (a *analyzer) replay(run *candidateRun, as *assetFixes) error {
 			key = run.keyer.Key(as.name, bucket, cell)
 			a.keys[bucketCell{bucket, cell}] = key
 		}
-		obs := dedup.Observation{Ping: ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon}, Bucket: bucket, Cell: cell, Key: key}
-		c, v, err := d.Claim(ctx, obs)
-		if err != nil {
-			return err
-		}
+		return dedup.Observation{Ping: p, Bucket: bucket, Cell: cell, Key: key}
+	}
+	return replayAsset(run.keyer, run.policy, as, observe, func(_ int, v dedup.Verdict) {
 		run.stats.Pings++
 		if v.Decision != dedup.Accepted {
 			run.stats.Suppressed[v.Reason]++
-			continue
+			return
 		}
 		run.stats.Admitted++
+	})
+}
+
+// replayAsset runs one asset's pings through a production Deduper with a
+// fresh store, claiming each in capture order (observe quantises fix i as
+// the candidate does) and settling every accepted claim, as if the
+// upstream took them all; decided hears each fix's verdict.
+func replayAsset(k dedup.Keyer, pol dedup.Policy, as *assetFixes,
+	observe func(d *dedup.Deduper, i int, p ping.Ping) dedup.Observation, decided func(i int, v dedup.Verdict)) error {
+	ctx := context.Background()
+	var now time.Time
+	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: k, Policy: pol, Now: func() time.Time { return now }}
+	for i, f := range as.fixes {
+		now = f.t
+		c, v, err := d.Claim(ctx, observe(&d, i, ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon}))
+		if err != nil {
+			return err
+		}
+		decided(i, v)
+		if v.Decision != dedup.Accepted {
+			continue
+		}
 		if err := d.Settle(ctx, c); err != nil {
 			return err
 		}
