@@ -55,7 +55,7 @@ func TestKeyCommandPrintsTheProductionKey(t *testing.T) {
 		t.Fatalf("--json output %q: %v", out, err)
 	}
 	if r.Asset != "7" || r.Bucket != 1786190400 || !strings.HasPrefix(r.Key, "fleet:") ||
-		!strings.HasPrefix(r.StateKey, "fleet:{") || !strings.HasSuffix(r.StateKey, "}:s") || !strings.HasSuffix(r.SeenKey, ":m1786190400") {
+		!strings.HasPrefix(r.StateKey, "fleet:{") || !strings.HasSuffix(r.StateKey, "}:t") || !strings.HasSuffix(r.SeenKey, ":m1786190400") {
 		t.Fatalf("key report %+v", r)
 	}
 }

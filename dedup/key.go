@@ -165,16 +165,18 @@ func ScopedAsset(scope, asset string) string {
 }
 
 // TrackKeys returns the keys of the sliding and session shapes: the asset's
-// state, and the seen set of the minute of device time t. The asset's hash
+// track, and the seen set of the minute of device time t. The asset's hash
 // sits in braces, a Redis Cluster hash tag, so that one script can reach
-// both keys.
+// both keys. The track's suffix names its layout: ":t" since the stay
+// remembers its outliers, ":s" before, so that instances of either version
+// sharing a Redis during an upgrade never read each other's tracks.
 func (k Keyer) TrackKeys(asset string, t time.Time) (state, seen string) {
 	h := hashers.Get().(*hasher)
 	defer hashers.Put(h)
 	h.buf = append(h.buf[:0], asset...)
 	tag := h.key(k.Prefix+"{", "}")
 	minute := t.Unix() - mod(t.Unix(), 60)
-	return tag + ":s", tag + ":m" + strconv.FormatInt(minute, 10)
+	return tag + ":t", tag + ":m" + strconv.FormatInt(minute, 10)
 }
 
 // hasher hashes key material without allocating: the BLAKE2b state and the

@@ -91,6 +91,9 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		{"walking, 0.5 to 2 m/s", fleetsim.Config{SpeedMin: 0.5, SpeedMax: 2}, 1.3, 1.3, false, 0},
 		{"5 min cadence, 24 h", fleetsim.Config{Cadence: 5 * time.Minute, Duration: 24 * time.Hour}, 1.3, 1.3, false, 0},
 		{"sigma 4 m, slow wander over 10 min", fleetsim.Config{SigmaM: 4, NoiseTau: 10 * time.Minute}, 1.3, 1.3, false, 0},
+		// A stay learns how far its outliers lie: at a 1 s cadence the anchor
+		// follows the wander and outliers land just beyond the radius.
+		{"1s cadence, sigma 5 m wandering over 2 min", fleetsim.Config{Cadence: time.Second, SigmaM: 5, NoiseTau: 2 * time.Minute, Duration: 2 * time.Hour}, 1.3, 1.3, false, 0},
 		// Multipath worse than the default's 2% at 4 σ: more often, and farther.
 		{"multipath on 10% of fixes, 3 to 5 sigma", fleetsim.Config{MultipathShare: 0.1, MultipathSigmasMin: 3, MultipathSigmasMax: 5}, 1.3, 1.3, false, 0},
 		{"multipath on 5% of fixes, 4 to 8 sigma", fleetsim.Config{MultipathShare: 0.05, MultipathSigmasMin: 4, MultipathSigmasMax: 8}, 1.3, 1.3, false, 0},

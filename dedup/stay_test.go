@@ -88,6 +88,46 @@ func TestASingleOutlierCostsOneAdmission(t *testing.T) {
 	})
 }
 
+// A stay learns how far its receiver throws outliers: once it has thrown
+// one (a fix no vehicle could have reached, or an accepted fix outside the
+// stay that the next proved an outlier), the next about as far out (up to
+// 1.25 times as far) is jitter, where a stay that has thrown none admits
+// one a vehicle setting off could have reached, as a possible departure. A
+// departure beyond the widened radius is still admitted at once.
+func TestAStayWidensToHoldTheOutliersItThrew(t *testing.T) {
+	type step struct {
+		ping ping.Ping
+		want Decision
+	}
+	settledAgain := step{offset(42, 1, 1), Suppressed}
+	unreachable := step{offset(41, -28, 0), Suppressed} // a second after the last fix there
+	for _, tt := range []struct {
+		name  string
+		teach []step
+		judge step // a second after the last fix at the stay
+	}{
+		{"a stay that threw none admits a fix 26.5 m out", []step{settledAgain}, step{offset(43, 26.5, 0), Accepted}},
+		{"one that threw an outlier 28 m out holds it", []step{unreachable, settledAgain}, step{offset(43, 26.5, 0), Suppressed}},
+		{"and one 29.5 m out", []step{unreachable, settledAgain}, step{offset(43, 29.5, 0), Suppressed}},
+		{"one whose fix 30 m out proved an outlier holds it", []step{{offset(50, 30, 0), Accepted}, {offset(60, 1, 1), Suppressed}},
+			step{offset(61, 26.5, 0), Suppressed}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				for _, s := range append(tt.teach, tt.judge) {
+					if v := d.settled(t, s.ping); v.Decision != s.want {
+						t.Fatalf("%v: %+v, want %s", s.ping.Time.Sub(articleBase), v, s.want)
+					}
+				}
+				if v := d.settled(t, offset(70, 0, 45)); v.Decision != Accepted {
+					t.Fatalf("a departure 45 m out: %+v, want accepted", v)
+				}
+			})
+		})
+	}
+}
+
 // An asset creeping away (a traffic jam, 1 m per fix) is never suppressed
 // farther than the lag bound from its last accepted ping, however the
 // stay's anchor follows it.

@@ -62,6 +62,12 @@ const (
 	// bound. (Written out, not as 3.2*3.2, so that Go and Lua hold the same
 	// double.)
 	noiseFactor2 = 10.24
+	// outlierMargin2 widens the radius to hold the outliers the stay has
+	// thrown: a receiver that threw one that far throws the next about as
+	// far, so the radius grows to 1.25 times the farthest known (the margin
+	// analyze puts on a receiver's p99 jitter), up to the lag bound. It is
+	// 1.25², exact in a double.
+	outlierMargin2 = 1.5625
 	// settledFixes is how many fixes a stay needs before a reported speed
 	// counts as a departure from it.
 	settledFixes = 3
@@ -108,6 +114,7 @@ func fixOf(c *Claim) fix {
 type stay struct {
 	lat, lon float64 // the anchor
 	spread2  float64 // mean squared distance of its fixes from the anchor, m²
+	outlier2 float64 // squared distance from the anchor of the farthest outlier it threw, m²
 	n        int64   // fixes averaged into them, at most anchorMemory
 	startT   int64   // device time the asset arrived there, µs
 	lastT    int64   // device time of the latest fix judged there, µs
@@ -204,6 +211,10 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	case st.holds(f, pol):
 		// Back from an excursion too far to be an outlier: a real move.
 		returned := st.hasCand && !st.outlier
+		if st.hasCand && st.outlier {
+			// The accepted ping outside the stay was an outlier.
+			st.learnOutlier(f.separation2(st.last.lat, st.last.lon, st.stay.lat, st.stay.lon))
+		}
 		st.settle(f)
 		if !forced && !returned && st.withinWindow(f, pol) {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
@@ -217,6 +228,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 		st.ref, st.hasCand = st.last, false
 		return st.judge(old, f, pol)
 	case !forced && st.outlierAtRest(f, pol):
+		st.learnOutlier(f.distance2(st.stay.lat, st.stay.lon))
 		return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 	default:
 		outlier := st.couldBeOutlier(f, pol)
@@ -302,7 +314,7 @@ func (st *trackState) radius2(f fix, pol *Policy) float64 {
 // widened to the jitter the stay shows, up to the lag bound.
 func (st *trackState) stayRadius2(pol *Policy) float64 {
 	lag := LagFactor * pol.Radius
-	r2 := min(noiseFactor2*st.stay.spread2, lag*lag)
+	r2 := min(max(noiseFactor2*st.stay.spread2, outlierMargin2*st.stay.outlier2), lag*lag)
 	return max(r2, pol.Radius*pol.Radius)
 }
 
@@ -373,13 +385,24 @@ func (st *trackState) couldBeOutlier(f fix, pol *Policy) bool {
 	return d2 <= far*far || d2 > reach*reach
 }
 
-// distance2 is the squared distance in metres from f to a position, on the
-// plane tangent at f: at the scales of jitter and stays it is within a
-// fraction of a percent of the great-circle distance. The explicit
-// conversions keep every operation rounded as Lua rounds it.
+// learnOutlier widens the stay to hold an outlier it threw, d2 square
+// metres from its anchor (see outlierMargin2).
+func (st *trackState) learnOutlier(d2 float64) {
+	st.stay.outlier2 = max(st.stay.outlier2, d2)
+}
+
+// distance2 is the squared distance in metres from f to a position.
 func (f fix) distance2(lat, lon float64) float64 {
-	dy := float64(f.lat-lat) * float64(metresPerDegree)
-	dx := float64(f.lon-lon) * f.kx
+	return f.separation2(f.lat, f.lon, lat, lon)
+}
+
+// separation2 is the squared distance in metres between two positions near
+// f, on the plane tangent at f: at the scales of jitter and stays it is
+// within a fraction of a percent of the great-circle distance. The explicit
+// conversions keep every operation rounded as Lua rounds it.
+func (f fix) separation2(lat1, lon1, lat2, lon2 float64) float64 {
+	dy := float64(lat1-lat2) * float64(metresPerDegree)
+	dx := float64(lon1-lon2) * f.kx
 	return float64(dx*dx) + float64(dy*dy)
 }
 

@@ -23,15 +23,16 @@ local FIX = '>i8ddi8c8dddBBBc8d'
 -- stay: anchor lat, lon, spread m², fixes, arrival µs, last fix µs; ref
 -- point; last accepted point; flags (1 last is a candidate outside the
 -- stay, 2 it could be an outlier); session start; state print; the past
--- stays (PAST of them: lat, lon, radius², arrival µs, departure µs).
+-- stays (PAST of them: lat, lon, radius², arrival µs, departure µs); the
+-- squared distance of the farthest outlier the stay threw.
 -- Written out rather than built by concatenation, which every call would
 -- do again: Lua 5.1 folds no string constants.
 local PAST = 3
-local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8'
-local CORE_SIZE = 265 -- struct.size(CORE)
+local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8d'
+local CORE_SIZE = 273 -- struct.size(CORE)
 
 -- the constants of track.go
-local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2 = 1.5, 4, 4, 70, 64, 3, 10.24
+local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2, MARGIN2 = 1.5, 4, 4, 70, 64, 3, 10.24, 1.5625
 
 local now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local shape, window, idle = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -75,7 +76,7 @@ local function encode(c)
 		flags, c.sessionStart, c.state,
 		p[1].lat, p[1].lon, p[1].radius2, p[1].startT, p[1].endT,
 		p[2].lat, p[2].lon, p[2].radius2, p[2].startT, p[2].endT,
-		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT)
+		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT, c.outlier2)
 end
 
 local function remember(decision)
@@ -93,7 +94,7 @@ end
 local raw = redis.call('GET', KEYS[1])
 if not raw then
 	local none = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
-	local c = { alat = lat, alon = lon, spread2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
+	local c = { alat = lat, alon = lon, spread2 = 0, outlier2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
 		hasCand = false, outlier = false, sessionStart = t, state = statep, past = { none, none, none } }
 	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. '\0', 'PX', ttl)
 	remember('accepted')
@@ -105,7 +106,8 @@ local function decode(s, pos)
 	local c = { alat = f[1], alon = f[2], spread2 = f[3], n = f[4], startT = f[5], lastT = f[6],
 		ref = { t = f[7], lat = f[8], lon = f[9], bucket = f[10], token = f[11] },
 		last = { t = f[12], lat = f[13], lon = f[14], bucket = f[15], token = f[16] },
-		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, sessionStart = f[18], state = f[19], past = {} }
+		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, sessionStart = f[18], state = f[19], past = {},
+		outlier2 = f[35] }
 	for i = 1, PAST do
 		local k = 19 + 5 * (i - 1)
 		c.past[i] = { lat = f[k + 1], lon = f[k + 2], radius2 = f[k + 3], startT = f[k + 4], endT = f[k + 5] }
@@ -113,15 +115,19 @@ local function decode(s, pos)
 	return c, f[#f]
 end
 
-local function dist2(plat, plon)
-	local dy = (lat - plat) * ky
-	local dx = (lon - plon) * kx
+local function separation2(lat1, lon1, lat2, lon2)
+	local dy = (lat1 - lat2) * ky
+	local dx = (lon1 - lon2) * kx
 	return dx * dx + dy * dy
+end
+
+local function dist2(plat, plon)
+	return separation2(lat, lon, plat, plon)
 end
 
 local function stayRadius2(c)
 	local lag = LAG * radius
-	local r2 = math.min(NOISE2 * c.spread2, lag * lag)
+	local r2 = math.min(math.max(NOISE2 * c.spread2, MARGIN2 * c.outlier2), lag * lag)
 	return math.max(r2, radius * radius)
 end
 
@@ -176,6 +182,10 @@ local function settle(c)
 	c.spread2 = c.spread2 + (d2 - c.spread2) / c.n
 	c.lastT = math.max(c.lastT, t)
 	c.hasCand = false
+end
+
+local function learnOutlier(c, d2)
+	c.outlier2 = math.max(c.outlier2, d2)
 end
 
 local function reason(c)
@@ -246,6 +256,9 @@ local function judge()
 	if holds(cur) then
 		-- Back from an excursion too far to be an outlier: a real move.
 		local returned = cur.hasCand and not cur.outlier
+		if cur.hasCand and cur.outlier then
+			learnOutlier(cur, separation2(cur.last.lat, cur.last.lon, cur.alat, cur.alon))
+		end
 		settle(cur)
 		if not forced and not returned and (shape ~= 'sliding' or t - cur.ref.t < window) then
 			return 'suppressed', reason(cur)
@@ -256,11 +269,12 @@ local function judge()
 		-- The asset left for where the last accepted ping was: judge the
 		-- fix there.
 		leave(cur)
-		cur.alat, cur.alon, cur.spread2, cur.n = cur.last.lat, cur.last.lon, 0, 1
+		cur.alat, cur.alon, cur.spread2, cur.outlier2, cur.n = cur.last.lat, cur.last.lon, 0, 0, 1
 		cur.startT, cur.lastT = cur.last.t, cur.last.t
 		cur.ref, cur.hasCand = cur.last, false
 		return judge()
 	elseif not forced and outlierAtRest(cur) then
+		learnOutlier(cur, dist2(cur.alat, cur.alon))
 		return 'suppressed', reason(cur)
 	end
 	local outlier = couldBeOutlier(cur)

@@ -3,8 +3,8 @@
 -- as it was before it (trackState.undo in Go). Only the claim's own token
 -- acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes)
-local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8' -- as in track_decide.lua
-local CORE_SIZE = 265
+local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
+local CORE_SIZE = 273
 
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])

@@ -22,9 +22,9 @@ func redisMemory(rdb *redisServer) error {
 	fmt.Fprintln(tw, "shape\tkey\tbytes\tsampled\t")
 	for _, kind := range []struct{ shape, what, pattern string }{
 		{"tumbling", "claim (one per admitted ping)", "bench-redis-near:*"},
-		{"sliding", "track (one per asset)", "bench-sliding:*:s"},
+		{"sliding", "track (one per asset)", "bench-sliding:*:t"},
 		{"sliding", "seen set (one per asset-minute)", "bench-sliding:*:m*"},
-		{"session", "track (one per asset)", "bench-session:*:s"},
+		{"session", "track (one per asset)", "bench-session:*:t"},
 		{"session", "seen set (one per asset-minute)", "bench-session:*:m*"},
 	} {
 		keys, err := sampleKeys(ctx, rdb.client, kind.pattern, 500)
