@@ -114,9 +114,9 @@ type Recommendation struct {
 	// RadiusM is the stay radius of the sliding and session shapes, in
 	// whole metres: the base (1.25 times the p99 parked jitter, at least
 	// 10 m) if a replay of the stationary runs in sliding, at the base and
-	// the recommended window, admits at most 1.2 of their fixes a window;
+	// the recommended window, admits at most 1.15 of their fixes a window;
 	// else the smallest of 1, 1.15, 1.3 and 1.5 times the base whose replay
-	// admits at most 1.2, or at most 0.05 more than the fewest of the four.
+	// admits at most 1.15, or at most 0.05 more than the fewest of the four.
 	// The base without a window's worth of stationary runs;
 	// dedup.DefaultRadius without stationary samples.
 	RadiusM float64 `json:"radius_m"`
