@@ -311,7 +311,8 @@ func (st *trackState) radius2(f fix, pol *Policy) float64 {
 }
 
 // stayRadius2 is the square of the stay's radius: the configured radius,
-// widened to the jitter the stay shows, up to the lag bound.
+// widened to the jitter the stay shows and to the outliers it has thrown,
+// up to the lag bound.
 func (st *trackState) stayRadius2(pol *Policy) float64 {
 	lag := LagFactor * pol.Radius
 	r2 := min(max(noiseFactor2*st.stay.spread2, outlierMargin2*st.stay.outlier2), lag*lag)
