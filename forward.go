@@ -40,14 +40,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 
 	defer func() {
 		// reverse_proxy aborts a broken response stream with a panic. If the
-		// upstream had answered below 500 by then, it has the observation.
+		// upstream had answered 2xx by then, it has the observation.
 		if p := recover(); p != nil {
-			h.finish(detached, claims, failedStatus(rec.Status()))
+			h.finish(detached, claims, undelivered(rec.Status()))
 			panic(p)
 		}
 	}()
 	err := next.ServeHTTP(rec, r.WithContext(ctx))
-	h.finish(detached, claims, err != nil || rec.Status() >= 500)
+	h.finish(detached, claims, err != nil || undelivered(finalStatus(rec.Status())))
 	return err
 }
 
@@ -63,9 +63,24 @@ func (h *Handler) upstreamContext(detached context.Context, claims []*dedup.Clai
 	return context.WithDeadline(detached, claims[0].At.Add(h.settings.upstreamBound))
 }
 
-// failedStatus reports an upstream answer (0: none) that does not show the
-// upstream took the observation.
-func failedStatus(status int) bool { return status == 0 || status >= 500 }
+// undelivered reports an upstream answer (0: none) that does not show the
+// upstream took the observation: anything but a 2xx. Those are the answers
+// the real clients resend an observation after (a 4xx included: a backend's
+// 429, its 401 while a token is wrong, Traccar's 400 for a device it does
+// not know yet), so the retry must find the claim gone; were it kept, the
+// retry would be answered "suppressed" for an observation the backend never
+// took, and the client would drop it. A client that drops an observation
+// on a 4xx (OwnTracks iOS) sends no retry to meet the released claim.
+func undelivered(status int) bool { return status < 200 || status >= 300 }
+
+// finalStatus is the status of a handler that returned: net/http answers
+// 200 for one that wrote nothing.
+func finalStatus(status int) int {
+	if status == 0 {
+		return http.StatusOK
+	}
+	return status
+}
 
 // finish settles the claims of a forwarded request, or releases them when
 // the upstream failed and release_on_failure is on. If the store cannot
@@ -117,12 +132,12 @@ func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next cad
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			h.reconcile(req.unsure, h.settings.release && failedStatus(rec.Status()))
+			h.reconcile(req.unsure, h.settings.release && undelivered(rec.Status()))
 			panic(p)
 		}
 	}()
 	err := h.respond(rec, r.WithContext(ctx), next, req)
-	h.reconcile(req.unsure, h.settings.release && (err != nil || rec.Status() >= 500))
+	h.reconcile(req.unsure, h.settings.release && (err != nil || undelivered(finalStatus(rec.Status()))))
 	return err
 }
 

@@ -38,9 +38,8 @@ type Handler struct {
 	// first present one counts.
 
 	// Paths of the asset id, a string or number. Or one Caddy placeholder
-	// template, such as
-	// {http.request.header.X-Limit-U}/{http.request.header.X-Limit-D}, to
-	// take the identity from the request instead. Default: asset_id.
+	// template, such as {http.request.uri.query.device}, to take the
+	// identity from the request instead. Default: asset_id.
 	Asset []string `json:"asset,omitempty"`
 
 	// Paths of the device's own timestamp; arrival time is never used.
@@ -195,7 +194,8 @@ type Handler struct {
 	OnStoreError string `json:"on_store_error,omitempty"`
 
 	// Whether to release the claim when the next handler fails or the
-	// upstream answers 5xx, so that the sender's retry is accepted.
+	// upstream answers anything but a 2xx, so that the sender's retry is
+	// accepted.
 	// Default: true.
 	ReleaseOnFailure *bool `json:"release_on_failure,omitempty"`
 

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -120,6 +121,28 @@ func TestUpstreamFailureReleasesTheClaim(t *testing.T) {
 	post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
 	if n := up.count(); n != 2 {
 		t.Fatalf("upstream saw %d requests, want the failed one and the retry", n)
+	}
+}
+
+// A backend that refuses an observation with a 4xx (a rate limit, a wrong
+// token, Traccar's 400 for a device it does not know yet) or answers a 3xx
+// did not take it, and every real client resends it: the retry must reach
+// the backend again, not be told "suppressed" for an observation the
+// backend never stored.
+func TestUpstreamRefusalReleasesTheClaim(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "")
+	for i, refusal := range []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusTooManyRequests, http.StatusFound} {
+		body := ping(fmt.Sprintf("veh-refused-%d", refusal), base(), 52.5200087, 13.4049547)
+		up.setResponse(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(refusal) })
+		post(t, tester.Client, body).expect(t, refusal, "accepted")
+
+		up.setResponse(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+		post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
+		post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
+		if n, want := up.count(), 2*(i+1); n != want {
+			t.Fatalf("after a %d: upstream saw %d requests in all, want %d (the refused one and its retry each time)", refusal, n, want)
+		}
 	}
 }
 

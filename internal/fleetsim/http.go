@@ -232,8 +232,9 @@ func (h *HTTPDecider) deliverToUpstream(ctx context.Context, d Delivery) ([]bool
 }
 
 // deliverByHeader sends one ping and reads the decision from X-Dedup. An
-// accepted ping whose backend failed (5xx) is an error: the module released
-// its claim for a retry the simulated sender does not make.
+// accepted ping whose backend did not take it (anything but a 2xx) is an
+// error: the module released its claim for a retry the simulated sender
+// does not make.
 func (h *HTTPDecider) deliverByHeader(ctx context.Context, p Ping) (bool, error) {
 	a, err := h.post(ctx, h.fields.body([]Ping{p}, false))
 	if err != nil {
@@ -241,7 +242,7 @@ func (h *HTTPDecider) deliverByHeader(ctx context.Context, p Ping) (bool, error)
 	}
 	switch a.header.Get("X-Dedup") {
 	case "accepted", "unchecked":
-		if a.status < 500 {
+		if a.status >= 200 && a.status < 300 {
 			return true, nil
 		}
 	case "suppressed":
