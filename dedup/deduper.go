@@ -102,6 +102,7 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 	}
 	order := deviceTimeOrder(claims)
 	verdicts, err := d.decideInOrder(ctx, claims, order)
+	suppressCopiesOfTheBatchsOwn(claims, verdicts)
 	for i := range verdicts {
 		// An event is what a backend most needs to hear of: say so.
 		if v := &verdicts[i]; v.Decision == Accepted && claims[i].Event != "" {
@@ -109,6 +110,33 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 		}
 	}
 	return claims, verdicts, err
+}
+
+// suppressCopiesOfTheBatchsOwn answers an exact copy of an element the
+// same batch claimed as that element's redelivery. The store, deciding the
+// copy after the element, finds the batch's own claim still in flight and
+// says "come back later"; but the batch's retry would carry the same copy
+// and meet the same claim, and the sender would never get the batch
+// through. The copy is delivered exactly when the element is. Nothing is
+// written for an in-flight verdict, so the store needs no change.
+func suppressCopiesOfTheBatchsOwn(claims []*Claim, verdicts []Verdict) {
+	for i, v := range verdicts {
+		if v.Decision != InFlight {
+			continue
+		}
+		for j := range i {
+			if verdicts[j].Decision == Accepted && claims[j].sameObservation(claims[i]) {
+				verdicts[i] = suppressed(Redelivery)
+				break
+			}
+		}
+	}
+}
+
+// sameObservation reports whether c and o are the same observation, as an
+// exact redelivery repeats it: asset, device time, coordinates and event.
+func (c *Claim) sameObservation(o *Claim) bool {
+	return c.Asset == o.Asset && c.Time.Equal(o.Time) && c.Lat == o.Lat && c.Lon == o.Lon && c.Event == o.Event
 }
 
 // decideInOrder decides claims in one store call, in the given order (nil:

@@ -110,6 +110,40 @@ func TestDeduperAsksInFlightRedeliveriesToComeBack(t *testing.T) {
 	})
 }
 
+// A batch that holds the same ping twice delivers it once: the copy is
+// the element's redelivery, not an in-flight one the sender would be asked
+// to send again (with the same copy in it, forever).
+func TestACopyWithinABatchIsItsOwnRedelivery(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		d := newTestDeduper(s, pol.Shape)
+		p := at(0, 52.5200087, 13.4049547)
+		alarm := at(time.Second, 52.5200087, 13.4049547)
+		alarm.Event = "sos"
+		batch := []ping.Ping{p, alarm, p, alarm, at(2*time.Second, 52.5200087, 13.4049547)}
+		obs := make([]Observation, len(batch))
+		for i, b := range batch {
+			obs[i] = d.Observe(b)
+		}
+		_, got, err := d.ClaimAll(context.Background(), obs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []Verdict{accepted, {Decision: Accepted, Reason: ReasonEvent}, suppressed(Redelivery), suppressed(Redelivery), got[4]}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("element %d: %+v, want %+v", i, got[i], want[i])
+			}
+		}
+		if got[4].Decision == InFlight {
+			t.Errorf("a later fix at the same place: %+v, not the batch's copy", got[4])
+		}
+		// A copy of a ping another request holds still waits for it.
+		if v := d.verdict(t, p); v.Decision != InFlight || v.Reason != Redelivery {
+			t.Fatalf("the ping again, in another request while the batch is in flight: %+v, want in_flight/redelivery", v)
+		}
+	})
+}
+
 func TestDeduperTreatsAnOldUnsettledClaimAsSettled(t *testing.T) {
 	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		d := newTestDeduper(s, pol.Shape)

@@ -23,6 +23,26 @@ func postBatch(t *testing.T, client *http.Client, contentType string, body []byt
 	return response{res.StatusCode, res.Header, string(b)}
 }
 
+// A batch that holds the same ping twice (a sender that queued it twice)
+// goes through at once with the ping delivered once, in every shape; were
+// the copy answered in flight, every retry of the batch would carry it
+// again and the sender would never get the batch through.
+func TestABatchHoldingAPingTwiceDeliversItOnce(t *testing.T) {
+	for _, shape := range []string{"tumbling", "sliding", "session"} {
+		t.Run(shape, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := startCaddy(t, up, "shape "+shape)
+			p := string(ping("veh-twice", base(), 52.5200087, 13.4049547))
+			res := postBatch(t, tester.Client, "application/json", []byte("["+p+","+p+"]"))
+			res.expect(t, http.StatusCreated, "partial")
+			if got := res.header.Get("X-Dedup-Suppressed"); got != "1" || up.count() != 1 || string(up.requests()[0].body) != "["+p+"]" {
+				t.Fatalf("suppressed %q; the upstream got %d requests, the first %q", got, up.count(), up.requests()[0].body)
+			}
+			postBatch(t, tester.Client, "application/json", []byte("["+p+","+p+"]")).expect(t, http.StatusOK, "suppressed")
+		})
+	}
+}
+
 func TestBatchesForwardOnlyTheNewElements(t *testing.T) {
 	at := base()
 	p := func(asset string, offset time.Duration, lat float64) string {
