@@ -183,6 +183,14 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"on_invalid", "telemetry_dedup {\n\ton_invalid drop\n}", []string{":2", "reject", "dead_letter"}},
 		{"dead letter on memory", "telemetry_dedup {\n\ton_invalid dead_letter\n}", []string{":2", "store redis"}},
 		{"template beside paths", "telemetry_dedup {\n\tasset id {http.request.host}\n}", []string{":2", "alone"}},
+		// Caddy keeps a placeholder it cannot read as text: every request
+		// would share it, and devices or tenants suppress each other.
+		{"asset template unclosed", "telemetry_dedup {\n\tasset {http.request.header.X-Id\n}", []string{":2", "asset", "not closed", "{http.request.header.X-Device}"}},
+		{"asset template stray brace", "telemetry_dedup {\n\tasset http.request.header.X-Id}\n}", []string{":2", "closes no placeholder"}},
+		{"asset template nested", "telemetry_dedup {\n\tasset {a{b}}\n}", []string{":2", "not closed before the next {"}},
+		{"key_scope unclosed", "telemetry_dedup {\n\tkey_scope {http.request.host\n}", []string{":2", "key_scope", "not closed"}},
+		{"key_scope without a placeholder", "telemetry_dedup {\n\tkey_scope http.request.host\n}", []string{":2", "no placeholder", "{http.request.host}"}},
+		{"key_scope empty placeholder", "telemetry_dedup {\n\tkey_scope tenant-{}\n}", []string{":2", "names no placeholder"}},
 		{"dead_letter_maxlen", "telemetry_dedup {\n\tdead_letter_maxlen many\n}", []string{":2", "positive"}},
 		{"hysteresis NaN", "telemetry_dedup {\n\tshape sliding\n\thysteresis NaN\n}", []string{":3", "metres"}},
 		{"stuck_ratio NaN", "telemetry_dedup {\n\tstuck_ratio NaN\n}", []string{":2", "above 0 and at most 1"}},

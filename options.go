@@ -95,6 +95,11 @@ func (h *Handler) resolve() (settings, error) {
 	if err := s.keyer.Check(); err != nil {
 		return s, err
 	}
+	if h.KeyScope != "" {
+		if err := checkTemplate("key_scope", h.KeyScope); err != nil {
+			return s, err
+		}
+	}
 	s.keyScope = parseKeyScope(h.KeyScope)
 
 	if s.policy, s.ttlFrom, err = h.resolvePolicy(s.keyer); err != nil {
@@ -222,7 +227,10 @@ func (h *Handler) resolveFormat(s *settings) error {
 func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) {
 	var template string
 	switch {
-	case len(h.Asset) == 1 && strings.Contains(h.Asset[0], "{"):
+	case len(h.Asset) == 1 && strings.ContainsAny(h.Asset[0], "{}"):
+		if err := checkTemplate("asset", h.Asset[0]); err != nil {
+			return p, "", err
+		}
 		p.AssetPaths, template = nil, h.Asset[0]
 	case len(h.Asset) > 0:
 		for _, a := range h.Asset {

@@ -1,14 +1,57 @@
 package telemetrydedup
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
 // hostPlaceholder is the placeholder whose value enters a key scope in its
 // canonical form.
 const hostPlaceholder = "{http.request.host}"
+
+// checkTemplate refuses an asset or key_scope template that Caddy would
+// fill only in part: a brace left open or closed alone, or an empty
+// placeholder, which Caddy keeps as the text it is, or a template with no
+// placeholder at all. Every request would then share that text, and
+// devices or tenants would suppress each other's pings without a word.
+func checkTemplate(option, template string) error {
+	open, placeholders := -1, 0
+	for i := 0; i < len(template); i++ {
+		switch template[i] {
+		case '\\':
+			i++ // an escaped brace is text
+		case '{':
+			if open >= 0 {
+				return templateError(option, template, fmt.Sprintf("the placeholder opened at byte %d is not closed before the next {", open+1))
+			}
+			open = i
+		case '}':
+			switch {
+			case open < 0:
+				return templateError(option, template, fmt.Sprintf("the } at byte %d closes no placeholder", i+1))
+			case i == open+1:
+				return templateError(option, template, "{} names no placeholder")
+			}
+			open, placeholders = -1, placeholders+1
+		}
+	}
+	switch {
+	case open >= 0:
+		return templateError(option, template, fmt.Sprintf("the placeholder opened at byte %d is not closed", open+1))
+	case placeholders == 0:
+		return templateError(option, template, "it holds no placeholder, so every request would share it")
+	}
+	return nil
+}
+
+func templateError(option, template, problem string) error {
+	return &dedup.ConfigError{Option: option, Problem: fmt.Sprintf(
+		"template %q: %s; write each placeholder whole, such as {http.request.host} or {http.request.header.X-Device}", template, problem)}
+}
 
 // keyScope is the key_scope template, split where it names the request's
 // host. A host names its tenant in any letter case and with or without the
