@@ -287,7 +287,7 @@ func (p Parser) Validate(ping Ping, now time.Time) error {
 func checkObject(body []byte) error {
 	if len(body) == 0 {
 		return &MalformedError{Reason: "the request body is empty; telemetry_dedup expects one JSON ping per request " +
-			"(use a matcher such as `telemetry_dedup POST /ingest` to limit which requests it examines)"}
+			"(limit which requests it examines with a matcher: `@pings method POST`, then `telemetry_dedup @pings`)"}
 	}
 	if err := checkJSON(body); err != nil {
 		return err

@@ -402,3 +402,23 @@ func TestParseTimeFormat(t *testing.T) {
 		t.Errorf("unknown format error %v does not list the accepted ones", err)
 	}
 }
+
+// A timestamp without an offset is answered with the fix, and the fix is
+// one the parser takes.
+func TestNaiveTimestampErrorSuggestsATimestampThatParses(t *testing.T) {
+	for _, naive := range []string{"2026-08-08T11:59:00", "2026-08-08 11:59:00", "2026-08-08 11:59:00.5"} {
+		_, err := NewParser().Parse([]byte(`{"asset_id":"a","occurred_at":"`+naive+`","lat":1,"lon":2}`), parseNow)
+		var ie *InvalidPingError
+		if !errors.As(err, &ie) || ie.Rule != RuleTimezone {
+			t.Fatalf("%s: got %v, want a timezone error", naive, err)
+		}
+		_, suggestion, _ := strings.Cut(ie.Detail, "send it as ")
+		suggested, _, ok := strings.Cut(suggestion, " or ")
+		if !ok {
+			t.Fatalf("%s: no suggestion in %q", naive, ie.Detail)
+		}
+		if _, err := NewParser().Parse([]byte(`{"asset_id":"a","occurred_at":"`+suggested+`","lat":1,"lon":2}`), parseNow); err != nil {
+			t.Errorf("%s: the suggested %s is refused: %v", naive, suggested, err)
+		}
+	}
+}

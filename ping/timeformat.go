@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -89,7 +90,8 @@ func parseOffsetTime(s, field string) (time.Time, error) {
 	for _, layout := range naiveLayouts {
 		if _, err := time.Parse(layout, s); err == nil {
 			return time.Time{}, invalid(field, RuleTimezone,
-				"%q has no UTC offset; send it as %sZ or with the device's offset (e.g. +02:00), it is never assumed to be UTC", s, s)
+				"%q has no UTC offset; send it as %sZ or with the device's offset (e.g. +02:00), it is never assumed to be UTC",
+				s, strings.Replace(s, " ", "T", 1))
 		}
 	}
 	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
