@@ -21,6 +21,7 @@ const (
 	delivered fate = "delivered" // removed from its queue
 	retried   fate = "retried"   // kept, and sent again later
 	dropped   fate = "dropped"   // removed without having been delivered
+	crashed   fate = "crashed"   // the app throws; the message stays queued, to crash it again
 )
 
 // ownTracksAndroid is OwnTracks Android 2.5.7–2.5.10, the strictest of its
@@ -73,7 +74,10 @@ func ownTracksIOS(r response) fate {
 // JSON Content-Type reaches the success callback; there, unless the user
 // turned on "Consider HTTP 2XX Successful", the batch is deleted only when
 // the body is a JSON object with "result":"ok". Anything else keeps the
-// whole batch, to be sent again at the next interval.
+// whole batch, to be sent again at the next interval. With that setting on,
+// a delivered answer is still read as an object (objectForKey: "geocode",
+// line 243, before the batch is deleted): JSON that is not one, such as
+// OwnTracks' [], throws an uncaught exception.
 func overland(r response, consider2xxSuccessful bool) fate {
 	if r.status < 200 || r.status > 299 {
 		return retried
@@ -88,7 +92,10 @@ func overland(r response, consider2xxSuccessful bool) fate {
 		if json.Unmarshal([]byte(r.body), &v) != nil {
 			return retried
 		}
-		object, _ = v.(map[string]any)
+		var isObject bool
+		if object, isObject = v.(map[string]any); !isObject && consider2xxSuccessful {
+			return crashed
+		}
 	}
 	if consider2xxSuccessful {
 		return delivered
@@ -176,6 +183,7 @@ func TestClientRulesReadTheClientsOwnSamples(t *testing.T) {
 		{"Overland: an empty 200", overland(ok(200, "", ""), false), retried},
 		{"Overland: an empty 200, 2xx successful", overland(ok(200, "", ""), true), delivered},
 		{"Overland: text/plain, 2xx successful", overland(ok(200, "text/plain", "ok"), true), retried},
+		{"Overland: [], 2xx successful", overland(ok(200, "application/json", "[]"), true), crashed},
 		{"Traccar Client: 302", traccarClientAndroid(ok(302, "", ""), false), delivered},
 		{"Traccar Client: SOS answered 503", traccarClientAndroid(ok(503, "", ""), true), dropped},
 		{"Traccar forwarder: 503 without retry", traccarForwarder(ok(503, "", ""), false), dropped},

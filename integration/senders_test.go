@@ -248,6 +248,35 @@ func TestOverlandTakesTheAnswersAsMeant(t *testing.T) {
 
 // Overland may leave device_id out: the identity then comes from the
 // request, here a query parameter of the receiver URL the app was given.
+// Overland's OwnTracks mode reads every answer as Overland does: the
+// README's configuration answers a redelivery {"result":"ok"}, which the
+// app takes as delivered with "Consider HTTP 2XX Successful" off or on;
+// the owntracks preset's own [] would be resent forever with it off and
+// would crash the app with it on.
+func TestOverlandInOwnTracksModeTakesTheREADMEsAnswers(t *testing.T) {
+	body := fixture(t, "overland/owntracks_mode_composed.json")
+	for _, tt := range []struct {
+		name, answers string
+		off, on       fate
+	}{
+		{"the README's answers", "answers {\n\t\t\tsuppressed 200 application/json `{\"result\":\"ok\"}`\n\t\t\tdead_lettered 202 application/json `{\"result\":\"ok\"}`\n\t\t}", delivered, delivered},
+		{"the owntracks preset's", "", retried, crashed},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newUpstream(t)
+			answering(up, http.StatusOK, "application/json", `{"result":"ok"}`)
+			tester := startCaddy(t, up, "preset owntracks\n\t\tasset topic\n\t\tmax_past 20000d\n\t\t"+tt.answers) // a 2024 sample, dated 1993
+			send(t, tester.Client, http.MethodPost, "", "application/json", body).expect(t, http.StatusOK, "accepted")
+			again := send(t, tester.Client, http.MethodPost, "", "application/json", body)
+			again.expect(t, http.StatusOK, "suppressed")
+			if off, on := overland(again, false), overland(again, true); off != tt.off || on != tt.on {
+				t.Fatalf("redelivery answered %d %q: Overland %s it (2xx successful off), %s it (on); want %s, %s",
+					again.status, again.body, off, on, tt.off, tt.on)
+			}
+		})
+	}
+}
+
 func TestOverlandIdentityFromTheRequest(t *testing.T) {
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "preset overland\n\t\tasset {http.request.uri.query.device}\n\t\tmax_past 20000d") // a 2015 sample

@@ -25,8 +25,9 @@ type Preset struct {
 //     "_type":"location" are pings; cards, transitions, waypoints, empty
 //     bodies and the rest pass through untouched. The asset is the
 //     two-letter tracker id "tid", unique only per user: with several
-//     users, set the asset to
-//     {http.request.header.X-Limit-U}/{http.request.header.X-Limit-D}. A
+//     users, set the asset to topic, owntracks/<user>/<device>, which
+//     both apps always send (Android sends the X-Limit-U header only once
+//     a username is set). A
 //     location the user published by hand (trigger t u), that answers a
 //     reportLocation command (r), or that a region (c) or beacon (b) event
 //     sent, is an event.
