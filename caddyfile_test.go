@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"context"
 	"encoding/json"
 	"go/ast"
 	"go/parser"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -162,6 +164,9 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"redis without URL", "telemetry_dedup {\n\tstore redis\n}", []string{":2", "needs a URL"}},
 		{"redis bad URL", "telemetry_dedup {\n\tstore redis http://x\n}", []string{":2", "redis://"}},
 		{"redis bad timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout soon\n\t}\n}", []string{":3", "timeout"}},
+		{"redis negative timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout -1s\n\t}\n}", []string{":3", "more than 0"}},
+		{"redis timeout 0", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 0\n\t}\n}", []string{":3", "more than 0"}},
+		{"redis negative breaker_cooldown", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tbreaker_cooldown -1s\n\t}\n}", []string{":3", "more than 0"}},
 		{"memory bad max_keys", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys -1\n\t}\n}", []string{":3", "positive"}},
 		{"directive argument", "telemetry_dedup fast", []string{":1", "matcher"}},
 		{"unknown shape", "telemetry_dedup {\n\tshape hopping\n}", []string{":2", "tumbling", "sliding", "session"}},
@@ -500,6 +505,23 @@ func TestDocsListEveryCaddyfileOption(t *testing.T) {
 	for _, name := range inBlock {
 		if !slices.Contains(caddyfileOptionNames(), name) {
 			t.Errorf("README's options block lists %s, which is no option", name)
+		}
+	}
+}
+
+// JSON config reaches the same checks as the Caddyfile: a negative store
+// timeout bounds nothing and is refused at provisioning.
+func TestJSONRefusesANegativeStoreTimeout(t *testing.T) {
+	for _, store := range []string{`{"type":"redis","url":"redis://127.0.0.1:1","timeout":-1000000000}`, `{"type":"redis","url":"redis://127.0.0.1:1","breaker_cooldown":-1}`} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(`{"store":`+store+`}`), h); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		err := h.Provision(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "negative duration") {
+			t.Errorf("store %s: got %v, want the negative duration refused", store, err)
 		}
 	}
 }

@@ -124,6 +124,10 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 // Redis at start is a runtime condition for on_store_error, not a reason to
 // refuse the config.
 func (r *RedisStore) Provision(ctx caddy.Context) error {
+	if r.Timeout < 0 || r.BreakerCooldown < 0 {
+		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
+			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
+	}
 	resolved := r.expanded()
 	opts, err := resolved.options()
 	if err != nil {
@@ -438,7 +442,7 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "tls":
 		return r.unmarshalTLS(d)
 	case "timeout":
-		return durationArg(d, &r.Timeout)
+		return positiveDurationArg(d, &r.Timeout)
 	case "dial_timeout":
 		return durationArg(d, &r.DialTimeout)
 	case "read_timeout":
@@ -450,7 +454,7 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "breaker_failures":
 		return intArg(d, &r.BreakerFailures, 1, "a number of consecutive failures such as 5")
 	case "breaker_cooldown":
-		return durationArg(d, &r.BreakerCooldown)
+		return positiveDurationArg(d, &r.BreakerCooldown)
 	default:
 		return d.Errf("unrecognized store redis option %q; the options are addresses, cluster, master, username, password, "+
 			"sentinel_username, sentinel_password, db, tls, timeout, dial_timeout, read_timeout, write_timeout, pool_size, "+
