@@ -98,6 +98,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", name, strings.Join(caddyfileOptionNames(), ", "))
 		}
 		if err := option.parse(h, d); err != nil {
+			var count *argCountError
+			if errors.As(err, &count) && count.option == name {
+				return d.Errf("%s takes one value: %s %s", name, name, option.syntax)
+			}
 			return err
 		}
 	}
@@ -322,9 +326,16 @@ func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
 // The argument helpers below read the arguments of the current option and
 // say, on a bad one, what to use instead.
 
+// argCountError is an option given no value, or more than one where it
+// takes one; the block's loop answers it with the option's syntax.
+type argCountError struct{ option string }
+
+func (e *argCountError) Error() string { return e.option + " takes exactly one value" }
+
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	option := d.Val()
 	if !d.AllArgs(dst) {
-		return d.ArgErr()
+		return d.WrapErr(&argCountError{option})
 	}
 	return nil
 }
@@ -444,8 +455,8 @@ func sizeArg(d *caddyfile.Dispenser, dst *int64, use string) error {
 func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	option := d.Val()
 	var s string
-	if !d.AllArgs(&s) {
-		return d.ArgErr()
+	if err := oneArg(d, &s); err != nil {
+		return err
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
