@@ -19,6 +19,7 @@ import (
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/analyze"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 func init() {
@@ -39,16 +40,27 @@ key by hand.
 Both read pings with the same paths and presets as the directive.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.AddCommand(keyCommand(), analyzeCommand())
+			cmd.Args = cobra.ArbitraryArgs
+			cmd.RunE = func(cmd *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return cmd.Help()
+				}
+				return fmt.Errorf("unknown subcommand %q: use analyze or key", args[0])
+			}
 		},
 	})
 }
 
 // pingFlags are the directive's ping-reading and keying options as flags.
 func pingFlags(fs *pflag.FlagSet) {
-	fs.String("preset", "", "tracker format: owntracks, traccar or geojson")
+	fs.String("preset", "", "tracker format: owntracks, overland, osmand, traccar or geojson")
 	fs.StringSlice("asset", nil, "JSON path(s) of the asset id (default asset_id)")
 	fs.StringSlice("time", nil, "JSON path(s) of the device timestamp (default occurred_at)")
 	fs.String("time-format", "", "auto, rfc3339, unix or unix_ms (default auto)")
+	fs.String("time-zone", "", "IANA zone of timestamps written without an offset, as time_zone")
+	fs.StringSlice("event", nil, "the event fields, as event (a ping with an event has keys of its own)")
+	fs.StringSlice("state", nil, "the state fields, as state (the state enters the key)")
+	fs.String("encoding", "", "json, form or auto, as encoding (a form ping is a query string, a form body or a whole URL)")
 	fs.String("lat", "", "JSON path of the latitude (default lat)")
 	fs.String("lon", "", "JSON path of the longitude (default lon)")
 	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
@@ -64,6 +76,8 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 	h := &Handler{
 		Preset:     fs.String("preset"),
 		TimeFormat: fs.String("time-format"),
+		TimeZone:   fs.String("time-zone"),
+		Encoding:   fs.String("encoding"),
 		Lat:        fs.String("lat"),
 		Lon:        fs.String("lon"),
 		CRS:        fs.String("crs"),
@@ -71,12 +85,14 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 		MaxFuture:  caddy.Duration(100 * 365 * 24 * time.Hour), // a capture or a log line may be old
 		MaxPast:    caddy.Duration(math.MaxInt64),
 	}
-	var err error
-	if h.Asset, err = fs.GetStringSlice("asset"); err != nil {
-		return nil, err
-	}
-	if h.Time, err = fs.GetStringSlice("time"); err != nil {
-		return nil, err
+	for name, dst := range map[string]*[]string{"asset": &h.Asset, "time": &h.Time, "event": &h.Event, "state": &h.State} {
+		values, err := fs.GetStringSlice(name)
+		if err != nil {
+			return nil, err
+		}
+		if len(values) > 0 { // a flag not given leaves the preset's fields, as an option not given does
+			*dst = values
+		}
 	}
 	prefix := fs.String("key-prefix")
 	h.KeyPrefix = &prefix
@@ -138,7 +154,7 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	ping, err := s.parser.Parse(body, time.Now())
+	ping, err := s.parseOne(body, time.Now())
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("the ping cannot be keyed: %w", err)
 	}
@@ -166,6 +182,24 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 		fmt.Fprintf(tw, "seen key\t%s\n", r.SeenKey)
 	}
 	return 0, tw.Flush()
+}
+
+// parseOne reads one ping as the directive would: from form fields where
+// its encoding reads them and the text is not a JSON object (a query
+// string, a form body, or a whole request URL), as JSON otherwise.
+func (s *settings) parseOne(body []byte, now time.Time) (ping.Ping, error) {
+	text := strings.TrimSpace(string(body))
+	if s.encoding == encodingJSON || strings.HasPrefix(text, "{") {
+		return s.parser.Parse(body, now)
+	}
+	if _, query, isURL := strings.Cut(text, "?"); isURL {
+		text = query
+	}
+	batch, err := ping.SplitForm(text, nil)
+	if err != nil {
+		return ping.Ping{}, err
+	}
+	return s.formParser.Parse(batch.Elements[0], now)
 }
 
 // pingArgument is the ping given on the command line, or standard input

@@ -2,13 +2,20 @@ package telemetrydedup
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
@@ -123,5 +130,81 @@ func TestAnalyzeCommand(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("analyze output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// The key command keys a ping as the directive configured the same way
+// does: state and event fields (both enter the key), a zone for naive
+// timestamps, and a form ping of Traccar's OsmAnd port as a query string,
+// a form body or a whole URL.
+func TestKeyCommandMatchesTheDirective(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	query := fmt.Sprintf("id=862000000000001&lat=52.5200087&lon=13.4049547&timestamp=%d&ignition=true&alarm=sos", at.Unix())
+	for _, tt := range []struct {
+		name           string
+		handler        Handler
+		contentType    string
+		body, argument string
+		flags          []string
+	}{
+		{"state", Handler{State: []string{"ignition"}}, "application/json",
+			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547,"ignition":true}`, "", []string{"--state", "ignition"}},
+		{"event", Handler{Event: []string{"alarm"}}, "application/json",
+			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547,"alarm":"sos"}`, "", []string{"--event", "alarm"}},
+		{"time zone", Handler{TimeZone: "Europe/Berlin"}, "application/json",
+			`{"asset_id":"veh-1","occurred_at":"` + at.In(mustZone(t, "Europe/Berlin")).Format("2006-01-02T15:04:05") + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--time-zone", "Europe/Berlin"}},
+		{"osmand query string", Handler{Preset: "osmand"}, "application/x-www-form-urlencoded", query, query, []string{"--preset", "osmand"}},
+		{"osmand URL", Handler{Preset: "osmand"}, "application/x-www-form-urlencoded", query, "http://traccar.example:5055/?" + query, []string{"--preset", "osmand"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := "dedup:"
+			tt.handler.KeyPrefix = &prefix
+			h := provisioned(t, &tt.handler)
+			r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(tt.body))
+			r.Header.Set("Content-Type", tt.contentType)
+			repl := caddyhttp.NewTestReplacer(r)
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+			if err := h.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+				t.Fatal(err)
+			}
+			want := repl.ReplaceKnown("{http.telemetry_dedup.key}", "")
+			if want == "" || repl.ReplaceKnown("{http.telemetry_dedup.decision}", "") != "accepted" {
+				t.Fatalf("the directive did not key the ping: %s", repl.ReplaceKnown("{http.telemetry_dedup.decision} {http.telemetry_dedup.reason}", ""))
+			}
+			argument := cmp.Or(tt.argument, tt.body)
+			out, err := runKeyCmd(t, "", append(tt.flags, "--json", argument)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got keyReport
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatalf("--json output %q: %v", out, err)
+			}
+			if got.Key != want {
+				t.Fatalf("key command: %s; the directive keyed the ping %s", got.Key, want)
+			}
+		})
+	}
+}
+
+func mustZone(t *testing.T, name string) *time.Location {
+	t.Helper()
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
+// A misspelt subcommand is an error, not the help and a success.
+func TestUnknownSubcommandFails(t *testing.T) {
+	cmd := &cobra.Command{Use: "telemetry-dedup"}
+	caddycmd.Commands()["telemetry-dedup"].CobraFunc(cmd)
+	cmd.SetArgs([]string{"analyse", "capture.ndjson"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "use analyze or key") {
+		t.Fatalf("telemetry-dedup analyse: %v, want an unknown subcommand error", err)
 	}
 }
