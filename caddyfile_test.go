@@ -186,6 +186,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"max_future 0", "telemetry_dedup {\n\tmax_future 0\n}", []string{":2", "more than 0"}},
 		{"radius 0", "telemetry_dedup {\n\tshape sliding\n\tradius 0\n}", []string{":3", "radius 0", "more than 0", "radius 25"}},
 		{"stuck_ratio 0", "telemetry_dedup {\n\tstuck_ratio 0\n}", []string{":2", "more than 0", "0.95"}},
+		{"stuck_after within the window", "telemetry_dedup {\n\twindow 5m\n\tstuck_after 1m\n}", []string{":3", "not longer than the window", "15m"}},
 		{"unknown preset", "telemetry_dedup {\n\tpreset teltonika\n}", []string{":2", "owntracks"}},
 		{"unknown crs", "telemetry_dedup {\n\tcrs EPSG:27700\n}", []string{":2", "EPSG:3857"}},
 		{"mode", "telemetry_dedup {\n\tmode dry-run\n}", []string{":2", "enforce", "shadow"}},

@@ -157,6 +157,13 @@ func (h *Handler) resolve() (settings, error) {
 	if s.stuckAfter < 0 {
 		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf("%s is negative; use a duration longer than the window, e.g. 15m", s.stuckAfter)}
 	}
+	if s.policy.Shape == dedup.Tumbling && s.stuckAfter <= s.keyer.Window {
+		// A parked asset is admitted once a window: it would be listed as
+		// stuck between two admissions.
+		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf(
+			"%s is not longer than the window %s, so every parked asset would be listed as stuck between two admissions; use e.g. %s",
+			s.stuckAfter, s.keyer.Window, 3*s.keyer.Window)}
+	}
 	s.stuckTrack = cmp.Or(h.StuckTrack, dedup.DefaultStuckTrack)
 	if s.stuckTrack < 0 {
 		return s, &dedup.ConfigError{Option: "stuck_track", Problem: fmt.Sprintf("%d is negative; use a number of assets, e.g. 10000", h.StuckTrack)}

@@ -150,7 +150,7 @@ http://b.localhost:9080 {
 
 func TestStuckAssetsAreListed(t *testing.T) {
 	up := newUpstream(t)
-	tester := startCaddy(t, up, "stuck_after 1s")
+	tester := startCaddy(t, up, "window 1s\n\t\tstuck_after 1100ms") // stuck_after must outlast the window a parked asset is admitted in
 	at := base()
 	cached := ping("veh-cached-fix", at, 52.5200087, 13.4049547)
 	post(t, tester.Client, cached).expect(t, http.StatusCreated, "accepted")
@@ -159,7 +159,7 @@ func TestStuckAssetsAreListed(t *testing.T) {
 		// A moving asset: every ping a new place.
 		post(t, tester.Client, ping("veh-moving", at.Add(time.Duration(i)*time.Second), 52.52+float64(i)*0.001, 13.40))
 	}
-	time.Sleep(1100 * time.Millisecond) // past stuck_after since its first suppressed ping
+	time.Sleep(1200 * time.Millisecond) // past stuck_after since its first suppressed ping
 	post(t, tester.Client, cached).expect(t, http.StatusOK, "suppressed")
 
 	res, err := http.Get(adminURL + "/telemetry_dedup/stuck")
