@@ -156,6 +156,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		// (the timeout again, and 100ms) must all fit into in_flight_timeout.
 		{"in_flight_timeout too short for the store", "telemetry_dedup {\n\tstore redis redis://a:6379 {\n\t\ttimeout 500ms\n\t}\n\tin_flight_timeout 1s\n}",
 			[]string{":5", "leaves the upstream 0s", "at least 1.2s", "lower the store's timeout"}},
+		{"store timeout too long for the default in_flight_timeout", "telemetry_dedup {\n\twindow 5m\n\tstore redis redis://a:6379 {\n\t\ttimeout 20s\n\t}\n}",
+			[]string{":3", "store: the default in_flight_timeout 30s leaves the upstream 0s", "lower the store's timeout"}},
 		{"in_flight_timeout too short for the memory store", "telemetry_dedup {\n\tin_flight_timeout 150ms\n}",
 			[]string{":2", "leaves the upstream 50ms", "at least 200ms"}},
 		{"missing argument", "telemetry_dedup {\n\tasset\n}", []string{":2"}},

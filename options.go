@@ -397,10 +397,16 @@ func (h *Handler) resolveUpstreamBound(inFlight time.Duration) (time.Duration, e
 	}
 	finish := storeTimeout + finishMargin
 	if left := inFlight - storeTimeout - finish; left < minUpstreamTime {
-		return 0, &dedup.ConfigError{Option: "in_flight_timeout", Problem: fmt.Sprintf(
+		// Reported at the option that was written: the store's timeout when
+		// in_flight_timeout is its default.
+		option, subject := "in_flight_timeout", inFlight.String()
+		if h.InFlightTimeout == 0 {
+			option, subject = "store", "the default in_flight_timeout "+inFlight.String()
+		}
+		return 0, &dedup.ConfigError{Option: option, Problem: fmt.Sprintf(
 			"%s leaves the upstream %s: the claim may take the store's timeout (%s), and settling or releasing it %s more, "+
 				"all before in_flight_timeout; set in_flight_timeout to at least %s, or lower the store's timeout",
-			inFlight, max(left, 0), storeTimeout, finish, storeTimeout+finish+minUpstreamTime)}
+			subject, max(left, 0), storeTimeout, finish, storeTimeout+finish+minUpstreamTime)}
 	}
 	return inFlight - finish, nil
 }
