@@ -316,7 +316,7 @@ func checkJSON(body []byte) error {
 		return err
 	}
 	if !gjson.ValidBytes(body) {
-		return notJSON()
+		return notJSON(body)
 	}
 	return nil
 }

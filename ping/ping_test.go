@@ -241,7 +241,10 @@ func TestParseRejectsMalformedBodies(t *testing.T) {
 	}{
 		{"empty", NewParser(), ``, "empty"},
 		{"not JSON", NewParser(), `asset_id=veh-88`, "not valid JSON"},
+		{"form fields", NewParser(), `id=veh-88&lat=52.5&lon=13.4&timestamp=1786190400`, "looks form encoded"},
 		{"truncated", NewParser(), `{"asset_id":"veh-88","lat":`, "not valid JSON"},
+		{"where it breaks", NewParser(), "{\n" + valid + ",\n\"speed\": 12,,\n}", "line 3, column 13"},
+		{"NDJSON without its content type", NewParser(), "{" + valid + "}\n{" + valid + "}\n", "Content-Type: application/x-ndjson"},
 		{"array", NewParser(), `[{"asset_id":"veh-88"}]`, "JSON object"},
 		{"bare string", NewParser(), `"veh-88"`, "JSON object"},
 		{"trailing junk", NewParser(), `{"asset_id":"a"} x`, "not valid JSON"},

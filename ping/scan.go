@@ -1,6 +1,9 @@
 package ping
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -8,7 +11,27 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-func notJSON() error { return &MalformedError{Reason: "the request body is not valid JSON"} }
+// notJSON says where body stops being JSON, and what the sender most
+// likely meant when it is not JSON at all. Only a rejected body pays for
+// the second reading that finds the place.
+func notJSON(body []byte) error {
+	reason := "the request body is not valid JSON"
+	var syntax *json.SyntaxError
+	if err := json.Unmarshal(body, new(json.RawMessage)); errors.As(err, &syntax) {
+		line := 1 + bytes.Count(body[:syntax.Offset], []byte("\n"))
+		column := syntax.Offset - int64(bytes.LastIndexByte(body[:syntax.Offset], '\n')+1)
+		reason += fmt.Sprintf(": %v (line %d, column %d)", syntax, line, column)
+	}
+	trimmed := bytes.TrimSpace(body)
+	firstLine, rest, severalLines := bytes.Cut(trimmed, []byte("\n"))
+	switch {
+	case severalLines && json.Valid(firstLine) && len(bytes.TrimSpace(rest)) > 0:
+		reason += "; it holds several JSON values, one a line: send them as NDJSON, with Content-Type: application/x-ndjson"
+	case bytes.IndexAny(trimmed, "{[\"") != 0 && bytes.Contains(trimmed, []byte("=")):
+		reason += "; it looks form encoded (field=value&...): for Traccar's OsmAnd protocol use preset osmand, else encoding form"
+	}
+	return &MalformedError{Reason: reason}
+}
 
 // checkNesting rejects a body whose objects and arrays nest deeper than
 // MaxNesting, in one linear scan that skips strings (brackets in them do not
@@ -41,7 +64,7 @@ func checkNesting(body []byte) error {
 			}
 		case '}', ']':
 			if depth--; depth < 0 {
-				return notJSON() // a bracket closed that was never opened
+				return notJSON(body) // a bracket closed that was never opened
 			}
 		}
 	}
