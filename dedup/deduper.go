@@ -133,10 +133,12 @@ func suppressCopiesOfTheBatchsOwn(claims []*Claim, verdicts []Verdict) {
 	}
 }
 
-// sameObservation reports whether c and o are the same observation, as an
-// exact redelivery repeats it: asset, device time, coordinates and event.
+// sameObservation reports whether c and o are the same observation of one
+// asset, by the identity the seen set finds an exact redelivery by (device
+// time, coordinates, event and state; tumbling's key and sighting hold no
+// more).
 func (c *Claim) sameObservation(o *Claim) bool {
-	return c.Asset == o.Asset && c.Time.Equal(o.Time) && c.Lat == o.Lat && c.Lon == o.Lon && c.Event == o.Event
+	return c.Asset == o.Asset && seenField(c) == seenField(o)
 }
 
 // decideInOrder decides claims in one store call, in the given order (nil:

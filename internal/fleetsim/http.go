@@ -214,7 +214,7 @@ func (h *HTTPDecider) deliverToUpstream(ctx context.Context, d Delivery) ([]bool
 	if err != nil {
 		return nil, err
 	}
-	if a.status < 200 || a.status > 299 {
+	if !a.succeeded() {
 		return nil, a.unexpected()
 	}
 	after := h.upstream.received(keys)
@@ -242,7 +242,7 @@ func (h *HTTPDecider) deliverByHeader(ctx context.Context, p Ping) (bool, error)
 	}
 	switch a.header.Get("X-Dedup") {
 	case "accepted", "unchecked":
-		if a.status >= 200 && a.status < 300 {
+		if a.succeeded() {
 			return true, nil
 		}
 	case "suppressed":
@@ -302,6 +302,9 @@ type answer struct {
 	header http.Header
 	body   []byte
 }
+
+// succeeded reports a 2xx: what the module settles a claim on.
+func (a answer) succeeded() bool { return a.status >= 200 && a.status < 300 }
 
 // inFlight says the module asks for the request again later, because the
 // first delivery of a ping in it is still being decided.
