@@ -27,7 +27,7 @@ func TestFleetSimulatorThroughCaddyAndRedis(t *testing.T) {
 			}
 			defer sim.Close()
 			caddyTester(t, fmt.Sprintf(caddytestGlobals+`
-http://localhost:9080 {
+http://localhost:{$TD_TEST_HTTP_PORT} {
 	telemetry_dedup /telemetry {
 		key_prefix %q
 		shape %s

@@ -47,21 +47,21 @@ func TestHostileBodiesAreRejectedCleanly(t *testing.T) {
 	}
 
 	// A body that stops half-way and a sender that hangs up.
-	conn, err := net.Dial("tcp", "127.0.0.1:9080")
+	conn, err := net.Dial("tcp", siteAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(conn, "POST /telemetry HTTP/1.1\r\nHost: localhost:9080\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"asset_id\":")
+	fmt.Fprintf(conn, "POST /telemetry HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"asset_id\":", siteAddr)
 	time.Sleep(200 * time.Millisecond)
 	conn.Close()
 
 	// A body trickled in chunks, slowly, is read whole and accepted.
-	conn, err = net.Dial("tcp", "127.0.0.1:9080")
+	conn, err = net.Dial("tcp", siteAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body := string(ping("veh-trickle", base(), 52.5200087, 13.4049547))
-	fmt.Fprintf(conn, "POST /telemetry HTTP/1.1\r\nHost: localhost:9080\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+	fmt.Fprintf(conn, "POST /telemetry HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n", siteAddr)
 	for len(body) > 0 {
 		n := min(16, len(body))
 		fmt.Fprintf(conn, "%x\r\n%s\r\n", n, body[:n])

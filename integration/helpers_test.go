@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,9 +19,14 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/telemetry-dedup/caddy-telemetry-dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/freeport"
 )
 
 func TestMain(m *testing.M) {
+	if err := pickCaddytestPorts(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: no free port for caddytest's Caddy:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if built.dir != "" {
 		os.RemoveAll(built.dir)
@@ -29,18 +35,51 @@ func TestMain(m *testing.M) {
 }
 
 // caddytestGlobals are the global options caddytest's in-process Caddy
-// needs: its admin API on 2999 and the test site's ports.
+// needs: its admin API and the test sites' ports, which the Caddyfile reads
+// from the environment pickCaddytestPorts sets.
 const caddytestGlobals = `{
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
+	admin localhost:{$TD_TEST_ADMIN_PORT}
+	http_port {$TD_TEST_HTTP_PORT}
+	https_port {$TD_TEST_HTTPS_PORT}
 	grace_period 1ns
 	skip_install_trust
 }
 `
 
-// siteURL is where caddytest's Caddy serves the test site.
-const siteURL = "http://localhost:9080/telemetry"
+// Where caddytest's Caddy serves the test sites and its admin API, set by
+// pickCaddytestPorts.
+var (
+	httpPort string // the sites' port
+	siteAddr string // localhost:httpPort
+	siteURL  string // the test site's /telemetry
+	adminURL string // the admin API, which serves the metrics
+)
+
+// pickCaddytestPorts gives caddytest's Caddy free ports rather than fixed
+// ones: two runs of this suite on one machine, or anything else listening
+// on a fixed port, would otherwise answer each other's requests.
+// caddytest.Default is what every Tester starts from.
+func pickCaddytestPorts() error {
+	var ports [3]int
+	for i := range ports {
+		port, err := freeport.Pick()
+		if err != nil {
+			return err
+		}
+		ports[i] = port
+	}
+	caddytest.Default.AdminPort = ports[0]
+	httpPort = strconv.Itoa(ports[1])
+	siteAddr = "localhost:" + httpPort
+	siteURL = "http://" + siteAddr + "/telemetry"
+	adminURL = "http://localhost:" + strconv.Itoa(ports[0])
+	for name, port := range map[string]int{"TD_TEST_ADMIN_PORT": ports[0], "TD_TEST_HTTP_PORT": ports[1], "TD_TEST_HTTPS_PORT": ports[2]} {
+		if err := os.Setenv(name, strconv.Itoa(port)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // received is one request as the upstream saw it.
 type received struct {
@@ -108,7 +147,7 @@ func (u *upstream) received(body []byte) int {
 func startCaddy(t *testing.T, up *upstream, options string) *caddytest.Tester {
 	t.Helper()
 	return caddyTester(t, fmt.Sprintf(caddytestGlobals+`
-http://localhost:9080 {
+http://localhost:{$TD_TEST_HTTP_PORT} {
 	telemetry_dedup /telemetry {
 		key_prefix %q
 		%s

@@ -13,8 +13,6 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-const adminURL = "http://localhost:2999"
-
 // scrape reads the metrics endpoint of caddytest's Caddy.
 func scrape(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
@@ -119,14 +117,14 @@ func TestMetricsCountEveryDecisionAcrossReloads(t *testing.T) {
 func TestTwoSitesWithTheDirective(t *testing.T) {
 	up := newUpstream(t)
 	tester := caddyTester(t, fmt.Sprintf(caddytestGlobals+`
-http://a.localhost:9080 {
+http://a.localhost:{$TD_TEST_HTTP_PORT} {
 	telemetry_dedup {
 		key_prefix "two-sites-a:"
 	}
 	reverse_proxy %[1]s
 }
 
-http://b.localhost:9080 {
+http://b.localhost:{$TD_TEST_HTTP_PORT} {
 	telemetry_dedup {
 		key_prefix "two-sites-b:"
 		shape sliding
@@ -134,7 +132,7 @@ http://b.localhost:9080 {
 	reverse_proxy %[1]s
 }`, strings.TrimPrefix(up.URL, "http://")))
 	body := ping("veh-two", base(), 52.5200087, 13.4049547)
-	for _, site := range []string{"http://a.localhost:9080/", "http://b.localhost:9080/"} {
+	for _, site := range []string{"http://a." + siteAddr + "/", "http://b." + siteAddr + "/"} {
 		for i, want := range []string{"accepted", "suppressed"} {
 			res, err := tester.Client.Post(site, "application/json", strings.NewReader(string(body)))
 			if err != nil {

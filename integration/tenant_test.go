@@ -15,7 +15,7 @@ import (
 func TestTenantsOnTwoHostsNeverSuppressEachOther(t *testing.T) {
 	up := newUpstream(t)
 	tester := caddyTester(t, fmt.Sprintf(caddytestGlobals+`
-http://fleet-a.localhost:9080, http://fleet-b.localhost:9080 {
+http://fleet-a.localhost:{$TD_TEST_HTTP_PORT}, http://fleet-b.localhost:{$TD_TEST_HTTP_PORT} {
 	telemetry_dedup {
 		key_prefix "tenants:"
 		key_scope {http.request.host}
@@ -27,7 +27,7 @@ http://fleet-a.localhost:9080, http://fleet-b.localhost:9080 {
 }`, strings.TrimPrefix(up.URL, "http://")))
 	body := string(ping("veh-88", base(), 52.5200087, 13.4049547))
 	send := func(host string) string {
-		res, err := tester.Client.Post("http://"+host+":9080/", "application/json", strings.NewReader(body))
+		res, err := tester.Client.Post("http://"+host+":"+httpPort+"/", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestForgedScopeIsSuppressedNowhere(t *testing.T) {
 			up := newUpstream(t)
 			prefix := "forged:" + store.name + ":"
 			tester := caddyTester(t, fmt.Sprintf(caddytestGlobals+`
-http://:9080 {
+http://:{$TD_TEST_HTTP_PORT} {
 	route /scoped {
 		telemetry_dedup {
 			key_prefix %[1]q
@@ -89,7 +89,7 @@ http://:9080 {
 			at := base()
 			send := func(path, host, asset string) string {
 				t.Helper()
-				req, _ := http.NewRequest(http.MethodPost, "http://localhost:9080"+path, bytes.NewReader(ping(asset, at, 52.5200087, 13.4049547)))
+				req, _ := http.NewRequest(http.MethodPost, "http://"+siteAddr+path, bytes.NewReader(ping(asset, at, 52.5200087, 13.4049547)))
 				req.Host = host
 				res, err := tester.Client.Do(req)
 				if err != nil {
