@@ -98,11 +98,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", name, strings.Join(caddyfileOptionNames(), ", "))
 		}
 		if err := option.parse(h, d); err != nil {
-			var count *argCountError
-			if errors.As(err, &count) && count.option == name {
-				return d.Errf("%s takes one value: %s %s", name, name, option.syntax)
-			}
-			return err
+			return withSyntax(d, err, name, option.syntax)
 		}
 	}
 	if _, err := h.resolve(); err != nil {
@@ -290,6 +286,9 @@ func (h *Handler) unmarshalAnswers(d *caddyfile.Dispenser) error {
 				a.Body = &args[2]
 			}
 		}
+		if err := a.check(kind); err != nil {
+			return d.Err(err.Error())
+		}
 		*dst = a
 	}
 	if *h.Answers == (Answers{}) {
@@ -331,6 +330,23 @@ func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
 type argCountError struct{ option string }
 
 func (e *argCountError) Error() string { return e.option + " takes exactly one value" }
+
+// withSyntax answers an argCountError of option with the option's syntax,
+// and, for a duration or a size, how to write one.
+func withSyntax(d *caddyfile.Dispenser, err error, option, syntax string) error {
+	var count *argCountError
+	if syntax == "" || !errors.As(err, &count) || count.option != option {
+		return err
+	}
+	var example string
+	switch {
+	case strings.Contains(syntax, "<duration>"):
+		example = " (one word, such as 30s, 5m, 6h30m or 1d)"
+	case strings.Contains(syntax, "<size>"):
+		example = " (one word, such as 1MiB or 512KB)"
+	}
+	return d.Errf("%s takes one value: %s %s%s", option, option, syntax, example)
+}
 
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	option := d.Val()
@@ -460,7 +476,7 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		return d.Errf("%s %q: %v; use a duration such as 30s, 5m or 6h30m", option, s, err)
+		return d.Errf("%s %q: %v; use a duration such as 30s, 5m, 6h30m or 1d", option, s, err)
 	}
 	*dst = caddy.Duration(dur)
 	return nil
@@ -474,7 +490,7 @@ func positiveDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 		return err
 	}
 	if *dst <= 0 {
-		return notPositiveError(d, option, "a duration such as 30s, 5m or 6h30m")
+		return notPositiveError(d, option, "a duration such as 30s, 5m, 6h30m or 1d")
 	}
 	return nil
 }

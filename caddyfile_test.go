@@ -165,7 +165,11 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"preset without argument", "telemetry_dedup {\n\tpreset\n}", []string{":2", "preset owntracks|overland|osmand|traccar|geojson"}},
 		{"max_body twice", "telemetry_dedup {\n\tmax_body 1MiB 2MiB\n}", []string{":2", "max_body <size>"}},
 		{"window without argument", "telemetry_dedup {\n\twindow\n}", []string{":2", "window <duration>"}},
-		{"store option without argument", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout\n\t}\n}", []string{":3", "timeout takes exactly one value"}},
+		{"store option without argument", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout\n\t}\n}", []string{":3", "timeout takes one value: timeout <duration>", "6h30m or 1d"}},
+		{"store option with a value in two words", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tmaster my master\n\t}\n}", []string{":3", "master takes one value: master <name>"}},
+		{"memory store option without argument", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys\n\t}\n}", []string{":3", "max_keys takes one value", "max_keys 1000000"}},
+		{"in_flight_timeout too short for the memory store", "telemetry_dedup {\n\tin_flight_timeout 150ms\n}", []string{":2", "at least 200ms"}},
+		{"duration in two words", "telemetry_dedup {\n\twindow 5 minutes\n}", []string{":2", "window takes one value: window <duration> (one word, such as"}},
 		{"unknown store", "telemetry_dedup {\n\tstore etcd\n}", []string{":2", "memory", "redis"}},
 		{"redis without URL", "telemetry_dedup {\n\tstore redis\n}", []string{":2", "needs a URL"}},
 		{"redis bad URL", "telemetry_dedup {\n\tstore redis http://x\n}", []string{":2", "redis://"}},
@@ -181,6 +185,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"radius negative", "telemetry_dedup {\n\tshape session\n\tradius -4\n}", []string{":3", "radius", "25"}},
 		{"hysteresis not a number", "telemetry_dedup {\n\thysteresis close\n}", []string{":2", "metres"}},
 		{"session idle", "telemetry_dedup {\n\tshape session\n\tsession_idle -1m\n}", []string{":3", "session_idle -1m", "more than 0"}},
+		{"session idle without sessions", "telemetry_dedup {\n\tshape sliding\n\tsession_idle 20m\n}", []string{":3", "needs shape session"}},
 		// 0 means the default in JSON; written out, it is a mistake to be
 		// told about, not a default to be given silently.
 		{"window 0", "telemetry_dedup {\n\twindow 0\n}", []string{":2", "window 0", "more than 0", "leave window out"}},
@@ -226,13 +231,13 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"unknown answer", "telemetry_dedup {\n\tanswers {\n\t\trejected 200\n\t}\n}", []string{":3", "suppressed, in_flight and dead_lettered"}},
 		{"answer twice", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503\n\t\tin_flight 429\n\t}\n}", []string{":4", "already given"}},
 		{"answer status", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed ok\n\t}\n}", []string{":3", "not a number"}},
-		{"suppressed not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 409\n\t}\n}", []string{":2", "not a 2xx"}},
-		{"dead letter not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 422\n\t}\n}", []string{":2", "not a 2xx"}},
-		{"in flight 2xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 200\n\t}\n}", []string{":2", "does not make a sender retry"}},
-		{"in flight 3xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 302\n\t}\n}", []string{":2", "503"}},
+		{"suppressed not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 409\n\t}\n}", []string{":3", "not a 2xx"}},
+		{"dead letter not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 422\n\t}\n}", []string{":3", "not a 2xx"}},
+		{"in flight 2xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 200\n\t}\n}", []string{":3", "does not make a sender retry"}},
+		{"in flight 3xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 302\n\t}\n}", []string{":3", "503"}},
 		{"retry after 0", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503 0\n\t}\n}", []string{":3", "at least 1"}},
 		{"in flight body", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503 1 x\n\t}\n}", []string{":3", "in_flight <status>"}},
-		{"204 with a body", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 204 application/json []\n\t}\n}", []string{":2", "carries no body"}},
+		{"204 with a body", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 204 application/json []\n\t}\n}", []string{":3", "carries no body"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -28,11 +28,12 @@ func init() {
 		Usage: "<analyze|key> [flags]",
 		Short: "Size telemetry_dedup from a capture, or show the key of one ping",
 		Long: `
-analyze reads an NDJSON capture of pings (one JSON ping per line) and
-reports, for a grid of H3 resolutions and windows, what telemetry_dedup would
-admit and suppress and why, the measured parked jitter, and the share of real
-moves one cell would swallow; then recommends a resolution, a window and the
-TTL for a retry ladder.
+analyze reads a capture of pings (one ping per line: JSON, or form encoded
+with a form-reading preset or --encoding) and reports, for a grid of H3
+resolutions and windows, what telemetry_dedup would admit and suppress and
+why, the measured parked jitter, and the share of real moves one cell would
+swallow; then recommends a resolution, a window, the radius of the sliding
+and session shapes, and the TTL for a retry ladder.
 
 key prints the bucket, cell and store key of one ping, to find a production
 key by hand.
@@ -51,22 +52,18 @@ Both read pings with the same paths and presets as the directive.`,
 	})
 }
 
-// pingFlags are the directive's ping-reading and keying options as flags.
+// pingFlags are the directive's options for reading a ping, and its shape,
+// as flags: what both commands need.
 func pingFlags(fs *pflag.FlagSet) {
 	fs.String("preset", "", "tracker format: owntracks, overland, osmand, traccar or geojson")
 	fs.StringSlice("asset", nil, "JSON path(s) of the asset id (default asset_id)")
 	fs.StringSlice("time", nil, "JSON path(s) of the device timestamp (default occurred_at)")
 	fs.String("time-format", "", "auto, rfc3339, unix or unix_ms (default auto)")
 	fs.String("time-zone", "", "IANA zone of timestamps written without an offset, as time_zone")
-	fs.StringSlice("event", nil, "the event fields, as event (a ping with an event has keys of its own)")
-	fs.StringSlice("state", nil, "the state fields, as state (the state enters the key)")
 	fs.String("encoding", "", "json, form or auto, as encoding (a form ping is a query string, a form body or a whole URL)")
 	fs.String("lat", "", "JSON path of the latitude (default lat)")
 	fs.String("lon", "", "JSON path of the longitude (default lon)")
 	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
-	fs.String("key-prefix", dedup.DefaultKeyPrefix, "key prefix")
-	fs.String("scope", "", "the key_scope value the ping was keyed in, as it entered the key "+
-		"(a host from {http.request.host}: lower case, no trailing dot, no port)")
 	fs.String("shape", "", "tumbling, sliding or session (default tumbling)")
 }
 
@@ -85,23 +82,30 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 		MaxFuture:  caddy.Duration(100 * 365 * 24 * time.Hour), // a capture or a log line may be old
 		MaxPast:    caddy.Duration(math.MaxInt64),
 	}
-	for name, dst := range map[string]*[]string{"asset": &h.Asset, "time": &h.Time, "event": &h.Event, "state": &h.State} {
-		values, err := fs.GetStringSlice(name)
-		if err != nil {
-			return nil, err
-		}
-		if len(values) > 0 { // a flag not given leaves the preset's fields, as an option not given does
-			*dst = values
-		}
+	if err := readListFlags(fs, map[string]*[]string{"asset": &h.Asset, "time": &h.Time}); err != nil {
+		return nil, err
 	}
-	prefix := fs.String("key-prefix")
-	h.KeyPrefix = &prefix
 	for _, a := range h.Asset {
 		if strings.Contains(a, "{") {
 			return nil, fmt.Errorf("--asset %s: a placeholder template needs a request; give the JSON path of an id, or compute the asset yourself", a)
 		}
 	}
 	return h, nil
+}
+
+// readListFlags sets each list option whose flag was given; a flag not
+// given leaves the preset's fields, as an option not given does.
+func readListFlags(fs caddycmd.Flags, options map[string]*[]string) error {
+	for name, dst := range options {
+		values, err := fs.GetStringSlice(name)
+		if err != nil {
+			return err
+		}
+		if len(values) > 0 {
+			*dst = values
+		}
+	}
+	return nil
 }
 
 func keyCommand() *cobra.Command {
@@ -117,8 +121,13 @@ then look the key up in Redis: redis-cli GET <key>, PTTL <key>.`,
 		Args: cobra.MaximumNArgs(1),
 	}
 	pingFlags(cmd.Flags())
-	cmd.Flags().Duration("window", dedup.DefaultWindow, "window (bucket width)")
+	cmd.Flags().String("window", dedup.DefaultWindow.String(), "window (bucket width), as the directive's: 5m, 1h, 1d")
 	cmd.Flags().Int("resolution", dedup.DefaultResolution, "H3 resolution")
+	cmd.Flags().StringSlice("event", nil, "the event fields, as event (a ping with an event has keys of its own)")
+	cmd.Flags().StringSlice("state", nil, "the state fields, as state (the state enters the key)")
+	cmd.Flags().String("key-prefix", dedup.DefaultKeyPrefix, "key prefix")
+	cmd.Flags().String("scope", "", "the key_scope value the ping was keyed in, as it entered the key "+
+		"(a host from {http.request.host}: lower case, no trailing dot, no port)")
 	cmd.Flags().Bool("json", false, "print JSON")
 	cmd.RunE = caddycmd.WrapCommandFuncForCobra(func(fs caddycmd.Flags) (int, error) {
 		return runKey(fs, os.Stdin, os.Stdout)
@@ -143,9 +152,15 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	window := caddy.Duration(fs.Duration("window"))
-	resolution := fs.Int("resolution")
-	h.Window, h.Resolution = window, &resolution
+	if err := readListFlags(fs, map[string]*[]string{"event": &h.Event, "state": &h.State}); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	window, err := caddy.ParseDuration(fs.String("window"))
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("--window %s: %v; use a duration such as 5m, 1h or 1d", fs.String("window"), err)
+	}
+	resolution, prefix := fs.Int("resolution"), fs.String("key-prefix")
+	h.Window, h.Resolution, h.KeyPrefix = caddy.Duration(window), &resolution, &prefix
 	s, err := h.resolve()
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
@@ -192,14 +207,20 @@ func (s *settings) parseOne(body []byte, now time.Time) (ping.Ping, error) {
 	if s.encoding == encodingJSON || strings.HasPrefix(text, "{") {
 		return s.parser.Parse(body, now)
 	}
-	if _, query, isURL := strings.Cut(text, "?"); isURL {
-		text = query
-	}
-	batch, err := ping.SplitForm(text, nil)
+	element, err := ping.FormLine(text)
 	if err != nil {
 		return ping.Ping{}, err
 	}
-	return s.formParser.Parse(batch.Elements[0], now)
+	return s.formParser.Parse(element, now)
+}
+
+// formParserIfRead is the parser of form pings when the encoding reads
+// them, else the zero Parser, which reads none.
+func (s *settings) formParserIfRead() ping.Parser {
+	if s.encoding == encodingJSON {
+		return ping.Parser{}
+	}
+	return s.formParser
 }
 
 // pingArgument is the ping given on the command line, or standard input
@@ -222,17 +243,19 @@ func analyzeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "analyze [<capture.ndjson> | -]",
 		Short: "Recommend resolution, radius, window and TTL from a capture of your own pings",
-		Long: `Read an NDJSON capture of pings (one JSON ping per line; a file, or standard
-input for "-" or nothing) and report, for a grid of H3 resolutions and windows,
-what telemetry_dedup would admit and suppress and why, the measured parked
-jitter (p50/p95/p99 metres), and the share of real moves one cell would
-swallow; then a recommended resolution (the finest whose cell edge stays
+		Long: `Read a capture of pings (one ping per line: JSON, or form encoded as a
+query string or a whole URL with --preset osmand or --encoding form or auto;
+a file, or standard input for "-" or nothing) and report, for a grid of H3
+resolutions and windows, what telemetry_dedup would admit and suppress and
+why, the measured parked jitter (p50/p95/p99 metres), and the share of real
+moves one cell would swallow; then a recommended resolution (the finest whose cell edge stays
 above the p95 jitter), window (at least ten report intervals), radius of the
 sliding and session shapes (a quarter above the p99 jitter, widened while a
-replay of the parked stretches at it admits more than 1.2 of their fixes a
+replay of the parked stretches at it admits more than 1.15 of their fixes a
 window) and the TTL for the retry ladder, e.g.
 
   caddy telemetry-dedup analyze --preset traccar capture.ndjson
+  caddy telemetry-dedup analyze --preset osmand requested-urls.txt
   zcat pings.ndjson.gz | caddy telemetry-dedup analyze --json -`,
 		Args: cobra.MaximumNArgs(1),
 	}
@@ -289,6 +312,7 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 	}
 	opts := analyze.Options{
 		Parser:      s.parser,
+		Form:        s.formParserIfRead(),
 		Shape:       s.policy.Shape,
 		SessionIdle: fs.Duration("session-idle"),
 		Radius:      fs.Float64("radius"),

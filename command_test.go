@@ -133,6 +133,47 @@ func TestAnalyzeCommand(t *testing.T) {
 	}
 }
 
+// A capture of an OsmAnd tracker's requests, as an access log keeps them
+// (query strings, or whole URLs), is read with the osmand preset as the
+// directive reads the requests; --encoding json reads none of it.
+func TestAnalyzeCommandReadsFormPings(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for i := range 120 { // 20 minutes at 10 s, parked
+		query := fmt.Sprintf("id=86200000000000%d&lat=%.7f&lon=13.4049547&timestamp=%d&accuracy=5",
+			i%2, 52.5200087+float64(i%3)*0.000005, start.Add(time.Duration(i)*10*time.Second).Unix())
+		if i%4 == 0 {
+			query = "http://traccar.example:5055/?" + query
+		}
+		capture.WriteString(query + "\n")
+	}
+	analyzeWith := func(flags ...string) string {
+		out, err := run(t, analyzeCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
+			return runAnalyze(fs, in, out)
+		}, capture.String(), append(flags, "--json", "-")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	var read struct {
+		Pings   int            `json:"pings"`
+		Skipped map[string]int `json:"skipped"`
+	}
+	if err := json.Unmarshal([]byte(analyzeWith("--preset", "osmand")), &read); err != nil {
+		t.Fatal(err)
+	}
+	if read.Pings != 120 || len(read.Skipped) > 0 {
+		t.Errorf("--preset osmand read %d of 120 form pings, skipped %v", read.Pings, read.Skipped)
+	}
+	if err := json.Unmarshal([]byte(analyzeWith("--preset", "osmand", "--encoding", "json")), &read); err != nil {
+		t.Fatal(err)
+	}
+	if read.Pings != 0 {
+		t.Errorf("--encoding json read %d form pings as JSON", read.Pings)
+	}
+}
+
 // The key command keys a ping as the directive configured the same way
 // does: state and event fields (both enter the key), a zone for naive
 // timestamps, and a form ping of Traccar's OsmAnd port as a query string,
@@ -155,6 +196,8 @@ func TestKeyCommandMatchesTheDirective(t *testing.T) {
 			`{"asset_id":"veh-1","occurred_at":"` + at.In(mustZone(t, "Europe/Berlin")).Format("2006-01-02T15:04:05") + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--time-zone", "Europe/Berlin"}},
 		{"osmand query string", Handler{Preset: "osmand"}, "application/x-www-form-urlencoded", query, query, []string{"--preset", "osmand"}},
 		{"osmand URL", Handler{Preset: "osmand"}, "application/x-www-form-urlencoded", query, "http://traccar.example:5055/?" + query, []string{"--preset", "osmand"}},
+		{"a window in days", Handler{Window: caddy.Duration(24 * time.Hour)}, "application/json",
+			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--window", "1d"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			prefix := "dedup:"

@@ -62,15 +62,16 @@ type Handler struct {
 
 	// Path of the fix's horizontal accuracy, in metres, if the format
 	// reports one. A value that is not a number of at least 0 counts as
-	// not reported. Default: none.
+	// not reported. Default: the preset's, else none.
 	Accuracy string `json:"accuracy,omitempty"`
 
 	// Path of the speed the device reports, in speed_unit. A value that is
 	// not a number of at least 0 (iOS writes -1 for unknown) counts as not
-	// reported. Default: none.
+	// reported. Default: the preset's, else none.
 	Speed string `json:"speed,omitempty"`
 
-	// The unit of speed: m/s, km/h, knots or mph. Default: m/s.
+	// The unit of speed: m/s, km/h, knots or mph. Default: the preset's,
+	// else m/s.
 	SpeedUnit string `json:"speed_unit,omitempty"`
 
 	// The fields that make a ping an event, which is never suppressed but
@@ -162,6 +163,7 @@ type Handler struct {
 	// as {http.request.host} or {http.auth.user.id}, so that two tenants
 	// with the same asset ids never suppress each other. A request where it
 	// expands to nothing is rejected rather than put in a shared key space.
+	// Part of the key contract. Default: none.
 	KeyScope string `json:"key_scope,omitempty"`
 
 	// The sender's retry schedule: offsets of its attempts after the first
@@ -173,7 +175,9 @@ type Handler struct {
 	OutageMargin *caddy.Duration `json:"outage_margin,omitempty"`
 
 	// Key lifetime, instead of retry_ladder + outage_margin. It may not be
-	// shorter than window, nor than ladder + margin when those are given.
+	// shorter than window, nor than ladder + margin when either is given.
+	// Default: the last retry + outage_margin (6h30m), or window if that is
+	// longer.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
 	// Where claims are kept: a module in the
@@ -200,7 +204,8 @@ type Handler struct {
 	ReleaseOnFailure *bool `json:"release_on_failure,omitempty"`
 
 	// How long a claim whose request is still waiting for its upstream
-	// makes exact redeliveries wait (409). After this the claim counts as
+	// makes exact redeliveries wait (the in_flight answer: 409, or 503 with
+	// a preset). After this the claim counts as
 	// settled even if its request vanished. The upstream request is cut
 	// at in_flight_timeout less the store's timeout and 100ms after the
 	// claim, and the claim released, so that a claim this old has always

@@ -360,6 +360,10 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 		return pol, "", &dedup.ConfigError{Option: "radius", Problem: "needs shape sliding or session: tumbling keys on the H3 cell " +
 			"and keeps no stay to measure a distance from; choose the cell size with resolution instead"}
 	}
+	if h.SessionIdle != 0 && pol.Shape != dedup.Session {
+		return pol, "", &dedup.ConfigError{Option: "session_idle", Problem: fmt.Sprintf("needs shape session: shape %s has no sessions to end; "+
+			"add shape session or remove session_idle", pol.Shape)}
+	}
 	if err := pol.Check(); err != nil {
 		return pol, "", err
 	}
@@ -403,10 +407,16 @@ func (h *Handler) resolveUpstreamBound(inFlight time.Duration) (time.Duration, e
 		if h.InFlightTimeout == 0 {
 			option, subject = "store", "the default in_flight_timeout "+inFlight.String()
 		}
+		least := storeTimeout + finish + minUpstreamTime
+		if storeTimeout == 0 { // the memory store: no store timeout to lower
+			return 0, &dedup.ConfigError{Option: option, Problem: fmt.Sprintf(
+				"%s leaves the upstream %s: settling or releasing the claim takes %s, before in_flight_timeout; "+
+					"set in_flight_timeout to at least %s", subject, max(left, 0), finish, least)}
+		}
 		return 0, &dedup.ConfigError{Option: option, Problem: fmt.Sprintf(
 			"%s leaves the upstream %s: the claim may take the store's timeout (%s), and settling or releasing it %s more, "+
 				"all before in_flight_timeout; set in_flight_timeout to at least %s, or lower the store's timeout",
-			subject, max(left, 0), storeTimeout, finish, storeTimeout+finish+minUpstreamTime)}
+			subject, max(left, 0), storeTimeout, finish, least)}
 	}
 	return inFlight - finish, nil
 }

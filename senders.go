@@ -29,7 +29,7 @@ type Answers struct {
 // Answer is one answer the handler gives itself.
 type Answer struct {
 	// Status is the HTTP status: 2xx for suppressed and dead_lettered,
-	// 4xx or 5xx for in_flight.
+	// 4xx or 5xx for in_flight. Required.
 	Status int `json:"status,omitempty"`
 	// ContentType is the answer's Content-Type (suppressed and
 	// dead_lettered only).
@@ -130,9 +130,23 @@ func (h *Handler) resolveAnswers() (answers, error) {
 	return a, nil
 }
 
+// check reports an answer of the kind that would not have the effect its
+// kind needs.
+func (a *Answer) check(kind string) error {
+	var err error
+	if kind == "in_flight" {
+		_, err = a.retry()
+	} else {
+		_, err = a.delivered(kind)
+	}
+	return err
+}
+
 // delivered checks an answer that must tell the sender it is done.
 func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 	switch {
+	case a.Status == 0:
+		return bodyAnswer{}, answerError(kind, "status 0 (or none) is no HTTP status; give one, such as 200")
 	case a.Status < 200 || a.Status > 299:
 		return bodyAnswer{}, answerError(kind, "status %d is not a 2xx: the sender would resend the ping, and have it %s again, forever", a.Status, kind)
 	case a.RetryAfter != 0:
@@ -150,6 +164,8 @@ func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 // retry checks an answer that must make the sender come back.
 func (a *Answer) retry() (retryAnswer, error) {
 	switch {
+	case a.Status == 0:
+		return retryAnswer{}, answerError("in_flight", "status 0 (or none) is no HTTP status; give one, such as 503")
 	case a.Status < 400 || a.Status > 599:
 		return retryAnswer{}, answerError("in_flight", "status %d does not make a sender retry: use a 5xx such as 503, "+
 			"which every client retries (a 4xx makes OwnTracks iOS delete the message)", a.Status)

@@ -83,17 +83,15 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if m.MaxKeys != 0 {
 				return d.Err("max_keys already specified")
 			}
-			if !d.NextArg() {
-				return d.ArgErr()
+			var value string
+			if !d.AllArgs(&value) {
+				return d.Err("max_keys takes one value: max_keys <n>, e.g. max_keys 1000000")
 			}
-			n, err := strconv.Atoi(d.Val())
+			n, err := strconv.Atoi(value)
 			if err != nil || n <= 0 {
-				return d.Errf("max_keys %q: use a positive whole number, e.g. max_keys 1000000", d.Val())
+				return d.Errf("max_keys %q: use a positive whole number, e.g. max_keys 1000000", value)
 			}
 			m.MaxKeys = n
-			if d.NextArg() {
-				return d.ArgErr()
-			}
 		default:
 			return d.Errf("unrecognized store memory option %q; the memory store takes max_keys", d.Val())
 		}

@@ -392,7 +392,7 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		seen[option] = true
 		if err := r.unmarshalOption(d, option); err != nil {
-			return err
+			return withSyntax(d, err, option, redisOptionSyntax[option])
 		}
 	}
 	if r.URL == "" && len(r.Addresses) == 0 {
@@ -413,6 +413,14 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // hold placeholders, or name TLS files.
 func (r *RedisStore) waitsForLoad() bool {
 	return r.TLS != nil || slices.ContainsFunc(r.placeholderFields(), func(f *string) bool { return strings.Contains(*f, "{") })
+}
+
+// redisOptionSyntax is how each one-value option of the block is written.
+var redisOptionSyntax = map[string]string{
+	"master": "<name>", "username": "<user>", "password": "<password>",
+	"sentinel_username": "<user>", "sentinel_password": "<password>", "db": "<n>",
+	"timeout": "<duration>", "dial_timeout": "<duration>", "read_timeout": "<duration>", "write_timeout": "<duration>",
+	"pool_size": "<n>", "breaker_failures": "<n>", "breaker_cooldown": "<duration>",
 }
 
 func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) error {

@@ -83,6 +83,13 @@ type Options struct {
 	// fact and its server clock is gone. A Parser without TimePaths (the zero value) means
 	// NewParser().
 	Parser ping.Parser
+	// Form, when it has TimePaths, reads the lines that are not JSON
+	// objects as form-encoded pings (a query string, a form body or the
+	// whole URL, as an OsmAnd tracker sends them and an access log keeps
+	// them), as the directive's encoding form and auto do; Analyze ignores
+	// its MaxFuture and MaxPast too. The zero value reads every line as
+	// JSON.
+	Form ping.Parser
 	// Resolutions are the candidate H3 resolutions; nil means
 	// DefaultResolutions.
 	Resolutions []int
@@ -104,10 +111,10 @@ type Options struct {
 	OutageMargin *time.Duration
 }
 
-// Analyze reads an NDJSON capture of pings (one JSON ping per line, blank
-// lines ignored) and replays it through the production Deduper for every
-// (resolution, window) candidate, in capture order, one asset at a time
-// with fresh memory stores: the keys carry the asset, so decisions never
+// Analyze reads a capture of pings (one ping per line, JSON or, with
+// Options.Form, form encoded; blank lines ignored) and replays it through
+// the production Deduper for every (resolution, window) candidate, in
+// capture order, one asset at a time with fresh memory stores: the keys carry the asset, so decisions never
 // span assets. It measures the parked jitter, the report interval and the
 // real moves each resolution swallows, and recommends a resolution, a
 // window, a stay radius (checked by a replay in sliding) and a TTL. A line
@@ -138,10 +145,10 @@ func (o Options) withDefaults() Options {
 	if len(o.Parser.TimePaths) == 0 {
 		o.Parser = ping.NewParser()
 	}
-	// Ignore max_future and max_past: with the largest duration nothing is
-	// ever ahead or behind.
-	o.Parser.MaxFuture, o.Parser.MaxPast = math.MaxInt64, math.MaxInt64
-	o.Parser = o.Parser.Prepared()
+	o.Parser = judgedAfterTheFact(o.Parser)
+	if len(o.Form.TimePaths) > 0 {
+		o.Form = judgedAfterTheFact(o.Form)
+	}
 	if o.Resolutions == nil {
 		o.Resolutions = DefaultResolutions
 	}
@@ -153,6 +160,13 @@ func (o Options) withDefaults() Options {
 	o.SessionIdle = cmp.Or(o.SessionIdle, dedup.DefaultSessionIdle)
 	o.Radius = cmp.Or(o.Radius, dedup.DefaultRadius)
 	return o
+}
+
+// judgedAfterTheFact turns off a parser's max_future and max_past: with
+// the largest duration nothing is ever ahead or behind.
+func judgedAfterTheFact(p ping.Parser) ping.Parser {
+	p.MaxFuture, p.MaxPast = math.MaxInt64, math.MaxInt64
+	return p.Prepared()
 }
 
 func sortedUnique[T cmp.Ordered](s []T) []T {
@@ -207,7 +221,7 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 			a.report.Skipped[SkipTooLarge]++
 			continue
 		}
-		p, err := a.opts.Parser.Parse(line, time.Time{}) // any clock: max_future is off
+		p, err := a.parse(line)
 		if err != nil {
 			a.report.Skipped[skipReason(err)]++
 			continue
@@ -222,6 +236,20 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 		}
 		as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon})
 	}
+}
+
+// parse reads one line of the capture: as a form ping when Form is set
+// and the line is not a JSON object, as JSON otherwise. Any clock will do:
+// max_future and max_past are off.
+func (a *analyzer) parse(line []byte) (ping.Ping, error) {
+	if text := bytes.TrimSpace(line); len(a.opts.Form.TimePaths) > 0 && !bytes.HasPrefix(text, []byte("{")) {
+		element, err := ping.FormLine(string(text))
+		if err != nil {
+			return ping.Ping{}, err
+		}
+		return a.opts.Form.Parse(element, time.Time{})
+	}
+	return a.opts.Parser.Parse(line, time.Time{})
 }
 
 // skipReason names why a line is not a ping.

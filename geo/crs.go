@@ -53,15 +53,15 @@ func ParseCRS(s string) (CRS, error) {
 	const prefix = "EPSG:"
 	t := strings.TrimSpace(s)
 	if len(t) < len(prefix) || !strings.EqualFold(t[:len(prefix)], prefix) {
-		return CRS{}, fmt.Errorf("crs %q: write it as \"EPSG:<code>\"; %s", s, acceptedCRS)
+		return CRS{}, fmt.Errorf("%q: write it as \"EPSG:<code>\"; %s", s, acceptedCRS)
 	}
 	code, ok := parseDigits(t[len(prefix):])
 	if !ok {
-		return CRS{}, fmt.Errorf("crs %q: the EPSG code must be a number; %s", s, acceptedCRS)
+		return CRS{}, fmt.Errorf("%q: the EPSG code must be a number; %s", s, acceptedCRS)
 	}
 	c, ok := crsFromEPSG(code)
 	if !ok {
-		return CRS{}, fmt.Errorf("crs %q is not supported; %s", s, acceptedCRS)
+		return CRS{}, fmt.Errorf("%q is not supported; %s", s, acceptedCRS)
 	}
 	return c, nil
 }

@@ -27,6 +27,21 @@ func SplitForm(query string, body []byte) (Batch, error) {
 	return Batch{Framing: Form, Elements: [][]byte{object}, sent: []byte(fields)}, nil
 }
 
+// FormLine reads a form ping written out on one line, as a log or a
+// capture keeps it: a query string, a form body, or the whole URL the
+// tracker requested (its query is the fields). The element is SplitForm's.
+func FormLine(line string) ([]byte, error) {
+	line = strings.TrimSpace(line)
+	if _, query, isURL := strings.Cut(line, "?"); isURL {
+		line = query
+	}
+	batch, err := SplitForm(line, nil)
+	if err != nil {
+		return nil, err
+	}
+	return batch.Elements[0], nil
+}
+
 // formObject writes form fields as a JSON object.
 func formObject(fields string) ([]byte, error) {
 	if strings.TrimSpace(fields) == "" {
