@@ -162,6 +162,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 			[]string{":2", "leaves the upstream 50ms", "at least 200ms"}},
 		{"missing argument", "telemetry_dedup {\n\tasset\n}", []string{":2"}},
 		{"extra argument", "telemetry_dedup {\n\tlat a b\n}", []string{":2", "lat takes one value: lat <json path>"}},
+		{"gjson modifier as latitude", "telemetry_dedup {\n\tlat @this\n}", []string{":2", "lat: \"@this\" is not a plain dotted path"}},
+		{"gjson query as asset", "telemetry_dedup {\n\tasset devices.#.id\n}", []string{":2", "asset: \"devices.#.id\" is not a plain dotted path"}},
 		{"preset without argument", "telemetry_dedup {\n\tpreset\n}", []string{":2", "preset owntracks|overland|osmand|traccar|geojson"}},
 		{"max_body twice", "telemetry_dedup {\n\tmax_body 1MiB 2MiB\n}", []string{":2", "max_body <size>"}},
 		{"window without argument", "telemetry_dedup {\n\twindow\n}", []string{":2", "window <duration>"}},

@@ -33,9 +33,10 @@ func init() {
 // Changing window, resolution, key_prefix or key_scope starts a fresh key
 // space: every key already in the store stops matching.
 type Handler struct {
-	// Where the fields are in each JSON ping: gjson paths (dots for
-	// nesting). asset and time take several paths, tried in order; the
-	// first present one counts.
+	// Where the fields are in each JSON ping: plain dotted paths (dots for
+	// nesting and array indexes; no gjson queries or modifiers). asset and
+	// time take several paths, tried in order; the first present one
+	// counts.
 
 	// Paths of the asset id, a string or number. Or one Caddy placeholder
 	// template, such as {http.request.uri.query.device}, to take the

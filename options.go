@@ -253,6 +253,9 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 	}
 	p.LatPath = cmp.Or(h.Lat, p.LatPath)
 	p.LonPath = cmp.Or(h.Lon, p.LonPath)
+	if err := h.checkPositionPaths(); err != nil {
+		return p, "", err
+	}
 	if h.TimeFormat != "" {
 		tf, err := ping.ParseTimeFormat(h.TimeFormat)
 		if err != nil {
@@ -290,6 +293,28 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 		return p, "", err
 	}
 	return p.Prepared(), template, nil
+}
+
+// checkPositionPaths refuses a path to the asset, the time or the position
+// that is not a plain dotted path: a gjson query or modifier (@this,
+// #(...)) reads a value other parsers would not, or none, and would fail
+// every ping.
+func (h *Handler) checkPositionPaths() error {
+	paths := map[string][]string{"time": h.Time, "lat": {h.Lat}, "lon": {h.Lon}}
+	if len(h.Asset) > 1 || len(h.Asset) == 1 && !strings.ContainsAny(h.Asset[0], "{}") {
+		paths["asset"] = h.Asset
+	}
+	for _, option := range []string{"asset", "time", "lat", "lon"} {
+		for _, path := range paths[option] {
+			if path == "" {
+				continue
+			}
+			if err := ping.CheckPlainPath(path); err != nil {
+				return &dedup.ConfigError{Option: option, Problem: err.Error()}
+			}
+		}
+	}
+	return nil
 }
 
 // applyReportedFields sets what the ping reports beside its position:
