@@ -128,22 +128,86 @@ func TestAStayWidensToHoldTheOutliersItThrew(t *testing.T) {
 	}
 }
 
-// An asset creeping away (a traffic jam, 1 m per fix) is never suppressed
-// farther than the lag bound from its last accepted ping, however the
-// stay's anchor follows it.
+// An asset creeping away (a traffic jam, a car park, a walk) is never
+// suppressed farther than the lag bound from its last accepted ping,
+// however the stay's anchor follows it, and whatever slow speed its fixes
+// report: a speed below restSpeed says a fix is no departure, not that
+// the asset cannot have crept off.
 func TestACreepingAssetIsNeverLostTrackOf(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		step     float64 // metres a second
+		reported bool
+	}{
+		{"1 m/s, no speed reported", 1, false},
+		{"0.8 m/s, reported", 0.8, true},
+		{"0.3 m/s, reported", 0.3, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				last, accepted := offset(0, 0, 0), 0
+				for i := 1; i <= 600; i++ {
+					p := offset(60+float64(i), tt.step*float64(i), 0)
+					if tt.reported {
+						p = withSpeed(p, tt.step)
+					}
+					if d.settled(t, p).Decision == Accepted {
+						last, accepted = p, accepted+1
+						continue
+					}
+					if dist := math.Sqrt(fixOf(&Claim{Observation: Observation{Ping: p}}).distance2(last.Lat, last.Lon)); dist > LagFactor*DefaultRadius {
+						t.Fatalf("fix %d suppressed %.1f m from the last accepted one", i, dist)
+					}
+				}
+				if accepted == 0 {
+					t.Fatalf("a creep of %.0f m admitted nothing", 600*tt.step)
+				}
+			})
+		})
+	}
+}
+
+// A late ping from away, inside the time the stay says the asset was
+// there, means it came back at some time the backend has not heard of:
+// the earliest late ping back is admitted as the return, later ones are
+// jitter. (A live ping that overtook a shuffled backlog, then the backlog.)
+func TestALateExcursionDoesNotHideTheReturn(t *testing.T) {
 	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
 		park(t, d)
-		last := offset(0, 0, 0)
-		for i := 1; i <= 300; i++ {
-			p := offset(60+float64(i), float64(i), 0)
-			if d.settled(t, p).Decision == Accepted {
-				last = p
-				continue
+		for _, s := range []struct {
+			sec, dx float64
+			want    Decision
+		}{
+			{1800, 1, Accepted},   // the newest first: a window on in sliding, an idle gap in session
+			{1200, 500, Accepted}, // late, away
+			{1500, 0, Accepted},   // late, back: the return
+			{1600, 1, Suppressed}, // late, back after the return
+		} {
+			if v := d.settled(t, offset(s.sec, s.dx, 0)); v.Decision != s.want {
+				t.Fatalf("%v s, %v m east: %+v, want %s", s.sec, s.dx, v, s.want)
 			}
-			if dist := math.Sqrt(fixOf(&Claim{Observation: Observation{Ping: p}}).distance2(last.Lat, last.Lon)); dist > LagFactor*DefaultRadius {
-				t.Fatalf("fix %d suppressed %.1f m from the last accepted one", i, dist)
-			}
+		}
+	})
+}
+
+// A late ping that tells the stay the asset was there earlier is accepted
+// again when its request failed and its claim was released: its retry is
+// no jitter of itself.
+func TestARetriedLatePingIsAcceptedAfterItsRelease(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		d.settled(t, offset(60, 1, 1))
+		late := offset(-30, 1, -1) // before the stay's first fix
+		c, v := d.claim(t, late)
+		if v.Decision != Accepted {
+			t.Fatalf("a late ping from before the stay: %+v, want accepted", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, late); v.Decision != Accepted {
+			t.Fatalf("its retry: %+v, want accepted", v)
 		}
 	})
 }

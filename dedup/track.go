@@ -50,7 +50,9 @@ const (
 	// noise stays under 2 m/s): a fix reporting it has left the stay.
 	movingSpeed = 2.5 // m/s
 	// restSpeed is a reported speed below that of any vehicle under way: a
-	// fix reporting it is no evidence of a move, however far it lies.
+	// fix reporting it outside a settled stay is no evidence of a move. It
+	// is no licence to lag either: an asset creeping slower still is
+	// reported every LagFactor radii like any other.
 	restSpeed = 1.0 // m/s
 	// anchorMemory is how many fixes the anchor averages at most, so that
 	// it follows a receiver's slow drift.
@@ -244,22 +246,33 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 // (an offline backlog uploaded late and shuffled): admitting it costs a
 // duplicate where suppressing it could cost an observation.
 func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
-	if f.event || f.state != st.state || f.moving {
+	if f.event || f.state != st.state {
 		return accepted
 	}
-	if st.stay.n >= settledFixes && st.holds(f, pol) {
-		if f.t >= st.stay.startT {
-			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+	if !f.moving {
+		if st.stay.n >= settledFixes && st.holds(f, pol) {
+			if f.t > st.stay.startT {
+				return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+			}
+			// The asset was here earlier than the stay knew: the backend
+			// hears of it now, and later pings back to then are jitter. A
+			// ping at the very start is the retry of the one that set it,
+			// released: the backend never heard of it.
+			st.stay.startT = f.t
+			return accepted
 		}
-		// The asset was here earlier than the stay knew: the backend hears
-		// of it now, and later pings back to then are jitter.
-		st.stay.startT = f.t
-		return accepted
+		for _, p := range st.past {
+			if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
+				return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+			}
+		}
 	}
-	for _, p := range st.past {
-		if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
-			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
-		}
+	if f.t > st.stay.startT {
+		// The asset was away while the stay says it was there, so it came
+		// back later, at a time the backend has not heard of: the stay now
+		// starts at its latest fix, and the earliest late ping back at it
+		// is admitted as the return.
+		st.stay.startT = st.stay.lastT
 	}
 	return accepted
 }
@@ -292,16 +305,13 @@ func (st *trackState) accept(old *trackState, f fix, newSession bool, change fun
 // true: a suppressed fix of an asset under way never lies farther than
 // LagFactor radii from it.
 func (st *trackState) holds(f fix, pol *Policy) bool {
-	settled := st.stay.n >= settledFixes
-	if f.moving && settled {
+	if f.moving && st.stay.n >= settledFixes {
 		return false
 	}
 	if f.distance2(st.stay.lat, st.stay.lon) > st.radius2(f, pol) {
 		return false
 	}
-	// A fix that says it is at rest is no part of a move the backend could
-	// miss, so at a settled stay it needs no lag bound.
-	return (f.atRest && settled) || f.distance2(st.last.lat, st.last.lon) <= lag2(f, pol)
+	return f.distance2(st.last.lat, st.last.lon) <= lag2(f, pol)
 }
 
 // radius2 is the square of the stay's radius for f: the stay's own

@@ -141,14 +141,13 @@ local function lag2()
 end
 
 local function holds(c)
-	local settled = c.n >= SETTLED
-	if moving == 1 and settled then
+	if moving == 1 and c.n >= SETTLED then
 		return false
 	end
 	if dist2(c.alat, c.alon) > radius2(c) then
 		return false
 	end
-	return (atRest == 1 and settled) or dist2(c.last.lat, c.last.lon) <= lag2()
+	return dist2(c.last.lat, c.last.lon) <= lag2()
 end
 
 local function reach(c)
@@ -210,22 +209,30 @@ local function leave(c)
 end
 
 local function judgeLate(c)
-	if event == 1 or statep ~= c.state or moving == 1 then
+	if event == 1 or statep ~= c.state then
 		return 'accepted', ''
 	end
-	if c.n >= SETTLED and holds(c) then
-		if t >= c.startT then
-			return 'suppressed', reason(c)
+	if moving == 0 then
+		if c.n >= SETTLED and holds(c) then
+			if t > c.startT then
+				return 'suppressed', reason(c)
+			end
+			-- The asset was here earlier than the stay knew (or this is the
+			-- released ping that said so, retried).
+			c.startT = t
+			return 'accepted', ''
 		end
-		-- The asset was here earlier than the stay knew.
-		c.startT = t
-		return 'accepted', ''
+		for i = 1, PAST do
+			local p = c.past[i]
+			if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
+				return 'suppressed', reason(c)
+			end
+		end
 	end
-	for i = 1, PAST do
-		local p = c.past[i]
-		if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
-			return 'suppressed', reason(c)
-		end
+	if t > c.startT then
+		-- Away while the stay says it was there: the earliest late ping
+		-- back is the return.
+		c.startT = c.lastT
 	end
 	return 'accepted', ''
 end
