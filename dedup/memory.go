@@ -159,7 +159,8 @@ func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error
 	defer m.mu.Unlock()
 	now := m.now().UnixNano()
 	released := make([]bool, len(claims))
-	for i, c := range claims {
+	for _, i := range releaseOrder(claims) {
+		c := claims[i]
 		if c.Policy.Shape == Tumbling {
 			released[i] = m.releaseTumbling(c, now)
 		} else {

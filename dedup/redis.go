@@ -204,20 +204,22 @@ func settleCmd(c *Claim) pipeline.Cmd {
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	order := releaseOrder(claims)
 	cmds := make([]pipeline.Cmd, len(claims))
-	for i, c := range claims {
+	for j, i := range order {
+		c := claims[i]
 		if c.Policy.Shape == Tumbling {
-			cmds[i] = pipeline.EvalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
+			cmds[j] = pipeline.EvalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
 		} else {
-			cmds[i] = pipeline.EvalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
+			cmds[j] = pipeline.EvalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
 		}
 	}
 	if err := s.do(ctx, cmds); err != nil {
 		return nil, err
 	}
 	released := make([]bool, len(claims))
-	for i := range cmds {
-		n, err := cmds[i].Result.(*redis.Cmd).Int()
+	for j, i := range order {
+		n, err := cmds[j].Result.(*redis.Cmd).Int()
 		if err != nil {
 			return nil, err
 		}

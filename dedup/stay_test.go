@@ -171,7 +171,8 @@ func TestACreepingAssetIsNeverLostTrackOf(t *testing.T) {
 // A late ping from away, inside the time the stay says the asset was
 // there, means it came back at some time the backend has not heard of:
 // the earliest late ping back is admitted as the return, later ones are
-// jitter. (A live ping that overtook a shuffled backlog, then the backlog.)
+// jitter, and so are those from before the excursion. (A live ping that
+// overtook a shuffled backlog, then the backlog.)
 func TestALateExcursionDoesNotHideTheReturn(t *testing.T) {
 	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
 		park(t, d)
@@ -181,6 +182,7 @@ func TestALateExcursionDoesNotHideTheReturn(t *testing.T) {
 		}{
 			{1800, 1, Accepted},   // the newest first: a window on in sliding, an idle gap in session
 			{1200, 500, Accepted}, // late, away
+			{600, 1, Suppressed},  // late, at the stay before the excursion
 			{1500, 0, Accepted},   // late, back: the return
 			{1600, 1, Suppressed}, // late, back after the return
 		} {
@@ -208,6 +210,69 @@ func TestARetriedLatePingIsAcceptedAfterItsRelease(t *testing.T) {
 		}
 		if v := d.settled(t, late); v.Decision != Accepted {
 			t.Fatalf("its retry: %+v, want accepted", v)
+		}
+	})
+}
+
+// A failed request's claims on one asset are all given back, whatever
+// order the batch listed them in: its retry is judged as the batch was,
+// nothing in it a reobservation of itself.
+func TestAFailedBatchIsJudgedAgainWhole(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		batch []ping.Ping
+	}{
+		{"in device-time order", []ping.Ping{offset(70, 60, 0), offset(80, 140, 0), offset(90, 220, 0)}},
+		{"newest first", []ping.Ping{offset(90, 220, 0), offset(80, 140, 0), offset(70, 60, 0)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				obs := make([]Observation, len(tt.batch))
+				for i, p := range tt.batch {
+					obs[i] = d.Observe(p)
+				}
+				for attempt := 1; attempt <= 2; attempt++ {
+					claims, verdicts, err := d.ClaimAll(t.Context(), obs)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, v := range verdicts {
+						if v.Decision != Accepted {
+							t.Fatalf("attempt %d, ping %d: %+v, want accepted", attempt, i, v)
+						}
+					}
+					if n, err := d.Release(t.Context(), claims...); err != nil || n != len(claims) {
+						t.Fatalf("release: %d of %d, %v", n, len(claims), err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// Two requests that fail and are released oldest first (the second's
+// claim was the asset's last when the first's was released, so that
+// undo found nothing of its own): the first one's retry is still accepted.
+func TestReleasesOfTwoRequestsOldestFirstLoseNothing(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		first, second := offset(70, 60, 0), offset(80, 140, 0)
+		c1, v1 := d.claim(t, first)
+		c2, v2 := d.claim(t, second)
+		if v1.Decision != Accepted || v2.Decision != Accepted {
+			t.Fatalf("the two departures: %+v, %+v", v1, v2)
+		}
+		for _, c := range []*Claim{c1, c2} {
+			if _, err := d.Release(t.Context(), c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v := d.settled(t, first); v.Decision != Accepted {
+			t.Fatalf("the first one's retry: %+v, want accepted", v)
+		}
+		if v := d.settled(t, second); v.Decision != Accepted {
+			t.Fatalf("the second one's retry: %+v, want accepted", v)
 		}
 	})
 }

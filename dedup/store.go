@@ -1,6 +1,9 @@
 package dedup
 
-import "context"
+import (
+	"context"
+	"slices"
+)
 
 // Store decides claims. Everything a decision reads and writes happens in one
 // atomic step: one critical section in MemoryStore, one command or Lua
@@ -35,7 +38,9 @@ type Store interface {
 	// Release undoes accepted claims, so that the sender's retry is judged
 	// as if the failed request had never come, and reports per claim
 	// whether there was still something of it to undo. It never undoes
-	// another request's claim.
+	// another request's claim. It undoes them newest device time first
+	// (releaseOrder): a track keeps one undo record, for its last
+	// acceptance, and a batch is accepted in device-time order.
 	Release(ctx context.Context, claims []*Claim) ([]bool, error)
 }
 
@@ -50,4 +55,18 @@ func WaitSettled(ctx context.Context, store Store, claims []*Claim) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// releaseOrder is the order a store undoes claims in: newest device time
+// first, and among equal times the last given first. A track keeps one
+// undo record, for its last acceptance, and a batch's claims on one asset
+// were accepted oldest first: undone newest first, each finds itself the
+// last and puts back the track from before it.
+func releaseOrder(claims []*Claim) []int {
+	order := make([]int, len(claims))
+	for i := range order {
+		order[i] = len(claims) - 1 - i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return claims[b].Time.Compare(claims[a].Time) })
+	return order
 }

@@ -208,7 +208,11 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 		return st.judgeLate(f, pol)
 	}
 	newSession := pol.Shape == Session && f.t-old.seenMax > pol.SessionIdle.Microseconds()
-	forced := f.event || f.state != st.state || newSession
+	// A fix identical to the last accepted one reached here only because
+	// its seen entry is gone: its claim was released (after a later one of
+	// another request, so the undo found it no longer last) or expired.
+	// The backend may never have had it.
+	forced := f.event || f.state != st.state || newSession || f.trackPoint.samePlaceAndTime(st.last)
 	switch {
 	case st.holds(f, pol):
 		// Back from an excursion too far to be an outlier: a real move.
@@ -225,7 +229,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	case st.hasCand:
 		// The asset is neither at its stay nor back: it left for where the
 		// last accepted ping was. Judge f at that new stay.
-		st.leave(pol)
+		st.leave(pol, st.last.t)
 		st.stay = stay{lat: st.last.lat, lon: st.last.lon, n: 1, startT: st.last.t, lastT: st.last.t}
 		st.ref, st.hasCand = st.last, false
 		return st.judge(old, f, pol)
@@ -250,10 +254,11 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 		return accepted
 	}
 	if !f.moving {
-		if st.stay.n >= settledFixes && st.holds(f, pol) {
-			if f.t > st.stay.startT {
-				return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
-			}
+		atStay := st.stay.n >= settledFixes && st.holds(f, pol)
+		if atStay && f.t > st.stay.startT || st.inPastStay(f) {
+			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
+		}
+		if atStay {
 			// The asset was here earlier than the stay knew: the backend
 			// hears of it now, and later pings back to then are jitter. A
 			// ping at the very start is the retry of the one that set it,
@@ -261,31 +266,39 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 			st.stay.startT = f.t
 			return accepted
 		}
-		for _, p := range st.past {
-			if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
-				return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
-			}
-		}
 	}
 	if f.t > st.stay.startT {
-		// The asset was away while the stay says it was there, so it came
-		// back later, at a time the backend has not heard of: the stay now
-		// starts at its latest fix, and the earliest late ping back at it
-		// is admitted as the return.
+		// The asset was away while the stay says it was there: it left
+		// after the stay's start, at f or before, and came back at a time
+		// the backend has not heard of. The stay until f is remembered as
+		// one it left, and the current one starts at its latest fix: the
+		// earliest late ping back after f is admitted as the return.
+		st.leave(pol, f.t)
 		st.stay.startT = st.stay.lastT
 	}
 	return accepted
 }
 
-// leave remembers the stay the asset is leaving, if it was settled, until
-// the departure (the last accepted ping, outside it).
-func (st *trackState) leave(pol *Policy) {
+// leave remembers the stay the asset is leaving, if it was settled, from
+// its start until the departure at endT.
+func (st *trackState) leave(pol *Policy, endT int64) {
 	if st.stay.n < settledFixes {
 		return
 	}
 	copy(st.past[1:], st.past[:pastStays-1])
 	st.past[0] = pastStay{lat: st.stay.lat, lon: st.stay.lon, radius2: st.stayRadius2(pol),
-		startT: st.stay.startT, endT: st.last.t}
+		startT: st.stay.startT, endT: endT}
+}
+
+// inPastStay reports whether f lies in a stay the asset left, by place and
+// device time.
+func (st *trackState) inPastStay(f fix) bool {
+	for _, p := range st.past {
+		if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
+			return true
+		}
+	}
+	return false
 }
 
 // accept records an accepted fix, keeping the track as it was for undo.
@@ -429,6 +442,11 @@ func (st *trackState) undo(token uint64) (keep bool) {
 	}
 	st.track, st.hasPrev = st.prev, false
 	return true
+}
+
+// samePlaceAndTime reports whether p and q are the same fix.
+func (p trackPoint) samePlaceAndTime(q trackPoint) bool {
+	return p.t == q.t && p.lat == q.lat && p.lon == q.lon
 }
 
 // trackReason names a suppression: the classic reasons when tumbling would

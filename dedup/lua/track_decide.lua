@@ -198,14 +198,24 @@ end
 
 -- leave remembers the stay the asset is leaving, if it was settled, until
 -- the departure (the last accepted ping, outside it).
-local function leave(c)
+local function leave(c, endT)
 	if c.n < SETTLED then
 		return
 	end
 	for i = PAST, 2, -1 do
 		c.past[i] = c.past[i - 1]
 	end
-	c.past[1] = { lat = c.alat, lon = c.alon, radius2 = stayRadius2(c), startT = c.startT, endT = c.last.t }
+	c.past[1] = { lat = c.alat, lon = c.alon, radius2 = stayRadius2(c), startT = c.startT, endT = endT }
+end
+
+local function inPastStay(c)
+	for i = 1, PAST do
+		local p = c.past[i]
+		if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
+			return true
+		end
+	end
+	return false
 end
 
 local function judgeLate(c)
@@ -213,25 +223,21 @@ local function judgeLate(c)
 		return 'accepted', ''
 	end
 	if moving == 0 then
-		if c.n >= SETTLED and holds(c) then
-			if t > c.startT then
-				return 'suppressed', reason(c)
-			end
+		local atStay = c.n >= SETTLED and holds(c)
+		if (atStay and t > c.startT) or inPastStay(c) then
+			return 'suppressed', reason(c)
+		end
+		if atStay then
 			-- The asset was here earlier than the stay knew (or this is the
 			-- released ping that said so, retried).
 			c.startT = t
 			return 'accepted', ''
 		end
-		for i = 1, PAST do
-			local p = c.past[i]
-			if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
-				return 'suppressed', reason(c)
-			end
-		end
 	end
 	if t > c.startT then
-		-- Away while the stay says it was there: the earliest late ping
-		-- back is the return.
+		-- Away while the stay says it was there: the stay until now is one
+		-- it left, and the earliest late ping back is the return.
+		leave(c, t)
 		c.startT = c.lastT
 	end
 	return 'accepted', ''
@@ -259,7 +265,9 @@ local function judge()
 		return judgeLate(cur)
 	end
 	local newSession = shape == 'session' and t - oldSeenMax > idle
-	local forced = event == 1 or statep ~= cur.state or newSession
+	-- A fix identical to the last accepted one whose seen entry is gone
+	-- (released after a later claim, or expired).
+	local forced = event == 1 or statep ~= cur.state or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
 	if holds(cur) then
 		-- Back from an excursion too far to be an outlier: a real move.
 		local returned = cur.hasCand and not cur.outlier
@@ -275,7 +283,7 @@ local function judge()
 	elseif cur.hasCand then
 		-- The asset left for where the last accepted ping was: judge the
 		-- fix there.
-		leave(cur)
+		leave(cur, cur.last.t)
 		cur.alat, cur.alon, cur.spread2, cur.outlier2, cur.n = cur.last.lat, cur.last.lon, 0, 0, 1
 		cur.startT, cur.lastT = cur.last.t, cur.last.t
 		cur.ref, cur.hasCand = cur.last, false
