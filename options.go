@@ -245,6 +245,9 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 				return p, "", &dedup.ConfigError{Option: "asset", Problem: fmt.Sprintf(
 					"%q is a placeholder template; give it alone, not beside JSON paths", a)}
 			}
+			if err := ping.CheckPlainPath(a); err != nil {
+				return p, "", &dedup.ConfigError{Option: "asset", Problem: err.Error()}
+			}
 		}
 		p.AssetPaths = h.Asset
 	}
@@ -295,22 +298,21 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 	return p.Prepared(), template, nil
 }
 
-// checkPositionPaths refuses a path to the asset, the time or the position
-// that is not a plain dotted path: a gjson query or modifier (@this,
-// #(...)) reads a value other parsers would not, or none, and would fail
-// every ping.
+// checkPositionPaths refuses a path to the time or the position that is
+// not a plain dotted path (the asset's are checked with its template): a
+// gjson query or modifier (@this, #(...)) reads a value other parsers
+// would not, or none, and would fail every ping.
 func (h *Handler) checkPositionPaths() error {
-	paths := map[string][]string{"time": h.Time, "lat": {h.Lat}, "lon": {h.Lon}}
-	if len(h.Asset) > 1 || len(h.Asset) == 1 && !strings.ContainsAny(h.Asset[0], "{}") {
-		paths["asset"] = h.Asset
-	}
-	for _, option := range []string{"asset", "time", "lat", "lon"} {
-		for _, path := range paths[option] {
+	for _, o := range []struct {
+		option string
+		paths  []string
+	}{{"time", h.Time}, {"lat", []string{h.Lat}}, {"lon", []string{h.Lon}}} {
+		for _, path := range o.paths {
 			if path == "" {
 				continue
 			}
 			if err := ping.CheckPlainPath(path); err != nil {
-				return &dedup.ConfigError{Option: option, Problem: err.Error()}
+				return &dedup.ConfigError{Option: o.option, Problem: err.Error()}
 			}
 		}
 	}

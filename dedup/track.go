@@ -212,7 +212,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	// its seen entry is gone: its claim was released (after a later one of
 	// another request, so the undo found it no longer last) or expired.
 	// The backend may never have had it.
-	forced := f.event || f.state != st.state || newSession || f.trackPoint.samePlaceAndTime(st.last)
+	forced := f.event || f.state != st.state || newSession || f.samePlaceAndTime(st.last)
 	switch {
 	case st.holds(f, pol):
 		// Back from an excursion too far to be an outlier: a real move.
