@@ -195,23 +195,42 @@ func TestALateExcursionDoesNotHideTheReturn(t *testing.T) {
 
 // A late ping that tells the stay the asset was there earlier is accepted
 // again when its request failed and its claim was released: its retry is
-// no jitter of itself.
+// no jitter of itself, not even after a late ping from away has filed the
+// stay it began as one the asset left.
 func TestARetriedLatePingIsAcceptedAfterItsRelease(t *testing.T) {
-	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
-		park(t, d)
-		d.settled(t, offset(60, 1, 1))
-		late := offset(-30, 1, -1) // before the stay's first fix
-		c, v := d.claim(t, late)
-		if v.Decision != Accepted {
-			t.Fatalf("a late ping from before the stay: %+v, want accepted", v)
-		}
-		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
-			t.Fatalf("release: %d %v", n, err)
-		}
-		if v := d.settled(t, late); v.Decision != Accepted {
-			t.Fatalf("its retry: %+v, want accepted", v)
-		}
-	})
+	for _, tt := range []struct {
+		name    string
+		between []ping.Ping // late pings judged between the release and the retry
+	}{
+		{"retried at once", nil},
+		{"retried after a late ping from away", []ping.Ping{offset(600, 500, 0)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				d.settled(t, offset(1800, 1, 1)) // a window on in sliding, an idle gap in session
+				late := offset(-30, 1, -1)       // before the stay's first fix
+				c, v := d.claim(t, late)
+				if v.Decision != Accepted {
+					t.Fatalf("a late ping from before the stay: %+v, want accepted", v)
+				}
+				if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+					t.Fatalf("release: %d %v", n, err)
+				}
+				for _, p := range tt.between {
+					if v := d.settled(t, p); v.Decision != Accepted {
+						t.Fatalf("late ping from away: %+v, want accepted", v)
+					}
+				}
+				if v := d.settled(t, late); v.Decision != Accepted {
+					t.Fatalf("its retry: %+v, want accepted", v)
+				}
+				if v := d.settled(t, offset(-10, 2, 0)); v.Decision != Suppressed {
+					t.Fatalf("a late ping after it, at the same place: %+v, want suppressed", v)
+				}
+			})
+		})
+	}
 }
 
 // A failed request's claims on one asset are all given back, whatever

@@ -254,8 +254,15 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 		return accepted
 	}
 	if !f.moving {
+		inPast, began := st.inPastStay(f)
+		if began {
+			// The ping that began a stay the asset left, judged again: its
+			// claim was released (or its seen entry expired), so the
+			// backend may never have had it.
+			return accepted
+		}
 		atStay := st.stay.n >= settledFixes && st.holds(f, pol)
-		if atStay && f.t > st.stay.startT || st.inPastStay(f) {
+		if atStay && f.t > st.stay.startT || inPast {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 		}
 		if atStay {
@@ -291,14 +298,14 @@ func (st *trackState) leave(pol *Policy, endT int64) {
 }
 
 // inPastStay reports whether f lies in a stay the asset left, by place and
-// device time.
-func (st *trackState) inPastStay(f fix) bool {
+// device time, and whether it is at the very time the asset arrived there.
+func (st *trackState) inPastStay(f fix) (in, began bool) {
 	for _, p := range st.past {
 		if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
-			return true
+			return true, f.t == p.startT
 		}
 	}
-	return false
+	return false, false
 }
 
 // accept records an accepted fix, keeping the track as it was for undo.

@@ -212,10 +212,10 @@ local function inPastStay(c)
 	for i = 1, PAST do
 		local p = c.past[i]
 		if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
-			return true
+			return true, t == p.startT
 		end
 	end
-	return false
+	return false, false
 end
 
 local function judgeLate(c)
@@ -223,8 +223,13 @@ local function judgeLate(c)
 		return 'accepted', ''
 	end
 	if moving == 0 then
+		local inPast, began = inPastStay(c)
+		if began then
+			-- The ping that began a stay the asset left, released and retried.
+			return 'accepted', ''
+		end
 		local atStay = c.n >= SETTLED and holds(c)
-		if (atStay and t > c.startT) or inPastStay(c) then
+		if (atStay and t > c.startT) or inPast then
 			return 'suppressed', reason(c)
 		end
 		if atStay then
