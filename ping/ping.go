@@ -84,10 +84,12 @@ var ErrNotAPing = errors.New("not a position message")
 // ParsePreset for a tracker's format.
 type Parser struct {
 	// AssetPaths are gjson paths (dot-separated, e.g. "device.uniqueId")
-	// tried in order for the asset id; the first present one counts. Empty
+	// tried in order for the asset id; the first that holds a value (present
+	// and not null) counts. Empty
 	// means the caller fills Ping.Asset itself before Validate.
 	AssetPaths []string
-	// TimePaths are tried in order for the device timestamp.
+	// TimePaths are tried in order for the device timestamp, as AssetPaths
+	// are.
 	TimePaths []string
 	// LatPath and LonPath hold the position: latitude and longitude in
 	// degrees, or northing (y) and easting (x) in a projected CRS.
@@ -321,15 +323,22 @@ func checkJSON(body []byte) error {
 	return nil
 }
 
-// first returns the value at the first of paths that is present, or the
-// (missing) value of the first path.
+// first returns the value at the first of paths that holds one (present
+// and not null), else the first null found, else a missing value.
 func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) gjson.Result {
+	var null gjson.Result
 	for i, path := range paths {
-		if v := value(root, checks, leaves[i], path); v.Exists() {
+		v := value(root, checks, leaves[i], path)
+		switch {
+		case v.Type != gjson.Null:
 			return v
+		case v.Exists() && !null.Exists():
+			// null is what a serializer writes for an unset field (GeoJSON's
+			// "id": null): the next path may hold the value.
+			null = v
 		}
 	}
-	return gjson.Result{}
+	return null
 }
 
 func (p *Parser) assetField() string {

@@ -156,6 +156,7 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"missing asset", NewParser(), `{"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"empty asset", NewParser(), `{"asset_id":"","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"null asset", NewParser(), `{"asset_id":null,"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"null at every asset path", mustPreset("geojson").Parser, `{"id":null,"geometry":{"coordinates":[2,1]},"properties":{"id":null,"time":"2026-08-08T11:59:00Z"}}`, "id", RuleRequired},
 		{"object asset", NewParser(), `{"asset_id":{"id":1},"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"missing time", NewParser(), `{"asset_id":"a","lat":1,"lon":2}`, "occurred_at", RuleRequired},
 		{"boolean time", NewParser(), `{"asset_id":"a","occurred_at":true,"lat":1,"lon":2}`, "occurred_at", RuleType},

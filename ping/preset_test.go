@@ -49,6 +49,16 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 			`{"type":"Feature","geometry":{"type":"Point","coordinates":[-122.0936,37.4263,12.5]},` +
 				`"properties":{"id":42,"timestamp":1714557600000}}`,
 			Ping{Asset: "42", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 37.4263, Lon: -122.0936}},
+		{"geojson",
+			// A serializer writes an unset id as null: the next path names the asset.
+			`{"type":"Feature","id":null,"geometry":{"type":"Point","coordinates":[-122.0936,37.4263]},` +
+				`"properties":{"id":"veh-7","time":null,"timestamp":1714557600000}}`,
+			Ping{Asset: "veh-7", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 37.4263, Lon: -122.0936}},
+		{"traccar",
+			// Traccar's ObjectMapper writes null for a time it was not given.
+			`{"position":{"deviceId":7,"deviceTime":null,"fixTime":"2024-05-01T10:00:00.000+00:00","latitude":-33.8688,"longitude":151.2093},` +
+				`"device":{"uniqueId":null}}`,
+			Ping{Asset: "7", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: -33.8688, Lon: 151.2093}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.preset, func(t *testing.T) {
