@@ -30,13 +30,13 @@ func init() {
 // jitter of a parked asset is answered 200 with X-Dedup: suppressed and
 // never reaches the backend.
 //
-// Changing window, resolution, key_prefix or key_scope starts a fresh key
-// space: every key already in the store stops matching.
+// Changing window, resolution, key_prefix, key_scope or shape starts a
+// fresh key space: every key already in the store stops matching.
 type Handler struct {
 	// Where the fields are in each JSON ping: plain dotted paths (dots for
 	// nesting and array indexes; no gjson queries or modifiers). asset and
-	// time take several paths, tried in order; the first present one
-	// counts.
+	// time take several paths, tried in order; the first that holds a
+	// value (present and not null) counts.
 
 	// Paths of the asset id, a string or number. Or one Caddy placeholder
 	// template, such as {http.request.uri.query.device}, to take the

@@ -168,6 +168,27 @@ func TestOwnTracksAppsTakeTheAnswersAsMeant(t *testing.T) {
 	if len(got) != sent+3 || !bytes.Equal(got[sent+1].body, transition) || len(got[sent+2].body) != 0 {
 		t.Fatalf("upstream saw %d requests; want the transition and the empty POST as sent", len(got)-sent)
 	}
+
+	// The iOS app publishes a point of interest or a tag as a manual
+	// location at the fix it last had, and both apps publish a region's
+	// enter and leave at the fix of the transition: the same fix and
+	// trigger, another message, each delivered; its exact retry is not.
+	sent = up.count()
+	withField := func(body []byte, field string) []byte {
+		return append(append(bytes.TrimSuffix(body, []byte("}")), ","+field...), '}')
+	}
+	for _, b := range [][]byte{
+		withField(manual, `"poi":"Café de Flore"`),
+		withField(manual, `"tag":"work"`),
+		withField(location(120, 48.856826, 2.292713, "c"), `"inregions":["Home","Street"]`),
+		withField(location(120, 48.856826, 2.292713, "c"), `"inregions":["Street"]`),
+	} {
+		postOT(b).expectReason(t, http.StatusOK, "accepted", "event")
+		takenAsDelivered("retry of "+string(b), postOT(b))
+	}
+	if up.count() != sent+4 {
+		t.Fatalf("the backend got %d of the 4 messages at one fix, want each once", up.count()-sent)
+	}
 }
 
 // A ping kept as a dead letter is answered so that the app stops sending

@@ -41,7 +41,8 @@ func (u SpeedUnit) metresPerSecond() float64 {
 
 // fieldPaths are the paths of the fields beside asset, time and position,
 // in the order the parse plan keeps their leaves: accuracy, speed, the
-// events, the states, the records that are not positions.
+// events, the states, the records that are not positions, the events'
+// details.
 func (p *Parser) fieldPaths() []string {
 	paths := []string{p.AccuracyPath, p.SpeedPath}
 	for _, m := range p.Events {
@@ -51,7 +52,7 @@ func (p *Parser) fieldPaths() []string {
 	for _, m := range p.Skip {
 		paths = append(paths, m.Path)
 	}
-	return paths
+	return append(paths, p.EventDetails...)
 }
 
 // fieldValue returns the value of the i-th of fieldPaths, read through the
@@ -90,7 +91,7 @@ func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, pl
 	for i, m := range p.Events {
 		if v := fieldValue(root, checks, plan, 2+i, m.Path); m.matches(v) {
 			s, _ := text(v)
-			ping.Event = field(m.Path, s)
+			ping.Event = field(m.Path, s) + p.eventDetails(root, checks, plan)
 			break
 		}
 	}
@@ -104,6 +105,19 @@ func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, pl
 		}
 	}
 	ping.State = strings.Join(state, "&")
+}
+
+// eventDetails writes the event's details that are present as
+// &path=value..., for Ping.Event.
+func (p *Parser) eventDetails(root gjson.Result, checks []keyCheck, plan *parsePlan) string {
+	at := 2 + len(p.Events) + len(p.States) + len(p.Skip)
+	var details strings.Builder
+	for i, path := range p.EventDetails {
+		if s, ok := text(fieldValue(root, checks, plan, at+i, path)); ok && s != "" {
+			details.WriteString("&" + field(path, s))
+		}
+	}
+	return details.String()
 }
 
 func measure(v gjson.Result) (float64, bool) {

@@ -117,6 +117,12 @@ type Parser struct {
 	// Events lists the fields that make a ping an event (an alarm, a
 	// manual publish): the first that matches becomes Ping.Event.
 	Events []Match
+	// EventDetails are plain paths of what an event says beyond its name
+	// (a point of interest, a tag, the regions it is in): those present
+	// join Ping.Event, so that another message at the same fix (a user
+	// naming a place where they just published) is not taken for the
+	// first one's redelivery.
+	EventDetails []string
 	// States are plain paths of fields whose values are the asset's state
 	// (an ignition): those present become Ping.State.
 	States []string

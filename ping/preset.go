@@ -73,6 +73,11 @@ func ownTracks() Parser {
 	p.KindPath, p.Kind, p.SkipEmpty = "_type", "location", true
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "acc", "vel", KilometresPerHour
 	p.Events = []Match{{Path: "t", Values: []string{"u", "r", "c", "b"}}}
+	// The iOS app publishes a point of interest, a tag or a photo as a
+	// manual location at the fix it last had, and both apps publish each
+	// region's enter and leave at the fix of the transition: the same fix
+	// and trigger, another message.
+	p.EventDetails = []string{"poi", "tag", "imagename", "inregions"}
 	return p
 }
 

@@ -70,10 +70,11 @@ func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
 			reads(fix("s5", "2017-12-28T10:06:19Z", 12.3153748, 15.0408462).with(func(p *Ping) { p.Accuracy = 95 }))}},
 		{"owntracks-android/transition_message.json", "owntracks", []fixtureOutcome{notAPing}},
 		{"owntracks-android/valid_card_message.json", "owntracks", []fixtureOutcome{notAPing}},
-		// A manual publish (t u) is an event.
+		// A manual publish (t u) is an event, told apart by the regions it
+		// is in from another message at the same fix.
 		{"owntracks-ios/location_http_composed.json", "owntracks",
 			[]fixtureOutcome{reads(fix("JJ", "2024-12-16T19:35:12Z", 52.085284, 5.120975).with(func(p *Ping) {
-				p.Accuracy, p.Event = 5, "t=u"
+				p.Accuracy, p.Event = 5, "t=u&inregions=%5B%22Home%22%5D"
 				speed(0)(p)
 			}))}},
 		{"owntracks-ios/location_incoming_test.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
