@@ -93,6 +93,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s already specified on line %d; give each option once", name, line)
 		}
 		lines[name] = d.Line()
+		if name == "speed" {
+			lines["speed_unit"] = d.Line() // JSON's speed_unit is written on the speed line
+		}
 		option, ok := caddyfileOption(name)
 		if !ok {
 			return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", name, strings.Join(caddyfileOptionNames(), ", "))

@@ -163,6 +163,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"missing argument", "telemetry_dedup {\n\tasset\n}", []string{":2"}},
 		{"extra argument", "telemetry_dedup {\n\tlat a b\n}", []string{":2", "lat takes one value: lat <json path>"}},
 		{"gjson modifier as latitude", "telemetry_dedup {\n\tlat @this\n}", []string{":2", "lat: \"@this\" is not a plain dotted path"}},
+		{"empty time path", "telemetry_dedup {\n\ttime occurred_at \"\"\n}", []string{":2", "time: the path is empty"}},
 		{"gjson query as asset", "telemetry_dedup {\n\tasset devices.#.id\n}", []string{":2", "asset: \"devices.#.id\" is not a plain dotted path"}},
 		{"preset without argument", "telemetry_dedup {\n\tpreset\n}", []string{":2", "preset owntracks|overland|osmand|traccar|geojson"}},
 		{"max_body twice", "telemetry_dedup {\n\tmax_body 1MiB 2MiB\n}", []string{":2", "max_body <size>"}},
@@ -524,18 +525,64 @@ func TestDocsListEveryCaddyfileOption(t *testing.T) {
 }
 
 // JSON config reaches the same checks as the Caddyfile: a negative store
-// timeout bounds nothing and is refused at provisioning.
-func TestJSONRefusesANegativeStoreTimeout(t *testing.T) {
-	for _, store := range []string{`{"type":"redis","url":"redis://127.0.0.1:1","timeout":-1000000000}`, `{"type":"redis","url":"redis://127.0.0.1:1","breaker_cooldown":-1}`} {
+// timeout bounds nothing, and a negative count is no count (a negative pool
+// size used to panic go-redis, taking caddy run and the admin API down);
+// each is refused at provisioning, naming the setting.
+func TestJSONRefusesNegativeStoreSettings(t *testing.T) {
+	for _, tt := range []struct{ setting, want string }{
+		{`"timeout":-1000000000`, "negative duration"},
+		{`"breaker_cooldown":-1`, "negative duration"},
+		{`"pool_size":-3`, "pool_size -3 is negative"},
+		{`"db":-1`, "db -1 is negative"},
+		{`"breaker_failures":-1`, "breaker_failures -1 is negative"},
+	} {
 		h := new(Handler)
-		if err := json.Unmarshal([]byte(`{"store":`+store+`}`), h); err != nil {
+		if err := json.Unmarshal([]byte(`{"store":{"type":"redis","url":"redis://127.0.0.1:1",`+tt.setting+`}}`), h); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := h.Provision(ctx)
 		cancel()
-		if err == nil || !strings.Contains(err.Error(), "negative duration") {
-			t.Errorf("store %s: got %v, want the negative duration refused", store, err)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("store with %s: got %v, want %q", tt.setting, err, tt.want)
+		}
+	}
+}
+
+// JSON's null store is the default store, as a store left out is; a URL
+// from an unset environment variable says so.
+func TestJSONStoreNullAndUnsetURL(t *testing.T) {
+	provision := func(config string) error {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(config), h); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		return h.Provision(ctx)
+	}
+	if err := provision(`{"store":null}`); err != nil {
+		t.Errorf(`"store": null: %v, want the memory store`, err)
+	}
+	err := provision(`{"store":{"type":"redis","url":"{env.TELEMETRY_DEDUP_TEST_UNSET_URL}"}}`)
+	if err == nil || !strings.Contains(err.Error(), "is the environment variable set?") {
+		t.Errorf("a URL from an unset variable: got %v, want it named with the hint", err)
+	}
+}
+
+// A JSON config's error names the JSON field it is in.
+func TestJSONErrorsNameTheirField(t *testing.T) {
+	for _, tt := range []struct{ config, want string }{
+		{`{"speed":"vel","speed_unit":"furlongs"}`, "speed_unit: unknown speed unit"},
+		{`{"max_body":-1}`, "max_body: -1 is negative; use a number of bytes such as 1048576"},
+		{`{"time":[""]}`, "time: the path is empty"},
+	} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.resolve(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: got %v, want %q", tt.config, err, tt.want)
 		}
 	}
 }

@@ -292,6 +292,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // derived and from what.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	if string(h.StoreRaw) == "null" {
+		h.StoreRaw = nil // JSON's null: the default store, as when it is left out
+	}
 	var err error
 	if h.settings, err = h.resolve(); err != nil {
 		return err

@@ -137,7 +137,7 @@ func (h *Handler) resolve() (settings, error) {
 	}
 
 	if h.MaxBody < 0 {
-		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a size such as 1MiB", h.MaxBody)}
+		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a number of bytes such as 1048576 (1 MiB)", h.MaxBody)}
 	}
 	s.maxBody = cmp.Or(h.MaxBody, defaultMaxBody)
 	if h.MaxBatch < 0 {
@@ -308,8 +308,8 @@ func (h *Handler) checkPositionPaths() error {
 		paths  []string
 	}{{"time", h.Time}, {"lat", []string{h.Lat}}, {"lon", []string{h.Lon}}} {
 		for _, path := range o.paths {
-			if path == "" {
-				continue
+			if path == "" && o.option != "time" {
+				continue // lat or lon left out: the preset's or the default
 			}
 			if err := ping.CheckPlainPath(path); err != nil {
 				return &dedup.ConfigError{Option: o.option, Problem: err.Error()}
@@ -335,7 +335,7 @@ func (h *Handler) applyReportedFields(p *ping.Parser) error {
 	if h.SpeedUnit != "" {
 		unit, err := ping.ParseSpeedUnit(h.SpeedUnit)
 		if err != nil {
-			return &dedup.ConfigError{Option: "speed", Problem: err.Error()}
+			return &dedup.ConfigError{Option: "speed_unit", Problem: err.Error()}
 		}
 		p.SpeedUnit = unit
 	}

@@ -187,8 +187,9 @@ func (h *Handler) watchForStuck(asset string, v dedup.Verdict, now time.Time) {
 		return
 	}
 	a, _ := h.stuck.Lookup(asset, now)
+	scope, id := dedup.SplitScopedAsset(asset)
 	h.logger.Warn("asset looks stuck: nearly all its recent pings are suppressed and none was accepted for stuck_after; "+
 		"is it repeating a cached fix or is its clock frozen?",
-		zap.String("asset", asset), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
+		zap.String("asset", id), zap.String("scope", scope), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
 		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since))
 }

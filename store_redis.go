@@ -124,11 +124,14 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 // Redis at start is a runtime condition for on_store_error, not a reason to
 // refuse the config.
 func (r *RedisStore) Provision(ctx caddy.Context) error {
-	if r.Timeout < 0 || r.BreakerCooldown < 0 {
-		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
-			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
+	if err := r.checkNumbers(); err != nil {
+		return err
 	}
 	resolved := r.expanded()
+	if r.URL != "" && resolved.URL == "" {
+		return fmt.Errorf("store redis: the URL %s is empty once its placeholders are filled; is the environment variable set? "+
+			"It should hold one such as redis://127.0.0.1:6379/0", r.URL)
+	}
 	opts, err := resolved.options()
 	if err != nil {
 		return err
@@ -149,6 +152,29 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.reconciler = conn.reconciler
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
+	return nil
+}
+
+// checkNumbers refuses numbers no connection can have, which go-redis
+// would not: a negative pool size panics it, and a negative database or
+// failure count would silently mean the default.
+func (r *RedisStore) checkNumbers() error {
+	if r.Timeout < 0 || r.BreakerCooldown < 0 {
+		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
+			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
+	}
+	for _, n := range []struct {
+		name, use string
+		value     int
+	}{
+		{"pool_size", "a number of connections such as 20", r.PoolSize},
+		{"db", "a database number such as 0", r.DB},
+		{"breaker_failures", "a number of consecutive failures such as 5", r.BreakerFailures},
+	} {
+		if n.value < 0 {
+			return fmt.Errorf("store redis: %s %d is negative; use %s, or leave it out for its default", n.name, n.value, n.use)
+		}
+	}
 	return nil
 }
 

@@ -40,6 +40,8 @@ func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
 // stuckAsset is one row of the admin endpoint.
 type stuckAsset struct {
 	KeyPrefix string `json:"key_prefix"`
+	// Scope is the asset's key scope (key_scope), if it has one.
+	Scope string `json:"scope,omitempty"`
 	dedup.StuckAsset
 }
 
@@ -49,7 +51,9 @@ func allStuckAssets(now time.Time) []stuckAsset {
 	stuckTrackers.Range(func(_, v any) bool {
 		t := v.(stuckTrackerValue)
 		for _, a := range t.Stuck(now) {
-			out = append(out, stuckAsset{KeyPrefix: t.keyPrefix, StuckAsset: a})
+			row := stuckAsset{KeyPrefix: t.keyPrefix, StuckAsset: a}
+			row.Scope, row.Asset = dedup.SplitScopedAsset(a.Asset)
+			out = append(out, row)
 		}
 		return true
 	})

@@ -164,6 +164,18 @@ func ScopedAsset(scope, asset string) string {
 	return strconv.Itoa(len(scope)) + ":" + scope + ScopeSeparator + asset
 }
 
+// SplitScopedAsset returns the scope and the asset of an identity
+// ScopedAsset made, for people to read: the scope is empty for an unscoped
+// one.
+func SplitScopedAsset(id string) (scope, asset string) {
+	n, rest, ok := strings.Cut(id, ":")
+	size, err := strconv.Atoi(n)
+	if !ok || err != nil || size < 0 || size >= len(rest) || rest[size:size+len(ScopeSeparator)] != ScopeSeparator {
+		return "", id
+	}
+	return rest[:size], rest[size+len(ScopeSeparator):]
+}
+
 // TrackKeys returns the keys of the sliding and session shapes: the asset's
 // track, and the seen set of the minute of device time t. The asset's hash
 // sits in braces, a Redis Cluster hash tag, so that one script can reach

@@ -124,5 +124,13 @@ func TestScopedAndUnscopedIdentitiesNeverMeet(t *testing.T) {
 			t.Errorf("scope %q asset %q and scope %q asset %q are one identity %q", p[0], p[1], other[0], other[1], id)
 		}
 		seen[id] = p
+		if scope, asset := SplitScopedAsset(id); scope != p[0] || asset != p[1] {
+			t.Errorf("scope %q asset %q split back into %q and %q", p[0], p[1], scope, asset)
+		}
+	}
+	for _, id := range []string{forged, "truck-2", "3:ab", "x:" + ScopeSeparator} {
+		if scope, asset := SplitScopedAsset(id); scope != "" || asset != id {
+			t.Errorf("the unscoped id %q split into scope %q and asset %q", id, scope, asset)
+		}
 	}
 }
