@@ -320,6 +320,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading telemetry_dedup store: %v", err)
 	}
+	if l, ok := mod.(lingerer); ok {
+		l.lingerFor(s.policy.InFlightTimeout) // the longest a request holds a claim open
+	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
 	var claims dedup.Store = newInstrumentedStore(mod.(storeModule).Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {

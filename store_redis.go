@@ -88,6 +88,8 @@ type RedisStore struct {
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
 
 	poolKey    string
+	linger     time.Duration
+	logger     *zap.Logger
 	client     redis.UniversalClient
 	store      dedup.Store
 	reconciler *dedup.Reconciler
@@ -139,6 +141,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	identity, _ := json.Marshal(resolved) // the resolved settings are the connection's identity
 	r.poolKey = "redis " + string(identity)
 	logger := ctx.Logger()
+	r.logger = logger
 	v, _, err := stores.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		return newRedisConnection(opts, resolved, logger), nil
 	})
@@ -312,13 +315,35 @@ func describeTopology(r RedisStore) string {
 	}
 }
 
+// lingerFor keeps the shared client open after Cleanup for as long as a
+// request the config started may still settle or release its claims: it
+// holds one for at most inFlight, then releases it within the store's
+// timeout.
+func (r *RedisStore) lingerFor(inFlight time.Duration) {
+	r.linger = inFlight + r.operationTimeout() + time.Second
+}
+
 // Cleanup lets go of the shared client; the last config to do so closes it.
+// Caddy cleans a config up as soon as a reload has replaced it, while the
+// requests it started still run: their settlements and releases need the
+// connection, and without them a failed request's retry would be
+// suppressed. So, unless Caddy is exiting (its servers have then finished
+// their requests), the client is let go of only after the linger.
 func (r *RedisStore) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
 	}
-	_, err := stores.Delete(r.poolKey)
-	return err
+	if r.linger <= 0 || caddy.Exiting() {
+		_, err := stores.Delete(r.poolKey)
+		return err
+	}
+	key, logger := r.poolKey, r.logger
+	time.AfterFunc(r.linger, func() {
+		if _, err := stores.Delete(key); err != nil {
+			logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
+		}
+	})
+	return nil
 }
 
 // Store returns the claim store.

@@ -47,6 +47,13 @@ type reconciling interface {
 	Reconciler() *dedup.Reconciler
 }
 
+// lingerer is a store whose connections must outlive the config that
+// cleans it up, for the requests that config started: a reload does not
+// wait for them.
+type lingerer interface {
+	lingerFor(inFlight time.Duration)
+}
+
 // timeoutStore is a store whose operations each take at most a timeout:
 // what settling or releasing a claim may take, which the bound on the
 // upstream request leaves room for.

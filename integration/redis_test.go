@@ -137,3 +137,28 @@ func TestReloadsReuseRedisConnections(t *testing.T) {
 		t.Fatalf("Redis accepted %d new connections over 5 reloads; reloads must reuse the pooled client", after-before)
 	}
 }
+
+// Caddy cleans a config up as soon as a reload has replaced it, while the
+// requests it started still run. A reload that changes the Redis settings
+// (a new client) must leave the old client open for them: a request whose
+// upstream fails after the reload still releases its claim, and the
+// sender's retry is accepted, not suppressed as a redelivery of a ping the
+// backend never stored.
+func TestAReloadKeepsTheClientOfTheRequestsStillRunning(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	store := func(timeout string) string {
+		return fmt.Sprintf("store redis %s {\n\t\t\ttimeout %s\n\t\t}\n\t\tin_flight_timeout 5s", srv.URL(), timeout)
+	}
+	tester := startCaddy(t, up, store("200ms"))
+	body := ping("veh-reload-in-flight", base(), 52.5200087, 13.4049547)
+	arrived, release := holdUpstream(up, http.StatusInternalServerError, "")
+	first := make(chan response, 1)
+	go func() { first <- post(t, tester.Client, body) }()
+	<-arrived
+	tester = startCaddy(t, up, store("250ms"))
+	answering(up, http.StatusCreated, "", "")
+	release()
+	(<-first).expect(t, http.StatusInternalServerError, "accepted")
+	post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
+}
