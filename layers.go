@@ -127,7 +127,7 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 		p, err := h.readPing(extracts, raw, repl, scopeErr, now)
 		switch {
 		case errors.Is(err, ping.ErrNotAPing):
-			e.decision, e.reason = decisionSkipped, reasonNotAPing
+			e.decision, e.reason = decisionSkipped, skipReason(err)
 		case err != nil:
 			e.refuse(err)
 		default:
@@ -135,6 +135,17 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 		}
 	}
 	return req
+}
+
+// skipReason says why a ping is passed on unkeyed: not a position, or,
+// for a sender whose backend keeps it anyway, the rule of where or when a
+// fix can be that it breaks.
+func skipReason(err error) string {
+	var implausible ping.ImplausibleError
+	if errors.As(err, &implausible) {
+		return string(implausible.Rule)
+	}
+	return reasonNotAPing
 }
 
 // readPing reads one ping through extracts and validates it with the

@@ -24,6 +24,7 @@ func exportedMetricNames(t *testing.T) map[string]bool {
 	metrics.storeErrors.WithLabelValues("memory", "decide")
 	metrics.releases.WithLabelValues("released")
 	metrics.breakerTransitions.WithLabelValues("open")
+	metrics.reconciled.WithLabelValues("released")
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

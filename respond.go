@@ -77,8 +77,10 @@ func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddy
 	switch {
 	case d == dedup.Accepted:
 		return h.forward(w, r, next, d, e.reason, []*dedup.Claim{e.claim})
-	case d == decisionUnchecked || d == decisionSkipped:
+	case d == decisionUnchecked:
 		return h.forward(w, r, next, d, "", nil)
+	case d == decisionSkipped:
+		return h.forward(w, r, next, d, e.reason, nil)
 	case h.settings.shadow:
 		return h.forward(w, r, next, shadowDecision(d), e.reason, nil)
 	case d == dedup.Suppressed:

@@ -363,6 +363,11 @@ func TestOsmAndRequestsAreJudgedAndForwardedAsTheyCame(t *testing.T) {
 		t.Fatalf("lat 91.5 answered %s", bad.body)
 	}
 	do(request{http.MethodGet, "deviceid=123456&lat=60.0&lon=30.0&speed=0.0", "", ""}, http.StatusOK, "skipped")
+	// A phone whose clock runs an hour ahead: Traccar stores the position
+	// as it is, and the old client would retry a refusal forever at the
+	// head of its queue, so it is passed on unkeyed.
+	ahead := fmt.Sprintf("id=123456789012345&timestamp=%d&lat=48.86&lon=2.30", time.Now().Add(time.Hour).Unix())
+	do(request{http.MethodGet, ahead, "", ""}, http.StatusOK, "skipped").expectReason(t, http.StatusOK, "skipped", "max_future")
 
 	// In flight: both clients retry a buffered position.
 	inFlight := inFlightRedelivery(t, up, func() response {
@@ -467,6 +472,29 @@ func TestTraccarInvalidPositionsPassUntouched(t *testing.T) {
 	}
 	if up.count() != 2 {
 		t.Fatalf("upstream saw %d of the two invalid positions", up.count())
+	}
+
+	// Traccar stores a position whatever its time (filter.future and
+	// filter.past are off by default), and a new device's first message
+	// comes at (0, 0) from OutdatedHandler; the forwarder drops what it is
+	// refused. Such positions go on unkeyed, the rule they break named.
+	traccarTime := func(t time.Time) string { return t.Format("2006-01-02T15:04:05.000+00:00") }
+	for _, tt := range []struct {
+		name, deviceTime, position, rule string
+	}{
+		{"a clock three hours ahead", traccarTime(time.Now().Add(3 * time.Hour)), `"latitude":52.52,"longitude":13.40`, "max_future"},
+		{"a GPS week rollover", traccarTime(time.Now().AddDate(0, 0, -7*1024)), `"latitude":52.52,"longitude":13.40`, "max_past"},
+		{"a new device without a fix", traccarTime(time.Now()), `"latitude":0.0,"longitude":0.0`, "null_island"},
+	} {
+		body := []byte(`{"position":{"deviceId":7,"deviceTime":"` + tt.deviceTime + `","valid":true,` + tt.position +
+			`,"attributes":{"alarm":"sos"}},"device":{"uniqueId":"358240051111111"}}`)
+		sent := up.count()
+		for range 2 {
+			send(t, tester.Client, http.MethodPost, "", "application/json", body).expectReason(t, http.StatusCreated, "skipped", tt.rule)
+		}
+		if up.count() != sent+2 || !bytes.Equal(up.requests()[sent].body, body) {
+			t.Fatalf("%s: the upstream saw %d of 2, want both as sent", tt.name, up.count()-sent)
+		}
 	}
 }
 

@@ -64,3 +64,14 @@ func (e *InvalidPingError) Error() string {
 func invalid(field string, rule Rule, format string, args ...any) *InvalidPingError {
 	return &InvalidPingError{Field: field, Rule: rule, Detail: fmt.Sprintf(format, args...)}
 }
+
+// ImplausibleError is a position that breaks a rule of where or when a fix
+// can be (null_island, max_future, max_past) under a Parser with
+// PassImplausible: its sender's backend stores it as it is, so it is not
+// keyed but passed on. It is ErrNotAPing.
+type ImplausibleError struct {
+	*InvalidPingError
+}
+
+// Is makes an ImplausibleError ErrNotAPing.
+func (e ImplausibleError) Is(target error) bool { return target == ErrNotAPing }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,6 +61,7 @@ var parseSeeds = []string{
 	`{"asset_id":"a\"[[[[","occurred_at":"2026-08-08T11:59:00Z","lat":1e400,"lon":2}`,
 	`{"asset_id":123456789012345678901234567890,"occurred_at":1e30,"lat":1,"lon":2}`,
 	`{"asset_id":"veh\n88","occurred_at":1e13,"lat":0,"lon":0}`,
+	`{"_type":"location","tid":"jj","tst":1786190340,"lat":52.08,"lon":5.12,"t":"u","poi":"Café","tag":"work","inregions":["Home"]}`,
 }
 
 // fuzzParsers are the parsers FuzzParse feeds every body to: the defaults,
@@ -270,11 +272,22 @@ func checkFieldsReadLikeEncodingJSON(t *testing.T, name string, p Parser, doc an
 			t.Fatalf("%s: read as a ping, but encoding/json finds %v, which is not a position", name, m)
 		}
 	}
+	for _, path := range append(slices.Clone(p.States), p.EventDetails...) {
+		switch v, _ := lookup(doc, path); v.(type) {
+		case map[string]any, []any:
+			return // read as its raw JSON, whose spacing and key order encoding/json does not keep
+		}
+	}
 	event := ""
 	for _, m := range p.Events {
 		if decodedMatches(doc, m) {
 			s, _ := decodedText(doc, m.Path)
 			event = field(m.Path, s)
+			for _, path := range p.EventDetails {
+				if s, ok := decodedText(doc, path); ok && s != "" {
+					event += "&" + field(path, s)
+				}
+			}
 			break
 		}
 	}
@@ -313,6 +326,8 @@ func decodedMatches(doc any, m Match) bool {
 	switch {
 	case m.Absent:
 		return !ok
+	case m.Except:
+		return ok && !slices.ContainsFunc(m.Values, func(value string) bool { return strings.EqualFold(s, value) })
 	case len(m.Values) == 0:
 		return ok && s != "" && v != false
 	}

@@ -3,6 +3,7 @@ package ping
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -20,6 +21,10 @@ type Match struct {
 	// Absent makes the match hold when the field is missing (or null)
 	// instead.
 	Absent bool
+	// Except makes the match hold when the field is present and holds
+	// none of Values, compared ignoring letter case: how Java's
+	// Boolean.parseBoolean, and so Traccar, reads a flag.
+	Except bool
 }
 
 // ParseMatch reads a match as the Caddyfile writes it: "path" (any value
@@ -38,8 +43,12 @@ func ParseMatch(s string) (Match, error) {
 	return m, CheckPlainPath(path)
 }
 
-// String writes the match as ParseMatch reads it.
+// String writes the match as ParseMatch reads it (an Except match, which
+// only a preset makes, as path!=value|value...).
 func (m Match) String() string {
+	if m.Except {
+		return m.Path + "!=" + strings.Join(m.Values, "|")
+	}
 	if len(m.Values) == 0 {
 		return m.Path
 	}
@@ -89,6 +98,8 @@ func (m Match) matches(v gjson.Result) bool {
 	switch {
 	case m.Absent:
 		return !ok
+	case m.Except:
+		return ok && !slices.ContainsFunc(m.Values, func(value string) bool { return strings.EqualFold(s, value) })
 	case len(m.Values) == 0:
 		return ok && s != "" && v.Type != gjson.False
 	}

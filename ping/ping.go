@@ -138,6 +138,13 @@ type Parser struct {
 	// AllowNullIsland admits the exact position (0, 0), which is rejected by
 	// default because it is what a GPS module reports before it has a fix.
 	AllowNullIsland bool
+	// PassImplausible makes a position at (0, 0) or with a device time
+	// beyond MaxFuture or MaxPast an ImplausibleError instead of an
+	// InvalidPingError: for a sender whose backend stores whatever a device
+	// reports and that cannot send it otherwise (Traccar keeps positions
+	// whatever their time; its forwarder drops a refused one, and Traccar
+	// Client retries it forever at the head of its queue).
+	PassImplausible bool
 
 	plan *parsePlan // see Prepared
 }
@@ -273,21 +280,32 @@ func (p Parser) Validate(ping Ping, now time.Time) error {
 	if err := checkCoordinate(ping.Lon, 180, p.LonPath); err != nil {
 		return err
 	}
-	if ping.Lat == 0 && ping.Lon == 0 && !p.AllowNullIsland {
-		return invalid(p.LatPath, RuleNullIsland,
+	return p.checkPlausible(ping, now)
+}
+
+// checkPlausible refuses a fix where or when none can be: at (0, 0), or at
+// a device time beyond MaxFuture or MaxPast.
+func (p *Parser) checkPlausible(ping Ping, now time.Time) error {
+	var err *InvalidPingError
+	switch {
+	case ping.Lat == 0 && ping.Lon == 0 && !p.AllowNullIsland:
+		err = invalid(p.LatPath, RuleNullIsland,
 			"position (0, 0) is what a GPS module reports before it has a fix; set null_island allow if your assets really are there")
-	}
-	if ahead := ping.Time.Sub(now); ahead > p.MaxFuture {
-		return invalid(p.TimePaths[0], RuleFuture,
+	case ping.Time.Sub(now) > p.MaxFuture:
+		err = invalid(p.TimePaths[0], RuleFuture,
 			"device time %s is %s ahead of the server clock; at most %s is allowed (max_future)",
 			ping.Time.Format(time.RFC3339Nano), span(now, ping.Time), readable(p.MaxFuture))
-	}
-	if behind := now.Sub(ping.Time); p.MaxPast > 0 && behind > p.MaxPast {
-		return invalid(p.TimePaths[0], RulePast,
+	case p.MaxPast > 0 && now.Sub(ping.Time) > p.MaxPast:
+		err = invalid(p.TimePaths[0], RulePast,
 			"device time %s is %s behind the server clock; at most %s is allowed (max_past): is the device's clock set?",
 			ping.Time.Format(time.RFC3339Nano), span(ping.Time, now), readable(p.MaxPast))
+	default:
+		return nil
 	}
-	return nil
+	if p.PassImplausible {
+		return ImplausibleError{err}
+	}
+	return err
 }
 
 // checkObject makes sure body is one JSON object that every parser reads

@@ -95,15 +95,20 @@ func overland() Parser {
 // osmAnd reads the OsmAnd protocol's fields as Traccar's OsmAndProtocolDecoder
 // does. A request without lat (a cell or Wi-Fi report, or location=lat,lon)
 // or without timestamp (Traccar then takes its own clock) carries no fix to
-// key, and one with valid false or 0 a position the device itself calls
-// invalid: they go to Traccar as they came.
+// key, and one whose valid is neither true (in any letter case) nor 1 a
+// position the device itself calls invalid: they go to Traccar as they
+// came.
 func osmAnd() Parser {
 	p := NewParser()
 	p.AssetPaths, p.TimePaths = []string{"id", "deviceid"}, []string{"timestamp"}
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "accuracy", "speed", Knots
 	p.Events = []Match{{Path: "alarm"}}
 	p.States = []string{"ignition", "driverUniqueId"}
-	p.Skip = []Match{{Path: "lat", Absent: true}, {Path: "timestamp", Absent: true}, {Path: "valid", Values: []string{"false", "0"}}}
+	p.Skip = []Match{{Path: "lat", Absent: true}, {Path: "timestamp", Absent: true}, {Path: "valid", Values: []string{"true", "1"}, Except: true}}
+	// Traccar stores a position whatever its time (its filter is off by
+	// default), and the old Traccar Client retries a refused one forever
+	// at the head of its queue.
+	p.PassImplausible = true
 	return p
 }
 
@@ -118,6 +123,7 @@ func transistorsoft() Parser {
 	p.States = []string{"location.is_moving"}
 	// Without coords Traccar takes the device's last known position.
 	p.Skip = []Match{{Path: "location.coords", Absent: true}}
+	p.PassImplausible = true // as osmAnd's, for the same Traccar
 	return p
 }
 
@@ -147,5 +153,9 @@ func traccarForward() Parser {
 	// position forwarder has sent already. Keyed, it would be that
 	// position's redelivery, and Traccar never resends a lost event.
 	p.Skip = []Match{{Path: "position.valid", Values: []string{"false"}}, {Path: "event"}}
+	// Traccar stored the position whatever its time or place (a device
+	// whose clock is off, a new device's first message at (0, 0)), and the
+	// forwarder drops what it is refused.
+	p.PassImplausible = true
 	return p
 }

@@ -173,3 +173,53 @@ func TestParserReprojects(t *testing.T) {
 		t.Fatalf("easting out of the zone: got %v, want lon/range", err)
 	}
 }
+
+// Traccar keeps a position whatever its time or place, so the presets of
+// what reaches it pass such a position on unkeyed (ErrNotAPing, naming the
+// rule), where the others refuse it.
+func TestTraccarPresetsPassImplausiblePositions(t *testing.T) {
+	now := time.Date(2024, 5, 1, 10, 1, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		preset, body string
+		rule         Rule
+	}{
+		{"traccar", `{"position":{"deviceId":7,"deviceTime":"2004-09-16T10:00:00.000+00:00","latitude":52.52,"longitude":13.40}}`, RulePast},
+		{"traccar", `{"position":{"deviceId":7,"deviceTime":"2024-05-01T13:00:00.000+00:00","latitude":52.52,"longitude":13.40}}`, RuleFuture},
+		{"traccar", `{"position":{"deviceId":7,"deviceTime":"2024-05-01T10:00:00.000+00:00","latitude":0.0,"longitude":0.0}}`, RuleNullIsland},
+		{"osmand", `{"location":{"timestamp":"2024-05-01T13:00:00.000Z","coords":{"latitude":37.42,"longitude":-122.08}},"device_id":"48241179"}`, RuleFuture},
+	} {
+		_, err := mustPreset(tt.preset).Parser.Parse([]byte(tt.body), now)
+		var implausible ImplausibleError
+		if !errors.Is(err, ErrNotAPing) || !errors.As(err, &implausible) || implausible.Rule != tt.rule {
+			t.Errorf("%s %s: got %v, want it passed on for %s", tt.preset, tt.body, err, tt.rule)
+		}
+	}
+	form := mustPreset("osmand").Form
+	if _, err := form.Parse([]byte(`{"id":"1","timestamp":1714557660,"lat":0,"lon":0}`), now); !errors.Is(err, ErrNotAPing) {
+		t.Errorf("osmand form at (0, 0): got %v, want it passed on", err)
+	}
+	_, err := mustPreset("geojson").Parser.Parse([]byte(`{"id":"a","geometry":{"coordinates":[13.4,52.5]},"properties":{"time":"2004-09-16T10:00:00Z"}}`), now)
+	var invalidPing *InvalidPingError
+	if errors.Is(err, ErrNotAPing) || !errors.As(err, &invalidPing) || invalidPing.Rule != RulePast {
+		t.Errorf("geojson from 2004: got %v, want it refused", err)
+	}
+}
+
+// Traccar reads OsmAnd's valid as Boolean.parseBoolean(v) || "1".equals(v):
+// only true, in any letter case, and 1 mark a valid position; the preset
+// passes every other on unkeyed, as Traccar stores it marked invalid.
+func TestOsmAndValidIsReadAsTraccarReadsIt(t *testing.T) {
+	form := *mustPreset("osmand").Form
+	form.MaxPast = 0
+	for value, valid := range map[string]bool{"true": true, "TRUE": true, "True": true, "1": true,
+		"false": false, "False": false, "0": false, "no": false, "yes": false, "": false} {
+		batch, err := SplitForm("id=1&timestamp=1714557600&lat=52.52&lon=13.40&valid="+value, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = form.Parse(batch.Elements[0], time.Date(2024, 5, 1, 10, 1, 0, 0, time.UTC))
+		if got := !errors.Is(err, ErrNotAPing); got != valid || (valid && err != nil) {
+			t.Errorf("valid=%s: %v, want a position %v", value, err, valid)
+		}
+	}
+}

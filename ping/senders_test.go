@@ -40,6 +40,11 @@ var notAPing = fixtureOutcome{notAPing: true}
 
 func broke(field string, rule Rule) fixtureOutcome { return fixtureOutcome{field: field, rule: rule} }
 
+// passedOn is a position its preset passes on unkeyed (PassImplausible).
+func passedOn(field string, rule Rule) fixtureOutcome {
+	return fixtureOutcome{notAPing: true, field: field, rule: rule}
+}
+
 func reads(p *Ping) fixtureOutcome { return fixtureOutcome{ping: p} }
 
 // Every JSON fixture reads, with its tracker's preset, as its tracker
@@ -183,9 +188,10 @@ func TestSenderFormFixturesReadAsTraccarReadsThem(t *testing.T) {
 		{"traccar-osmand/query_strings.txt", true, []fixtureOutcome{
 			4: reads(fix("353861053849681", "2014-06-04T07:10:11Z", 49.60688, 6.15788).with(knots(0))),
 		}},
-		// Time 0 with the GPS rollover correction, at (0, 0): no fix.
+		// Time 0 with the GPS rollover correction, at (0, 0): no fix, which
+		// Traccar stores as it is.
 		{"traccar-client-android/request_urls_test.txt", false, []fixtureOutcome{
-			broke("lat", RuleNullIsland), broke("lat", RuleNullIsland), broke("lat", RuleNullIsland)}},
+			passedOn("lat", RuleNullIsland), passedOn("lat", RuleNullIsland), passedOn("lat", RuleNullIsland)}},
 		{"traccar-client-android/request_url_composed.txt", false, []fixtureOutcome{
 			reads(fix("123456789012345", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(knots(2.332613))),
 			reads(fix("123456789012345", "2025-01-01T10:00:12Z", 48.85683, 2.2927).with(func(p *Ping) { p.Accuracy = 14; knots(0)(p) })),
@@ -248,8 +254,11 @@ func (want fixtureOutcome) check(t *testing.T, got Ping, err error) {
 	var ie *InvalidPingError
 	switch {
 	case want.notAPing:
+		var implausible ImplausibleError
 		if !errors.Is(err, ErrNotAPing) {
 			t.Errorf("got %+v, %v; want not a position", got, err)
+		} else if want.rule != "" && (!errors.As(err, &implausible) || implausible.Field != want.field || implausible.Rule != want.rule) {
+			t.Errorf("got %+v, %v; want it passed on for %s on %s", got, err, want.rule, want.field)
 		}
 	case want.rule != "":
 		if !errors.As(err, &ie) || ie.Field != want.field || ie.Rule != want.rule {
