@@ -35,8 +35,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	detached := context.WithoutCancel(r.Context())
 	ctx, cancel := h.upstreamContext(detached, claims)
 	defer cancel()
-	metrics.inFlight.Inc()
-	defer metrics.inFlight.Dec()
+	metrics.inFlight.Add(float64(len(claims))) // pings, as the decisions count them, not requests
+	defer metrics.inFlight.Sub(float64(len(claims)))
 
 	defer func() {
 		// reverse_proxy aborts a broken response stream with a panic. If the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
@@ -111,4 +112,36 @@ func TestClaimedUpstreamRequestsAreBounded(t *testing.T) {
 	if !bounded || deadline.Before(start.Add(bound)) || deadline.After(claimedBy.Add(bound)) {
 		t.Fatalf("the upstream request's deadline is %v after the request came (set: %v), want %v after its claim", deadline.Sub(start), bounded, bound)
 	}
+}
+
+// The in_flight gauge counts the accepted pings waiting for the upstream,
+// as the decisions count them: a batch of three is three.
+func TestInFlightCountsPingsNotRequests(t *testing.T) {
+	prefix := "in-flight-pings:"
+	h := provisioned(t, &Handler{KeyPrefix: &prefix})
+	at := time.Now().Add(-time.Minute).UTC()
+	var batch []string
+	for i := range 3 {
+		batch = append(batch, `{"asset_id":"veh-`+string(rune('a'+i))+`","occurred_at":"`+at.Format(time.RFC3339)+`","lat":52.52,"lon":13.40}`)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader("["+strings.Join(batch, ",")+"]"))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	before := inFlightNow(t)
+	var during float64
+	_ = h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		during = inFlightNow(t)
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}))
+	if during-before != 3 || inFlightNow(t) != before {
+		t.Fatalf("in_flight went %v -> %v -> %v for a batch of 3, want +3 while it waits, and back", before, during, inFlightNow(t))
+	}
+}
+
+func inFlightNow(t *testing.T) float64 {
+	var m dto.Metric
+	if err := metrics.inFlight.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

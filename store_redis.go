@@ -52,9 +52,12 @@ type RedisStore struct {
 	// Overrides the URL's.
 	Password string `json:"password,omitempty"`
 
-	// ACL user for the sentinels, if it differs from the data nodes'.
+	// ACL user for the sentinels. Default: none.
 	SentinelUsername string `json:"sentinel_username,omitempty"`
-	// Password for the sentinels, if it differs from the data nodes'.
+	// Password for the sentinels. The sentinels get no AUTH without it,
+	// whatever Password says: sentinels that require one (requirepass in
+	// sentinel.conf) need it here, often the same as Password. Default:
+	// none.
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 
 	// The database number (not with Cluster). Overrides the URL's.
@@ -284,6 +287,34 @@ func (t RedisTLS) config(fromURL *tls.Config) (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{pair}
 	}
 	return c, nil
+}
+
+// redisReplyFixes say what to do about the error replies a Redis that
+// answers refuses commands with, by the reply's first word.
+var redisReplyFixes = map[string]string{
+	"OOM":         "Redis is at maxmemory and refuses writes: raise maxmemory, or let it evict keys with a TTL (maxmemory-policy volatile-ttl)",
+	"NOAUTH":      "Redis requires a password: set password (and username) in the store's block, or in the URL",
+	"WRONGPASS":   "Redis refused the username or password: check password and username in the store's block or URL",
+	"NOPERM":      "the Redis user may not run these commands or keys: allow SET, GET, DEL, EVALSHA, SCRIPT, HGET, HSET, PEXPIRE and the key_prefix's keys",
+	"READONLY":    "the store is connected to a replica: point it at the master, or give master and the sentinels' addresses",
+	"LOADING":     "Redis is loading its data set after a restart; it answers once loaded",
+	"MASTERDOWN":  "the replica lost its master: see the sentinels or the master",
+	"CLUSTERDOWN": "the Redis Cluster is down or not all its slots are served",
+}
+
+// storeErrorFix says what to do about a store error, if the error says
+// enough: Redis's own error replies, and a wait that timed out.
+func storeErrorFix(err error) string {
+	var reply redis.Error
+	if errors.As(err, &reply) && !errors.Is(err, redis.Nil) {
+		word, _, _ := strings.Cut(reply.Error(), " ")
+		return redisReplyFixes[word]
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "Redis did not answer within the store's timeout: is it reachable, paused or overloaded? " +
+			"(With Sentinel, sentinels that require a password need sentinel_password; the startup warning says why they did not answer.)"
+	}
+	return ""
 }
 
 // warnIfUnreachable tells the operator at start that Redis does not answer,

@@ -37,5 +37,9 @@ func (t *throttledLog) log(msg string, err error) {
 	dropped := t.dropped
 	t.last, t.dropped = now, 0
 	t.mu.Unlock()
-	t.logger.Warn(msg, zap.Error(err), zap.Int("similar_since_last_line", dropped))
+	fields := []zap.Field{zap.Error(err), zap.Int("similar_since_last_line", dropped)}
+	if fix := storeErrorFix(err); fix != "" {
+		fields = append(fields, zap.String("fix", fix))
+	}
+	t.logger.Warn(msg, fields...)
 }

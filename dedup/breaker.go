@@ -101,9 +101,10 @@ func (b *Breaker) State() BreakerState {
 	return b.state
 }
 
-// ReleaseFirst makes every call the breaker lets through, while owed
+// ReleaseFirst makes every decision the breaker lets through, while owed
 // reports true, first call release, and go to the store only if it
-// succeeds; if it fails, the call has failed. A connection passes its
+// succeeds; if it fails, the call has failed. (A settlement does not wait:
+// it is no retry.) A connection passes its
 // reconciler's Owes and ReleaseOwed: once the store answers again, the
 // first request through may be the retry of an observation whose failed
 // request's claim still waits to be released, by then older than
@@ -216,8 +217,11 @@ func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, e
 }
 
 func (g guardedStore) Settle(claims []*Claim, done func(error)) {
-	if err := g.breaker.enter(context.Background()); err != nil {
-		done(err)
+	// A settlement need not wait for the releases owed (it is no retry
+	// they must reach the store before), and the request it belongs to
+	// is being answered.
+	if !g.breaker.allow() {
+		done(ErrBreakerOpen)
 		return
 	}
 	g.next.Settle(claims, func(err error) {

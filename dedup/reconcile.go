@@ -93,6 +93,9 @@ type Reconciler struct {
 	// working is held while jobs taken off the queue are worked on, so
 	// that ReleaseOwed never overtakes a pass already on its way.
 	working sync.Mutex
+	// pass is the ReleaseOwed pass on its way, if any, which the calls
+	// that come meanwhile wait for instead of each making their own.
+	pass    *releasePass
 	mu      sync.Mutex
 	owed    atomic.Int64 // release jobs the store has not yet answered
 	jobs    []*reconcileJob
@@ -282,7 +285,62 @@ func (r *Reconciler) work() {
 // through first, would be told it was delivered. It returns the store's
 // error if a release failed; what was not released is then retried with
 // its backoff as before.
+//
+// The calls that come while a pass is on its way share it: in an outage
+// each would otherwise wait out the store's timeout behind the one before
+// it, and a burst of requests would queue for seconds. A call that joined
+// a pass begun before it came waits for one more pass, begun after, so
+// that the releases handed over before it came are answered too.
 func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
+	for range 2 {
+		if !r.Owes() {
+			return nil
+		}
+		p, lead := r.joinPass()
+		if lead {
+			p.err = r.releaseOwedPass(ctx)
+			r.endPass(p)
+			return p.err
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if p.err != nil {
+			return p.err
+		}
+	}
+	return nil
+}
+
+// releasePass is one pass of ReleaseOwed, and its outcome once done is
+// closed.
+type releasePass struct {
+	done chan struct{}
+	err  error
+}
+
+// joinPass returns the pass on its way, or a new one that the caller leads.
+func (r *Reconciler) joinPass() (p *releasePass, lead bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pass != nil {
+		return r.pass, false
+	}
+	r.pass = &releasePass{done: make(chan struct{})}
+	return r.pass, true
+}
+
+func (r *Reconciler) endPass(p *releasePass) {
+	r.mu.Lock()
+	r.pass = nil
+	r.mu.Unlock()
+	close(p.done)
+}
+
+// releaseOwedPass makes one pass over the releases owed.
+func (r *Reconciler) releaseOwedPass(ctx context.Context) error {
 	r.working.Lock()
 	defer r.working.Unlock()
 	now := time.Now()

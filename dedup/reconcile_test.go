@@ -409,6 +409,84 @@ func TestCallFailsWhileWhatIsOwedCannotBeReleased(t *testing.T) {
 	}
 }
 
+// gatedStore is a store that hangs: every Release waits for the gate,
+// then fails, as calls to a paused Redis wait out their timeout.
+type gatedStore struct {
+	Store
+	gate     chan struct{}
+	mu       sync.Mutex
+	releases int
+}
+
+func (g *gatedStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	g.mu.Lock()
+	g.releases++
+	g.mu.Unlock()
+	<-g.gate
+	return nil, errors.New("i/o timeout")
+}
+
+// A burst of calls while a release is owed and the store hangs shares one
+// pass over what is owed, instead of each waiting out the store behind
+// the one before it (seconds, for a burst, in an outage).
+func TestCallsWhileReleasesAreOwedShareOnePass(t *testing.T) {
+	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})}
+	r, _ := testReconciler(t, store, 0)
+	breaker := NewBreaker(1000, time.Hour, nil)
+	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
+	guarded := breaker.Guard(store)
+	pol := testPolicy(Tumbling)
+	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+
+	const burst = 10
+	errs := make(chan error, burst)
+	for i := range burst {
+		go func() {
+			_, err := decideOne(context.Background(), guarded, claimOf(pol, parked, uint64(10+i), time.Now()))
+			errs <- err
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // the burst waits on the hung store
+	close(store.gate)
+	for range burst {
+		if err := <-errs; !errors.Is(err, ErrReleasesOwed) {
+			t.Fatalf("a call while the release is owed and fails: %v, want ErrReleasesOwed", err)
+		}
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.releases > burst/2 {
+		t.Fatalf("%d release calls for a burst of %d: each call made its own", store.releases, burst)
+	}
+}
+
+// A settlement is no retry that an owed release must reach the store
+// before: it goes through while the store hangs on one, and the accepted
+// request it belongs to is not held up.
+func TestASettlementDoesNotWaitForTheReleasesOwed(t *testing.T) {
+	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})}
+	defer close(store.gate)
+	r, _ := testReconciler(t, store, 0)
+	breaker := NewBreaker(1000, time.Hour, nil)
+	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
+	pol := testPolicy(Tumbling)
+	accepted := claimOf(pol, parked, 2, time.Now())
+	if v, err := decideOne(context.Background(), store, accepted); err != nil || v.Decision != Accepted {
+		t.Fatalf("the claim to settle: %v %v", v, err)
+	}
+	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	settled := make(chan error, 1)
+	go breaker.Guard(store).Settle([]*Claim{accepted}, func(err error) { settled <- err })
+	select {
+	case err := <-settled:
+		if err != nil {
+			t.Fatalf("settle: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the settlement waited for the release the store hangs on")
+	}
+}
+
 func TestReconcilerGivesUpAtTheTTL(t *testing.T) {
 	pol := testPolicy(Tumbling)
 	pol.TTL = 300 * time.Millisecond
