@@ -85,7 +85,7 @@ func (c *redisConnection) Destruct() error {
 func (c *redisConnection) stats() storeStats {
 	rt, n := c.pipeline.RoundTrips()
 	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n,
-		reconciling: uint64(c.reconciler.Len())}
+		reconciling: uint64(c.reconciler.Unanswered())}
 }
 
 // Interface guards

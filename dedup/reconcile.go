@@ -95,15 +95,19 @@ type Reconciler struct {
 	working sync.Mutex
 	// pass is the ReleaseOwed pass on its way, if any, which the calls
 	// that come meanwhile wait for instead of each making their own.
-	pass    *releasePass
-	mu      sync.Mutex
-	owed    atomic.Int64 // release jobs the store has not yet answered
-	jobs    []*reconcileJob
-	claims  int // in jobs
-	closed  bool
-	wake    chan struct{}
-	stop    chan struct{}
-	stopped chan struct{}
+	pass *releasePass
+	mu   sync.Mutex
+	owed atomic.Int64 // release jobs the store has not yet answered
+	// unanswered counts the claims of the jobs the store has not yet
+	// answered: what waits for Redis, where claims counts those kept for
+	// their confirmations too.
+	unanswered atomic.Int64
+	jobs       []*reconcileJob
+	claims     int // in jobs
+	closed     bool
+	wake       chan struct{}
+	stop       chan struct{}
+	stopped    chan struct{}
 }
 
 // reconcileJob is one request's claims and what to do with them.
@@ -157,6 +161,7 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 	}
 	r.jobs = append(r.jobs, job)
 	r.claims += len(claims)
+	r.unanswered.Add(int64(len(claims)))
 	if release {
 		r.owed.Add(1)
 	}
@@ -198,7 +203,13 @@ func (r *Reconciler) Len() int {
 	return r.claims
 }
 
-// Close stops the Reconciler; the claims still waiting are counted dropped.
+// Unanswered returns how many claims wait for the store's first answer:
+// of the claims waiting, those the store has not yet settled or released
+// (Len also counts those kept a while to catch a late landing).
+func (r *Reconciler) Unanswered() int { return int(r.unanswered.Load()) }
+
+// Close stops the Reconciler; the claims still waiting for the store's
+// first answer are counted dropped.
 func (r *Reconciler) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -210,7 +221,7 @@ func (r *Reconciler) Close() {
 	close(r.stop)
 	<-r.stopped
 	r.mu.Lock()
-	left := r.claims
+	left := int(r.unanswered.Swap(0))
 	r.jobs, r.claims = nil, 0
 	r.owed.Store(0)
 	r.mu.Unlock()
@@ -438,6 +449,7 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 		}
 	}
 	if j.answers == 0 {
+		r.unanswered.Add(-int64(len(j.claims)))
 		if j.release {
 			n := countTrue(j.released)
 			r.count(ReconcileReleased, n)
@@ -482,6 +494,9 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
 	if j.owed() { // expired unanswered
 		r.owed.Add(-1)
+	}
+	if j.answers == 0 {
+		r.unanswered.Add(-int64(len(j.claims)))
 	}
 	if outcome != "" {
 		r.count(outcome, len(j.claims))

@@ -515,3 +515,31 @@ func TestMayHaveWritten(t *testing.T) {
 		}
 	}
 }
+
+// The pending gauge counts what waits for the store's first answer: a
+// claim kept a while to catch a late landing has its answer, and closing
+// the reconciler then counts nothing dropped.
+func TestUnansweredCountsOnlyWhatWaitsForTheStore(t *testing.T) {
+	s := NewMemoryStore(0)
+	r, o := testReconciler(t, s, 0, time.Hour)
+	pol := testPolicy(Tumbling)
+	c := claimOf(pol, parked, 1, time.Now())
+	if _, err := decideOne(context.Background(), s, c); err != nil {
+		t.Fatal(err)
+	}
+	if r.Hand([]*Claim{c}, true); r.Unanswered() != 1 {
+		t.Fatalf("%d unanswered after handing one claim over", r.Unanswered())
+	}
+	for deadline := time.Now().Add(10 * time.Second); o.String() != "map[released:1]"; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("outcomes %s, want the claim released", o)
+		}
+	}
+	if r.Unanswered() != 0 || r.Len() != 1 {
+		t.Fatalf("answered, kept for its confirmation: %d unanswered of %d waiting, want 0 of 1", r.Unanswered(), r.Len())
+	}
+	r.Close()
+	if got := o.String(); got != "map[released:1]" {
+		t.Fatalf("outcomes after Close %s: an answered claim was counted dropped", got)
+	}
+}
