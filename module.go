@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -277,7 +278,11 @@ type Handler struct {
 	stuck       *dedup.StuckTracker
 	stuckKey    string
 	storeErrors *throttledLog
-	logger      *zap.Logger
+	// storeUsers counts the requests in this handler and any other that
+	// use the store's connection, for a store that must outlive the
+	// config that cleans it up while they run (nil for any other).
+	storeUsers *atomic.Int64
+	logger     *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -320,8 +325,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading telemetry_dedup store: %v", err)
 	}
-	if l, ok := mod.(lingerer); ok {
-		l.lingerFor(s.policy.InFlightTimeout) // the longest a request holds a claim open
+	if d, ok := mod.(drainer); ok {
+		h.storeUsers = d.drainWithin(s.policy.InFlightTimeout) // the longest a request holds a claim open
 	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
 	var claims dedup.Store = newInstrumentedStore(mod.(storeModule).Store(), storeName)
@@ -375,6 +380,10 @@ func (h *Handler) Cleanup() error {
 // came alone or in a batch, then answers or forwards it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.storeUsers != nil {
+		h.storeUsers.Add(1)
+		defer h.storeUsers.Add(-1)
+	}
 
 	// 1. Normalise: a bounded read, restored for the next handler, split
 	// into its pings, each parsed, reprojected and validated.

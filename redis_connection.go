@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -22,6 +23,8 @@ type redisConnection struct {
 	breaker    *dedup.Breaker
 	store      dedup.Store
 	reconciler *dedup.Reconciler
+	// users counts the requests of every config that use the connection.
+	users atomic.Int64
 }
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {

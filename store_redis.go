@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -91,7 +92,8 @@ type RedisStore struct {
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
 
 	poolKey    string
-	linger     time.Duration
+	drainMax   time.Duration
+	users      *atomic.Int64
 	logger     *zap.Logger
 	client     redis.UniversalClient
 	store      dedup.Store
@@ -152,6 +154,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	conn := v.(*redisConnection)
+	r.users = &conn.users
 	r.client = conn.client
 	r.timeout = r.operationTimeout()
 	r.store = conn.store
@@ -346,35 +349,43 @@ func describeTopology(r RedisStore) string {
 	}
 }
 
-// lingerFor keeps the shared client open after Cleanup for as long as a
-// request the config started may still settle or release its claims: it
-// holds one for at most inFlight, then releases it within the store's
-// timeout.
-func (r *RedisStore) lingerFor(inFlight time.Duration) {
-	r.linger = inFlight + r.operationTimeout() + time.Second
+// drainWithin returns the counter of the requests using the connection,
+// and bounds how long Cleanup waits for them: a request holds a claim for
+// at most inFlight, then releases it within the store's timeout.
+func (r *RedisStore) drainWithin(inFlight time.Duration) *atomic.Int64 {
+	r.drainMax = inFlight + r.operationTimeout() + time.Second
+	return r.users
 }
 
 // Cleanup lets go of the shared client; the last config to do so closes it.
 // Caddy cleans a config up as soon as a reload has replaced it, while the
-// requests it started still run: their settlements and releases need the
-// connection, and without them a failed request's retry would be
-// suppressed. So, unless Caddy is exiting (its servers have then finished
-// their requests), the client is let go of only after the linger.
+// requests it started may still run: their settlements and releases need
+// the connection, and without them a failed request's retry would be
+// suppressed. So while any request uses the connection, it is let go of
+// only once none does (or drainMax has passed).
 func (r *RedisStore) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
 	}
-	if r.linger <= 0 || caddy.Exiting() {
+	if r.users == nil || r.users.Load() == 0 || caddy.Exiting() {
 		_, err := stores.Delete(r.poolKey)
 		return err
 	}
-	key, logger := r.poolKey, r.logger
-	time.AfterFunc(r.linger, func() {
-		if _, err := stores.Delete(key); err != nil {
-			logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
-		}
-	})
+	go r.deleteWhenDrained(time.Now().Add(r.drainMax))
 	return nil
+}
+
+// drainPoll is how often a cleaned-up config looks whether the requests
+// using its connection are done.
+const drainPoll = 50 * time.Millisecond
+
+func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
+	for r.users.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(drainPoll)
+	}
+	if _, err := stores.Delete(r.poolKey); err != nil {
+		r.logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
+	}
 }
 
 // Store returns the claim store.
@@ -605,5 +616,6 @@ var (
 	_ deadLetterer          = (*RedisStore)(nil)
 	_ nearCacher            = (*RedisStore)(nil)
 	_ reconciling           = (*RedisStore)(nil)
+	_ drainer               = (*RedisStore)(nil)
 	_ timeoutStore          = (*RedisStore)(nil)
 )

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -47,11 +48,13 @@ type reconciling interface {
 	Reconciler() *dedup.Reconciler
 }
 
-// lingerer is a store whose connections must outlive the config that
-// cleans it up, for the requests that config started: a reload does not
-// wait for them.
-type lingerer interface {
-	lingerFor(inFlight time.Duration)
+// drainer is a store whose connection must outlive the config that cleans
+// it up while the requests that config started still run (a reload does
+// not wait for them): the handler counts its requests in the counter it
+// is given, and the store lets go of the connection once none runs, or
+// inFlight after the cleanup at the latest.
+type drainer interface {
+	drainWithin(inFlight time.Duration) *atomic.Int64
 }
 
 // timeoutStore is a store whose operations each take at most a timeout:
