@@ -1,12 +1,15 @@
 package telemetrydedup
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -155,9 +158,9 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	if err := readListFlags(fs, map[string]*[]string{"event": &h.Event, "state": &h.State}); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	window, err := caddy.ParseDuration(fs.String("window"))
+	window, err := durationFlag(fs, "window", false)
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("--window %s: %v; use a duration such as 5m, 1h or 1d", fs.String("window"), err)
+		return caddy.ExitCodeFailedStartup, err
 	}
 	resolution, prefix := fs.Int("resolution"), fs.String("key-prefix")
 	h.Window, h.Resolution, h.KeyPrefix = caddy.Duration(window), &resolution, &prefix
@@ -263,9 +266,9 @@ window) and the TTL for the retry ladder, e.g.
 	cmd.Flags().IntSlice("resolutions", analyze.DefaultResolutions, "candidate H3 resolutions")
 	cmd.Flags().StringSlice("windows", []string{"1m", "5m", "15m"}, "candidate windows")
 	cmd.Flags().Float64("radius", dedup.DefaultRadius, "stay radius in metres to replay shapes sliding and session with")
-	cmd.Flags().Duration("session-idle", dedup.DefaultSessionIdle, "session idle gap (shape session)")
+	cmd.Flags().String("session-idle", dedup.DefaultSessionIdle.String(), "session idle gap (shape session), as the directive's: 10m, 1h")
 	cmd.Flags().String("retry-ladder", "1m 5m 30m 2h 6h", "the sender's retry offsets after the first delivery")
-	cmd.Flags().Duration("outage-margin", dedup.DefaultOutageMargin, "outage to survive beyond the last retry")
+	cmd.Flags().String("outage-margin", dedup.DefaultOutageMargin.String(), "outage to survive beyond the last retry, as the directive's: 30m, 1h, 0s")
 	cmd.Flags().Bool("json", false, "print JSON")
 	cmd.RunE = caddycmd.WrapCommandFuncForCobra(func(fs caddycmd.Flags) (int, error) {
 		return runAnalyze(fs, os.Stdin, os.Stdout)
@@ -291,12 +294,29 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	if report.Pings == 0 {
+		return caddy.ExitCodeFailedStartup, noPingsError(report)
+	}
 	if fs.Bool("json") {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return 0, enc.Encode(report)
 	}
 	return 0, report.WriteTable(stdout)
+}
+
+// noPingsError says why a capture gave nothing to size from: recommending
+// a configuration from no ping would look like a sizing run that worked.
+func noPingsError(report *analyze.Report) error {
+	if report.Lines == 0 {
+		return errors.New("the capture is empty: give a file of pings, one a line, or - for standard input")
+	}
+	reasons := slices.Collect(maps.Keys(report.Skipped))
+	slices.SortFunc(reasons, func(a, b string) int { return cmp.Compare(report.Skipped[b], report.Skipped[a]) })
+	top := reasons[0]
+	return fmt.Errorf("none of the %d lines is a ping this configuration reads (most skipped as %s: %d); "+
+		"check --preset, --asset, --time, --lat and --lon against a line of the capture (caddy telemetry-dedup key reads one and says why)",
+		report.Lines, top, report.Skipped[top])
 }
 
 // analyzeOptions reads the flags, resolving the ping options exactly as the
@@ -311,11 +331,13 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 		return analyze.Options{}, err
 	}
 	opts := analyze.Options{
-		Parser:      s.parser,
-		Form:        s.formParserIfRead(),
-		Shape:       s.policy.Shape,
-		SessionIdle: fs.Duration("session-idle"),
-		Radius:      fs.Float64("radius"),
+		Parser: s.parser,
+		Form:   s.formParserIfRead(),
+		Shape:  s.policy.Shape,
+		Radius: fs.Float64("radius"),
+	}
+	if opts.SessionIdle, err = durationFlag(fs, "session-idle", false); err != nil {
+		return opts, err
 	}
 	if opts.Resolutions, err = fs.GetIntSlice("resolutions"); err != nil {
 		return opts, err
@@ -338,7 +360,24 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 		}
 		opts.RetryLadder = append(opts.RetryLadder, d)
 	}
-	margin := fs.Duration("outage-margin")
+	margin, err := durationFlag(fs, "outage-margin", true)
+	if err != nil {
+		return opts, err
+	}
 	opts.OutageMargin = &margin
 	return opts, nil
+}
+
+// durationFlag reads a duration flag as the directive reads durations (1d
+// included); zero is refused unless it means something (zeroOK), since a
+// flag written out as 0 is a mistake, not a request for the default.
+func durationFlag(fs caddycmd.Flags, name string, zeroOK bool) (time.Duration, error) {
+	d, err := caddy.ParseDuration(fs.String(name))
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("--%s %s: %v; use a duration such as 5m, 1h or 1d", name, fs.String(name), err)
+	case d < 0 || d == 0 && !zeroOK:
+		return 0, fmt.Errorf("--%s %s: must be more than 0; use a duration such as 5m, 1h or 1d", name, fs.String(name))
+	}
+	return d, nil
 }

@@ -135,7 +135,8 @@ func TestAnalyzeCommand(t *testing.T) {
 
 // A capture of an OsmAnd tracker's requests, as an access log keeps them
 // (query strings, or whole URLs), is read with the osmand preset as the
-// directive reads the requests; --encoding json reads none of it.
+// directive reads the requests; --encoding json reads none of it, and
+// says so instead of recommending a configuration from nothing.
 func TestAnalyzeCommandReadsFormPings(t *testing.T) {
 	var capture strings.Builder
 	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
@@ -147,30 +148,48 @@ func TestAnalyzeCommandReadsFormPings(t *testing.T) {
 		}
 		capture.WriteString(query + "\n")
 	}
-	analyzeWith := func(flags ...string) string {
-		out, err := run(t, analyzeCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
+	analyzeWith := func(flags ...string) (string, error) {
+		return run(t, analyzeCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
 			return runAnalyze(fs, in, out)
 		}, capture.String(), append(flags, "--json", "-")...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
 	}
 	var read struct {
 		Pings   int            `json:"pings"`
 		Skipped map[string]int `json:"skipped"`
 	}
-	if err := json.Unmarshal([]byte(analyzeWith("--preset", "osmand")), &read); err != nil {
+	out, err := analyzeWith("--preset", "osmand")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(out), &read); err != nil {
 		t.Fatal(err)
 	}
 	if read.Pings != 120 || len(read.Skipped) > 0 {
 		t.Errorf("--preset osmand read %d of 120 form pings, skipped %v", read.Pings, read.Skipped)
 	}
-	if err := json.Unmarshal([]byte(analyzeWith("--preset", "osmand", "--encoding", "json")), &read); err != nil {
-		t.Fatal(err)
+	if _, err := analyzeWith("--preset", "osmand", "--encoding", "json"); err == nil ||
+		!strings.Contains(err.Error(), "none of the 120 lines") || !strings.Contains(err.Error(), "malformed: 120") {
+		t.Errorf("--encoding json on form pings: %v, want it to say none of the 120 lines is a ping, all malformed", err)
 	}
-	if read.Pings != 0 {
-		t.Errorf("--encoding json read %d form pings as JSON", read.Pings)
+}
+
+// Durations in the tools' flags read as the directive reads them, and a 0
+// written out is refused, not taken for the default.
+func TestToolDurationFlagsReadAsTheDirectives(t *testing.T) {
+	if _, err := runKeyCmd(t, "", "--window", "0s", articlePing); err == nil || !strings.Contains(err.Error(), "--window 0s: must be more than 0") {
+		t.Errorf("key --window 0s: %v, want it refused", err)
+	}
+	analyzeWith := func(flags ...string) error {
+		_, err := run(t, analyzeCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
+			return runAnalyze(fs, in, out)
+		}, articlePing+"\n", append(flags, "-")...)
+		return err
+	}
+	if err := analyzeWith("--session-idle", "1d", "--outage-margin", "1d"); err != nil {
+		t.Errorf("analyze with durations in days: %v", err)
+	}
+	if err := analyzeWith("--session-idle", "0s"); err == nil || !strings.Contains(err.Error(), "--session-idle 0s") {
+		t.Errorf("analyze --session-idle 0s: %v, want it refused", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,7 +27,7 @@ const (
 	placeholderEvent = placeholderPrefix + "event"
 	placeholderState = placeholderPrefix + "state"
 
-	// A batch's counts.
+	// A request's counts: a batch's, or a single ping's (1 or 0).
 	placeholderAccepted   = placeholderPrefix + "accepted"
 	placeholderSuppressed = placeholderPrefix + "suppressed"
 	placeholderRejected   = placeholderPrefix + "rejected"
@@ -125,10 +126,25 @@ func (op *outcomePlaceholders) get(key string) (any, bool) {
 		return op, true
 	}
 	if op.req.single() {
-		return op.elementPlaceholder(key, &op.req.elements[0])
+		if v, ok := op.elementPlaceholder(key, &op.req.elements[0]); ok {
+			return v, true
+		}
 	}
-	return batchPlaceholder(key, op.req.elements)
+	if v, ok := batchPlaceholder(key, op.req.elements); ok {
+		return v, true
+	}
+	if slices.Contains(placeholderNames, key) {
+		// Known but not set for this request (a batch has no one key, a
+		// ping that was never claimed no bucket): empty, never the
+		// placeholder's own name, which header_up would send as it is.
+		return "", true
+	}
+	return nil, false
 }
+
+// placeholderNames are every placeholder the handler answers.
+var placeholderNames = []string{placeholderDecision, placeholderReason, placeholderKey, placeholderAsset, placeholderBucket,
+	placeholderCell, placeholderEvent, placeholderState, placeholderAccepted, placeholderSuppressed, placeholderRejected, placeholderInFlight}
 
 func (op *outcomePlaceholders) elementPlaceholder(key string, e *element) (any, bool) {
 	switch key {

@@ -92,6 +92,11 @@ type Splitter struct {
 // of one. Elements are not checked here: each is a ping for
 // Parser.Extract.
 func (s Splitter) Split(body []byte, ndjson bool) (Batch, error) {
+	if bytes.HasPrefix(body, byteOrderMark) {
+		// Refused whole: in NDJSON it would break only the first line, and
+		// a sender that reads only the status would lose that ping.
+		return Batch{}, &MalformedError{Reason: "the body starts with a UTF-8 byte order mark (EF BB BF), which JSON senders must not write; send it without"}
+	}
 	if ndjson {
 		lines, err := splitLines(body, s.Max)
 		return Batch{Framing: Lines, Elements: lines}, err
@@ -156,6 +161,11 @@ func splitArray(body []byte, offset int, arr []byte, max int) ([][]byte, error) 
 	return elements, nil
 }
 
+// byteOrderMark is UTF-8's, which RFC 8259 forbids a sender to put before
+// a JSON text (a parser may ignore it or refuse it; this one refuses it
+// whole, as the backend's may).
+var byteOrderMark = []byte{0xEF, 0xBB, 0xBF}
+
 func splitLines(body []byte, max int) ([][]byte, error) {
 	var lines [][]byte
 	for len(body) > 0 {
@@ -169,7 +179,7 @@ func splitLines(body []byte, max int) ([][]byte, error) {
 			continue
 		}
 		if len(lines) == max {
-			return nil, &BatchTooLargeError{Count: max + 1 + bytes.Count(body, []byte("\n")), Max: max}
+			return nil, &BatchTooLargeError{Count: max + 1 + countLines(body), Max: max}
 		}
 		lines = append(lines, line)
 	}
@@ -177,6 +187,17 @@ func splitLines(body []byte, max int) ([][]byte, error) {
 		return nil, &MalformedError{Reason: "the NDJSON batch has no lines; send one JSON ping per line"}
 	}
 	return lines, nil
+}
+
+// countLines counts the non-blank lines of body.
+func countLines(body []byte) int {
+	n := 0
+	for line := range bytes.Lines(body) {
+		if len(bytes.TrimSpace(line)) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // Join builds the body of a batch of the given elements, in the batch's

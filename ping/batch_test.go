@@ -69,3 +69,29 @@ func TestWrappedBatchRefusals(t *testing.T) {
 		}
 	}
 }
+
+// A body that starts with a byte order mark is refused whole, in every
+// framing: in NDJSON it used to break only the first line, whose sender,
+// reading only the status of a partial batch, lost it.
+func TestAByteOrderMarkIsRefusedWhole(t *testing.T) {
+	bom := "\xEF\xBB\xBF"
+	for _, tt := range []struct {
+		body   string
+		ndjson bool
+	}{{bom + `{"a":1}` + "\n" + `{"a":2}` + "\n", true}, {bom + `[{"a":1}]`, false}, {bom + `{"a":1}`, false}} {
+		var me *MalformedError
+		if _, err := (Splitter{Max: 10}).Split([]byte(tt.body), tt.ndjson); !errors.As(err, &me) || !strings.Contains(me.Reason, "byte order mark") {
+			t.Errorf("%q: got %v, want the byte order mark named", tt.body, err)
+		}
+	}
+}
+
+// An NDJSON batch over max says how many pings it holds: its non-blank
+// lines, not its newlines.
+func TestAnNDJSONBatchOverMaxCountsItsPings(t *testing.T) {
+	body := strings.Repeat(`{"a":1}`+"\n", 6) + "\n\n\n"
+	var tooLarge *BatchTooLargeError
+	if _, err := (Splitter{Max: 5}).Split([]byte(body), true); !errors.As(err, &tooLarge) || tooLarge.Count != 6 {
+		t.Errorf("six lines and three blank ones over max 5: got %v, want a count of 6", err)
+	}
+}
