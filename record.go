@@ -37,10 +37,25 @@ const (
 // record records what became of each ping of the request, then sets the
 // request's placeholders.
 func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
+	// A batch sent back whole (some of its pings must come back later)
+	// comes back with its invalid pings too: they are dead-lettered then,
+	// once, not now and again.
+	deadLetters := h.deadLetters != nil && !h.sentBackWhole(req)
 	for i := range req.elements {
-		h.recordOutcome(r, &req.elements[i])
+		h.recordOutcome(r, &req.elements[i], deadLetters)
 	}
 	publishPlaceholders(repl, req, &h.deduper.Keyer)
+}
+
+// sentBackWhole reports a batch whose answer asks for all of it again: it
+// holds a ping in flight or one the store could not judge (see
+// respondBatch).
+func (h *Handler) sentBackWhole(req *request) bool {
+	if req.single() || h.settings.shadow {
+		return false
+	}
+	c := countElements(req.elements)
+	return c.inFlight > 0 || c.unavailable > 0
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone
@@ -48,11 +63,11 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 // there are any; then the decision is counted with its reason, the
 // stuck-asset tracker sees every claimed ping, and a debug line is written
 // (per-request info lines are noise at telemetry rates).
-func (h *Handler) recordOutcome(r *http.Request, e *element) {
+func (h *Handler) recordOutcome(r *http.Request, e *element, deadLetters bool) {
 	if e.err != nil {
 		return // the request fails with it; Caddy logs it
 	}
-	if e.rejection != nil && e.rejection.deadLetterable() && h.deadLetters != nil {
+	if e.rejection != nil && e.rejection.deadLetterable() && deadLetters {
 		if err := h.deadLetters.add(r.Context(), newDeadLetter(r, e.raw, e.rejection)); err != nil {
 			h.storeErrors.log("dead-lettering an invalid ping failed; rejecting it instead", err)
 		} else {

@@ -107,7 +107,7 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 	switch {
 	case h.settings.shadow:
 		return h.forward(w, r, next, shadowDecision(decision), "", claims)
-	case c.inFlight > 0 || c.unavailable > 0:
+	case c.inFlight > 0 || c.unavailable > 0: // sentBackWhole
 		// Some pings must come back later, so the whole batch must: keep
 		// nothing of it.
 		h.giveBack(r.Context(), claims)

@@ -214,6 +214,42 @@ func TestInvalidPingsAreDeadLettered(t *testing.T) {
 	post(t, tester.Client, invalid).expect(t, http.StatusUnprocessableEntity, "rejected")
 }
 
+// A batch sent back whole (it holds a ping still in flight) keeps nothing
+// of itself, its dead letters included: the invalid ping in it is
+// dead-lettered once, when the batch comes back, not on every try.
+func TestABatchSentBackWholeIsDeadLetteredOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, "on_invalid dead_letter\n\t\tdead_letter_stream test:dlq-batch"))
+	first := ping("veh-dlq-batch", base(), 52.5200087, 13.4049547)
+	batch := []byte("[" + string(first) + `,{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}]`)
+	letters := func() int64 {
+		n, err := srv.Client().XLen(context.Background(), "test:dlq-batch").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	arrived, release := holdUpstream(up, http.StatusCreated, "")
+	held := make(chan response, 1)
+	go func() { held <- post(t, tester.Client, first) }()
+	<-arrived
+	sentBack := post(t, tester.Client, batch)
+	answering(up, http.StatusCreated, "", "")
+	release()
+	(<-held).expect(t, http.StatusCreated, "accepted")
+	sentBack.expect(t, http.StatusConflict, "in_flight")
+	if n := letters(); n != 0 {
+		t.Fatalf("the batch sent back whole wrote %d dead letters", n)
+	}
+	if res := post(t, tester.Client, batch); res.status != http.StatusAccepted {
+		t.Fatalf("the batch taken: %d %q, want 202", res.status, res.header.Get("X-Dedup"))
+	}
+	if n := letters(); n != 1 {
+		t.Fatalf("the batch taken wrote %d dead letters, want 1", n)
+	}
+}
+
 // In the sliding shape a failed upstream undoes the move it accepted, so
 // the retry is judged as if the failure had never happened.
 func TestReleaseRestoresTheLastAcceptedPlace(t *testing.T) {
