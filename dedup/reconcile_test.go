@@ -387,12 +387,7 @@ func TestCallsReleaseWhatTheReconcilerOwesFirst(t *testing.T) {
 // knows nothing of its call was written.
 func TestCallFailsWhileWhatIsOwedCannotBeReleased(t *testing.T) {
 	store := &downStore{Store: NewMemoryStore(0)}
-	r, _ := testReconciler(t, store, 0)
-	breaker := NewBreaker(2, time.Hour, nil)
-	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
-	guarded := breaker.Guard(store)
-	pol := testPolicy(Tumbling)
-	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	breaker, guarded, pol := owingOneRelease(t, store, 2)
 	for attempt := range 2 {
 		_, err := decideOne(context.Background(), guarded, claimOf(pol, parked, 3, time.Now()))
 		if !errors.Is(err, ErrReleasesOwed) || MayHaveWritten(err) {
@@ -407,6 +402,19 @@ func TestCallFailsWhileWhatIsOwedCannotBeReleased(t *testing.T) {
 	if breaker.State() != BreakerOpen {
 		t.Fatalf("breaker %s after two failed calls, want open", breaker.State())
 	}
+}
+
+// owingOneRelease puts store behind a breaker that opens after failures
+// and makes every call first release what its reconciler owes: the release
+// of one claim, handed over now.
+func owingOneRelease(t *testing.T, store Store, failures int) (*Breaker, Store, *Policy) {
+	t.Helper()
+	r, _ := testReconciler(t, store, 0)
+	breaker := NewBreaker(failures, time.Hour, nil)
+	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
+	pol := testPolicy(Tumbling)
+	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	return breaker, breaker.Guard(store), pol
 }
 
 // gatedStore is a store that hangs: every Release waits for the gate,
@@ -431,12 +439,7 @@ func (g *gatedStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 // the one before it (seconds, for a burst, in an outage).
 func TestCallsWhileReleasesAreOwedShareOnePass(t *testing.T) {
 	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})}
-	r, _ := testReconciler(t, store, 0)
-	breaker := NewBreaker(1000, time.Hour, nil)
-	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
-	guarded := breaker.Guard(store)
-	pol := testPolicy(Tumbling)
-	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	_, guarded, pol := owingOneRelease(t, store, 1000)
 
 	const burst = 10
 	errs := make(chan error, burst)
@@ -466,17 +469,13 @@ func TestCallsWhileReleasesAreOwedShareOnePass(t *testing.T) {
 func TestASettlementDoesNotWaitForTheReleasesOwed(t *testing.T) {
 	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})}
 	defer close(store.gate)
-	r, _ := testReconciler(t, store, 0)
-	breaker := NewBreaker(1000, time.Hour, nil)
-	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
-	pol := testPolicy(Tumbling)
+	_, guarded, pol := owingOneRelease(t, store, 1000)
 	accepted := claimOf(pol, parked, 2, time.Now())
 	if v, err := decideOne(context.Background(), store, accepted); err != nil || v.Decision != Accepted {
 		t.Fatalf("the claim to settle: %v %v", v, err)
 	}
-	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
 	settled := make(chan error, 1)
-	go breaker.Guard(store).Settle([]*Claim{accepted}, func(err error) { settled <- err })
+	go guarded.Settle([]*Claim{accepted}, func(err error) { settled <- err })
 	select {
 	case err := <-settled:
 		if err != nil {
