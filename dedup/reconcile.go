@@ -220,6 +220,8 @@ func (r *Reconciler) Close() {
 	r.mu.Unlock()
 	close(r.stop)
 	<-r.stopped
+	r.working.Lock() // a pass on its way answers its jobs first
+	defer r.working.Unlock()
 	r.mu.Lock()
 	left := int(r.unanswered.Swap(0))
 	r.jobs, r.claims = nil, 0
@@ -301,7 +303,9 @@ func (r *Reconciler) work() {
 // each would otherwise wait out the store's timeout behind the one before
 // it, and a burst of requests would queue for seconds. A call that joined
 // a pass begun before it came waits for one more pass, begun after, so
-// that the releases handed over before it came are answered too.
+// that the releases handed over before it came are answered too. The pass
+// is not cancelled with the caller that began it (a sender that hung up
+// would fail every call sharing it); the store's timeout bounds it.
 func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
 	for range 2 {
 		if !r.Owes() {
@@ -309,8 +313,7 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
 		}
 		p, lead := r.joinPass()
 		if lead {
-			p.err = r.releaseOwedPass(ctx)
-			r.endPass(p)
+			r.lead(context.WithoutCancel(ctx), p)
 			return p.err
 		}
 		select {
@@ -343,11 +346,16 @@ func (r *Reconciler) joinPass() (p *releasePass, lead bool) {
 	return r.pass, true
 }
 
-func (r *Reconciler) endPass(p *releasePass) {
-	r.mu.Lock()
-	r.pass = nil
-	r.mu.Unlock()
-	close(p.done)
+// lead makes pass p and ends it, whatever happens in it: a pass left
+// unended would hold every later call.
+func (r *Reconciler) lead(ctx context.Context, p *releasePass) {
+	defer func() {
+		r.mu.Lock()
+		r.pass = nil
+		r.mu.Unlock()
+		close(p.done)
+	}()
+	p.err = r.releaseOwedPass(ctx)
 }
 
 // releaseOwedPass makes one pass over the releases owed.

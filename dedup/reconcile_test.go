@@ -417,21 +417,74 @@ func owingOneRelease(t *testing.T, store Store, failures int) (*Breaker, Store, 
 	return breaker, breaker.Guard(store), pol
 }
 
-// gatedStore is a store that hangs: every Release waits for the gate,
-// then fails, as calls to a paused Redis wait out their timeout.
+// gatedStore is a store that hangs: every Release waits for the gate (or
+// its caller's cancellation), then fails, as calls to a paused Redis wait
+// out their timeout; or, with answers, Redis answers once the gate opens.
+// The first failFirst calls fail at once.
 type gatedStore struct {
 	Store
-	gate     chan struct{}
-	mu       sync.Mutex
-	releases int
+	gate      chan struct{}
+	answers   bool
+	failFirst int
+	mu        sync.Mutex
+	releases  int
 }
 
 func (g *gatedStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
 	g.mu.Lock()
 	g.releases++
+	failNow := g.releases <= g.failFirst
 	g.mu.Unlock()
-	<-g.gate
+	if failNow {
+		return nil, errors.New("connection refused")
+	}
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if g.answers {
+		return g.Store.Release(ctx, claims)
+	}
 	return nil, errors.New("i/o timeout")
+}
+
+func (g *gatedStore) releaseCount() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.releases
+}
+
+// The call that began a shared pass may be given up by its sender (a
+// phone that hung up); the pass goes on for the calls sharing it, which
+// succeed once the store answers, instead of failing with that sender's
+// cancellation.
+func TestASharedPassOutlivesTheCallThatBeganIt(t *testing.T) {
+	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{}), answers: true, failFirst: 1}
+	_, guarded, pol := owingOneRelease(t, store, 1000)
+	waitFor := func(n int) {
+		for deadline := time.Now().Add(5 * time.Second); store.releaseCount() < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d release calls, waiting for %d", store.releaseCount(), n)
+			}
+		}
+	}
+	waitFor(1) // the reconciler's own first try failed: the release is owed, with a backoff
+	leader, hangUp := context.WithCancel(context.Background())
+	go decideOne(leader, guarded, claimOf(pol, parked, 2, time.Now()))
+	waitFor(2) // the first call's pass is on its way, hung
+	follower := make(chan error, 1)
+	go func() {
+		_, err := decideOne(context.Background(), guarded, claimOf(pol, parked, 3, time.Now()))
+		follower <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the second call joins the pass
+	hangUp()
+	time.Sleep(20 * time.Millisecond)
+	close(store.gate)
+	if err := <-follower; err != nil {
+		t.Fatalf("the call sharing the pass: %v, want it made once the store answered", err)
+	}
 }
 
 // A burst of calls while a release is owed and the store hangs shares one
@@ -540,5 +593,41 @@ func TestUnansweredCountsOnlyWhatWaitsForTheStore(t *testing.T) {
 	r.Close()
 	if got := o.String(); got != "map[released:1]" {
 		t.Fatalf("outcomes after Close %s: an answered claim was counted dropped", got)
+	}
+}
+
+// Close waits for a pass on its way: the claims it releases are counted
+// released, not dropped as well, and nothing is left counted as waiting.
+func TestCloseWaitsForAPassOnItsWay(t *testing.T) {
+	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{}), answers: true, failFirst: 1}
+	r, o := testReconciler(t, store, 0)
+	pol := testPolicy(Tumbling)
+	landed := claimOf(pol, parked, 1, time.Now())
+	if _, err := decideOne(context.Background(), store, landed); err != nil {
+		t.Fatal(err)
+	}
+	r.Hand([]*Claim{landed}, true)
+	for deadline := time.Now().Add(5 * time.Second); store.releaseCount() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the reconciler never tried")
+		}
+	}
+	passed := make(chan error, 1)
+	go func() { passed <- r.ReleaseOwed(context.Background()) }()
+	for deadline := time.Now().Add(5 * time.Second); store.releaseCount() < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pass never reached the store")
+		}
+	}
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	time.Sleep(20 * time.Millisecond)
+	close(store.gate)
+	<-closed
+	if err := <-passed; err != nil {
+		t.Fatalf("the pass: %v", err)
+	}
+	if got := o.String(); got != "map[released:1]" || r.Unanswered() != 0 {
+		t.Fatalf("outcomes %s, %d unanswered; want the claim released once, nothing waiting", got, r.Unanswered())
 	}
 }

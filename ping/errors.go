@@ -75,3 +75,7 @@ type ImplausibleError struct {
 
 // Is makes an ImplausibleError ErrNotAPing.
 func (e ImplausibleError) Is(target error) bool { return target == ErrNotAPing }
+
+// Unwrap gives the rule it breaks, for whoever counts pings by rule
+// (analyze).
+func (e ImplausibleError) Unwrap() error { return e.InvalidPingError }

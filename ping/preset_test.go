@@ -193,6 +193,10 @@ func TestTraccarPresetsPassImplausiblePositions(t *testing.T) {
 		if !errors.Is(err, ErrNotAPing) || !errors.As(err, &implausible) || implausible.Rule != tt.rule {
 			t.Errorf("%s %s: got %v, want it passed on for %s", tt.preset, tt.body, err, tt.rule)
 		}
+		// What counts pings by rule (analyze) finds the rule too.
+		if invalid := (*InvalidPingError)(nil); !errors.As(err, &invalid) || invalid.Rule != tt.rule {
+			t.Errorf("%s %s: %v does not unwrap to the rule %s", tt.preset, tt.body, err, tt.rule)
+		}
 	}
 	form := mustPreset("osmand").Form
 	if _, err := form.Parse([]byte(`{"id":"1","timestamp":1714557660,"lat":0,"lon":0}`), now); !errors.Is(err, ErrNotAPing) {
