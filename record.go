@@ -40,22 +40,11 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	// A batch sent back whole (some of its pings must come back later)
 	// comes back with its invalid pings too: they are dead-lettered then,
 	// once, not now and again.
-	deadLetters := h.deadLetters != nil && !h.sentBackWhole(req)
+	deadLetters := h.deadLetters != nil && (req.single() || h.settings.shadow || !countElements(req.elements).sentBackWhole())
 	for i := range req.elements {
 		h.recordOutcome(r, &req.elements[i], deadLetters)
 	}
 	publishPlaceholders(repl, req, &h.deduper.Keyer)
-}
-
-// sentBackWhole reports a batch whose answer asks for all of it again: it
-// holds a ping in flight or one the store could not judge (see
-// respondBatch).
-func (h *Handler) sentBackWhole(req *request) bool {
-	if req.single() || h.settings.shadow {
-		return false
-	}
-	c := countElements(req.elements)
-	return c.inFlight > 0 || c.unavailable > 0
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone

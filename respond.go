@@ -107,7 +107,7 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 	switch {
 	case h.settings.shadow:
 		return h.forward(w, r, next, shadowDecision(decision), "", claims)
-	case c.inFlight > 0 || c.unavailable > 0: // sentBackWhole
+	case c.sentBackWhole():
 		// Some pings must come back later, so the whole batch must: keep
 		// nothing of it.
 		h.giveBack(r.Context(), claims)
@@ -195,6 +195,10 @@ func countElements(elements []element) elementCounts {
 
 // decision is the X-Dedup of a batch: the decision all its elements got,
 // partial for a mix; in_flight or unavailable when any must come back.
+// sentBackWhole reports a batch whose answer asks for all of it again: it
+// holds a ping in flight or one the store could not judge.
+func (c elementCounts) sentBackWhole() bool { return c.inFlight > 0 || c.unavailable > 0 }
+
 func (c elementCounts) decision() dedup.Decision {
 	switch {
 	case c.inFlight > 0:

@@ -172,19 +172,20 @@ func (r *RedisStore) checkNumbers() error {
 		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
 			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
 	}
-	for _, n := range []struct {
-		name, use string
-		value     int
-	}{
-		{"pool_size", "a number of connections such as 20", r.PoolSize},
-		{"db", "a database number such as 0", r.DB},
-		{"breaker_failures", "a number of consecutive failures such as 5", r.BreakerFailures},
-	} {
-		if n.value < 0 {
-			return fmt.Errorf("store redis: %s %d is negative; use %s, or leave it out for its default", n.name, n.value, n.use)
+	for name, value := range map[string]int{"pool_size": r.PoolSize, "db": r.DB, "breaker_failures": r.BreakerFailures} {
+		if value < 0 {
+			return fmt.Errorf("store redis: %s %d is negative; use %s, or leave it out for its default", name, value, redisCountUse[name])
 		}
 	}
 	return nil
+}
+
+// redisCountUse is what each count of the store's settings is, for the
+// errors of the Caddyfile and of JSON alike.
+var redisCountUse = map[string]string{
+	"pool_size":        "a number of connections such as 20",
+	"db":               "a database number such as 0",
+	"breaker_failures": "a number of consecutive failures such as 5",
 }
 
 // placeholderFields are the settings that may hold placeholders such as
@@ -539,7 +540,7 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "sentinel_password":
 		return oneArg(d, &r.SentinelPassword)
 	case "db":
-		return intArg(d, &r.DB, 0, "a database number such as 0")
+		return intArg(d, &r.DB, 0, redisCountUse[option])
 	case "tls":
 		return r.unmarshalTLS(d)
 	case "timeout":
@@ -551,9 +552,9 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "write_timeout":
 		return durationArg(d, &r.WriteTimeout)
 	case "pool_size":
-		return intArg(d, &r.PoolSize, 1, "a number of connections such as 20")
+		return intArg(d, &r.PoolSize, 1, redisCountUse[option])
 	case "breaker_failures":
-		return intArg(d, &r.BreakerFailures, 1, "a number of consecutive failures such as 5")
+		return intArg(d, &r.BreakerFailures, 1, redisCountUse[option])
 	case "breaker_cooldown":
 		return positiveDurationArg(d, &r.BreakerCooldown)
 	default:

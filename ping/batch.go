@@ -168,6 +168,7 @@ var byteOrderMark = []byte{0xEF, 0xBB, 0xBF}
 
 func splitLines(body []byte, max int) ([][]byte, error) {
 	var lines [][]byte
+	n := 0 // non-blank lines, kept counting past max for the error
 	for len(body) > 0 {
 		line := body
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -178,26 +179,17 @@ func splitLines(body []byte, max int) ([][]byte, error) {
 		if line = bytes.TrimRight(line, "\r"); len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		if len(lines) == max {
-			return nil, &BatchTooLargeError{Count: max + 1 + countLines(body), Max: max}
+		if n++; n <= max {
+			lines = append(lines, line)
 		}
-		lines = append(lines, line)
+	}
+	if n > max {
+		return nil, &BatchTooLargeError{Count: n, Max: max}
 	}
 	if len(lines) == 0 {
 		return nil, &MalformedError{Reason: "the NDJSON batch has no lines; send one JSON ping per line"}
 	}
 	return lines, nil
-}
-
-// countLines counts the non-blank lines of body.
-func countLines(body []byte) int {
-	n := 0
-	for line := range bytes.Lines(body) {
-		if len(bytes.TrimSpace(line)) > 0 {
-			n++
-		}
-	}
-	return n
 }
 
 // Join builds the body of a batch of the given elements, in the batch's
