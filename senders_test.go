@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
@@ -107,4 +109,20 @@ func describeBody(b bodyAnswer, own string) string {
 		body = string(b.body)
 	}
 	return fmt.Sprint(b.status, " ", b.contentType, " ", body)
+}
+
+// Traccar's position forwarder sends no body with its default forward.type
+// (url: a GET of a URL template). The 400 says what to set in traccar.xml,
+// not to put a method matcher in front, which would let the GETs through
+// to a backend expecting JSON.
+func TestTraccarPresetSaysHowToSendItsForwarderABody(t *testing.T) {
+	for _, tt := range []struct{ options, want string }{
+		{`"preset":"traccar"`, "forward.type"},
+		{`"preset":"geojson"`, "@pings method POST"},
+	} {
+		res := tableHandler(t, `{"key_prefix":"empty:",`+tt.options+`}`).post("", "", nil)
+		if res.status != http.StatusBadRequest || !strings.Contains(res.body, tt.want) {
+			t.Errorf("%s, empty body: %d %s; want 400 naming %q", tt.options, res.status, res.body, tt.want)
+		}
+	}
 }

@@ -48,6 +48,8 @@ func TestStayJudgesTheSamePlace(t *testing.T) {
 		{"a fix reporting travel at the stay is a departure", withSpeed(offset(60, 3, 0), 8), Accepted},
 		{"an outlier it could not have reached a second later is jitter", offset(41, 34, 0), Suppressed},
 		{"a fix that says it is at rest is no move", withSpeed(offset(60, 34, 0), 0.2), Suppressed},
+		{"a fix at rest within twice its accuracy is no move", withSpeed(withAccuracy(offset(60, 60, 0), 35), 0), Suppressed},
+		{"a fix under way beyond its accuracy is a move", withSpeed(withAccuracy(offset(60, 60, 0), 35), 1.5), Accepted},
 		{"an event at the stay is admitted", withEvent(offset(60, 1, 1), "alarm"), Accepted},
 		{"a change of state at the stay is admitted", withState(offset(60, 1, 1), "ignition=false"), Accepted},
 	} {
@@ -343,4 +345,49 @@ func TestAnEventOrAStateChangeIsSuppressedOnlyAsItsOwnRedelivery(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A tracker that reports its ignition only in some messages (status
+// reports) says nothing of it in the others: they keep the state, and a
+// parked asset stays parked.
+func TestAFixWithoutTheStateFieldsKeepsTheState(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, withState(offset(60, 1, 1), "ignition=false")); v.Decision != Accepted {
+			t.Fatalf("the ignition reported off: %+v, want accepted", v)
+		}
+		for i, p := range []ping.Ping{
+			offset(70, 2, 0),
+			withState(offset(80, -1, 2), "ignition=false"),
+			offset(90, 0, -2),
+		} {
+			if v := d.settled(t, p); v.Decision != Suppressed {
+				t.Fatalf("parked fix %d, ignition unchanged or not reported: %+v, want suppressed", i, v)
+			}
+		}
+		if v := d.settled(t, withState(offset(100, 1, 0), "ignition=true")); v.Decision != Accepted {
+			t.Fatalf("the ignition back on: %+v, want accepted", v)
+		}
+	})
+}
+
+// In session, a late ping is judged by where the asset was at its device
+// time, not by the session it fell in: at the stay, it is suppressed even
+// after a new session opened.
+func TestALatePingAtTheStayIsSuppressedAfterANewSession(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		d := newTestDeduper(s, Session)
+		for i, min := range []float64{0, 1, 2, 3, 4, 25} {
+			want := Suppressed
+			if i == 0 || min == 25 {
+				want = Accepted // the first of each session
+			}
+			if v := d.settled(t, offset(60*min, float64(i%3), 0)); v.Decision != want {
+				t.Fatalf("ping at minute %v: %+v, want %s", min, v, want)
+			}
+		}
+		if v := d.settled(t, offset(60*10, 1, 1)); v.Decision != Suppressed {
+			t.Fatalf("a late ping at the stay from the session before: %+v, want suppressed", v)
+		}
+	})
 }

@@ -104,12 +104,36 @@ func fixOf(c *Claim) fix {
 	return fix{
 		trackPoint: trackPoint{t: c.Time.UnixMicro(), lat: c.Lat, lon: c.Lon, bucket: c.Bucket, token: c.Token},
 		kx:         float64(math.Cos(c.Lat*math.Pi/180)) * metresPerDegree,
-		accuracy:   max(c.Accuracy, 0),
+		accuracy:   uncertainty(c),
 		moving:     c.HasSpeed && c.Speed >= movingSpeed,
 		atRest:     c.HasSpeed && c.Speed < restSpeed,
 		event:      c.Event != "",
 		state:      statePrint(c.State),
 	}
+}
+
+// uncertainty is how far from where it says a fix may lie, in metres, 0
+// when unknown: the accuracy it reports, a 68% radius (as Android documents
+// it), so a third of a receiver's fixes lie outside it.
+// A fix that says it is at rest counts twice that, about its 99% radius:
+// lying outside its 68% radius is no evidence of a move, and a phone
+// indoors reports 50 to 100 m and scatters as far. A fix under way keeps
+// the radius it reports, so that real movement is never hidden by it.
+func uncertainty(c *Claim) float64 {
+	if c.Accuracy <= 0 {
+		return 0
+	}
+	if c.HasSpeed && c.Speed < restSpeed {
+		return 2 * c.Accuracy
+	}
+	return c.Accuracy
+}
+
+// changesState reports whether f reports a state other than st: a fix
+// without the state fields (most messages of a tracker that sends its
+// ignition only in status reports) says nothing of it.
+func (f fix) changesState(st uint64) bool {
+	return f.state != 0 && f.state != st
 }
 
 // stay is where an asset is judged to be.
@@ -212,7 +236,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	// its seen entry is gone: its claim was released (after a later one of
 	// another request, so the undo found it no longer last) or expired.
 	// The backend may never have had it.
-	forced := f.event || f.state != st.state || newSession || f.samePlaceAndTime(st.last)
+	forced := f.event || f.changesState(st.state) || newSession || f.samePlaceAndTime(st.last)
 	switch {
 	case st.holds(f, pol):
 		// Back from an excursion too far to be an outlier: a real move.
@@ -250,7 +274,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 // (an offline backlog uploaded late and shuffled): admitting it costs a
 // duplicate where suppressing it could cost an observation.
 func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
-	if f.event || f.state != st.state {
+	if f.event || f.changesState(st.state) {
 		return accepted
 	}
 	if !f.moving {
@@ -312,7 +336,9 @@ func (st *trackState) inPastStay(f fix) (in, began bool) {
 func (st *trackState) accept(old *trackState, f fix, newSession bool, change func(*track)) {
 	st.prev, st.hasPrev = old.track, true
 	change(&st.track)
-	st.state = f.state
+	if f.state != 0 {
+		st.state = f.state
+	}
 	if newSession {
 		st.sessionStart = f.t
 	}

@@ -109,6 +109,10 @@ type Parser struct {
 	// SkipEmpty makes an empty body ErrNotAPing instead of malformed: an
 	// OwnTracks app posts one when a friend is deleted.
 	SkipEmpty bool
+	// EmptyFix, when set, is what the error for an empty body tells its
+	// sender to change: Traccar's forwarder sends none with its default
+	// forward.type.
+	EmptyFix string
 
 	// AccuracyPath, SpeedPath and SpeedUnit say where the fix's accuracy
 	// (metres) and the reported speed are, if the format has them.
@@ -183,6 +187,9 @@ func (p Parser) Parse(body []byte, now time.Time) (Ping, error) {
 func (p Parser) Extract(body []byte) (Ping, error) {
 	if len(body) == 0 && p.SkipEmpty {
 		return Ping{}, ErrNotAPing
+	}
+	if len(body) == 0 && p.EmptyFix != "" {
+		return Ping{}, &MalformedError{Reason: "the request body is empty: " + p.EmptyFix}
 	}
 	if err := checkObject(body); err != nil {
 		return Ping{}, err

@@ -157,5 +157,8 @@ func traccarForward() Parser {
 	// whose clock is off, a new device's first message at (0, 0)), and the
 	// forwarder drops what it is refused.
 	p.PassImplausible = true
+	// Its default forward.type, url, GETs a URL template without a body.
+	p.EmptyFix = "Traccar's position forwarder sends a body only with forward.type json; " +
+		"its default, url, sends a GET without one: set <entry key='forward.type'>json</entry> in traccar.xml"
 	return p
 }

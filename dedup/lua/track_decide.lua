@@ -218,8 +218,16 @@ local function inPastStay(c)
 	return false, false
 end
 
+-- A fix without the state fields (a print of eight zero bytes) says
+-- nothing of the state.
+local NOSTATE = string.rep('\0', 8)
+
+local function changesState(c)
+	return statep ~= NOSTATE and statep ~= c.state
+end
+
 local function judgeLate(c)
-	if event == 1 or statep ~= c.state then
+	if event == 1 or changesState(c) then
 		return 'accepted', ''
 	end
 	if moving == 0 then
@@ -259,7 +267,9 @@ local prevRaw = string.sub(raw, 10 + CORE_SIZE)
 local function accept(newSession, change)
 	prevRaw, hasPrev = curRaw, true
 	change(cur)
-	cur.state = statep
+	if statep ~= NOSTATE then
+		cur.state = statep
+	end
 	if newSession then
 		cur.sessionStart = t
 	end
@@ -272,7 +282,7 @@ local function judge()
 	local newSession = shape == 'session' and t - oldSeenMax > idle
 	-- A fix identical to the last accepted one whose seen entry is gone
 	-- (released after a later claim, or expired).
-	local forced = event == 1 or statep ~= cur.state or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
+	local forced = event == 1 or changesState(cur) or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
 	if holds(cur) then
 		-- Back from an excursion too far to be an outlier: a real move.
 		local returned = cur.hasCand and not cur.outlier
