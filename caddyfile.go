@@ -46,7 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		event          <path>[=<value>|<value>...]...|off
 //		state          <path>...|off
 //		encoding       json|form|auto
-//		batch          <json path>
+//		batch          <json path>|off
 //		answers        { suppressed|in_flight|dead_lettered <status> ... }
 //		crs            EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx
 //		shape          tumbling|sliding|session
@@ -149,7 +149,7 @@ var caddyfileOptions = []option{
 		return someArgs(d, &h.State, "the fields whose values are the asset's state, e.g. state position.attributes.ignition, or off")
 	}},
 	{"encoding", "json|form|auto", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Encoding) }},
-	{"batch", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Batch) }},
+	{"batch", "<json path>|off", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Batch) }},
 	{"answers", "{ suppressed|in_flight|dead_lettered <status> ... }", (*Handler).unmarshalAnswers},
 	{"crs", "EPSG:4326|EPSG:3857|EPSG:326xx|EPSG:327xx", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.CRS) }},
 	{"shape", "tumbling|sliding|session", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Shape) }},

@@ -181,6 +181,15 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"redis timeout 0", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 0\n\t}\n}", []string{":3", "more than 0"}},
 		{"redis negative breaker_cooldown", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tbreaker_cooldown -1s\n\t}\n}", []string{":3", "more than 0"}},
 		{"memory bad max_keys", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys -1\n\t}\n}", []string{":3", "positive"}},
+		// A typo's extra zeros in near_cache used to take the whole process
+		// down on a reload (its table is allocated as the config loads).
+		{"near_cache too large", "telemetry_dedup {\n\tstore redis redis://x\n\tnear_cache 99999999999\n}", []string{":3", "near_cache", "6400.0 GB", "at most 50000000"}},
+		{"redis timeout shorter than a round trip", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 1ns\n\t}\n}", []string{":3", "timeout 1ns", "shorter than 1ms", "50ms"}},
+		{"redis negative dial_timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tdial_timeout -5s\n\t}\n}", []string{":3", "more than 0"}},
+		{"placeholder in key_prefix", "telemetry_dedup {\n\tkey_prefix {http.request.host}:\n}", []string{":2", "key_prefix", "not expanded", "key_scope {http.request.host}"}},
+		{"placeholder in dead_letter_stream", "telemetry_dedup {\n\tdead_letter_stream {env.STREAM}\n}", []string{":2", "dead_letter_stream", "not expanded", "{$NAME}"}},
+		{"off beside other events", "telemetry_dedup {\n\tevent alarm off\n}", []string{":2", "off clears the preset's and goes alone"}},
+		{"window past a year", "telemetry_dedup {\n\twindow 400d\n}", []string{":2", "window", "longer than"}},
 		{"directive argument", "telemetry_dedup fast", []string{":1", "matcher"}},
 		{"unknown shape", "telemetry_dedup {\n\tshape hopping\n}", []string{":2", "tumbling", "sliding", "session"}},
 		{"radius on tumbling", "telemetry_dedup {\n\tradius 20\n}", []string{":2", "sliding or session"}},
@@ -535,6 +544,9 @@ func TestJSONRefusesNegativeStoreSettings(t *testing.T) {
 		{`"pool_size":-3`, "pool_size -3 is negative"},
 		{`"db":-1`, "db -1 is negative"},
 		{`"breaker_failures":-1`, "breaker_failures -1 is negative"},
+		{`"timeout":1`, "shorter than 1ms"},
+		{`"read_timeout":-1`, "read_timeout -1ns is negative"},
+		{`"dial_timeout":-5000000000`, "dial_timeout -5s is negative"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(`{"store":{"type":"redis","url":"redis://127.0.0.1:1",`+tt.setting+`}}`), h); err != nil {
@@ -576,6 +588,10 @@ func TestJSONErrorsNameTheirField(t *testing.T) {
 		{`{"speed":"vel","speed_unit":"furlongs"}`, "speed_unit: unknown speed unit"},
 		{`{"max_body":-1}`, "max_body: -1 is negative; use a number of bytes such as 1048576"},
 		{`{"time":[""]}`, "time: the path is empty"},
+		{`{"store":"memory"}`, `write it as {"type":"memory"}`},
+		// 3 windows, the default stuck_after, used to overflow and blame it.
+		{`{"window":9223372036000000000}`, "window: 2562047h47m16s is longer than"},
+		{`{"near_cache":99999999999}`, "near_cache: 99999999999 keys would take 6400.0 GB"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
@@ -583,6 +599,24 @@ func TestJSONErrorsNameTheirField(t *testing.T) {
 		}
 		if _, err := h.resolve(); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: got %v, want %q", tt.config, err, tt.want)
+		}
+	}
+}
+
+// batch off clears a preset's wrapper, as event off and state off clear
+// its events and states; before, it was read as a path named "off".
+func TestBatchOffClearsThePresetsWrapper(t *testing.T) {
+	for _, tt := range []struct{ config, want string }{
+		{`{"preset":"overland"}`, "locations"},
+		{`{"preset":"overland","batch":"off"}`, ""},
+	} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
+			t.Fatal(err)
+		}
+		s, err := h.resolve()
+		if err != nil || s.splitter.Wrapper != tt.want {
+			t.Errorf("%s: wrapper %q (%v), want %q", tt.config, s.splitter.Wrapper, err, tt.want)
 		}
 	}
 }

@@ -101,8 +101,8 @@ type Handler struct {
 
 	// Plain dotted path of the array an object body holds its pings in,
 	// such as Overland's locations: each element is a ping, and the other
-	// members of the object go upstream as they came. Default: the
-	// preset's (locations for overland), else none.
+	// members of the object go upstream as they came. "off" for none.
+	// Default: the preset's (locations for overland), else none.
 	Batch string `json:"batch,omitempty"`
 
 	// A tracker's format, setting the paths, time format, events, states,

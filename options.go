@@ -3,6 +3,7 @@ package telemetrydedup
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -130,6 +131,11 @@ func (h *Handler) resolve() (settings, error) {
 			return s, err
 		}
 	}
+	if strings.ContainsAny(h.DeadLetterStream, "{}") {
+		return s, &dedup.ConfigError{Option: "dead_letter_stream", Problem: fmt.Sprintf(
+			"%q holds a brace: a placeholder is not expanded here (the stream's key is written as it is); "+
+				"for an environment variable in a Caddyfile use {$NAME}, which Caddy expands when it reads the file", h.DeadLetterStream)}
+	}
 	s.deadLetterStream = cmp.Or(h.DeadLetterStream, s.keyer.Prefix+"dead_letter")
 	s.deadLetterMaxLen = cmp.Or(h.DeadLetterMaxLen, defaultDeadLetterMaxLen)
 	if h.DeadLetterMaxLen < 0 {
@@ -147,6 +153,11 @@ func (h *Handler) resolve() (settings, error) {
 	s.splitter.Max = s.maxBatch
 	if h.NearCache != nil && *h.NearCache < 0 {
 		return s, &dedup.ConfigError{Option: "near_cache", Problem: fmt.Sprintf("%d is negative; use 0 (off) or a number of keys such as 100000", *h.NearCache)}
+	}
+	if h.NearCache != nil && *h.NearCache > dedup.MaxNearCache {
+		return s, &dedup.ConfigError{Option: "near_cache", Problem: fmt.Sprintf(
+			"%d keys would take %.1f GB of memory as soon as the config loads (%d bytes a key); use at most %d, sized by the keys a window of parked traffic touches, e.g. 100000",
+			*h.NearCache, float64(*h.NearCache)*dedup.NearCacheEntryBytes/1e9, dedup.NearCacheEntryBytes, dedup.MaxNearCache)}
 	}
 
 	s.stuckRatio = cmp.Or(h.StuckRatio, dedup.DefaultStuckRatio)
@@ -210,6 +221,9 @@ func (h *Handler) resolveFormat(s *settings) error {
 		return err
 	}
 	s.splitter.Wrapper = cmp.Or(h.Batch, preset.Wrapper)
+	if h.Batch == off {
+		s.splitter.Wrapper = ""
+	}
 	if s.splitter.Wrapper != "" {
 		if err := ping.CheckPlainPath(s.splitter.Wrapper); err != nil {
 			return &dedup.ConfigError{Option: "batch", Problem: err.Error()}
@@ -338,6 +352,12 @@ func (h *Handler) applyReportedFields(p *ping.Parser) error {
 			return &dedup.ConfigError{Option: "speed_unit", Problem: err.Error()}
 		}
 		p.SpeedUnit = unit
+	}
+	for option, values := range map[string][]string{"event": h.Event, "state": h.State} {
+		if len(values) > 1 && slices.Contains(values, off) {
+			return &dedup.ConfigError{Option: option, Problem: fmt.Sprintf(
+				"%q: off clears the preset's and goes alone (%s off); to replace the preset's, list only the new ones", strings.Join(values, " "), option)}
+		}
 	}
 	if h.Event != nil {
 		p.Events = nil

@@ -2,7 +2,10 @@ package telemetrydedup
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -15,17 +18,20 @@ func init() {
 }
 
 // MemoryStore keeps claims inside the Caddy process: the embedded default.
-// It survives config reloads (every handler with the same max_keys shares
-// one store, kept while any config uses it) but not restarts, and it is not
-// shared between Caddy instances: use the redis store for that.
+// Every handler of the process shares one store, which survives config
+// reloads, a reload that changes max_keys included, but not restarts; it
+// is not shared between Caddy instances: use the redis store for that.
 type MemoryStore struct {
 	// The most keys held at once. When full, the key closest to expiry is
-	// evicted. Default: 1000000.
+	// evicted. The shared store holds the largest max_keys any loaded
+	// config sets. Default: 1000000.
 	MaxKeys int `json:"max_keys,omitempty"`
 
-	poolKey string
-	store   *dedup.MemoryStore
+	shared *memoryStoreValue
 }
+
+// memoryPoolKey names the one memory store of the process in the pool.
+const memoryPoolKey = "memory"
 
 // CaddyModule returns the Caddy module information.
 func (MemoryStore) CaddyModule() caddy.ModuleInfo {
@@ -35,8 +41,8 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision takes the shared store for this max_keys, creating it if no
-// config holds it yet.
+// Provision takes the shared store, creating it if no config holds it
+// yet, and counts this config's max_keys toward its bound.
 func (m *MemoryStore) Provision(caddy.Context) error {
 	if m.MaxKeys < 0 {
 		return fmt.Errorf("max_keys %d: use a positive number of keys", m.MaxKeys)
@@ -44,28 +50,29 @@ func (m *MemoryStore) Provision(caddy.Context) error {
 	if m.MaxKeys == 0 {
 		m.MaxKeys = dedup.DefaultMaxKeys
 	}
-	m.poolKey = "memory max_keys=" + strconv.Itoa(m.MaxKeys)
-	v, _, err := stores.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
-		return memoryStoreValue{dedup.NewMemoryStore(m.MaxKeys)}, nil
+	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
+		return &memoryStoreValue{MemoryStore: dedup.NewMemoryStore(m.MaxKeys), bounds: map[int]int{}}, nil
 	})
 	if err != nil {
 		return err
 	}
-	m.store = v.(memoryStoreValue).MemoryStore
+	m.shared = v.(*memoryStoreValue)
+	m.shared.bound(m.MaxKeys, 1)
 	return nil
 }
 
 // Cleanup lets go of the shared store; the last config to do so frees it.
 func (m *MemoryStore) Cleanup() error {
-	if m.poolKey == "" {
+	if m.shared == nil {
 		return nil
 	}
-	_, err := stores.Delete(m.poolKey)
+	m.shared.bound(m.MaxKeys, -1)
+	_, err := stores.Delete(memoryPoolKey)
 	return err
 }
 
 // Store returns the claim store.
-func (m *MemoryStore) Store() dedup.Store { return m.store }
+func (m *MemoryStore) Store() dedup.Store { return m.shared.MemoryStore }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
 //
@@ -99,14 +106,35 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// memoryStoreValue lets a memory store live in the usage pool. The store has
-// nothing to close: it is garbage once the pool drops it.
-type memoryStoreValue struct{ *dedup.MemoryStore }
+// memoryStoreValue lets the memory store live in the usage pool, and
+// keeps how many loaded configs ask for each max_keys: during a reload the
+// old config and the new one both hold it. The store has nothing to close:
+// it is garbage once the pool drops it.
+type memoryStoreValue struct {
+	*dedup.MemoryStore
+	mu     sync.Mutex
+	bounds map[int]int // max_keys -> configs that set it
+}
 
-func (memoryStoreValue) Destruct() error { return nil }
+// bound adds delta configs that set maxKeys, and makes the store hold the
+// largest max_keys still set: a reload that raises it does not evict
+// before the old config lets go, and one that lowers it evicts then.
+func (v *memoryStoreValue) bound(maxKeys, delta int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.bounds[maxKeys] += delta
+	if v.bounds[maxKeys] <= 0 {
+		delete(v.bounds, maxKeys)
+	}
+	if len(v.bounds) > 0 {
+		v.SetMaxKeys(slices.Max(slices.Collect(maps.Keys(v.bounds))))
+	}
+}
 
-func (m memoryStoreValue) stats() storeStats {
-	return storeStats{keys: uint64(m.Len()), evictions: m.Evictions()}
+func (*memoryStoreValue) Destruct() error { return nil }
+
+func (v *memoryStoreValue) stats() storeStats {
+	return storeStats{keys: uint64(v.Len()), evictions: v.Evictions()}
 }
 
 // Interface guards
@@ -115,5 +143,5 @@ var (
 	_ caddy.CleanerUpper    = (*MemoryStore)(nil)
 	_ caddyfile.Unmarshaler = (*MemoryStore)(nil)
 	_ storeModule           = (*MemoryStore)(nil)
-	_ statsReporter         = memoryStoreValue{}
+	_ statsReporter         = (*memoryStoreValue)(nil)
 )

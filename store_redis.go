@@ -164,6 +164,10 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// minRedisTimeout is the shortest store timeout: a loopback round trip
+// takes about 0.1 ms idle, and a busy server's several times that.
+const minRedisTimeout = time.Millisecond
+
 // checkNumbers refuses numbers no connection can have, which go-redis
 // would not: a negative pool size panics it, and a negative database or
 // failure count would silently mean the default.
@@ -171,6 +175,17 @@ func (r *RedisStore) checkNumbers() error {
 	if r.Timeout < 0 || r.BreakerCooldown < 0 {
 		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
 			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
+	}
+	if r.Timeout > 0 && time.Duration(r.Timeout) < minRedisTimeout {
+		return fmt.Errorf("store redis: timeout %s is shorter than %s, less than a Redis round trip takes under load: "+
+			"every ping would be unchecked (or 503 with on_store_error closed); use one such as 50ms",
+			time.Duration(r.Timeout), minRedisTimeout)
+	}
+	for name, value := range map[string]caddy.Duration{"dial_timeout": r.DialTimeout, "read_timeout": r.ReadTimeout, "write_timeout": r.WriteTimeout} {
+		if value < 0 {
+			return fmt.Errorf("store redis: %s %s is negative, which turns go-redis's timeout off; "+
+				"use one such as 3s, or leave it out for its default", name, time.Duration(value))
+		}
 	}
 	for name, value := range map[string]int{"pool_size": r.PoolSize, "db": r.DB, "breaker_failures": r.BreakerFailures} {
 		if value < 0 {
@@ -544,13 +559,20 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "tls":
 		return r.unmarshalTLS(d)
 	case "timeout":
-		return positiveDurationArg(d, &r.Timeout)
+		if err := positiveDurationArg(d, &r.Timeout); err != nil {
+			return err
+		}
+		if time.Duration(r.Timeout) < minRedisTimeout {
+			return d.Errf("timeout %s: shorter than %s, less than a Redis round trip takes under load, so every ping would be unchecked; use one such as 50ms",
+				d.Val(), minRedisTimeout)
+		}
+		return nil
 	case "dial_timeout":
-		return durationArg(d, &r.DialTimeout)
+		return positiveDurationArg(d, &r.DialTimeout)
 	case "read_timeout":
-		return durationArg(d, &r.ReadTimeout)
+		return positiveDurationArg(d, &r.ReadTimeout)
 	case "write_timeout":
-		return durationArg(d, &r.WriteTimeout)
+		return positiveDurationArg(d, &r.WriteTimeout)
 	case "pool_size":
 		return intArg(d, &r.PoolSize, 1, redisCountUse[option])
 	case "breaker_failures":

@@ -115,7 +115,8 @@ func storeModuleOf(raw json.RawMessage) (caddy.Module, error) {
 	if raw != nil {
 		var s struct{ Type string }
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, &dedup.ConfigError{Option: "store", Problem: err.Error()}
+			return nil, &dedup.ConfigError{Option: "store", Problem: fmt.Sprintf(
+				"%s is not a store object; write it as {\"type\":\"memory\"} or {\"type\":\"redis\",\"url\":\"redis://127.0.0.1:6379/0\"}", raw)}
 		}
 		name = s.Type
 	}

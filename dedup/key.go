@@ -21,6 +21,9 @@ const (
 	DefaultWindow     = 5 * time.Minute
 	DefaultResolution = 12
 	DefaultKeyPrefix  = "dedup:"
+	// MaxWindow is the longest window: a year, far beyond any backend's
+	// need, and short enough that every duration derived from it fits.
+	MaxWindow = 366 * 24 * time.Hour
 )
 
 // Keyer quantises pings into keys. Window, Resolution and Prefix are the
@@ -63,6 +66,15 @@ func (k Keyer) Check() error {
 	if k.Window < time.Second || k.Window%time.Second != 0 {
 		return &ConfigError{Option: "window", Problem: fmt.Sprintf(
 			"%s is not a whole number of seconds of at least 1s; buckets are device epoch seconds floored to the window", k.Window)}
+	}
+	if k.Window > MaxWindow {
+		return &ConfigError{Option: "window", Problem: fmt.Sprintf(
+			"%s is longer than %s; a window is how long a parked asset stays quiet, minutes to hours, e.g. 5m", k.Window, MaxWindow)}
+	}
+	if strings.ContainsAny(k.Prefix, "{}") {
+		return &ConfigError{Option: "key_prefix", Problem: fmt.Sprintf(
+			"%q holds a brace: a placeholder is not expanded here (the prefix is written as it is), and a Redis Cluster hash tag would put every key in one slot; "+
+				"for keys per tenant use key_scope {http.request.host}, and for an environment variable in a Caddyfile {$NAME}, which Caddy expands when it reads the file", k.Prefix)}
 	}
 	if k.Resolution < 0 || k.Resolution > 15 {
 		return &ConfigError{Option: "resolution", Problem: fmt.Sprintf(

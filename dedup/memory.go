@@ -197,6 +197,24 @@ func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 	return released
 }
 
+// SetMaxKeys changes how many keys the store holds at most. Lowering it
+// drops expired keys, then the keys closest to expiry until the store
+// fits, counted as evictions.
+func (m *MemoryStore) SetMaxKeys(maxKeys int) {
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maxKeys = maxKeys
+	m.dropExpired(m.now().UnixNano())
+	for m.len() > m.maxKeys && len(m.byExpiry) > 0 {
+		if m.removeIfCurrent(m.byExpiry.pop()) {
+			m.evictions++
+		}
+	}
+}
+
 // Len returns the number of live keys.
 func (m *MemoryStore) Len() int {
 	m.mu.Lock()

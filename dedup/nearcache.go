@@ -42,6 +42,14 @@ type nearEntry struct {
 	expires int64
 }
 
+// NearCacheEntryBytes is what each key of a near cache takes, allocated
+// with the cache; MaxNearCache bounds its size at 3.2 GB, far beyond the
+// parked keys of any fleet a window touches.
+const (
+	NearCacheEntryBytes = 64
+	MaxNearCache        = 50_000_000
+)
+
 // NewNearCache puts a cache of size keys (rounded up to a multiple of 8) in
 // front of next. onLookup, if not nil, is told of every lookup, for
 // metrics.

@@ -53,8 +53,8 @@ http://fleet-a.localhost:{$TD_TEST_HTTP_PORT}, http://fleet-b.localhost:{$TD_TES
 	}
 }
 
-// An unscoped handler and a scoped one share a store (the memory store of
-// the same max_keys, or one Redis) and a key_prefix. The unscoped one's
+// An unscoped handler and a scoped one share a store (the process's memory
+// store, or one Redis) and a key_prefix. The unscoped one's
 // sender names its asset "12:acme.example/truck-2", the scoped identity of
 // acme's truck-2 in the old key layout: both pings are accepted, neither
 // suppresses the other. acme's host in another letter case and with a
