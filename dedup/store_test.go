@@ -565,3 +565,33 @@ func fillMemoryStore(t *testing.T, m *MemoryStore, shape Shape, pings int) {
 		}
 	}
 }
+
+// go-redis sends a command again when the reply of one that ran is lost (a
+// reset connection, a failover). The retried claim finds its own entry and
+// must be accepted: answered in flight, its ping never went upstream, its
+// claim was never settled nor released, and after in_flight_timeout the
+// sender's retry was suppressed as a redelivery, the observation lost.
+func TestAClaimSentAgainAfterALostReplyIsAccepted(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, shape := range Shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			relay := redistest.StartReplyLoser(t, srv.Addr())
+			s := newRedisStoreOn(t, redis.NewClient(&redis.Options{Addr: relay.Addr(), ContextTimeoutEnabled: true}))
+			pol := testPolicy(shape)
+			warm := parked
+			warm.Asset = "warm-" + string(shape)
+			decide(t, s, claimOf(pol, warm, 1, time.Now())) // connected, scripts loaded
+
+			p := parked
+			p.Asset = "lost-reply-" + string(shape)
+			relay.LoseNextReply()
+			v, err := decideOne(context.Background(), s, claimOf(pol, p, 42, time.Now()))
+			if relay.Lost() != 1 || err != nil {
+				t.Fatalf("%d replies lost, err %v; want one lost and the command sent again", relay.Lost(), err)
+			}
+			if v.Decision != Accepted {
+				t.Fatalf("a new ping whose claim was sent again after its reply was lost: %+v, want accepted", v)
+			}
+		})
+	}
+}

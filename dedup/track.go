@@ -200,6 +200,11 @@ func holdSettledSeen(c *Claim, seen seenValue) {
 // and the seen value to record; nil means leave it as it is.
 func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState, *seenValue) {
 	if seen != nil {
+		if seen.flag == flagPending && seen.token == c.Token {
+			// This claim's own entry: a retried call whose first attempt
+			// ran (the Redis store's client resends after a lost reply).
+			return accepted, nil, nil
+		}
 		if inFlight(seen.flag == flagPending, seen.claimedMs, c) {
 			return Verdict{Decision: InFlight, Reason: Redelivery}, nil, nil
 		}
