@@ -281,12 +281,32 @@ func (r *Reconciler) work() {
 			settles = append(settles, j)
 		}
 	}
-	for _, jobs := range [][]*reconcileJob{releases, settles} {
+	for i, jobs := range [][]*reconcileJob{releases, settles} {
 		for len(jobs) > 0 {
 			n := nextBatch(jobs)
-			_ = r.attempt(context.Background(), jobs[:n]) // a failed pass is rescheduled
+			if r.attempt(context.Background(), jobs[:n]) != nil {
+				// The store is failing: the rest waits out the failed
+				// batch's backoff too, rather than each batch its own
+				// timeout now, one after another, while every call that
+				// must first release what is owed waits for this pass.
+				r.postpone(jobs[0].due, jobs[n:])
+				if i == 0 {
+					r.postpone(jobs[0].due, settles)
+				}
+				return
+			}
 			jobs = jobs[n:]
 		}
+	}
+}
+
+// postpone puts jobs back on the queue, due no sooner than due.
+func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
+	for _, j := range jobs {
+		if j.due.Before(due) {
+			j.due = due
+		}
+		r.requeue(j)
 	}
 }
 

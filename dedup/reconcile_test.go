@@ -631,3 +631,39 @@ func TestCloseWaitsForAPassOnItsWay(t *testing.T) {
 		t.Fatalf("outcomes %s, %d unanswered; want the claim released once, nothing waiting", got, r.Unanswered())
 	}
 }
+
+// A pass over the releases due stops at the first batch the store fails:
+// on a hung Redis each batch would wait its own timeout, one after
+// another, and every call that must first release what is owed waited for
+// the whole pass (eight failed batches of 200: 0.9 s at a 100 ms timeout).
+func TestAFailingStoreStopsAPassAtItsFirstFailedBatch(t *testing.T) {
+	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})} // hangs, then fails
+	r, _ := testReconciler(t, store, 0)
+	pol := testPolicy(Tumbling)
+	hand := func(job int) {
+		var claims []*Claim
+		for i := range reconcileBatch {
+			p := parked
+			p.Asset = fmt.Sprintf("veh-%d-%d", job, i)
+			claims = append(claims, claimOf(pol, p, uint64(job*reconcileBatch+i+1), time.Now()))
+		}
+		r.Hand(claims, true)
+	}
+	hand(0)
+	for deadline := time.Now().Add(5 * time.Second); store.releaseCount() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no release was tried")
+		}
+	}
+	for job := 1; job < 8; job++ { // due while the first pass hangs
+		hand(job)
+	}
+	close(store.gate)
+	time.Sleep(reconcileFirstRetry / 2) // the next pass has had time to try every batch due
+	if n := store.releaseCount(); n > 2 {
+		t.Fatalf("%d release calls on a failing store before the first backoff ended, want the pass over the 7 batches due to stop at its first", n)
+	}
+	if r.Len() != 8*reconcileBatch {
+		t.Fatalf("%d claims waiting, want all %d kept for the next pass", r.Len(), 8*reconcileBatch)
+	}
+}
