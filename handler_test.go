@@ -115,6 +115,11 @@ func TestAPingIsABatchOfOne(t *testing.T) {
 				}
 				alone := run("alone", func(string) (string, string) { return tt.ping, "application/json" })
 				carrier := run("carrier", func(c string) (string, string) { return c, "application/json" }).decisions
+				if tt.decision == "in_flight" {
+					// The batch must come back whole: the new carrier is
+					// sent back with it, not accepted.
+					carrier = decisionCounts{"in_flight/sent_back": 1}
+				}
 				for _, batch := range []struct {
 					name string
 					body func(carrier string) (string, string)
@@ -258,4 +263,28 @@ func (c decisionCounts) minus(other decisionCounts) {
 func (c decisionCounts) String() string {
 	b, _ := json.Marshal(map[string]int(c)) // sorted keys
 	return string(b)
+}
+
+// A batch holding a ping still in flight is sent back whole: its new pings'
+// claims are given back and nothing goes upstream, so none of them is
+// counted accepted, in the metrics or the headers, each time it comes back
+// before it gets through; they are in flight with reason sent_back.
+func TestABatchSentBackWholeCountsNothingAccepted(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"sentback:"}`)
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	held := fmt.Sprintf(`{"asset_id":"veh-held","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+	tt.claimInFlight(t, held)
+	fresh := fmt.Sprintf(`{"asset_id":"veh-new","occurred_at":%q,"lat":48.1,"lon":11.6}`, at)
+
+	before := decisionCountsNow()
+	res := tt.post("["+fresh+","+held+"]", "application/json", nil)
+	got := decisionCountsNow().since(before)
+	if res.status != http.StatusConflict || len(tt.upstream) != 0 {
+		t.Fatalf("the batch: %d, %d forwarded; want 409 and nothing forwarded", res.status, len(tt.upstream))
+	}
+	want := decisionCounts{"in_flight/sent_back": 1, "in_flight/redelivery": 1}
+	if got.String() != want.String() || res.header.Get("X-Dedup-Accepted") != "0" || res.header.Get("X-Dedup-In-Flight") != "2" {
+		t.Fatalf("counted %v, X-Dedup-Accepted %q, X-Dedup-In-Flight %q; want %v, 0 and 2",
+			got, res.header.Get("X-Dedup-Accepted"), res.header.Get("X-Dedup-In-Flight"), want)
+	}
 }

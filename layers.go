@@ -23,6 +23,9 @@ type request struct {
 	// unsure are the claims of a store call that failed without saying
 	// whether it wrote them: reconciled once the request's outcome is known.
 	unsure []*dedup.Claim
+	// sentBack are the claims of the new pings of a batch sent back whole
+	// (it holds a ping that must come back): given back, not forwarded.
+	sentBack []*dedup.Claim
 	// one holds the element of a single ping, saving an allocation.
 	one [1]element
 	// placeholders answers for the request in its replacer, if it was the

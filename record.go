@@ -37,10 +37,10 @@ const (
 // record records what became of each ping of the request, then sets the
 // request's placeholders.
 func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
-	// A batch sent back whole (some of its pings must come back later)
-	// comes back with its invalid pings too: they are dead-lettered then,
-	// once, not now and again.
-	deadLetters := h.deadLetters != nil && (req.single() || h.settings.shadow || !countElements(req.elements).sentBackWhole())
+	req.sendBack(h.settings.shadow)
+	// A batch sent back whole comes back with its invalid pings too: they
+	// are dead-lettered then, once, not now and again.
+	deadLetters := h.deadLetters != nil && req.sentBack == nil
 	for i := range req.elements {
 		h.recordOutcome(r, &req.elements[i], deadLetters)
 	}

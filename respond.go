@@ -52,6 +52,9 @@ const (
 	reasonMalformed  = "malformed"
 	reasonTooLarge   = "too_large"
 	reasonNotAPing   = "not_a_ping"
+	// reasonSentBack labels a new ping of a batch sent back whole: it
+	// will be judged again when the batch comes back.
+	reasonSentBack = "sent_back"
 )
 
 // unavailableRetryAfter is the Retry-After, in seconds, of a fail-closed 503.
@@ -105,14 +108,12 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 	setBatchHeaders(w, c, req.elements)
 	claims, forwarded := acceptedClaims(req.elements), forwardedElements(req.elements)
 	switch {
-	case h.settings.shadow:
-		return h.forward(w, r, next, shadowDecision(decision), "", claims)
-	case c.sentBackWhole():
-		// Some pings must come back later, so the whole batch must: keep
-		// nothing of it.
-		h.giveBack(r.Context(), claims)
+	case req.sentBack != nil || (c.sentBackWhole() && !h.settings.shadow):
+		h.giveBack(r.Context(), req.sentBack)
 		h.settings.answers.writeBatchRetry(w, decision, req.elements, c.inFlight > 0)
 		return nil
+	case h.settings.shadow:
+		return h.forward(w, r, next, shadowDecision(decision), "", claims)
 	case len(forwarded) == 0:
 		h.settings.answers.writeBatchAnswered(w, decision, c, req.elements)
 		return nil
@@ -121,6 +122,25 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 		restoreBody(r, req.batch.Join(forwarded))
 	}
 	return h.forward(w, r, next, decision, "", claims)
+}
+
+// sendBack marks a batch that holds a ping that must come back later (in
+// flight, or not judged): the whole batch must, so it keeps nothing of it.
+// Its new pings get the batch's decision, in_flight or unavailable, with
+// reasonSentBack, and their claims are to be given back: none is counted
+// accepted each time the batch comes back before it gets through.
+func (req *request) sendBack(shadow bool) {
+	c := countElements(req.elements)
+	if req.single() || shadow || !c.sentBackWhole() {
+		return
+	}
+	req.sentBack = []*dedup.Claim{}
+	for i := range req.elements {
+		if e := &req.elements[i]; e.decision == dedup.Accepted {
+			req.sentBack = append(req.sentBack, e.claim)
+			e.decision, e.reason = c.decision(), reasonSentBack
+		}
+	}
 }
 
 // giveBack releases the claims of a batch that is sent back for retry.
