@@ -11,7 +11,8 @@ import (
 // fix the sender or the config, and replay them. A store that can keep
 // them offers one (deadLetterer).
 type deadLetterSink interface {
-	add(ctx context.Context, letter deadLetter) error
+	// add keeps a request's letters, and says for each whether it failed.
+	add(ctx context.Context, letters []deadLetter) []error
 }
 
 // deadLetter is one ping that could not be keyed, with why, when and from

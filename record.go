@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -40,28 +41,50 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	req.sendBack(h.settings.shadow)
 	// A batch sent back whole comes back with its invalid pings too: they
 	// are dead-lettered then, once, not now and again.
-	deadLetters := h.deadLetters != nil && req.sentBack == nil
+	if h.deadLetters != nil && req.sentBack == nil {
+		h.deadLetter(r, req.elements)
+	}
 	for i := range req.elements {
-		h.recordOutcome(r, &req.elements[i], deadLetters)
+		h.recordOutcome(&req.elements[i])
 	}
 	publishPlaceholders(repl, req, &h.deduper.Keyer)
 }
 
+// deadLetter keeps the request's pings that cannot be keyed, all in one
+// store call; a ping whose letter could not be written is rejected, as if
+// dead-lettering were off.
+func (h *Handler) deadLetter(r *http.Request, elements []element) {
+	var letters []deadLetter
+	var letterOf []*element
+	for i := range elements {
+		if e := &elements[i]; e.err == nil && e.rejection != nil && e.rejection.deadLetterable() {
+			letters = append(letters, newDeadLetter(r, e.raw, e.rejection))
+			letterOf = append(letterOf, e)
+		}
+	}
+	if len(letters) == 0 {
+		return
+	}
+	var failed error
+	for i, err := range h.deadLetters.add(r.Context(), letters) {
+		if err != nil {
+			failed = err
+			continue
+		}
+		letterOf[i].decision = decisionDeadLettered
+	}
+	if failed != nil && !errors.Is(failed, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
+		h.storeErrors.log("dead-lettering invalid pings failed; rejecting them instead", failed)
+	}
+}
+
 // recordOutcome records one ping's outcome, the same whether it came alone
-// or in a batch: a ping that cannot be keyed goes to the dead letters if
-// there are any; then the decision is counted with its reason, the
-// stuck-asset tracker sees every claimed ping, and a debug line is written
-// (per-request info lines are noise at telemetry rates).
-func (h *Handler) recordOutcome(r *http.Request, e *element, deadLetters bool) {
+// or in a batch: the decision is counted with its reason, the stuck-asset
+// tracker sees every claimed ping, and a debug line is written (per-request
+// info lines are noise at telemetry rates).
+func (h *Handler) recordOutcome(e *element) {
 	if e.err != nil {
 		return // the request fails with it; Caddy logs it
-	}
-	if e.rejection != nil && e.rejection.deadLetterable() && deadLetters {
-		if err := h.deadLetters.add(r.Context(), newDeadLetter(r, e.raw, e.rejection)); err != nil {
-			h.storeErrors.log("dead-lettering an invalid ping failed; rejecting it instead", err)
-		} else {
-			e.decision = decisionDeadLettered
-		}
 	}
 	metrics.decisions.WithLabelValues(string(e.decision), e.reason).Inc()
 	if e.claimed() {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
@@ -42,6 +44,40 @@ func TestStoreErrorsSayWhatToDo(t *testing.T) {
 	} {
 		if fix := storeErrorFix(tt.err); (tt.want == "") != (fix == "") || !strings.Contains(fix, tt.want) {
 			t.Errorf("%s (%v): fix %q, want one saying %q", tt.name, tt.err, fix, tt.want)
+		}
+	}
+}
+
+// The dead letters of a batch go to Redis in one call, bounded by one store
+// timeout, and not at all while the breaker is open: each used to wait its
+// own timeout, one after the other, past the breaker (40 invalid pings
+// against a hung Redis took 2 s; a batch of 1,000, 50 s).
+func TestABatchsDeadLettersWaitOneTimeoutAtMost(t *testing.T) {
+	rdb := redistest.Start(t)
+	const timeout = 50 * time.Millisecond
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"deadbatch:","on_invalid":"dead_letter","store":{"type":"redis","url":%q,"timeout":%d,"breaker_failures":1}}`,
+		rdb.URL(), timeout.Nanoseconds()))
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	if res := tt.post(fmt.Sprintf(`{"asset_id":"warm","occurred_at":%q,"lat":52.5,"lon":13.4}`, at), "application/json", nil); res.status != 201 {
+		t.Fatalf("warm-up: %d %s", res.status, res.body)
+	}
+	var lines []string
+	for i := range 40 {
+		lines = append(lines, fmt.Sprintf(`{"asset_id":"phone-1","occurred_at":%q,"lat":0,"lon":0,"seq":%d}`, at, i))
+	}
+	batch := strings.Join(lines, "\n") + "\n"
+	if res := tt.post(batch, "application/x-ndjson", nil); res.header.Get("X-Dedup") != "dead_lettered" {
+		t.Fatalf("40 invalid pings, Redis up: %d %s, want all dead-lettered", res.status, res.header.Get("X-Dedup"))
+	}
+
+	rdb.Pause()
+	defer rdb.Resume()
+	for _, when := range []string{"breaker closed", "breaker open"} { // breaker_failures 1: the first call opens it
+		start := time.Now()
+		res := tt.post(batch, "application/x-ndjson", nil)
+		if took := time.Since(start); took > 10*timeout || res.status != http.StatusUnprocessableEntity {
+			t.Fatalf("%s, Redis hung: 40 invalid pings answered %d after %v; want 422 (not kept, rejected) within about one timeout (%v)",
+				when, res.status, took, timeout)
 		}
 	}
 }

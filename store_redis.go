@@ -97,6 +97,7 @@ type RedisStore struct {
 	logger     *zap.Logger
 	client     redis.UniversalClient
 	store      dedup.Store
+	breaker    *dedup.Breaker
 	reconciler *dedup.Reconciler
 	timeout    time.Duration
 }
@@ -157,7 +158,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.users = &conn.users
 	r.client = conn.client
 	r.timeout = r.operationTimeout()
-	r.store = conn.store
+	r.store, r.breaker = conn.store, conn.breaker
 	r.reconciler = conn.reconciler
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
@@ -420,38 +421,57 @@ func (r *RedisStore) operationTimeout() time.Duration {
 func (r *RedisStore) DefaultNearCache() int { return dedup.DefaultNearCache }
 
 // DeadLetters returns a sink that appends to a Redis stream on the store's
-// server (XADD MAXLEN ~), with the store's operation timeout.
+// server (XADD MAXLEN ~), with the store's operation timeout, skipped
+// while the store's circuit breaker is open.
 func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
-	return redisDeadLetters{client: r.client, stream: stream, maxLen: maxLen, timeout: r.timeout}
+	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, maxLen: maxLen, timeout: r.timeout}
 }
 
 // redisDeadLetters appends dead letters to a Redis stream.
 type redisDeadLetters struct {
 	client  redis.UniversalClient
+	breaker *dedup.Breaker
 	stream  string
 	maxLen  int64
 	timeout time.Duration
 }
 
-// add appends one letter. It is detached from the sender's cancellation,
-// like a claim's settlement: a sender that hangs up does not undo the
-// record.
-func (d redisDeadLetters) add(ctx context.Context, l deadLetter) error {
+// add appends a request's letters in one pipeline, within one timeout: a
+// batch of invalid pings used to wait a timeout per ping on a hung Redis.
+// It is detached from the sender's cancellation, like a claim's
+// settlement: a sender that hangs up does not undo the record.
+func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error {
+	errs := make([]error, len(letters))
+	if d.breaker.State() == dedup.BreakerOpen {
+		for i := range errs {
+			errs[i] = dedup.ErrBreakerOpen
+		}
+		return errs
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.timeout)
 	defer cancel()
-	return d.client.XAdd(ctx, &redis.XAddArgs{
-		Stream: d.stream,
-		MaxLen: d.maxLen,
-		Approx: true,
-		Values: []any{
-			"reason", l.reason,
-			"field", l.field,
-			"error", l.error,
-			"body", l.body,
-			"received_at", l.receivedAt.Format(time.RFC3339Nano),
-			"remote_addr", l.remoteAddr,
-		},
-	}).Err()
+	pipe := d.client.Pipeline()
+	cmds := make([]*redis.StringCmd, len(letters))
+	for i, l := range letters {
+		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
+			Stream: d.stream,
+			MaxLen: d.maxLen,
+			Approx: true,
+			Values: []any{
+				"reason", l.reason,
+				"field", l.field,
+				"error", l.error,
+				"body", l.body,
+				"received_at", l.receivedAt.Format(time.RFC3339Nano),
+				"remote_addr", l.remoteAddr,
+			},
+		})
+	}
+	_, _ = pipe.Exec(ctx) // each command holds its own error
+	for i, cmd := range cmds {
+		errs[i] = cmd.Err()
+	}
+	return errs
 }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
