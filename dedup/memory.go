@@ -27,7 +27,12 @@ const DefaultMaxKeys = 1_000_000
 // three million objects.
 type MemoryStore struct {
 	maxKeys int
-	now     func() time.Time
+	// elapsed is the store's clock: the time since it was made, on the
+	// monotonic clock. Its expiries, and so the age of a claim (how long
+	// ago it landed, which keeps a redelivery in flight), do not jump with
+	// the wall clock when NTP steps it or a VM resumes, as Redis's PTTL
+	// does not.
+	elapsed func() time.Duration
 	keys    keyHasher
 
 	mu sync.Mutex
@@ -40,7 +45,7 @@ type MemoryStore struct {
 	evictions uint64
 }
 
-// memorySlot is one key's value and expiry (Unix ns).
+// memorySlot is one key's value and expiry (on the store's clock, ns).
 type memorySlot[V any] struct {
 	value   V
 	expires int64
@@ -62,7 +67,7 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 		maxKeys = DefaultMaxKeys
 	}
 	return &MemoryStore{
-		maxKeys: maxKeys, now: time.Now,
+		maxKeys: maxKeys, elapsed: sinceNow(),
 		keys:   newKeyHasher(),
 		claims: make(map[hashedKey]memorySlot[record]),
 		seen:   make(map[hashedKey]memorySlot[seenValue]),
@@ -70,11 +75,20 @@ func NewMemoryStore(maxKeys int) *MemoryStore {
 	}
 }
 
+// sinceNow is the monotonic time elapsed since it was called.
+func sinceNow() func() time.Duration {
+	start := time.Now()
+	return func() time.Duration { return time.Since(start) }
+}
+
+// clock is the store's time in ns (see elapsed).
+func (m *MemoryStore) clock() int64 { return int64(m.elapsed()) }
+
 // Decide implements Store.
 func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now().UnixNano()
+	now := m.clock()
 	verdicts := make([]Verdict, len(claims))
 	for i, c := range claims {
 		if c.Policy.Shape == Tumbling {
@@ -124,7 +138,7 @@ func optional[V any](v V, ok bool) *V {
 // Settle implements Store; it settles the claims before it returns.
 func (m *MemoryStore) Settle(claims []*Claim, done func(error)) {
 	m.mu.Lock()
-	now := m.now().UnixNano()
+	now := m.clock()
 	for _, c := range claims {
 		if c.Policy.Shape == Tumbling {
 			m.settleTumbling(c, now)
@@ -157,7 +171,7 @@ func (m *MemoryStore) settleTrack(c *Claim, now int64) {
 func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now().UnixNano()
+	now := m.clock()
 	released := make([]bool, len(claims))
 	for _, i := range releaseOrder(claims) {
 		c := claims[i]
@@ -207,7 +221,7 @@ func (m *MemoryStore) SetMaxKeys(maxKeys int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.maxKeys = maxKeys
-	m.dropExpired(m.now().UnixNano())
+	m.dropExpired(m.clock())
 	for m.len() > m.maxKeys && len(m.byExpiry) > 0 {
 		if m.removeIfCurrent(m.byExpiry.pop()) {
 			m.evictions++
@@ -219,7 +233,7 @@ func (m *MemoryStore) SetMaxKeys(maxKeys int) {
 func (m *MemoryStore) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dropExpired(m.now().UnixNano())
+	m.dropExpired(m.clock())
 	return m.len()
 }
 

@@ -455,7 +455,7 @@ func TestMemoryStoreEvictsClosestToExpiryWhenFull(t *testing.T) {
 func TestMemoryStoreDropsExpiredKeysBeforeEvicting(t *testing.T) {
 	m := NewMemoryStore(2)
 	now := articleBase
-	m.now = func() time.Time { return now }
+	m.elapsed = func() time.Duration { return now.Sub(articleBase) }
 	pol := testPolicy(Tumbling)
 	for i, ttl := range []time.Duration{time.Minute, time.Hour} {
 		pol := *pol
@@ -593,5 +593,26 @@ func TestAClaimSentAgainAfterALostReplyIsAccepted(t *testing.T) {
 				t.Fatalf("a new ping whose claim was sent again after its reply was lost: %+v, want accepted", v)
 			}
 		})
+	}
+}
+
+// The memory store dates a claim on the monotonic clock, as Redis dates it
+// by PTTL: when the wall clock steps forward while a request waits for its
+// upstream (NTP, a VM resumed), the redelivery's claim time says the first
+// claim is past in_flight_timeout, but it landed a second ago, and its
+// request may still fail: the redelivery must come back, not be told 200.
+func TestMemoryStoreKeepsAClaimInFlightAcrossAWallClockStep(t *testing.T) {
+	m := NewMemoryStore(0)
+	elapsed := time.Duration(0)
+	m.elapsed = func() time.Duration { return elapsed }
+	pol := testPolicy(Tumbling)
+	start := time.Now()
+	if v := decide(t, m, claimOf(pol, parked, 1, start)); v.Decision != Accepted {
+		t.Fatalf("first: %+v", v)
+	}
+	elapsed = time.Second
+	stepped := start.Add(time.Second + pol.InFlightTimeout) // the wall clock stepped 30 s
+	if v := decide(t, m, claimOf(pol, parked, 2, stepped)); v.Decision != InFlight {
+		t.Fatalf("the redelivery a second after the claim, the wall clock stepped since: %+v, want in_flight", v)
 	}
 }

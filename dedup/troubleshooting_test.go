@@ -36,7 +36,7 @@ func TestTroubleshootingTTLFromTheWindowAdmitsLateRetries(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m := NewMemoryStore(0)
 			clock := articleBase
-			m.now = func() time.Time { return clock }
+			m.elapsed = func() time.Duration { return clock.Sub(articleBase) }
 			d := newTestDeduper(m, Tumbling)
 			d.Policy.TTL = tt.ttl
 			d.settled(t, parked)
