@@ -1,13 +1,21 @@
 package telemetrydedup
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 // exportedMetricNames registers the module's collectors into a fresh
@@ -96,5 +104,38 @@ func TestMetricsRegisterTwice(t *testing.T) {
 		if err := registerMetrics(reg); err != nil {
 			t.Fatalf("second handler in the same config: %v", err)
 		}
+	}
+}
+
+// The counters summed over the shared stores never go down when a reload
+// lets a store go: to Prometheus a counter that drops was reset, and a
+// partial drop showed as a false spike in rate().
+func TestStoreCountersSurviveAReloadThatReplacesTheStore(t *testing.T) {
+	rdb := redistest.Start(t)
+	load := func(timeout time.Duration) (*tableTester, func()) {
+		h := new(Handler)
+		config := fmt.Sprintf(`{"key_prefix":"counters:","store":{"type":"redis","url":%q,"timeout":%d}}`, rdb.URL(), timeout.Nanoseconds())
+		if err := json.Unmarshal([]byte(config), h); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		h.logger = zap.NewNop()
+		return &tableTester{h: h}, func() { _ = h.Cleanup(); cancel() }
+	}
+	old, unloadOld := load(time.Second)
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	if res := old.post(fmt.Sprintf(`{"asset_id":"veh-1","occurred_at":%q,"lat":52.5,"lon":13.4}`, at), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("ping: %d %s", res.status, res.body)
+	}
+	before := sumStoreStats()
+	_, unloadNew := load(2 * time.Second) // another timeout: another connection
+	defer unloadNew()
+	unloadOld()
+	if after := sumStoreStats(); after.roundTrips < before.roundTrips || after.commands < before.commands {
+		t.Fatalf("round trips %d -> %d, commands %d -> %d across the reload: the counters went down",
+			before.roundTrips, after.roundTrips, before.commands, after.commands)
 	}
 }

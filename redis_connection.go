@@ -82,6 +82,7 @@ func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOut
 func (c *redisConnection) Destruct() error {
 	c.pipeline.Close()   // first: the settlements of the last requests are still on their way
 	c.reconciler.Close() // then: its goroutine calls through the client
+	retire(c.stats())
 	return c.client.Close()
 }
 

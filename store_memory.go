@@ -131,7 +131,10 @@ func (v *memoryStoreValue) bound(maxKeys, delta int) {
 	}
 }
 
-func (*memoryStoreValue) Destruct() error { return nil }
+func (v *memoryStoreValue) Destruct() error {
+	retire(v.stats())
+	return nil
+}
 
 func (v *memoryStoreValue) stats() storeStats {
 	return storeStats{keys: uint64(v.Len()), evictions: v.Evictions()}

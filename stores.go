@@ -78,9 +78,28 @@ type storeStats struct {
 	reconciling          uint64 // claims waiting for the store to answer
 }
 
-// sumStoreStats adds up the reports of every shared store in use.
+// retired holds the counts of the shared stores a reload let go of, so
+// that the counters summed over the stores in use never go down (to
+// Prometheus, a counter that drops was reset).
+var retired struct {
+	evictions, roundTrips, commands atomic.Uint64
+}
+
+// retire keeps the counts of a shared store as it is let go of.
+func retire(s storeStats) {
+	retired.evictions.Add(s.evictions)
+	retired.roundTrips.Add(s.roundTrips)
+	retired.commands.Add(s.commands)
+}
+
+// sumStoreStats adds up the reports of every shared store in use, and the
+// counts of those let go of.
 func sumStoreStats() storeStats {
-	var total storeStats
+	total := storeStats{
+		evictions:  retired.evictions.Load(),
+		roundTrips: retired.roundTrips.Load(),
+		commands:   retired.commands.Load(),
+	}
 	stores.Range(func(_, v any) bool {
 		if r, ok := v.(statsReporter); ok {
 			s := r.stats()
