@@ -130,8 +130,11 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 // reasonSentBack, and their claims are to be given back: none is counted
 // accepted each time the batch comes back before it gets through.
 func (req *request) sendBack(shadow bool) {
+	if req.single() || shadow {
+		return
+	}
 	c := countElements(req.elements)
-	if req.single() || shadow || !c.sentBackWhole() {
+	if !c.sentBackWhole() {
 		return
 	}
 	req.sentBack = []*dedup.Claim{}
