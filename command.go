@@ -31,11 +31,12 @@ func init() {
 		Usage: "<analyze|key> [flags]",
 		Short: "Size telemetry_dedup from a capture, or show the key of one ping",
 		Long: `
-analyze reads a capture of pings (one ping per line: JSON, or form encoded
-with a form-reading preset or --encoding) and reports, for a grid of H3
-resolutions and windows, what telemetry_dedup would admit and suppress and
-why, the measured parked jitter, and the share of real moves one cell would
-swallow; then recommends a resolution, a window, the radius of the sliding
+analyze reads a capture of pings (one request body per line: a JSON ping,
+a JSON array or the preset's wrapped batch of them, or a form-encoded ping
+with a form-reading preset or --encoding; gzip-compressed or not) and
+reports, for a grid of H3 resolutions and windows, what telemetry_dedup
+would admit and suppress and why, the measured parked jitter, and the share
+of real moves one cell would swallow; then recommends a resolution, a window, the radius of the sliding
 and session shapes, and the TTL for a retry ladder.
 
 key prints the bucket, cell and store key of one ping, to find a production
@@ -68,6 +69,7 @@ func pingFlags(fs *pflag.FlagSet) {
 	fs.String("lon", "", "JSON path of the longitude (default lon)")
 	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
 	fs.String("shape", "", "tumbling, sliding or session (default tumbling)")
+	fs.String("null-island", "reject", "reject or allow the position (0, 0), as null_island")
 }
 
 // handlerFromFlags reads pingFlags into a Handler, so that the commands
@@ -82,6 +84,7 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 		Lon:        fs.String("lon"),
 		CRS:        fs.String("crs"),
 		Shape:      fs.String("shape"),
+		NullIsland: fs.String("null-island"),
 		MaxFuture:  caddy.Duration(100 * 365 * 24 * time.Hour), // a capture or a log line may be old
 		MaxPast:    caddy.Duration(math.MaxInt64),
 	}
@@ -94,6 +97,19 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 		}
 	}
 	return h, nil
+}
+
+// resolveFlags resolves the options as the directive does, naming the flag
+// at fault (--radius, not radius) when the directive's option has one.
+func resolveFlags(fs caddycmd.Flags, h *Handler) (settings, error) {
+	s, err := h.resolve()
+	var ce *dedup.ConfigError
+	if errors.As(err, &ce) {
+		if f := fs.Lookup(strings.ReplaceAll(ce.Option, "_", "-")); f != nil && f.Changed {
+			return s, fmt.Errorf("--%s %s: %s", f.Name, f.Value, ce.Problem)
+		}
+	}
+	return s, err
 }
 
 // readListFlags sets each list option whose flag was given; a flag not
@@ -164,7 +180,7 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	}
 	resolution, prefix := fs.Int("resolution"), fs.String("key-prefix")
 	h.Window, h.Resolution, h.KeyPrefix = caddy.Duration(window), &resolution, &prefix
-	s, err := h.resolve()
+	s, err := resolveFlags(fs, h)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
@@ -174,7 +190,7 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	}
 	ping, err := s.parseOne(body, time.Now())
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("the ping cannot be keyed: %w", err)
+		return caddy.ExitCodeFailedStartup, unkeyableError(err)
 	}
 	asset, scope := ping.Asset, fs.String("scope")
 	ping.Asset = dedup.ScopedAsset(scope, asset)
@@ -200,6 +216,16 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 		fmt.Fprintf(tw, "seen key\t%s\n", r.SeenKey)
 	}
 	return 0, tw.Flush()
+}
+
+// unkeyableError says why the key command cannot key a ping, and for a
+// (0, 0) fix which flag keys it as a site with null_island allow does.
+func unkeyableError(err error) error {
+	var invalid *ping.InvalidPingError
+	if errors.As(err, &invalid) && invalid.Rule == ping.RuleNullIsland {
+		return fmt.Errorf("the ping cannot be keyed: %w (here: --null-island allow)", err)
+	}
+	return fmt.Errorf("the ping cannot be keyed: %w", err)
 }
 
 // parseOne reads one ping as the directive would: from form fields where
@@ -246,11 +272,13 @@ func analyzeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "analyze [<capture.ndjson> | -]",
 		Short: "Recommend resolution, radius, window and TTL from a capture of your own pings",
-		Long: `Read a capture of pings (one ping per line: JSON, or form encoded as a
-query string or a whole URL with --preset osmand or --encoding form or auto;
-a file, or standard input for "-" or nothing) and report, for a grid of H3
-resolutions and windows, what telemetry_dedup would admit and suppress and
-why, the measured parked jitter (p50/p95/p99 metres), and the share of real
+		Long: `Read a capture of pings (one request body per line: a JSON ping, a
+JSON array of pings, or a batch wrapped as the preset's or --batch says,
+such as Overland's {"locations":[...]}, each element a ping; or a form ping
+as a query string or a whole URL with --preset osmand or --encoding form or
+auto; a file, or standard input for "-" or nothing; gzip-compressed or not)
+and report, for a grid of H3 resolutions and windows, what telemetry_dedup
+would admit and suppress and why, the measured parked jitter (p50/p95/p99 metres), and the share of real
 moves one cell would swallow; then a recommended resolution (the finest whose cell edge stays
 above the p95 jitter), window (at least ten report intervals), radius of the
 sliding and session shapes (a quarter above the p99 jitter, widened while a
@@ -259,14 +287,16 @@ window) and the TTL for the retry ladder, e.g.
 
   caddy telemetry-dedup analyze --preset traccar capture.ndjson
   caddy telemetry-dedup analyze --preset osmand requested-urls.txt
-  zcat pings.ndjson.gz | caddy telemetry-dedup analyze --json -`,
+  caddy telemetry-dedup analyze --preset overland --shape sliding bodies.ndjson.gz
+  zstdcat pings.ndjson.zst | caddy telemetry-dedup analyze --json -`,
 		Args: cobra.MaximumNArgs(1),
 	}
 	pingFlags(cmd.Flags())
 	cmd.Flags().IntSlice("resolutions", analyze.DefaultResolutions, "candidate H3 resolutions")
 	cmd.Flags().StringSlice("windows", []string{"1m", "5m", "15m"}, "candidate windows")
-	cmd.Flags().Float64("radius", dedup.DefaultRadius, "stay radius in metres to replay shapes sliding and session with")
-	cmd.Flags().String("session-idle", dedup.DefaultSessionIdle.String(), "session idle gap (shape session), as the directive's: 10m, 1h")
+	cmd.Flags().String("batch", "", "JSON path of the array a line's object holds its pings in, or off, as batch (default the preset's: locations for overland)")
+	cmd.Flags().Float64("radius", dedup.DefaultRadius, "stay radius in metres to replay shapes sliding and session with (those shapes only, as radius)")
+	cmd.Flags().String("session-idle", dedup.DefaultSessionIdle.String(), "session idle gap (shape session only, as session_idle): 10m, 1h")
 	cmd.Flags().String("retry-ladder", "1m 5m 30m 2h 6h", "the sender's retry offsets after the first delivery")
 	cmd.Flags().String("outage-margin", dedup.DefaultOutageMargin.String(), "outage to survive beyond the last retry, as the directive's: 30m, 1h, 0s")
 	cmd.Flags().Bool("json", false, "print JSON")
@@ -312,11 +342,33 @@ func noPingsError(report *analyze.Report) error {
 		return errors.New("the capture is empty: give a file of pings, one a line, or - for standard input")
 	}
 	reasons := slices.Collect(maps.Keys(report.Skipped))
-	slices.SortFunc(reasons, func(a, b string) int { return cmp.Compare(report.Skipped[b], report.Skipped[a]) })
+	slices.SortFunc(reasons, func(a, b string) int {
+		return cmp.Or(cmp.Compare(report.Skipped[b], report.Skipped[a]), cmp.Compare(a, b))
+	})
 	top := reasons[0]
-	return fmt.Errorf("none of the %d lines is a ping this configuration reads (most skipped as %s: %d); "+
-		"check --preset, --asset, --time, --lat and --lon against a line of the capture (caddy telemetry-dedup key reads one and says why)",
-		report.Lines, top, report.Skipped[top])
+	advice := "check --preset, --batch, --asset, --time, --lat and --lon against a line of the capture (caddy telemetry-dedup key reads one ping and says why)"
+	if top == string(ping.RuleNullIsland) {
+		advice = "if your assets really are at (0, 0) and your site has null_island allow, give --null-island allow"
+	}
+	return fmt.Errorf("none of %s is a ping this configuration reads (most skipped as %s: %d); %s",
+		whatWasRead(report), top, report.Skipped[top], advice)
+}
+
+// whatWasRead counts the capture's lines, and the elements they hold when
+// they held batches.
+func whatWasRead(report *analyze.Report) string {
+	lines := fmt.Sprintf("the %d lines", report.Lines)
+	if report.Lines == 1 {
+		lines = "the 1 line"
+	}
+	if report.Elements == report.Lines {
+		return lines
+	}
+	holds := " hold"
+	if report.Lines == 1 {
+		holds = " holds"
+	}
+	return fmt.Sprintf("the %d elements %s%s", report.Elements, lines, holds)
 }
 
 // analyzeOptions reads the flags, resolving the ping options exactly as the
@@ -326,18 +378,21 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 	if err != nil {
 		return analyze.Options{}, err
 	}
-	s, err := h.resolve()
+	if err := shapeFlags(fs, h); err != nil {
+		return analyze.Options{}, err
+	}
+	h.Batch = fs.String("batch")
+	s, err := resolveFlags(fs, h)
 	if err != nil {
 		return analyze.Options{}, err
 	}
 	opts := analyze.Options{
-		Parser: s.parser,
-		Form:   s.formParserIfRead(),
-		Shape:  s.policy.Shape,
-		Radius: fs.Float64("radius"),
-	}
-	if opts.SessionIdle, err = durationFlag(fs, "session-idle", false); err != nil {
-		return opts, err
+		Parser:      s.parser,
+		Form:        s.formParserIfRead(),
+		Batch:       s.splitter,
+		Shape:       s.policy.Shape,
+		Radius:      s.policy.Radius,
+		SessionIdle: s.policy.SessionIdle,
 	}
 	if opts.Resolutions, err = fs.GetIntSlice("resolutions"); err != nil {
 		return opts, err
@@ -368,6 +423,26 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 	return opts, nil
 }
 
+// shapeFlags sets --radius and --session-idle as the directive's radius
+// and session_idle when they are given, so that the directive refuses them
+// where it refuses those (with a shape that has none); a radius written out
+// as 0 is refused here, since the directive would take it for the default.
+func shapeFlags(fs caddycmd.Flags, h *Handler) error {
+	if fs.Changed("radius") {
+		if h.Radius = fs.Float64("radius"); h.Radius == 0 {
+			return fmt.Errorf("--radius 0: must be more than 0; use metres above your receivers' parked jitter, such as the default %g, or leave --radius out", dedup.DefaultRadius)
+		}
+	}
+	if fs.Changed("session-idle") {
+		idle, err := durationFlag(fs, "session-idle", false)
+		if err != nil {
+			return err
+		}
+		h.SessionIdle = caddy.Duration(idle)
+	}
+	return nil
+}
+
 // durationFlag reads a duration flag as the directive reads durations (1d
 // included); zero is refused unless it means something (zeroOK), since a
 // flag written out as 0 is a mistake, not a request for the default.
@@ -376,7 +451,9 @@ func durationFlag(fs caddycmd.Flags, name string, zeroOK bool) (time.Duration, e
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("--%s %s: %v; use a duration such as 5m, 1h or 1d", name, fs.String(name), err)
-	case d < 0 || d == 0 && !zeroOK:
+	case d < 0:
+		return 0, fmt.Errorf("--%s %s: must not be negative; use a duration such as 5m, 1h or 1d", name, fs.String(name))
+	case d == 0 && !zeroOK:
 		return 0, fmt.Errorf("--%s %s: must be more than 0; use a duration such as 5m, 1h or 1d", name, fs.String(name))
 	}
 	return d, nil

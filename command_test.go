@@ -3,12 +3,16 @@ package telemetrydedup
 import (
 	"bytes"
 	"cmp"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +21,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/spf13/cobra"
+	"github.com/uber/h3-go/v4"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
@@ -174,22 +179,210 @@ func TestAnalyzeCommandReadsFormPings(t *testing.T) {
 }
 
 // Durations in the tools' flags read as the directive reads them, and a 0
-// written out is refused, not taken for the default.
+// written out is refused, not taken for the default; a negative one is
+// refused as negative, whether or not 0 means something.
 func TestToolDurationFlagsReadAsTheDirectives(t *testing.T) {
-	if _, err := runKeyCmd(t, "", "--window", "0s", articlePing); err == nil || !strings.Contains(err.Error(), "--window 0s: must be more than 0") {
-		t.Errorf("key --window 0s: %v, want it refused", err)
+	for _, tt := range []struct {
+		command string
+		flags   []string
+		err     string // "" means accepted
+	}{
+		{"key", []string{"--window", "0s"}, "--window 0s: must be more than 0"},
+		{"key", []string{"--window", "-5m"}, "--window -5m: must not be negative"},
+		{"analyze", []string{"--session-idle", "1d", "--outage-margin", "1d", "--shape", "session"}, ""},
+		{"analyze", []string{"--session-idle", "0s", "--shape", "session"}, "--session-idle 0s: must be more than 0"},
+		{"analyze", []string{"--outage-margin", "0s"}, ""},
+		{"analyze", []string{"--outage-margin", "-1h"}, "--outage-margin -1h: must not be negative"},
+	} {
+		t.Run(tt.command+" "+strings.Join(tt.flags, " "), func(t *testing.T) {
+			var err error
+			if tt.command == "key" {
+				_, err = runKeyCmd(t, "", append(tt.flags, articlePing)...)
+			} else {
+				_, err = runAnalyzeCmd(t, articlePing+"\n", append(tt.flags, "-")...)
+			}
+			if tt.err == "" && err != nil || tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {
+				t.Errorf("got %v, want %q", err, cmp.Or(tt.err, "no error"))
+			}
+		})
 	}
-	analyzeWith := func(flags ...string) error {
-		_, err := run(t, analyzeCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
-			return runAnalyze(fs, in, out)
-		}, articlePing+"\n", append(flags, "-")...)
-		return err
+}
+
+func runAnalyzeCmd(t *testing.T, stdin string, args ...string) (string, error) {
+	return run(t, analyzeCommand(), func(fs caddycmd.Flags, in *strings.Reader, out *bytes.Buffer) (int, error) {
+		return runAnalyze(fs, in, out)
+	}, stdin, args...)
+}
+
+// --radius and --session-idle are refused where the directive refuses
+// radius and session_idle: with a shape that has no use for them, or 0,
+// which the directive refuses and the replay would have taken for 25 m.
+func TestAnalyzeCommandRefusesShapeFlagsAsTheDirective(t *testing.T) {
+	for _, tt := range []struct {
+		flags []string
+		err   string // "" means accepted
+	}{
+		{[]string{"--radius", "0", "--shape", "sliding"}, "--radius 0: must be more than 0"},
+		{[]string{"--radius", "-5", "--shape", "session"}, "--radius -5: -5m is not a distance"},
+		{[]string{"--radius", "30"}, "--radius 30: needs shape sliding or session"},
+		{[]string{"--radius", "30", "--shape", "tumbling"}, "--radius 30: needs shape sliding or session"},
+		{[]string{"--session-idle", "20m"}, "--session-idle 20m: needs shape session"},
+		{[]string{"--session-idle", "20m", "--shape", "sliding"}, "--session-idle 20m: needs shape session"},
+		{[]string{"--radius", "30", "--shape", "sliding"}, ""},
+		{[]string{"--radius", "30", "--session-idle", "20m", "--shape", "session"}, ""},
+		{[]string{"--shape", "sliding"}, ""}, // the default radius
+	} {
+		t.Run(strings.Join(tt.flags, " "), func(t *testing.T) {
+			_, err := runAnalyzeCmd(t, articlePing+"\n", append(tt.flags, "-")...)
+			if tt.err == "" && err != nil || tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {
+				t.Errorf("got %v, want %q", err, cmp.Or(tt.err, "no error"))
+			}
+		})
 	}
-	if err := analyzeWith("--session-idle", "1d", "--outage-margin", "1d"); err != nil {
-		t.Errorf("analyze with durations in days: %v", err)
+}
+
+// senderLine reads a tracker's body from the sender fixtures, on one line
+// as a capture keeps it.
+func senderLine(t *testing.T, file string) string {
+	t.Helper()
+	body, err := os.ReadFile(filepath.Join("testdata", "senders", file))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := analyzeWith("--session-idle", "0s"); err == nil || !strings.Contains(err.Error(), "--session-idle 0s") {
-		t.Errorf("analyze --session-idle 0s: %v, want it refused", err)
+	var line bytes.Buffer
+	if err := json.Compact(&line, body); err != nil {
+		t.Fatal(err)
+	}
+	return line.String()
+}
+
+// analyzeCounts is what an analyze --json run read.
+type analyzeCounts struct {
+	Lines    int            `json:"lines"`
+	Elements int            `json:"elements"`
+	Pings    int            `json:"pings"`
+	Skipped  map[string]int `json:"skipped"`
+}
+
+// A capture line holds what a request body holds, split as the directive
+// splits it: Overland's wrapped batches with --preset overland, a JSON
+// array, or a wrapper of the site's own with --batch, every element a ping.
+func TestAnalyzeCommandReadsBatches(t *testing.T) {
+	overland := senderLine(t, "overland/batch_composed.json") // two fixes and a visit record
+	var batch struct {
+		Locations []json.RawMessage `json:"locations"`
+	}
+	if err := json.Unmarshal([]byte(overland), &batch); err != nil {
+		t.Fatal(err)
+	}
+	feature := string(batch.Locations[0])
+	offline := make([]string, 150) // what the app sends after a while without network
+	for i := range offline {
+		offline[i] = strings.Replace(feature, "2024-10-24T14:48:38Z",
+			time.Date(2024, 10, 24, 15, 0, 0, 0, time.UTC).Add(time.Duration(i)*time.Second).Format(time.RFC3339), 1)
+	}
+	own := `{"fleet":"north","fixes":[` + articlePing + "," + strings.Replace(articlePing, "12:00:00", "12:00:10", 1) + "]}"
+	for _, tt := range []struct {
+		name    string
+		capture []string
+		flags   []string
+		want    analyzeCounts
+	}{
+		{"overland batches", []string{overland, `{"locations":[` + strings.Join(offline, ",") + "]}"}, []string{"--preset", "overland"},
+			analyzeCounts{Lines: 2, Elements: 153, Pings: 152, Skipped: map[string]int{"not_a_ping": 1}}},
+		{"owntracks array", []string{senderLine(t, "owntracks-android/location_multiple_messages.json")}, []string{"--preset", "owntracks"},
+			analyzeCounts{Lines: 1, Elements: 2, Pings: 2}},
+		{"a wrapper of the site's own", []string{own, articlePing}, []string{"--batch", "fixes"},
+			analyzeCounts{Lines: 2, Elements: 3, Pings: 2, Skipped: map[string]int{"malformed": 1}}},
+		{"overland features one a line", []string{feature, feature}, []string{"--preset", "overland", "--batch", "off"},
+			analyzeCounts{Lines: 2, Elements: 2, Pings: 2}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runAnalyzeCmd(t, strings.Join(tt.capture, "\n"), append(tt.flags, "--json", "-")...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got analyzeCounts
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Skipped) == 0 {
+				got.Skipped = nil
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("read %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if _, err := runAnalyzeCmd(t, senderLine(t, "traccar-client-sdk/json_array_body_composed.json"), "--preset", "osmand", "-"); err == nil ||
+		!strings.Contains(err.Error(), "none of the 2 elements the 1 line holds") || !strings.Contains(err.Error(), "not_a_ping: 2") {
+		t.Errorf("an array of no fixes: %v, want it to count both elements as not a ping", err)
+	}
+	if _, err := runAnalyzeCmd(t, articlePing, "--batch", "fixes[0]", "-"); err == nil || !strings.Contains(err.Error(), "--batch fixes[0]") {
+		t.Errorf("--batch fixes[0]: %v, want it refused as the directive refuses batch fixes[0]", err)
+	}
+}
+
+// A gzip-compressed capture is read through, from a file or standard input.
+func TestAnalyzeCommandReadsAGzipCapture(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	for i := range 141 {
+		fmt.Fprintf(zw, `{"asset_id":"veh-1","occurred_at":%q,"lat":52.5200087,"lon":13.4049547}`+"\n",
+			time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC).Add(time.Duration(i)*10*time.Second).Format(time.RFC3339))
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "capture.ndjson.gz")
+	if err := os.WriteFile(path, gz.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range map[string][]string{"file": {path}, "stdin": {"-"}} {
+		t.Run(name, func(t *testing.T) {
+			out, err := runAnalyzeCmd(t, gz.String(), append(args, "--json")...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got analyzeCounts
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Lines != 141 || got.Pings != 141 {
+				t.Errorf("read %+v, want 141 lines and pings", got)
+			}
+		})
+	}
+}
+
+// A (0, 0) ping is keyed, and analyzed, with --null-island allow, as a
+// site with null_island allow keys it; without, the error says what to
+// give.
+func TestKeyCommandNullIsland(t *testing.T) {
+	const nullIsland = `{"asset_id":"buoy-1","occurred_at":"2026-08-08T12:00:00Z","lat":0,"lon":0}`
+	for _, tt := range []struct {
+		flags []string
+		err   string // "" means keyed
+	}{
+		{nil, "--null-island allow"},
+		{[]string{"--null-island", "reject"}, "--null-island allow"},
+		{[]string{"--null-island", "allow"}, ""},
+		{[]string{"--null-island", "yes"}, "--null-island yes"},
+	} {
+		t.Run(strings.Join(tt.flags, " "), func(t *testing.T) {
+			out, err := runKeyCmd(t, "", append(tt.flags, nullIsland)...)
+			cell := h3.LatLngToCell(h3.NewLatLng(0, 0), dedup.DefaultResolution)
+			switch {
+			case tt.err == "" && (err != nil || !strings.Contains(out, cell.String())):
+				t.Errorf("got %v, %s; want the key of cell %s", err, out, cell)
+			case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+				t.Errorf("got %v, want %q", err, tt.err)
+			}
+			_, err = runAnalyzeCmd(t, nullIsland+"\n", append(tt.flags, "-")...)
+			if tt.err == "" && err != nil || tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {
+				t.Errorf("analyze: got %v, want %q", err, cmp.Or(tt.err, "no error"))
+			}
+		})
 	}
 }
 
@@ -217,6 +410,8 @@ func TestKeyCommandMatchesTheDirective(t *testing.T) {
 		{"osmand URL", Handler{Preset: "osmand"}, "application/x-www-form-urlencoded", query, "http://traccar.example:5055/?" + query, []string{"--preset", "osmand"}},
 		{"a window in days", Handler{Window: caddy.Duration(24 * time.Hour)}, "application/json",
 			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--window", "1d"}},
+		{"null island allowed", Handler{NullIsland: "allow"}, "application/json",
+			`{"asset_id":"buoy-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":0,"lon":0}`, "", []string{"--null-island", "allow"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			prefix := "dedup:"

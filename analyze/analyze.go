@@ -9,9 +9,11 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"slices"
 	"strings"
@@ -63,21 +65,26 @@ const (
 	analyzePrefix = "analyze:"
 )
 
-// Reasons a capture line is skipped, besides the Rule an invalid ping broke.
+// Reasons a ping of the capture is skipped, besides the Rule an invalid
+// ping broke.
 const (
-	// SkipMalformed: the line is not a JSON object.
+	// SkipMalformed: the ping is not a JSON object, or its line is a batch
+	// the handler could not split (no array at the wrapper, an empty
+	// array), which counts as one ping.
 	SkipMalformed = "malformed"
-	// SkipNotAPing: the parser's kind filter says the line is another
+	// SkipNotAPing: the parser's kind filter says the ping is another
 	// message type (ErrNotAPing).
 	SkipNotAPing = "not_a_ping"
 	// SkipTooLarge: the line is longer than the handler's default max_body
-	// (1 MiB).
+	// (1 MiB; it counts as one ping), or its batch holds more pings than
+	// the splitter's Max (each of them counts), which the handler would
+	// answer 413.
 	SkipTooLarge = "too_large"
 )
 
 // Options says how to read a capture and which candidates to try.
 type Options struct {
-	// Parser reads each NDJSON line (paths, preset, CRS) and applies the
+	// Parser reads each JSON ping (paths, preset, CRS) and applies the
 	// handler's validation rules, except max_future and max_past: Analyze
 	// ignores MaxFuture and MaxPast, since a capture is judged after the
 	// fact and its server clock is gone. A Parser without TimePaths (the zero value) means
@@ -90,6 +97,12 @@ type Options struct {
 	// its MaxFuture and MaxPast too. The zero value reads every line as
 	// JSON.
 	Form ping.Parser
+	// Batch splits each line that is not a form ping into its pings, as
+	// the handler splits a request body: the elements of a JSON array, or
+	// of the array at Batch.Wrapper in an object (Overland's locations:
+	// the preset's Wrapper, or the directive's batch), else the line
+	// itself. A zero Max means ping.DefaultMaxBatch.
+	Batch ping.Splitter
 	// Resolutions are the candidate H3 resolutions; nil means
 	// DefaultResolutions.
 	Resolutions []int
@@ -111,15 +124,16 @@ type Options struct {
 	OutageMargin *time.Duration
 }
 
-// Analyze reads a capture of pings (one ping per line, JSON or, with
-// Options.Form, form encoded; blank lines ignored) and replays it through
+// Analyze reads a capture of pings (one request body per line: a JSON
+// ping or batch, or, with Options.Form, a form-encoded ping; blank lines
+// ignored; gzip-compressed or not) and replays it through
 // the production Deduper for every (resolution, window) candidate, in
 // capture order, one asset at a time with fresh memory stores: the keys carry the asset, so decisions never
 // span assets. It measures the parked jitter, the report interval and the
 // real moves each resolution swallows, and recommends a resolution, a
-// window, a stay radius (checked by a replay in sliding) and a TTL. A line
-// that cannot be read as a ping is counted in Report.Skipped, never fatal;
-// invalid options and read errors are.
+// window, a stay radius (checked by a replay in sliding) and a TTL. A ping
+// that cannot be read is counted in Report.Skipped, never fatal; invalid
+// options and read errors are.
 func Analyze(r io.Reader, opts Options) (*Report, error) {
 	opts = opts.withDefaults()
 	a, err := newAnalyzer(opts)
@@ -159,6 +173,7 @@ func (o Options) withDefaults() Options {
 	o.Shape = cmp.Or(o.Shape, dedup.Tumbling)
 	o.SessionIdle = cmp.Or(o.SessionIdle, dedup.DefaultSessionIdle)
 	o.Radius = cmp.Or(o.Radius, dedup.DefaultRadius)
+	o.Batch.Max = cmp.Or(o.Batch.Max, ping.DefaultMaxBatch)
 	return o
 }
 
@@ -204,7 +219,11 @@ type assetFixes struct {
 func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 	var assets []*assetFixes
 	byName := map[string]*assetFixes{}
-	lr := lineReader{r: bufio.NewReaderSize(r, 64<<10)}
+	br, err := decompressed(bufio.NewReaderSize(r, 64<<10))
+	if err != nil {
+		return nil, err
+	}
+	lr := lineReader{r: br}
 	for {
 		line, tooLong, err := lr.next()
 		if err == io.EOF {
@@ -218,48 +237,118 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 		}
 		a.report.Lines++
 		if tooLong {
-			a.report.Skipped[SkipTooLarge]++
+			a.skip(SkipTooLarge)
 			continue
 		}
-		p, err := a.parse(line)
-		if err != nil {
-			a.report.Skipped[skipReason(err)]++
-			continue
+		for p, err := range a.pings(line) {
+			if err != nil {
+				a.skip(skipReason(err))
+				continue
+			}
+			a.report.Elements++
+			a.report.Pings++
+			as := byName[p.Asset]
+			if as == nil {
+				// Clone: the parser's strings may share the reused line buffer.
+				as = &assetFixes{name: strings.Clone(p.Asset)}
+				byName[as.name] = as
+				assets = append(assets, as)
+			}
+			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon})
 		}
-		a.report.Pings++
-		as := byName[p.Asset]
-		if as == nil {
-			// Clone: the parser's strings may share the reused line buffer.
-			as = &assetFixes{name: strings.Clone(p.Asset)}
-			byName[as.name] = as
-			assets = append(assets, as)
-		}
-		as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon})
 	}
 }
 
-// parse reads one line of the capture: as a form ping when Form is set
-// and the line is not a JSON object, as JSON otherwise. Any clock will do:
-// max_future and max_past are off.
-func (a *analyzer) parse(line []byte) (ping.Ping, error) {
-	if text := bytes.TrimSpace(line); len(a.opts.Form.TimePaths) > 0 && !bytes.HasPrefix(text, []byte("{")) {
-		element, err := ping.FormLine(string(text))
-		if err != nil {
-			return ping.Ping{}, err
-		}
-		return a.opts.Form.Parse(element, time.Time{})
-	}
-	return a.opts.Parser.Parse(line, time.Time{})
+// skip counts one ping of the capture that cannot be used, and why.
+func (a *analyzer) skip(reason string) {
+	a.report.Elements++
+	a.report.Skipped[reason]++
 }
 
-// skipReason names why a line is not a ping.
+// gzipMagic starts every gzip stream (RFC 1952).
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// decompressed reads a gzip-compressed capture through gzip (every member
+// of it, as zcat does), and any other as it is.
+func decompressed(br *bufio.Reader) (*bufio.Reader, error) {
+	if magic, _ := br.Peek(len(gzipMagic)); !bytes.Equal(magic, gzipMagic) {
+		return br, nil
+	}
+	zr, err := gzip.NewReader(br)
+	if err != nil {
+		return nil, fmt.Errorf("the capture starts as gzip (1f 8b) but cannot be read as gzip: %w; decompress it first, or give the file as it is", err)
+	}
+	return bufio.NewReaderSize(gzipErrors{zr}, 64<<10), nil
+}
+
+// gzipErrors says of a read error that it came from the gzip stream, so
+// that a truncated capture is not taken for a broken disk.
+type gzipErrors struct{ r io.Reader }
+
+func (g gzipErrors) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("decompressing the gzip capture: %w", err)
+	}
+	return n, err
+}
+
+// pings reads the pings of one line of the capture, each with the error
+// that keeps it from being used: a form ping when Form is set and the line
+// is not JSON (an object or an array), else the elements the Batch
+// splitter finds, each read as a JSON ping. A batch that cannot be split
+// is one error, or one for each of its pings when there are too many.
+// Any clock will do: max_future and max_past are off.
+func (a *analyzer) pings(line []byte) iter.Seq2[ping.Ping, error] {
+	return func(yield func(ping.Ping, error) bool) {
+		text := bytes.TrimSpace(line)
+		if len(a.opts.Form.TimePaths) > 0 && !bytes.HasPrefix(text, []byte("{")) && !bytes.HasPrefix(text, []byte("[")) {
+			yield(a.parseForm(text))
+			return
+		}
+		batch, err := a.opts.Batch.Split(text, false)
+		var tooLarge *ping.BatchTooLargeError
+		switch {
+		case errors.As(err, &tooLarge):
+			for range tooLarge.Count {
+				if !yield(ping.Ping{}, err) {
+					return
+				}
+			}
+			return
+		case err != nil:
+			yield(ping.Ping{}, err)
+			return
+		}
+		for _, element := range batch.Elements {
+			if !yield(a.opts.Parser.Parse(element, time.Time{})) {
+				return
+			}
+		}
+	}
+}
+
+// parseForm reads a line holding a form ping: a query string, a form body
+// or a whole URL.
+func (a *analyzer) parseForm(text []byte) (ping.Ping, error) {
+	element, err := ping.FormLine(string(text))
+	if err != nil {
+		return ping.Ping{}, err
+	}
+	return a.opts.Form.Parse(element, time.Time{})
+}
+
+// skipReason names why a ping is not used.
 func skipReason(err error) string {
 	var invalid *ping.InvalidPingError
+	var tooLarge *ping.BatchTooLargeError
 	switch {
 	case errors.As(err, &invalid):
 		return string(invalid.Rule)
 	case errors.Is(err, ping.ErrNotAPing):
 		return SkipNotAPing
+	case errors.As(err, &tooLarge):
+		return SkipTooLarge
 	default:
 		return SkipMalformed
 	}

@@ -302,40 +302,45 @@ func TestAnalyzeCountsBadLines(t *testing.T) {
 	const valid = `{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`
 	lines := []struct {
 		line, skip string // skip "" means a ping
+		elements   int    // the pings the line holds, when not one
 	}{
-		{valid, ""},
-		{`{"asset_id":"a","occurred_at":"2100-01-01T00:00:00Z","lat":52.5,"lon":13.4}`, ""}, // max_future is ignored
-		{"", ""}, // blank lines are not counted
-		{" \t", ""},
-		{`not json`, SkipMalformed},
-		{`[1, 2]`, SkipMalformed},
-		{`{"occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`, string(ping.RuleRequired)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00","lat":52.5,"lon":13.4}`, string(ping.RuleTimezone)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":91,"lon":13.4}`, string(ping.RuleRange)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":"52.5","lon":13.4}`, string(ping.RuleType)},
-		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":0,"lon":0}`, string(ping.RuleNullIsland)},
-		{`{"asset_id":"a","pad":"` + strings.Repeat("x", maxLineBytes) + `"}`, SkipTooLarge},
-		{valid + "\r", ""}, // CRLF line ends
-		{valid, ""},        // the last line has no newline
+		{valid, "", 0},
+		{`{"asset_id":"a","occurred_at":"2100-01-01T00:00:00Z","lat":52.5,"lon":13.4}`, "", 0}, // max_future is ignored
+		{"", "", 0}, // blank lines are not counted
+		{" \t", "", 0},
+		{`not json`, SkipMalformed, 0},
+		{`[1, 2]`, SkipMalformed, 2}, // an array's elements are each a ping
+		{`{"occurred_at":"2026-03-01T00:00:00Z","lat":52.5,"lon":13.4}`, string(ping.RuleRequired), 0},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00","lat":52.5,"lon":13.4}`, string(ping.RuleTimezone), 0},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":91,"lon":13.4}`, string(ping.RuleRange), 0},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":"52.5","lon":13.4}`, string(ping.RuleType), 0},
+		{`{"asset_id":"a","occurred_at":"2026-03-01T00:00:00Z","lat":0,"lon":0}`, string(ping.RuleNullIsland), 0},
+		{`{"asset_id":"a","pad":"` + strings.Repeat("x", maxLineBytes) + `"}`, SkipTooLarge, 0},
+		{"\xEF\xBB\xBF" + valid, SkipMalformed, 0}, // a byte order mark, as the handler refuses it
+		{"[" + valid + "," + valid + "]", "", 2},
+		{valid + "\r", "", 0}, // CRLF line ends
+		{valid, "", 0},        // the last line has no newline
 	}
 	var capture []string
-	wantLines, wantPings, wantSkipped := 0, 0, map[string]int{}
+	wantLines, wantElements, wantPings, wantSkipped := 0, 0, 0, map[string]int{}
 	for _, l := range lines {
 		capture = append(capture, l.line)
 		if strings.TrimSpace(l.line) == "" {
 			continue
 		}
+		n := max(l.elements, 1)
 		wantLines++
+		wantElements += n
 		if l.skip == "" {
-			wantPings++
+			wantPings += n
 		} else {
-			wantSkipped[l.skip]++
+			wantSkipped[l.skip] += n
 		}
 	}
 	rep := analyze(t, []byte(strings.Join(capture, "\n")), Options{})
-	if rep.Lines != wantLines || rep.Pings != wantPings || !reflect.DeepEqual(rep.Skipped, wantSkipped) {
-		t.Errorf("%d lines, %d pings, skipped %v; want %d, %d, %v",
-			rep.Lines, rep.Pings, rep.Skipped, wantLines, wantPings, wantSkipped)
+	if rep.Lines != wantLines || rep.Elements != wantElements || rep.Pings != wantPings || !reflect.DeepEqual(rep.Skipped, wantSkipped) {
+		t.Errorf("%d lines, %d elements, %d pings, skipped %v; want %d, %d, %d, %v",
+			rep.Lines, rep.Elements, rep.Pings, rep.Skipped, wantLines, wantElements, wantPings, wantSkipped)
 	}
 }
 

@@ -12,11 +12,14 @@ import (
 type Report struct {
 	// Shape is the window shape the candidates were replayed with.
 	Shape dedup.Shape `json:"shape"`
-	// Lines counts the non-blank lines read: Pings plus every Skipped.
+	// Lines counts the non-blank lines read.
 	Lines int `json:"lines"`
-	// Pings counts the lines that parsed and validated into a ping.
+	// Elements counts the pings the lines hold (a line holding a batch
+	// holds several): Pings plus every Skipped.
+	Elements int `json:"elements"`
+	// Pings counts the elements that parsed and validated into a ping.
 	Pings int `json:"pings"`
-	// Skipped counts the other lines by why: the Rule an invalid ping
+	// Skipped counts the other elements by why: the Rule an invalid ping
 	// broke, SkipMalformed, SkipNotAPing or SkipTooLarge.
 	Skipped map[string]int `json:"skipped"`
 	// Assets counts the distinct asset ids.

@@ -26,7 +26,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 }
 
 func (r *Report) writeSummary(w io.Writer) {
-	fmt.Fprintf(w, "capture\t%d lines, %d pings, %d assets\n", r.Lines, r.Pings, r.Assets)
+	held := ""
+	if r.Elements != r.Lines { // batches: say what the lines held
+		held = fmt.Sprintf(" holding %d elements", r.Elements)
+	}
+	fmt.Fprintf(w, "capture\t%d lines%s, %d pings, %d assets\n", r.Lines, held, r.Pings, r.Assets)
 	if len(r.Skipped) > 0 {
 		fmt.Fprintf(w, "skipped\t%s\n", formatCounts(r.Skipped))
 	}
