@@ -116,6 +116,9 @@ type reconcileJob struct {
 	release  bool
 	due      time.Time
 	failures int    // store calls that failed in a row
+	// postponed: it waits out the backoff of a batch before it that
+	// failed, as if it had failed itself.
+	postponed bool
 	answers  int    // store calls answered so far
 	released []bool // per claim, whether a pass released it
 }
@@ -181,7 +184,7 @@ func (r *Reconciler) Wake() {
 	now := time.Now()
 	r.mu.Lock()
 	for _, j := range r.jobs {
-		if j.failures > 0 {
+		if j.failures > 0 || j.postponed {
 			j.due = now
 		}
 	}
@@ -284,14 +287,14 @@ func (r *Reconciler) work() {
 	for i, jobs := range [][]*reconcileJob{releases, settles} {
 		for len(jobs) > 0 {
 			n := nextBatch(jobs)
-			if r.attempt(context.Background(), jobs[:n]) != nil {
+			if retry, err := r.attempt(context.Background(), jobs[:n]); err != nil {
 				// The store is failing: the rest waits out the failed
 				// batch's backoff too, rather than each batch its own
 				// timeout now, one after another, while every call that
 				// must first release what is owed waits for this pass.
-				r.postpone(jobs[0].due, jobs[n:])
+				r.postpone(retry, jobs[n:])
 				if i == 0 {
-					r.postpone(jobs[0].due, settles)
+					r.postpone(retry, settles)
 				}
 				return
 			}
@@ -304,7 +307,7 @@ func (r *Reconciler) work() {
 func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 	for _, j := range jobs {
 		if j.due.Before(due) {
-			j.due = due
+			j.due, j.postponed = due, true
 		}
 		r.requeue(j)
 	}
@@ -394,7 +397,7 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context) error {
 	r.mu.Unlock()
 	for len(owed) > 0 {
 		n := nextBatch(owed)
-		if err := r.attempt(ctx, owed[:n]); err != nil {
+		if _, err := r.attempt(ctx, owed[:n]); err != nil {
 			for _, j := range owed[n:] {
 				r.requeue(j)
 			}
@@ -431,24 +434,28 @@ func nextBatch(jobs []*reconcileJob) int {
 
 // attempt makes one store call for jobs, all releases or all settlements,
 // and reschedules or finishes each by its answer. It returns the store's
-// error, if the call failed.
-func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) error {
+// error, if the call failed, and when the first of them is tried again:
+// once a job is back on the queue, only r.mu may read it.
+func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry time.Time, err error) {
 	var claims []*Claim
 	for _, j := range jobs {
 		claims = append(claims, j.claims...)
 	}
 	var released []bool
-	var err error
 	if jobs[0].release {
 		released, err = r.store.Release(ctx, claims)
 	} else {
 		err = WaitSettled(ctx, r.store, claims)
 	}
 	now := time.Now()
-	for _, j := range jobs {
+	for i, j := range jobs {
+		j.postponed = false
 		if err != nil {
 			j.failures++
 			j.due = now.Add(min(reconcileFirstRetry<<min(j.failures-1, 16), reconcileMaxRetry))
+			if i == 0 {
+				retry = j.due
+			}
 			r.requeue(j)
 			continue
 		}
@@ -458,7 +465,7 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) error {
 		}
 		r.answered(j, mine, now)
 	}
-	return err
+	return retry, err
 }
 
 // answered records a store's answer to one pass over j: the first answer

@@ -667,3 +667,38 @@ func TestAFailingStoreStopsAPassAtItsFirstFailedBatch(t *testing.T) {
 		t.Fatalf("%d claims waiting, want all %d kept for the next pass", r.Len(), 8*reconcileBatch)
 	}
 }
+
+// While the store fails and its breaker keeps closing (Wake, from request
+// goroutines), a pass that stops at a failed batch must not read the jobs
+// it put back on the queue: the race detector sees it.
+func TestAPassStoppedByAFailureRacesNoWake(t *testing.T) {
+	store := &downStore{Store: NewMemoryStore(0)}
+	r, _ := testReconciler(t, store, 0)
+	pol := testPolicy(Tumbling)
+	for job := range 2 {
+		var claims []*Claim
+		for i := range reconcileBatch {
+			p := parked
+			p.Asset = fmt.Sprintf("veh-%d-%d", job, i)
+			claims = append(claims, claimOf(pol, p, uint64(job*reconcileBatch+i+1), time.Now()))
+		}
+		r.Hand(claims, true)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				r.Wake()
+			}
+		}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); store.callCount() < 2000 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	<-done
+}
