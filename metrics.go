@@ -72,7 +72,7 @@ func initMetrics() {
 		func() float64 { return float64(len(allStuckAssets(time.Now()))) })
 	metrics.breakersOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("breakers_open",
 		"Redis connections whose circuit breaker is open (the store is skipped and on_store_error applies).")),
-		func() float64 { return float64(openBreakers()) })
+		func() float64 { return float64(sumStoreStats().breakersOpen) })
 	metrics.breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("breaker_transitions_total",
 		"Circuit breaker transitions, by the state entered (open, half_open, closed).")), []string{"to"})
 	metrics.roundTrips = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_round_trips_total",

@@ -139,3 +139,45 @@ func TestStoreCountersSurviveAReloadThatReplacesTheStore(t *testing.T) {
 			before.roundTrips, after.roundTrips, before.commands, after.commands)
 	}
 }
+
+// A connection a reload lets go of leaves the usage pool before its
+// Destruct has closed its pipeline and reconciler, which against a hung
+// Redis takes a while: its counts must stay counted until they are
+// retired, or a scrape in between sees the counters drop.
+func TestStoreCountersNeverDropWhileAConnectionCloses(t *testing.T) {
+	rdb := redistest.Start(t)
+	h := new(Handler)
+	config := fmt.Sprintf(`{"key_prefix":"retire:","store":{"type":"redis","url":%q,"timeout":%d}}`, rdb.URL(), (300 * time.Millisecond).Nanoseconds())
+	if err := json.Unmarshal([]byte(config), h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.logger = zap.NewNop()
+	tt := &tableTester{h: h}
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	if res := tt.post(fmt.Sprintf(`{"asset_id":"veh-1","occurred_at":%q,"lat":52.5,"lon":13.4}`, at), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("ping: %d %s", res.status, res.body)
+	}
+	rdb.Pause() // the next claim times out; its release waits in the reconciler
+	defer rdb.Resume()
+	tt.post(fmt.Sprintf(`{"asset_id":"veh-2","occurred_at":%q,"lat":48.1,"lon":11.6}`, at), "application/json", nil)
+
+	before := sumStoreStats()
+	unloaded := make(chan struct{})
+	go func() { _ = h.Cleanup(); cancel(); close(unloaded) }()
+	lowest := before.roundTrips
+	for closing := true; closing; {
+		select {
+		case <-unloaded:
+			closing = false
+		default:
+		}
+		lowest = min(lowest, sumStoreStats().roundTrips)
+	}
+	if lowest < before.roundTrips {
+		t.Fatalf("redis_round_trips_total went from %d down to %d while the connection closed", before.roundTrips, lowest)
+	}
+}

@@ -55,6 +55,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// any request's call: that request may be the retry of one of them,
 	// and must find its claim gone.
 	breaker.ReleaseFirst(c.reconciler.Owes, c.reconciler.ReleaseOwed)
+	report(c)
 	return c
 }
 
@@ -82,7 +83,7 @@ func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOut
 func (c *redisConnection) Destruct() error {
 	c.pipeline.Close()   // first: the settlements of the last requests are still on their way
 	c.reconciler.Close() // then: its goroutine calls through the client
-	retire(c.stats())
+	retire(c)
 	return c.client.Close()
 }
 

@@ -51,7 +51,9 @@ func (m *MemoryStore) Provision(caddy.Context) error {
 		m.MaxKeys = dedup.DefaultMaxKeys
 	}
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-		return &memoryStoreValue{MemoryStore: dedup.NewMemoryStore(m.MaxKeys), bounds: map[int]int{}}, nil
+		v := &memoryStoreValue{MemoryStore: dedup.NewMemoryStore(m.MaxKeys), bounds: map[int]int{}}
+		report(v)
+		return v, nil
 	})
 	if err != nil {
 		return err
@@ -132,7 +134,7 @@ func (v *memoryStoreValue) bound(maxKeys, delta int) {
 }
 
 func (v *memoryStoreValue) Destruct() error {
-	retire(v.stats())
+	retire(v)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,8 +65,8 @@ type timeoutStore interface {
 	operationTimeout() time.Duration
 }
 
-// statsReporter is a shared store value in the pool that reports to the
-// metrics. Each fills in what it has.
+// statsReporter is a shared store value that reports to the metrics.
+// Each fills in what it has.
 type statsReporter interface {
 	stats() storeStats
 }
@@ -74,56 +75,63 @@ type statsReporter interface {
 type storeStats struct {
 	keys, evictions      uint64 // held in process, and dropped to stay bounded
 	breakerOpen          bool
+	breakersOpen         int // in a sum: how many were open
 	roundTrips, commands uint64
 	reconciling          uint64 // claims waiting for the store to answer
 }
 
-// retired holds the counts of the shared stores a reload let go of, so
-// that the counters summed over the stores in use never go down (to
-// Prometheus, a counter that drops was reset).
-var retired struct {
-	evictions, roundTrips, commands atomic.Uint64
+// reporting holds the shared stores that report to the metrics, from
+// their creation until they are let go of, and the counts of those let go
+// of, so that the counters summed over them never go down (to Prometheus,
+// a counter that drops was reset). A store leaves it at the end of its
+// Destruct, not when the usage pool lets go of it, which is before a
+// connection has finished closing.
+var reporting struct {
+	sync.Mutex
+	live    map[statsReporter]struct{}
+	retired storeStats // evictions, roundTrips and commands only
 }
 
-// retire keeps the counts of a shared store as it is let go of.
-func retire(s storeStats) {
-	retired.evictions.Add(s.evictions)
-	retired.roundTrips.Add(s.roundTrips)
-	retired.commands.Add(s.commands)
+// report makes a shared store count in the metrics.
+func report(r statsReporter) {
+	reporting.Lock()
+	defer reporting.Unlock()
+	if reporting.live == nil {
+		reporting.live = map[statsReporter]struct{}{}
+	}
+	reporting.live[r] = struct{}{}
+}
+
+// retire keeps the counts of a shared store that is let go of, and stops
+// asking it.
+func retire(r statsReporter) {
+	reporting.Lock()
+	defer reporting.Unlock()
+	s := r.stats()
+	reporting.retired.evictions += s.evictions
+	reporting.retired.roundTrips += s.roundTrips
+	reporting.retired.commands += s.commands
+	delete(reporting.live, r)
 }
 
 // sumStoreStats adds up the reports of every shared store in use, and the
 // counts of those let go of.
 func sumStoreStats() storeStats {
-	total := storeStats{
-		evictions:  retired.evictions.Load(),
-		roundTrips: retired.roundTrips.Load(),
-		commands:   retired.commands.Load(),
+	reporting.Lock()
+	defer reporting.Unlock()
+	total := reporting.retired
+	for r := range reporting.live {
+		s := r.stats()
+		total.keys += s.keys
+		total.evictions += s.evictions
+		total.roundTrips += s.roundTrips
+		total.commands += s.commands
+		total.reconciling += s.reconciling
+		if s.breakerOpen {
+			total.breakersOpen++
+		}
 	}
-	stores.Range(func(_, v any) bool {
-		if r, ok := v.(statsReporter); ok {
-			s := r.stats()
-			total.keys += s.keys
-			total.evictions += s.evictions
-			total.roundTrips += s.roundTrips
-			total.commands += s.commands
-			total.reconciling += s.reconciling
-		}
-		return true
-	})
 	return total
-}
-
-// openBreakers counts the shared stores whose circuit breaker is open.
-func openBreakers() int {
-	open := 0
-	stores.Range(func(_, v any) bool {
-		if r, ok := v.(statsReporter); ok && r.stats().breakerOpen {
-			open++
-		}
-		return true
-	})
-	return open
 }
 
 // storeModuleOf returns a new, unprovisioned instance of the store a
