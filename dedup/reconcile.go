@@ -115,12 +115,12 @@ type reconcileJob struct {
 	claims   []*Claim
 	release  bool
 	due      time.Time
-	failures int    // store calls that failed in a row
+	failures int // store calls that failed in a row
 	// postponed: it waits out the backoff of a batch before it that
 	// failed, as if it had failed itself.
 	postponed bool
-	answers  int    // store calls answered so far
-	released []bool // per claim, whether a pass released it
+	answers   int    // store calls answered so far
+	released  []bool // per claim, whether a pass released it
 }
 
 // owed reports a release the store has not yet answered: what Owes counts.
