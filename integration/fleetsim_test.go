@@ -26,6 +26,9 @@ func TestFleetSimulatorThroughCaddyAndRedis(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sim.Close()
+			// A second, not the default 50ms: on a machine loaded by the
+			// other packages' tests, a call past 50ms is unchecked and its
+			// redelivery admitted, as on_store_error open says.
 			caddyTester(t, fmt.Sprintf(caddytestGlobals+`
 http://localhost:{$TD_TEST_HTTP_PORT} {
 	telemetry_dedup /telemetry {
@@ -37,9 +40,6 @@ http://localhost:{$TD_TEST_HTTP_PORT} {
 	}
 	reverse_proxy %s
 }`, "fleetsim:"+t.Name()+":", shape, srv.URL(), sim.UpstreamAddr()))
-			// A second, not the default 50ms: on a machine loaded by the
-			// other packages' tests, a call past 50ms is unchecked and its
-			// redelivery admitted, as on_store_error open says.
 			cfg := fleetsim.Config{Assets: 6, Duration: 2 * time.Hour, AssetPrefix: shape + "-", Concurrency: 3}
 			sc, err := fleetsim.Run(context.Background(), cfg, sim)
 			if err != nil {
