@@ -391,3 +391,53 @@ func TestALatePingAtTheStayIsSuppressedAfterANewSession(t *testing.T) {
 		}
 	})
 }
+
+// OwnTracks Android and Traccar Client send a speed of 0 when the fix has
+// none, and a phone in a moving car on Wi-Fi or cell location reports an
+// accuracy of hundreds of metres: counted twice as a fix at rest, it hid
+// kilometres of travel. The margin a still fix adds is capped.
+func TestANetworkFixWithoutASpeedHidesNoTravel(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		last := offset(0, 0, 0)
+		for i := 1; i <= 10; i++ { // 12 m/s, one fix every 30 s
+			p := withSpeed(withAccuracy(offset(40+30*float64(i), 360*float64(i), 0), 1000), 0)
+			if d.settled(t, p).Decision == Accepted {
+				last = p
+				continue
+			}
+			dist := math.Sqrt(fixOf(&Claim{Observation: Observation{Ping: p}}).distance2(last.Lat, last.Lon))
+			if dist > 1000 {
+				t.Fatalf("fix %d (%.0f s after leaving) suppressed %.0f m from the last accepted one", i, 30*float64(i), dist)
+			}
+		}
+	})
+}
+
+// H8-2: a creeping bus reported by OwnTracks Android: 0.9 m/s truncated to
+// vel 3 km/h (0.83 m/s, "at rest"), accuracy 35 m. The restSpeed promise:
+// an asset creeping is reported every max(LagFactor radii, accuracy).
+// OwnTracks Android truncates its speed to whole km/h: an asset creeping at
+// 0.9 m/s reports 3 km/h, under the speed of rest. It gets no margin: it
+// lags no more than its own accuracy or the lag bound.
+func TestACreepAtATruncatedSpeedLagsNoMoreThanItsAccuracy(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		last := offset(0, 0, 0)
+		for i := 1; i <= 60; i++ {
+			p := withSpeed(withAccuracy(offset(40+10*float64(i), 9*float64(i), 0), 35), 3/3.6)
+			if d.settled(t, p).Decision == Accepted {
+				last = p
+				continue
+			}
+			dist := math.Sqrt(fixOf(&Claim{Observation: Observation{Ping: p}}).distance2(last.Lat, last.Lon))
+			if dist > max(LagFactor*DefaultRadius, 35) {
+				t.Fatalf("fix %d suppressed %.0f m from the last accepted one", i, dist)
+			}
+		}
+	})
+}
+
+// H8-3: two state fields, one missing from a message, says nothing of it.
+// (Traccar: ignition in every message, driverUniqueId only on an RFID
+// swipe; OsmAnd port: whatever fields the sender put in the query.)

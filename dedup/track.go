@@ -54,6 +54,13 @@ const (
 	// is no licence to lag either: an asset creeping slower still is
 	// reported every LagFactor radii like any other.
 	restSpeed = 1.0 // m/s
+	// stillSpeed is a reported speed of an asset standing still, below a
+	// slow walker's however a client rounds it (OwnTracks Android sends
+	// whole km/h, truncated: 1.1 m/s is sent as 3 km/h).
+	stillSpeed = 0.5 // m/s
+	// restMargin caps the margin a fix standing still adds to its accuracy
+	// (see uncertainty).
+	restMargin = 50.0 // m
 	// anchorMemory is how many fixes the anchor averages at most, so that
 	// it follows a receiver's slow drift.
 	anchorMemory = 64
@@ -114,17 +121,21 @@ func fixOf(c *Claim) fix {
 
 // uncertainty is how far from where it says a fix may lie, in metres, 0
 // when unknown: the accuracy it reports, a 68% radius (as Android documents
-// it), so a third of a receiver's fixes lie outside it.
-// A fix that says it is at rest counts twice that, about its 99% radius:
-// lying outside its 68% radius is no evidence of a move, and a phone
-// indoors reports 50 to 100 m and scatters as far. A fix under way keeps
-// the radius it reports, so that real movement is never hidden by it.
+// it), so a third of a receiver's fixes lie outside it. A fix that says it
+// is still gets a margin of as much again, up to restMargin, about its 99%
+// radius: lying outside its 68% radius is no evidence of a move, and a
+// phone indoors reports 50 to 100 m and scatters as far. The margin is
+// capped because a speed of 0 is often no reading at all (OwnTracks
+// Android and Traccar Client send 0 when the fix has no speed, Traccar's
+// positions from cell towers carry 0), and a Wi-Fi or cell fix of a phone
+// in a moving car reports hundreds of metres: twice that would hide
+// kilometres of travel. A fix under way keeps the radius it reports.
 func uncertainty(c *Claim) float64 {
 	if c.Accuracy <= 0 {
 		return 0
 	}
-	if c.HasSpeed && c.Speed < restSpeed {
-		return 2 * c.Accuracy
+	if c.HasSpeed && c.Speed < stillSpeed {
+		return c.Accuracy + min(c.Accuracy, restMargin)
 	}
 	return c.Accuracy
 }
