@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,9 +129,15 @@ func (s *stream) sayMore(p *ping.Ping) {
 	if s.rng.Float64() < 0.05 {
 		p.Event = "alarm"
 	}
+	// Two state fields, each carried by some messages only.
+	var state []string
 	if s.rng.Float64() < 0.5 {
-		p.State = []string{"ignition=true", "ignition=false"}[s.rng.IntN(2)]
+		state = append(state, []string{"ignition=true", "ignition=false"}[s.rng.IntN(2)])
 	}
+	if s.rng.Float64() < 0.2 {
+		state = append(state, []string{"driverUniqueId=D1", "driverUniqueId=D2"}[s.rng.IntN(2)])
+	}
+	p.State = strings.Join(state, "&")
 }
 
 // tick advances the server clock, now and then past the in-flight timeout.

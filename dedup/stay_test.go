@@ -441,3 +441,40 @@ func TestACreepAtATruncatedSpeedLagsNoMoreThanItsAccuracy(t *testing.T) {
 // H8-3: two state fields, one missing from a message, says nothing of it.
 // (Traccar: ignition in every message, driverUniqueId only on an RFID
 // swipe; OsmAnd port: whatever fields the sender put in the query.)
+
+// With two state fields (Traccar's ignition and driver), a message that
+// carries only one of them says nothing of the other: the state is
+// compared field by field, and each change of either is admitted.
+func TestAStateFieldAMessageLacksKeepsItsValue(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, withState(offset(60, 1, 1), "ignition=true&driverUniqueId=D1")); v.Decision != Accepted {
+			t.Fatalf("first state: %+v", v)
+		}
+		for i, p := range []struct {
+			sec   float64
+			state string
+		}{{70, "ignition=true"}, {80, "driverUniqueId=D1"}, {90, ""}, {100, "ignition=true"}} {
+			if v := d.settled(t, withState(offset(p.sec, 0, 1), p.state)); v.Decision != Suppressed {
+				t.Fatalf("message %d (%q), nothing changed: %+v, want suppressed", i, p.state, v)
+			}
+		}
+		if v := d.settled(t, withState(offset(110, 1, 0), "ignition=false")); v.Decision != Accepted {
+			t.Fatalf("ignition off: %+v, want accepted", v)
+		}
+		if v := d.settled(t, withState(offset(120, 1, 0), "driverUniqueId=D2")); v.Decision != Accepted {
+			t.Fatalf("driver change: %+v, want accepted", v)
+		}
+	})
+}
+
+// The presets' two state fields fall in different halves of the print, so
+// that each is compared on its own.
+func TestThePresetsStateFieldsAreComparedApart(t *testing.T) {
+	for _, paths := range [][2]string{{"ignition", "driverUniqueId"}, {"position.attributes.ignition", "position.attributes.driverUniqueId"}} {
+		a, b := statePrint(paths[0]+"=true"), statePrint(paths[1]+"=D1")
+		if a&b != 0 || a == 0 || b == 0 {
+			t.Errorf("%s and %s share a half of the state print (%016x, %016x): a message carrying one would change the other", paths[0], paths[1], a, b)
+		}
+	}
+}

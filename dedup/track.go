@@ -2,8 +2,10 @@ package dedup
 
 import (
 	"encoding/binary"
+	"hash"
 	"hash/fnv"
 	"math"
+	"strings"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
@@ -140,11 +142,28 @@ func uncertainty(c *Claim) float64 {
 	return c.Accuracy
 }
 
-// changesState reports whether f reports a state other than st: a fix
-// without the state fields (most messages of a tracker that sends its
-// ignition only in status reports) says nothing of it.
+// changesState reports whether f reports a state other than st. The
+// print has a half for each state field (see statePrint), and a fix
+// says nothing of a field it does not carry: most messages of a tracker
+// that sends its ignition only in status reports, a driver's card read
+// once.
 func (f fix) changesState(st uint64) bool {
-	return f.state != 0 && f.state != st
+	for _, half := range stateHalves {
+		if seen := f.state & half; seen != 0 && seen != st&half {
+			return true
+		}
+	}
+	return false
+}
+
+// mergeState is st with the halves f carries replaced by f's.
+func (f fix) mergeState(st uint64) uint64 {
+	for _, half := range stateHalves {
+		if seen := f.state & half; seen != 0 {
+			st = st&^half | seen
+		}
+	}
+	return st
 }
 
 // stay is where an asset is judged to be.
@@ -352,9 +371,7 @@ func (st *trackState) inPastStay(f fix) (in, began bool) {
 func (st *trackState) accept(old *trackState, f fix, newSession bool, change func(*track)) {
 	st.prev, st.hasPrev = old.track, true
 	change(&st.track)
-	if f.state != 0 {
-		st.state = f.state
-	}
+	st.state = f.mergeState(st.state)
 	if newSession {
 		st.sessionStart = f.t
 	}
@@ -558,15 +575,44 @@ func boolByte(b bool) byte {
 	return 0
 }
 
-// statePrint fingerprints the state fields' value (FNV-1a), 0 for none:
-// only whether it changed matters.
+// stateHalves are the two halves of a state print.
+var stateHalves = [2]uint64{0xffffffff_00000000, 0x00000000_ffffffff}
+
+// statePrint fingerprints the state fields' values, path=value joined by
+// &, so that only whether each changed matters: each field goes into one
+// half of the print, chosen by its path (the presets' ignition and driver
+// fall in different halves), as the FNV-1a of the fields there, 0 for a
+// half none of whose fields the ping carries. A third field shares a half
+// with another: the two change together, as the whole state once did.
 func statePrint(state string) uint64 {
-	if state == "" {
-		return 0
+	var halves [2]hash.Hash32
+	for field := range strings.SplitSeq(state, "&") {
+		if field == "" {
+			continue
+		}
+		path, _, _ := strings.Cut(field, "=")
+		h := &halves[fnv32(path)&1]
+		if *h == nil {
+			*h = fnv.New32a()
+		} else {
+			(*h).Write([]byte{'&'})
+		}
+		(*h).Write([]byte(field))
 	}
-	h := fnv.New64a()
-	h.Write([]byte(state))
-	return h.Sum64() | 1 // never 0, which means none
+	var print uint64
+	for i, h := range halves {
+		if h != nil {
+			print |= uint64(h.Sum32()|1) << (32 * (1 - i)) // never 0, which means none
+		}
+	}
+	return print
+}
+
+// fnv32 is the FNV-1a hash of s.
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return h.Sum32()
 }
 
 func tokenBytes(token uint64) string {

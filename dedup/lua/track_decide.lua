@@ -224,12 +224,32 @@ local function inPastStay(c)
 	return false, false
 end
 
--- A fix without the state fields (a print of eight zero bytes) says
--- nothing of the state.
-local NOSTATE = string.rep('\0', 8)
+-- The state print has a half for each state field (statePrint in
+-- track.go), four zero bytes where the fix carries none of its fields: a
+-- fix says nothing of a field it does not carry.
+local NOHALF = string.rep('\0', 4)
 
 local function changesState(c)
-	return statep ~= NOSTATE and statep ~= c.state
+	for i = 1, 5, 4 do
+		local half = string.sub(statep, i, i + 3)
+		if half ~= NOHALF and half ~= string.sub(c.state, i, i + 3) then
+			return true
+		end
+	end
+	return false
+end
+
+-- The state st with the halves the fix carries replaced by the fix's.
+local function mergeState(st)
+	local merged = ''
+	for i = 1, 5, 4 do
+		local half = string.sub(statep, i, i + 3)
+		if half == NOHALF then
+			half = string.sub(st, i, i + 3)
+		end
+		merged = merged .. half
+	end
+	return merged
 end
 
 local function judgeLate(c)
@@ -273,9 +293,7 @@ local prevRaw = string.sub(raw, 10 + CORE_SIZE)
 local function accept(newSession, change)
 	prevRaw, hasPrev = curRaw, true
 	change(cur)
-	if statep ~= NOSTATE then
-		cur.state = statep
-	end
+	cur.state = mergeState(cur.state)
 	if newSession then
 		cur.sessionStart = t
 	end
