@@ -54,7 +54,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// Once Redis answers again, the releases it owes reach Redis before
 	// any request's call: that request may be the retry of one of them,
 	// and must find its claim gone.
-	breaker.ReleaseFirst(c.reconciler.Owes, c.reconciler.ReleaseOwed)
+	breaker.ReleaseFirst(c.reconciler.OwesFor, c.reconciler.ReleaseOwed)
 	report(c)
 	return c
 }

@@ -69,7 +69,7 @@ type Breaker struct {
 	onChange func(from, to BreakerState, cause error)
 	now      func() time.Time
 	// While owed reports true, a call first runs releaseOwed (ReleaseFirst).
-	owed        func() bool
+	owed        func([]*Claim) bool
 	releaseOwed func(context.Context) error
 
 	mu          sync.Mutex
@@ -102,15 +102,15 @@ func (b *Breaker) State() BreakerState {
 }
 
 // ReleaseFirst makes every decision the breaker lets through, while owed
-// reports true, first call release, and go to the store only if it
-// succeeds; if it fails, the call has failed. (A settlement does not wait:
-// it is no retry.) A connection passes its
-// reconciler's Owes and ReleaseOwed: once the store answers again, the
-// first request through may be the retry of an observation whose failed
-// request's claim still waits to be released, by then older than
-// in_flight_timeout, and it must find that claim gone, not settled. Set it
-// before the breaker is used.
-func (b *Breaker) ReleaseFirst(owed func() bool, release func(context.Context) error) {
+// reports true of its claims, first call release, and go to the store
+// only if it succeeds; if it fails, the call has failed. (A settlement
+// does not wait: it is no retry.) A connection passes its reconciler's
+// OwesFor and ReleaseOwed: once the store answers again, the first request
+// through may be the retry of an observation whose failed request's claim
+// still waits to be released, by then older than in_flight_timeout, and it
+// must find that claim gone, not settled. Set it before the breaker is
+// used.
+func (b *Breaker) ReleaseFirst(owed func([]*Claim) bool, release func(context.Context) error) {
 	b.owed, b.releaseOwed = owed, release
 }
 
@@ -146,11 +146,11 @@ func (b *Breaker) allow() bool {
 // enter lets a call through or says why not: the breaker is open, or the
 // releases owed before it (ReleaseFirst) failed, in which case the call
 // counts as failed and is not made.
-func (b *Breaker) enter(ctx context.Context) error {
+func (b *Breaker) enter(ctx context.Context, claims []*Claim) error {
 	if !b.allow() {
 		return ErrBreakerOpen
 	}
-	if b.owed != nil && b.owed() {
+	if b.owed != nil && b.owed(claims) {
 		if err := b.releaseOwed(ctx); err != nil {
 			b.done(err)
 			return fmt.Errorf("%w: %w", ErrReleasesOwed, err)
@@ -208,7 +208,7 @@ type guardedStore struct {
 }
 
 func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
-	if err := g.breaker.enter(ctx); err != nil {
+	if err := g.breaker.enter(ctx, claims); err != nil {
 		return nil, err
 	}
 	v, err := g.next.Decide(ctx, claims)

@@ -98,6 +98,9 @@ type Reconciler struct {
 	pass *releasePass
 	mu   sync.Mutex
 	owed atomic.Int64 // release jobs the store has not yet answered
+	// owedKeys counts, by Claim.Key, the claims of those jobs: a call on
+	// one of these keys may be the retry of their observation (OwesFor).
+	owedKeys map[string]int
 	// unanswered counts the claims of the jobs the store has not yet
 	// answered: what waits for Redis, where claims counts those kept for
 	// their confirmations too.
@@ -167,6 +170,7 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 	r.unanswered.Add(int64(len(claims)))
 	if release {
 		r.owed.Add(1)
+		r.oweKeysLocked(job, 1)
 	}
 	r.mu.Unlock()
 	select {
@@ -199,6 +203,49 @@ func (r *Reconciler) Wake() {
 // ReleaseOwed has work to do.
 func (r *Reconciler) Owes() bool { return r.owed.Load() > 0 }
 
+// OwesFor reports whether releases the store has not yet answered hold the
+// key of any of claims (the same observation in tumbling, the same asset
+// in sliding and session): a call on them may be the retry of one of
+// their observations, and must wait for them (Breaker.ReleaseFirst). A
+// call on other keys need not: on a Cluster, a release owed on a slot that
+// cannot be reached (its master down, the slot migrating) would otherwise
+// fail every call.
+func (r *Reconciler) OwesFor(claims []*Claim) bool {
+	if !r.Owes() {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range claims {
+		if r.owedKeys[c.Key()] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// oweKeysLocked counts delta for the key of each claim of j in owedKeys.
+// r.mu must be held.
+func (r *Reconciler) oweKeysLocked(j *reconcileJob, delta int) {
+	if r.owedKeys == nil {
+		r.owedKeys = map[string]int{}
+	}
+	for _, c := range j.claims {
+		k := c.Key()
+		if r.owedKeys[k] += delta; r.owedKeys[k] <= 0 {
+			delete(r.owedKeys, k)
+		}
+	}
+}
+
+// paid counts the owed release j as answered (or given up on).
+func (r *Reconciler) paid(j *reconcileJob) {
+	r.owed.Add(-1)
+	r.mu.Lock()
+	r.oweKeysLocked(j, -1)
+	r.mu.Unlock()
+}
+
 // Len returns how many claims are waiting.
 func (r *Reconciler) Len() int {
 	r.mu.Lock()
@@ -229,6 +276,7 @@ func (r *Reconciler) Close() {
 	left := int(r.unanswered.Swap(0))
 	r.jobs, r.claims = nil, 0
 	r.owed.Store(0)
+	clear(r.owedKeys)
 	r.mu.Unlock()
 	r.count(ReconcileDropped, left)
 }
@@ -472,7 +520,7 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 // decides the outcome, the confirmations count what landed late.
 func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	if j.owed() {
-		r.owed.Add(-1)
+		r.paid(j)
 	}
 	late := 0
 	for i, ok := range released {
@@ -528,7 +576,7 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 // gauge) then also sees their outcome.
 func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
 	if j.owed() { // expired unanswered
-		r.owed.Add(-1)
+		r.paid(j)
 	}
 	if j.answers == 0 {
 		r.unanswered.Add(-int64(len(j.claims)))

@@ -344,7 +344,7 @@ func TestCallsReleaseWhatTheReconcilerOwesFirst(t *testing.T) {
 				store := &downStore{Store: s}
 				r, o := testReconciler(t, store, 0)
 				breaker := NewBreaker(1, time.Hour, nil)
-				breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
+				breaker.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
 				guarded := breaker.Guard(store)
 
 				// The store goes away: the upstream failed, the release
@@ -411,7 +411,7 @@ func owingOneRelease(t *testing.T, store Store, failures int) (*Breaker, Store, 
 	t.Helper()
 	r, _ := testReconciler(t, store, 0)
 	breaker := NewBreaker(failures, time.Hour, nil)
-	breaker.ReleaseFirst(r.Owes, r.ReleaseOwed)
+	breaker.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
 	pol := testPolicy(Tumbling)
 	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
 	return breaker, breaker.Guard(store), pol
@@ -701,4 +701,39 @@ func TestAPassStoppedByAFailureRacesNoWake(t *testing.T) {
 	}
 	close(stop)
 	<-done
+}
+
+// A release owed on one key holds up only the calls on that key, which may
+// be the retry of its observation. A call on another asset goes to the
+// store at once: a release owed on a key that cannot be written (on a
+// Cluster, its master down or its slot migrating) failed every call.
+func TestAReleaseOwedHoldsUpOnlyCallsOnItsKey(t *testing.T) {
+	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})} // releases hang
+	defer close(store.gate)
+	_, guarded, pol := owingOneRelease(t, store, 1000)
+	elsewhere := parked
+	elsewhere.Asset = "elsewhere"
+	other := make(chan error, 1)
+	go func() {
+		_, err := decideOne(context.Background(), guarded, claimOf(pol, elsewhere, 5, time.Now()))
+		other <- err
+	}()
+	select {
+	case err := <-other:
+		if err != nil {
+			t.Fatalf("a call on another asset: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call on another asset waited for a release it has nothing to do with")
+	}
+	same := make(chan error, 1)
+	go func() {
+		_, err := decideOne(context.Background(), guarded, claimOf(pol, parked, 6, time.Now()))
+		same <- err
+	}()
+	select {
+	case err := <-same:
+		t.Fatalf("a call on the owed key went ahead of its release: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
 }
