@@ -24,6 +24,7 @@ import (
 	"github.com/uber/h3-go/v4"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/fixtures"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
@@ -241,21 +242,6 @@ func TestAnalyzeCommandRefusesShapeFlagsAsTheDirective(t *testing.T) {
 	}
 }
 
-// senderLine reads a tracker's body from the sender fixtures, on one line
-// as a capture keeps it.
-func senderLine(t *testing.T, file string) string {
-	t.Helper()
-	body, err := os.ReadFile(filepath.Join("testdata", "senders", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var line bytes.Buffer
-	if err := json.Compact(&line, body); err != nil {
-		t.Fatal(err)
-	}
-	return line.String()
-}
-
 // analyzeCounts is what an analyze --json run read.
 type analyzeCounts struct {
 	Lines    int            `json:"lines"`
@@ -268,7 +254,7 @@ type analyzeCounts struct {
 // splits it: Overland's wrapped batches with --preset overland, a JSON
 // array, or a wrapper of the site's own with --batch, every element a ping.
 func TestAnalyzeCommandReadsBatches(t *testing.T) {
-	overland := senderLine(t, "overland/batch_composed.json") // two fixes and a visit record
+	overland := fixtures.SenderLine(t, "overland/batch_composed.json") // two fixes and a visit record
 	var batch struct {
 		Locations []json.RawMessage `json:"locations"`
 	}
@@ -290,7 +276,7 @@ func TestAnalyzeCommandReadsBatches(t *testing.T) {
 	}{
 		{"overland batches", []string{overland, `{"locations":[` + strings.Join(offline, ",") + "]}"}, []string{"--preset", "overland"},
 			analyzeCounts{Lines: 2, Elements: 153, Pings: 152, Skipped: map[string]int{"not_a_ping": 1}}},
-		{"owntracks array", []string{senderLine(t, "owntracks-android/location_multiple_messages.json")}, []string{"--preset", "owntracks"},
+		{"owntracks array", []string{fixtures.SenderLine(t, "owntracks-android/location_multiple_messages.json")}, []string{"--preset", "owntracks"},
 			analyzeCounts{Lines: 1, Elements: 2, Pings: 2}},
 		{"a wrapper of the site's own", []string{own, articlePing}, []string{"--batch", "fixes"},
 			analyzeCounts{Lines: 2, Elements: 3, Pings: 2, Skipped: map[string]int{"malformed": 1}}},
@@ -314,7 +300,7 @@ func TestAnalyzeCommandReadsBatches(t *testing.T) {
 			}
 		})
 	}
-	if _, err := runAnalyzeCmd(t, senderLine(t, "traccar-client-sdk/json_array_body_composed.json"), "--preset", "osmand", "-"); err == nil ||
+	if _, err := runAnalyzeCmd(t, fixtures.SenderLine(t, "traccar-client-sdk/json_array_body_composed.json"), "--preset", "osmand", "-"); err == nil ||
 		!strings.Contains(err.Error(), "none of the 2 elements the 1 line holds") || !strings.Contains(err.Error(), "not_a_ping: 2") {
 		t.Errorf("an array of no fixes: %v, want it to count both elements as not a ping", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
@@ -140,6 +141,23 @@ func TestAPingIsABatchOfOne(t *testing.T) {
 			})
 		}
 	}
+}
+
+// loadConfig provisions a handler from its JSON config, as a config load
+// does, and returns it with its cleanup, for the test to call: a reload
+// provisions the new config before it cleans up the old one.
+func loadConfig(t *testing.T, config string) (*tableTester, func()) {
+	t.Helper()
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(config), h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.logger = zap.NewNop()
+	return &tableTester{h: h}, func() { _ = h.Cleanup(); cancel() }
 }
 
 // tableTester is a provisioned handler with an upstream that records what

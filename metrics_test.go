@@ -1,7 +1,6 @@
 package telemetrydedup
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
@@ -113,17 +110,7 @@ func TestMetricsRegisterTwice(t *testing.T) {
 func TestStoreCountersSurviveAReloadThatReplacesTheStore(t *testing.T) {
 	rdb := redistest.Start(t)
 	load := func(timeout time.Duration) (*tableTester, func()) {
-		h := new(Handler)
-		config := fmt.Sprintf(`{"key_prefix":"counters:","store":{"type":"redis","url":%q,"timeout":%d}}`, rdb.URL(), timeout.Nanoseconds())
-		if err := json.Unmarshal([]byte(config), h); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		if err := h.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		h.logger = zap.NewNop()
-		return &tableTester{h: h}, func() { _ = h.Cleanup(); cancel() }
+		return loadConfig(t, fmt.Sprintf(`{"key_prefix":"counters:","store":{"type":"redis","url":%q,"timeout":%d}}`, rdb.URL(), timeout.Nanoseconds()))
 	}
 	old, unloadOld := load(time.Second)
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
@@ -146,17 +133,8 @@ func TestStoreCountersSurviveAReloadThatReplacesTheStore(t *testing.T) {
 // retired, or a scrape in between sees the counters drop.
 func TestStoreCountersNeverDropWhileAConnectionCloses(t *testing.T) {
 	rdb := redistest.Start(t)
-	h := new(Handler)
-	config := fmt.Sprintf(`{"key_prefix":"retire:","store":{"type":"redis","url":%q,"timeout":%d}}`, rdb.URL(), (300 * time.Millisecond).Nanoseconds())
-	if err := json.Unmarshal([]byte(config), h); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h.logger = zap.NewNop()
-	tt := &tableTester{h: h}
+	tt, unload := loadConfig(t, fmt.Sprintf(`{"key_prefix":"retire:","store":{"type":"redis","url":%q,"timeout":%d}}`,
+		rdb.URL(), (300*time.Millisecond).Nanoseconds()))
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
 	if res := tt.post(fmt.Sprintf(`{"asset_id":"veh-1","occurred_at":%q,"lat":52.5,"lon":13.4}`, at), "application/json", nil); res.status != http.StatusCreated {
 		t.Fatalf("ping: %d %s", res.status, res.body)
@@ -167,7 +145,7 @@ func TestStoreCountersNeverDropWhileAConnectionCloses(t *testing.T) {
 
 	before := sumStoreStats()
 	unloaded := make(chan struct{})
-	go func() { _ = h.Cleanup(); cancel(); close(unloaded) }()
+	go func() { unload(); close(unloaded) }()
 	lowest := before.roundTrips
 	for closing := true; closing; {
 		select {

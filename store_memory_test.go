@@ -1,34 +1,18 @@
 package telemetrydedup
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
-	"go.uber.org/zap"
 )
 
-// loadMemoryConfig provisions a handler on the memory store with maxKeys,
-// as a config load does, and returns it with its cleanup: a reload
-// provisions the new config before it cleans up the old one.
+// loadMemoryConfig loads a handler on the memory store with maxKeys.
 func loadMemoryConfig(t *testing.T, maxKeys int) (*tableTester, func()) {
 	t.Helper()
-	h := new(Handler)
-	config := fmt.Sprintf(`{"key_prefix":"maxkeys:","store":{"type":"memory","max_keys":%d}}`, maxKeys)
-	if err := json.Unmarshal([]byte(config), h); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h.logger = zap.NewNop()
-	return &tableTester{h: h}, func() { _ = h.Cleanup(); cancel() }
+	return loadConfig(t, fmt.Sprintf(`{"key_prefix":"maxkeys:","store":{"type":"memory","max_keys":%d}}`, maxKeys))
 }
 
 // Raising max_keys is what an operator does when the store evicts: the

@@ -5,30 +5,14 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/fixtures"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
-
-// senderBody reads a tracker's body from the sender fixtures, on one line
-// as a capture keeps it.
-func senderBody(t *testing.T, file string) string {
-	t.Helper()
-	body, err := os.ReadFile(filepath.Join("..", "testdata", "senders", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var line bytes.Buffer
-	if err := json.Compact(&line, body); err != nil {
-		t.Fatal(err)
-	}
-	return line.String()
-}
 
 // overlandBatch is the Overland fixture's batch with its first fix
 // repeated n times, a second apart: the wrapped batch of n features an
@@ -36,7 +20,7 @@ func senderBody(t *testing.T, file string) string {
 func overlandBatch(t *testing.T, n int) string {
 	t.Helper()
 	var body map[string]any
-	if err := json.Unmarshal([]byte(senderBody(t, "overland/batch_composed.json")), &body); err != nil {
+	if err := json.Unmarshal([]byte(fixtures.SenderLine(t, "overland/batch_composed.json")), &body); err != nil {
 		t.Fatal(err)
 	}
 	first, err := json.Marshal(body["locations"].([]any)[0])
@@ -90,16 +74,16 @@ func TestAnalyzeSplitsBatches(t *testing.T) {
 		skipped                map[string]int
 	}{
 		{"overland batches", presetOptions(t, "overland"),
-			[]string{senderBody(t, "overland/batch_composed.json"), overlandBatch(t, 150)},
+			[]string{fixtures.SenderLine(t, "overland/batch_composed.json"), overlandBatch(t, 150)},
 			2, 153, 152, map[string]int{SkipNotAPing: 1}}, // the fixture's visit record
 		{"overland: no wrapper array", presetOptions(t, "overland"),
-			[]string{senderBody(t, "overland/readme_locations_derived.json"), `{"current":{}}`},
+			[]string{fixtures.SenderLine(t, "overland/readme_locations_derived.json"), `{"current":{}}`},
 			2, 2, 0, map[string]int{string(ping.RuleRequired): 1, SkipMalformed: 1}},
 		{"owntracks: a JSON array", presetOptions(t, "owntracks"),
-			[]string{senderBody(t, "owntracks-android/location_multiple_messages.json")},
+			[]string{fixtures.SenderLine(t, "owntracks-android/location_multiple_messages.json")},
 			1, 2, 2, map[string]int{}},
 		{"osmand: an array of no fixes", presetOptions(t, "osmand"),
-			[]string{senderBody(t, "traccar-client-sdk/json_array_body_composed.json")},
+			[]string{fixtures.SenderLine(t, "traccar-client-sdk/json_array_body_composed.json")},
 			1, 2, 0, map[string]int{SkipNotAPing: 2}},
 		{"a wrapper of our own", Options{Batch: ping.Splitter{Wrapper: "data.fixes"}},
 			[]string{`{"data":{"fixes":[` + fixes(3) + `]}}`, fmt.Sprintf(fix, 9)},

@@ -632,6 +632,20 @@ func TestCloseWaitsForAPassOnItsWay(t *testing.T) {
 	}
 }
 
+// batchOfReleases is the claims of one failed request's batch, job-th of
+// its kind: a store call's worth (reconcileBatch) of pings of distinct
+// assets.
+func batchOfReleases(job int) []*Claim {
+	pol := testPolicy(Tumbling)
+	var claims []*Claim
+	for i := range reconcileBatch {
+		p := parked
+		p.Asset = fmt.Sprintf("veh-%d-%d", job, i)
+		claims = append(claims, claimOf(pol, p, uint64(job*reconcileBatch+i+1), time.Now()))
+	}
+	return claims
+}
+
 // A pass over the releases due stops at the first batch the store fails:
 // on a hung Redis each batch would wait its own timeout, one after
 // another, and every call that must first release what is owed waited for
@@ -639,16 +653,7 @@ func TestCloseWaitsForAPassOnItsWay(t *testing.T) {
 func TestAFailingStoreStopsAPassAtItsFirstFailedBatch(t *testing.T) {
 	store := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{})} // hangs, then fails
 	r, _ := testReconciler(t, store, 0)
-	pol := testPolicy(Tumbling)
-	hand := func(job int) {
-		var claims []*Claim
-		for i := range reconcileBatch {
-			p := parked
-			p.Asset = fmt.Sprintf("veh-%d-%d", job, i)
-			claims = append(claims, claimOf(pol, p, uint64(job*reconcileBatch+i+1), time.Now()))
-		}
-		r.Hand(claims, true)
-	}
+	hand := func(job int) { r.Hand(batchOfReleases(job), true) }
 	hand(0)
 	for deadline := time.Now().Add(5 * time.Second); store.releaseCount() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -674,15 +679,8 @@ func TestAFailingStoreStopsAPassAtItsFirstFailedBatch(t *testing.T) {
 func TestAPassStoppedByAFailureRacesNoWake(t *testing.T) {
 	store := &downStore{Store: NewMemoryStore(0)}
 	r, _ := testReconciler(t, store, 0)
-	pol := testPolicy(Tumbling)
 	for job := range 2 {
-		var claims []*Claim
-		for i := range reconcileBatch {
-			p := parked
-			p.Asset = fmt.Sprintf("veh-%d-%d", job, i)
-			claims = append(claims, claimOf(pol, p, uint64(job*reconcileBatch+i+1), time.Now()))
-		}
-		r.Hand(claims, true)
+		r.Hand(batchOfReleases(job), true)
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
