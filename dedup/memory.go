@@ -202,7 +202,7 @@ func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 	}
 	stateKey := m.keys.key(c.StateKey)
 	if st, ok := live(m.tracks, stateKey, now); ok {
-		if st.undo(c.Token) {
+		if st.undo(c.Token, statePrint(c.State)) {
 			replace(m.tracks, stateKey, st)
 		} else {
 			delete(m.tracks, stateKey)

@@ -180,7 +180,7 @@ func (s *RedisStore) Settle(claims []*Claim, done func(error)) {
 		if c.Policy.Shape == Tumbling {
 			cmds[i] = settleCmd(c)
 		} else {
-			cmds[i] = pipeline.EvalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), tokenBytes(c.Token))
+			cmds[i] = pipeline.EvalSha(trackSettleScript, []string{c.SeenKey}, seenField(c), uint64Bytes(c.Token))
 		}
 	}
 	s.pipeline.Go(s.timeout, cmds, done)
@@ -211,7 +211,8 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 		if c.Policy.Shape == Tumbling {
 			cmds[j] = pipeline.EvalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
 		} else {
-			cmds[j] = pipeline.EvalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), tokenBytes(c.Token))
+			cmds[j] = pipeline.EvalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), uint64Bytes(c.Token),
+				uint64Bytes(statePrint(c.State)))
 		}
 	}
 	if err := s.do(ctx, cmds); err != nil {

@@ -478,3 +478,29 @@ func TestThePresetsStateFieldsAreComparedApart(t *testing.T) {
 		}
 	}
 }
+
+// A state change whose request failed is released; a later message of
+// another request, accepted meanwhile, carried only the other state field.
+// The release cannot undo the track (the released ping is no longer the
+// last accepted one), and the merge kept the released ping's ignition half
+// in the state: its retry must still be accepted, or the backend never
+// hears that the ignition turned on.
+func TestAReleasedStateChangeIsAcceptedAgainAfterAnotherFieldsChange(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		on := withState(offset(60, 1, 1), "ignition=true")
+		c, v := d.claim(t, on)
+		if v.Decision != Accepted {
+			t.Fatalf("ignition on: %+v, want accepted", v)
+		}
+		if v := d.settled(t, withState(offset(70, 0, 1), "driverUniqueId=D2")); v.Decision != Accepted {
+			t.Fatalf("driver change: %+v, want accepted", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release of the ignition on: %d %v", n, err)
+		}
+		if v := d.settled(t, on); v.Decision != Accepted {
+			t.Fatalf("the retry of the released ignition on: %+v, want accepted (the backend never heard of it)", v)
+		}
+	})
+}

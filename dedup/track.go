@@ -156,6 +156,18 @@ func (f fix) changesState(st uint64) bool {
 	return false
 }
 
+// forgetState clears the halves of the state that still hold what a
+// released ping reported (print): the backend never heard it, so its retry
+// must count as a change, not be judged against it. A ping accepted after
+// it, carrying another field only, kept those halves.
+func (st *trackState) forgetState(print uint64) {
+	for _, half := range stateHalves {
+		if mine := print & half; mine != 0 && st.state&half == mine {
+			st.state &^= half
+		}
+	}
+}
+
 // mergeState is st with the halves f carries replaced by f's.
 func (f fix) mergeState(st uint64) uint64 {
 	for _, half := range stateHalves {
@@ -496,11 +508,14 @@ func (f fix) separation2(lat1, lon1, lat2, lon2 float64) float64 {
 	return float64(dx*dx) + float64(dy*dy)
 }
 
-// undo reverts the last acceptance, if it was the claim with token. It
-// reports false when the state should be deleted (the claim was the
-// asset's first).
-func (st *trackState) undo(token uint64) (keep bool) {
+// undo reverts the last acceptance, if it was the claim with token, whose
+// state fields printed statePrint. It reports false when the state should
+// be deleted (the claim was the asset's first). A claim accepted before
+// the last one cannot be undone; the state fields it reported are
+// forgotten instead (forgetState).
+func (st *trackState) undo(token, print uint64) (keep bool) {
 	if st.last.token != token {
+		st.forgetState(print)
 		return true
 	}
 	if !st.hasPrev {
@@ -615,8 +630,10 @@ func fnv32(s string) uint32 {
 	return h.Sum32()
 }
 
-func tokenBytes(token uint64) string {
+// uint64Bytes is n as the 8 big-endian bytes the scripts read (a token,
+// a state print).
+func uint64Bytes(n uint64) string {
 	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], token)
+	binary.BigEndian.PutUint64(b[:], n)
 	return string(b[:])
 }

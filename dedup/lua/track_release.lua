@@ -1,10 +1,16 @@
 -- Release an accepted sliding/session claim: forget the ping in its seen
 -- set, and if it is still the asset's last accepted ping, put the track back
--- as it was before it (trackState.undo in Go). Only the claim's own token
--- acts.
--- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes)
+-- as it was before it (trackState.undo in Go); if a later one was
+-- accepted since, forget the state fields it reported (forgetState). Only
+-- the claim's own token acts.
+-- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
+-- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
 local CORE_SIZE = 273
+-- where the state print starts in the track: after the seen max (8 bytes)
+-- and the fields of CORE before it
+local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bi8')
+local NOHALF = string.rep('\0', 4)
 
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
@@ -24,5 +30,18 @@ if fields[16] == ARGV[2] then -- the last accepted ping's token
 	else
 		redis.call('DEL', KEYS[1])
 	end
+	return released
+end
+local state = string.sub(st, STATE_AT, STATE_AT + 7)
+local kept = ''
+for i = 1, 5, 4 do
+	local half, mine = string.sub(state, i, i + 3), string.sub(ARGV[3], i, i + 3)
+	if mine ~= NOHALF and half == mine then
+		half = NOHALF
+	end
+	kept = kept .. half
+end
+if kept ~= state then
+	redis.call('SET', KEYS[1], string.sub(st, 1, STATE_AT - 1) .. kept .. string.sub(st, STATE_AT + 8), 'KEEPTTL')
 end
 return released
