@@ -202,7 +202,11 @@ func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 	}
 	stateKey := m.keys.key(c.StateKey)
 	if st, ok := live(m.tracks, stateKey, now); ok {
-		if st.undo(c.Token, statePrint(c.State)) {
+		var reported uint64 // what the track may still hold of it: nothing, if the ping was not this claim's any more
+		if released {
+			reported = statePrint(c.State)
+		}
+		if st.undo(c.Token, reported) {
 			replace(m.tracks, stateKey, st)
 		} else {
 			delete(m.tracks, stateKey)

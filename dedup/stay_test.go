@@ -504,3 +504,56 @@ func TestAReleasedStateChangeIsAcceptedAgainAfterAnotherFieldsChange(t *testing.
 		}
 	})
 }
+
+// X reports the ignition on, Y (another request) only the driver; both
+// fail and are released, oldest first, and Z is accepted. Releasing X
+// cleared the ignition from the track but not from Y's undo record, which
+// releasing Y put back: X's retry was suppressed as jitter.
+func TestAReleasedStateChangeStaysForgottenWhenALaterPingIsUndone(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		on := withState(offset(60, 1, 1), "ignition=true")
+		x, v := d.claim(t, on)
+		if v.Decision != Accepted {
+			t.Fatalf("ignition on: %+v", v)
+		}
+		y, v := d.claim(t, withState(offset(70, 0, 1), "driverUniqueId=D2"))
+		if v.Decision != Accepted {
+			t.Fatalf("driver D2: %+v", v)
+		}
+		for _, c := range []*Claim{x, y} {
+			if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+				t.Fatalf("release: %d %v", n, err)
+			}
+		}
+		if v := d.settled(t, withState(offset(80, -1, 0), "driverUniqueId=D3")); v.Decision != Accepted {
+			t.Fatalf("driver D3: %+v", v)
+		}
+		if v := d.settled(t, on); v.Decision != Accepted {
+			t.Fatalf("the retry of the released ignition on: %+v, want accepted (the backend never heard of it)", v)
+		}
+	})
+}
+
+// A release of a claim the store no longer holds (go-redis sending it again
+// after losing the reply, once the retry was accepted) forgets nothing:
+// the retry reported the same state, and the backend heard it.
+func TestAReleaseThatHoldsNothingForgetsNoState(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		on := withState(offset(60, 1, 1), "ignition=true")
+		x, _ := d.claim(t, on)
+		if n, _ := d.Release(t.Context(), x); n != 1 {
+			t.Fatal("the release did not hold its claim")
+		}
+		if v := d.settled(t, on); v.Decision != Accepted {
+			t.Fatalf("the retry: %+v", v)
+		}
+		if n, _ := d.Release(t.Context(), x); n != 0 {
+			t.Fatal("the repeated release held a claim")
+		}
+		if v := d.settled(t, withState(offset(80, -1, 1), "ignition=true")); v.Decision != Suppressed {
+			t.Fatalf("the ignition still on, at the stay: %+v, want suppressed (the backend heard it from the retry)", v)
+		}
+	})
+}

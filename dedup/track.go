@@ -156,16 +156,26 @@ func (f fix) changesState(st uint64) bool {
 	return false
 }
 
-// forgetState clears the halves of the state that still hold what a
-// released ping reported (print): the backend never heard it, so its retry
-// must count as a change, not be judged against it. A ping accepted after
-// it, carrying another field only, kept those halves.
-func (st *trackState) forgetState(print uint64) {
+// forgetState clears the halves of the state, and of the undo record,
+// that still hold what a released ping reported: the backend never heard
+// it, so its retry must count as a change, not be judged against it. A
+// ping accepted after it, carrying another field only, kept those halves,
+// and so did that ping's undo record, which undoing it would put back.
+func (st *trackState) forgetState(reported uint64) {
+	st.state = forgotten(st.state, reported)
+	if st.hasPrev {
+		st.prev.state = forgotten(st.prev.state, reported)
+	}
+}
+
+// forgotten is state without the halves that equal reported's.
+func forgotten(state, reported uint64) uint64 {
 	for _, half := range stateHalves {
-		if mine := print & half; mine != 0 && st.state&half == mine {
-			st.state &^= half
+		if mine := reported & half; mine != 0 && state&half == mine {
+			state &^= half
 		}
 	}
+	return state
 }
 
 // mergeState is st with the halves f carries replaced by f's.
@@ -508,14 +518,14 @@ func (f fix) separation2(lat1, lon1, lat2, lon2 float64) float64 {
 	return float64(dx*dx) + float64(dy*dy)
 }
 
-// undo reverts the last acceptance, if it was the claim with token, whose
-// state fields printed statePrint. It reports false when the state should
-// be deleted (the claim was the asset's first). A claim accepted before
-// the last one cannot be undone; the state fields it reported are
-// forgotten instead (forgetState).
-func (st *trackState) undo(token, print uint64) (keep bool) {
+// undo reverts the last acceptance, if it was the claim with token. It
+// reports false when the state should be deleted (the claim was the
+// asset's first). A claim accepted before the last one cannot be undone;
+// the state fields it reported (reported, its statePrint) are forgotten
+// instead (forgetState).
+func (st *trackState) undo(token, reported uint64) (keep bool) {
 	if st.last.token != token {
-		st.forgetState(print)
+		st.forgetState(reported)
 		return true
 	}
 	if !st.hasPrev {

@@ -32,16 +32,28 @@ if fields[16] == ARGV[2] then -- the last accepted ping's token
 	end
 	return released
 end
-local state = string.sub(st, STATE_AT, STATE_AT + 7)
-local kept = ''
-for i = 1, 5, 4 do
-	local half, mine = string.sub(state, i, i + 3), string.sub(ARGV[3], i, i + 3)
-	if mine ~= NOHALF and half == mine then
-		half = NOHALF
-	end
-	kept = kept .. half
+if released == 0 then
+	return 0 -- the ping is not this claim's any more: a retry took it
 end
-if kept ~= state then
-	redis.call('SET', KEYS[1], string.sub(st, 1, STATE_AT - 1) .. kept .. string.sub(st, STATE_AT + 8), 'KEEPTTL')
+
+-- The 8 bytes of state at at without the halves that equal the ping's.
+local function forgotten(t, at)
+	local state, kept = string.sub(t, at, at + 7), ''
+	for i = 1, 5, 4 do
+		local half, mine = string.sub(state, i, i + 3), string.sub(ARGV[3], i, i + 3)
+		if mine ~= NOHALF and half == mine then
+			half = NOHALF
+		end
+		kept = kept .. half
+	end
+	return string.sub(t, 1, at - 1) .. kept .. string.sub(t, at + 8)
+end
+
+local kept = forgotten(st, STATE_AT)
+if string.byte(st, 9 + CORE_SIZE) == 1 then -- and in the undo record after it
+	kept = forgotten(kept, STATE_AT + CORE_SIZE + 1)
+end
+if kept ~= st then
+	redis.call('SET', KEYS[1], kept, 'KEEPTTL')
 end
 return released
