@@ -169,6 +169,16 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 // takes about 0.1 ms idle, and a busy server's several times that.
 const minRedisTimeout = time.Millisecond
 
+// checkTimeoutFloor refuses a store timeout (0 is the default) no Redis
+// round trip fits in, for the Caddyfile and JSON alike.
+func checkTimeoutFloor(timeout time.Duration) error {
+	if timeout > 0 && timeout < minRedisTimeout {
+		return fmt.Errorf("is shorter than %s, less than a Redis round trip takes under load: "+
+			"every ping would be unchecked (or 503 with on_store_error closed); use one such as 50ms", minRedisTimeout)
+	}
+	return nil
+}
+
 // checkNumbers refuses numbers no connection can have, which go-redis
 // would not: a negative pool size panics it, and a negative database or
 // failure count would silently mean the default.
@@ -177,10 +187,8 @@ func (r *RedisStore) checkNumbers() error {
 		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
 			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
 	}
-	if r.Timeout > 0 && time.Duration(r.Timeout) < minRedisTimeout {
-		return fmt.Errorf("store redis: timeout %s is shorter than %s, less than a Redis round trip takes under load: "+
-			"every ping would be unchecked (or 503 with on_store_error closed); use one such as 50ms",
-			time.Duration(r.Timeout), minRedisTimeout)
+	if err := checkTimeoutFloor(time.Duration(r.Timeout)); err != nil {
+		return fmt.Errorf("store redis: timeout %s %w", time.Duration(r.Timeout), err)
 	}
 	for name, value := range map[string]caddy.Duration{"dial_timeout": r.DialTimeout, "read_timeout": r.ReadTimeout, "write_timeout": r.WriteTimeout} {
 		if value < 0 {
@@ -582,9 +590,8 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 		if err := positiveDurationArg(d, &r.Timeout); err != nil {
 			return err
 		}
-		if time.Duration(r.Timeout) < minRedisTimeout {
-			return d.Errf("timeout %s: shorter than %s, less than a Redis round trip takes under load, so every ping would be unchecked; use one such as 50ms",
-				d.Val(), minRedisTimeout)
+		if err := checkTimeoutFloor(time.Duration(r.Timeout)); err != nil {
+			return d.Errf("timeout %s: %v", d.Val(), err)
 		}
 		return nil
 	case "dial_timeout":

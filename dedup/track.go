@@ -2,8 +2,6 @@ package dedup
 
 import (
 	"encoding/binary"
-	"hash"
-	"hash/fnv"
 	"math"
 	"strings"
 
@@ -610,34 +608,44 @@ var stateHalves = [2]uint64{0xffffffff_00000000, 0x00000000_ffffffff}
 // half none of whose fields the ping carries. A third field shares a half
 // with another: the two change together, as the whole state once did.
 func statePrint(state string) uint64 {
-	var halves [2]hash.Hash32
+	var halves [2]uint32
+	var carried [2]bool
 	for field := range strings.SplitSeq(state, "&") {
 		if field == "" {
 			continue
 		}
 		path, _, _ := strings.Cut(field, "=")
-		h := &halves[fnv32(path)&1]
-		if *h == nil {
-			*h = fnv.New32a()
+		i := fnv1a(fnvOffset32, path) & 1
+		if carried[i] {
+			halves[i] = fnv1a(halves[i], "&")
 		} else {
-			(*h).Write([]byte{'&'})
+			halves[i], carried[i] = fnvOffset32, true
 		}
-		(*h).Write([]byte(field))
+		halves[i] = fnv1a(halves[i], field)
 	}
 	var print uint64
 	for i, h := range halves {
-		if h != nil {
-			print |= uint64(h.Sum32()|1) << (32 * (1 - i)) // never 0, which means none
+		if carried[i] {
+			print |= uint64(h|1) << (32 * (1 - i)) // never 0, which means none
 		}
 	}
 	return print
 }
 
-// fnv32 is the FNV-1a hash of s.
-func fnv32(s string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(s))
-	return h.Sum32()
+// FNV-1a, 32 bits, as hash/fnv computes it: fnv1a continues h over s
+// without the allocations of a hash.Hash32 (statePrint runs for every
+// sliding and session ping that carries a state).
+const (
+	fnvOffset32 = 2166136261
+	fnvPrime32  = 16777619
+)
+
+func fnv1a(h uint32, s string) uint32 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= fnvPrime32
+	}
+	return h
 }
 
 // uint64Bytes is n as the 8 big-endian bytes the scripts read (a token,
