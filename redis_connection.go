@@ -46,17 +46,28 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	client := redis.NewUniversalClient(opts)
 	c.client, c.pipeline, c.breaker = client, pipeline.New(client), breaker
 	store := dedup.NewRedisStore(c.pipeline, r.operationTimeout())
-	c.store = breaker.Guard(store)
 	// The reconciler backs off on its own, and goes around the breaker: its
 	// retries during an outage must not reopen a breaker whose probe is on
-	// its way, and it must reach Redis as soon as Redis answers.
+	// its way, and it must reach Redis as soon as Redis answers. Its own
+	// releases need no replica's word: it repeats each at its confirmations.
 	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(logger, where))
+	c.store = breaker.Guard(store)
+	if failsOver(client, r) {
+		c.store = breaker.Guard(dedup.NewFailoverStore(store, client, c.reconciler.Confirm))
+	}
 	// Once Redis answers again, the releases it owes reach Redis before
 	// any request's call: that request may be the retry of one of them,
 	// and must find its claim gone.
 	breaker.ReleaseFirst(c.reconciler.OwesFor, c.reconciler.ReleaseOwed)
 	report(c)
 	return c
+}
+
+// failsOver reports a store whose masters have replicas that take over
+// when they fail: Sentinel, or a Cluster.
+func failsOver(client redis.UniversalClient, r RedisStore) bool {
+	_, cluster := client.(*redis.ClusterClient)
+	return cluster || r.Master != ""
 }
 
 // reconcileReporter counts what the reconciler did and logs what an

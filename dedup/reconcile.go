@@ -47,7 +47,8 @@ const (
 	// ReconcileReleased: the claim had landed, and was released.
 	ReconcileReleased ReconcileOutcome = "released"
 	// ReconcileReleasedLate: the claim landed after the store first
-	// answered, and a confirmation released it.
+	// answered, or a failover brought it back after its release (Confirm),
+	// and a confirmation released it.
 	ReconcileReleasedLate ReconcileOutcome = "released_late"
 	// ReconcileNotHeld: when the store answered, it held nothing of the
 	// claim.
@@ -161,10 +162,7 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 		r.count(ReconcileDropped, len(claims))
 		return false
 	}
-	job := &reconcileJob{claims: make([]*Claim, len(claims)), release: release, due: time.Now(), released: make([]bool, len(claims))}
-	for i, c := range claims {
-		job.claims[i] = ownCopy(c)
-	}
+	job := newReconcileJob(claims, release, time.Now())
 	r.jobs = append(r.jobs, job)
 	r.claims += len(claims)
 	r.unanswered.Add(int64(len(claims)))
@@ -173,11 +171,51 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 		r.oweKeysLocked(job, 1)
 	}
 	r.mu.Unlock()
+	r.nudge()
+	return true
+}
+
+// Confirm gives the Reconciler claims the store released that no replica
+// had acknowledged when it answered (FailoverStore): a failover before one
+// does promotes a replica that still holds them, and the retries of their
+// observations are told to come back, then that they were delivered. It
+// releases them again at its confirmation offsets, as it does the claims
+// it released itself, and counts what such a pass finds as released_late.
+// Nothing waits for them. It reports false, and counts them dropped, when
+// the queue has no room.
+func (r *Reconciler) Confirm(claims []*Claim) bool {
+	if len(claims) == 0 {
+		return true
+	}
+	r.mu.Lock()
+	if r.closed || r.claims+len(claims) > r.capacity {
+		r.mu.Unlock()
+		r.count(ReconcileDropped, len(claims))
+		return false
+	}
+	job := newReconcileJob(claims, true, time.Now().Add(r.confirm[0]))
+	job.answers = 1 // the store's own answer, which the handler counted
+	r.jobs = append(r.jobs, job)
+	r.claims += len(claims)
+	r.mu.Unlock()
+	r.nudge() // run waits for this job's time, not the hour it waits when idle
+	return true
+}
+
+// nudge makes run look at the queue again.
+func (r *Reconciler) nudge() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
-	return true
+}
+
+func newReconcileJob(claims []*Claim, release bool, due time.Time) *reconcileJob {
+	job := &reconcileJob{claims: make([]*Claim, len(claims)), release: release, due: due, released: make([]bool, len(claims))}
+	for i, c := range claims {
+		job.claims[i] = ownCopy(c)
+	}
+	return job
 }
 
 // Wake makes the claims waiting out a backoff due now: the store answers
@@ -193,10 +231,7 @@ func (r *Reconciler) Wake() {
 		}
 	}
 	r.mu.Unlock()
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	r.nudge()
 }
 
 // Owes reports whether releases wait that the store has not yet answered:

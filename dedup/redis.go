@@ -207,26 +207,34 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 	order := releaseOrder(claims)
 	cmds := make([]pipeline.Cmd, len(claims))
 	for j, i := range order {
-		c := claims[i]
-		if c.Policy.Shape == Tumbling {
-			cmds[j] = pipeline.EvalSha(claimReleaseScript, []string{c.Observation.Key}, newRecord(c).encode()[1:5])
-		} else {
-			cmds[j] = pipeline.EvalSha(trackReleaseScript, []string{c.StateKey, c.SeenKey}, seenField(c), uint64Bytes(c.Token),
-				uint64Bytes(statePrint(c.State)))
-		}
+		script, keys, args := releaseCall(claims[i])
+		cmds[j] = pipeline.EvalSha(script, keys, args...)
 	}
 	if err := s.do(ctx, cmds); err != nil {
 		return nil, err
 	}
 	released := make([]bool, len(claims))
 	for j, i := range order {
-		n, err := cmds[j].Result.(*redis.Cmd).Int()
-		if err != nil {
+		var err error
+		if released[i], err = releasedBy(cmds[j].Result.(*redis.Cmd)); err != nil {
 			return nil, err
 		}
-		released[i] = n == 1
 	}
 	return released, nil
+}
+
+// releaseCall is the script that releases c, with its keys and arguments.
+func releaseCall(c *Claim) (script *redis.Script, keys []string, args []any) {
+	if c.Policy.Shape == Tumbling {
+		return claimReleaseScript, []string{c.Observation.Key}, []any{newRecord(c).encode()[1:5]}
+	}
+	return trackReleaseScript, []string{c.StateKey, c.SeenKey}, []any{seenField(c), uint64Bytes(c.Token), uint64Bytes(statePrint(c.State))}
+}
+
+// releasedBy reads a release script's answer: whether it undid anything.
+func releasedBy(cmd *redis.Cmd) (bool, error) {
+	n, err := cmd.Int()
+	return n == 1, err
 }
 
 func (s *RedisStore) do(ctx context.Context, cmds []pipeline.Cmd) error {

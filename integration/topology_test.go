@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -245,4 +246,62 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	fresh := ping("veh-after-failover", base(), 52.5200087, 13.4049547)
 	waitFor(t, func() bool { return post(t, tester, fresh).header.Get("X-Dedup") == "accepted" })
 	post(t, tester, fresh).expect(t, http.StatusOK, "suppressed")
+}
+
+// The upstream fails a ping, Caddy releases its claim, and the Sentinel
+// master dies before its replica has the release: the promoted replica
+// holds the claim again. The sender's retries must be accepted once the
+// new master answers, not told to come back until in_flight_timeout and
+// then that the ping was delivered.
+func TestReleaseLostInASentinelFailoverIsMadeAgain(t *testing.T) {
+	st, link := redistest.StartSentinelLinked(t)
+	replica := st.Replica().Client()
+	up := newUpstream(t)
+	var held sync.Once
+	up.setResponse(func(w http.ResponseWriter, _ *http.Request) {
+		// The claim is on the replica; what the master writes next is not.
+		held.Do(func() {
+			for deadline := time.Now().Add(5 * time.Second); replica.DBSize(context.Background()).Val() == 0 && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			link.Hold()
+		})
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	startCaddy(t, up, fmt.Sprintf("store redis {\n\t\t\taddresses %s\n\t\t\tmaster %s\n\t\t\ttimeout 500ms\n\t\t\tbreaker_cooldown 500ms\n\t\t}",
+		strings.Join(st.Addrs(), " "), st.MasterName))
+	tester := caddytestClient()
+	releasedLate := func() float64 {
+		return counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released_late"})
+	}
+	before := releasedLate()
+	body := ping("veh-failover", base(), 52.5200087, 13.4049547)
+	post(t, tester, body).expect(t, http.StatusInternalServerError, "accepted")
+
+	st.Master().Kill()
+	link.Cut()
+	if link.Dropped() == 0 {
+		t.Fatal("the cut dropped nothing: the replica may have had the release after all")
+	}
+	st.WaitForFailover(t, 45*time.Second)
+	up.setResponse(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+
+	var seen []string
+	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		res := post(t, tester, body)
+		decision := res.header.Get("X-Dedup")
+		if len(seen) == 0 || seen[len(seen)-1] != decision {
+			seen = append(seen, decision)
+		}
+		if decision == "accepted" && res.status == http.StatusCreated {
+			break
+		}
+		if decision == "suppressed" || time.Now().After(deadline) {
+			t.Fatalf("the retries after the failover were answered %v: the ping whose request failed is lost", seen)
+		}
+	}
+	t.Logf("the retries after the failover were answered %v", seen)
+	if n := releasedLate() - before; n < 1 {
+		t.Errorf("reconciled_total{outcome=released_late} grew by %v, want the release the failover undid", n)
+	}
 }

@@ -45,13 +45,37 @@ const sentinelQuorum = 2
 // which is what a failover needs. Everything is stopped when the test ends.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	return startSentinel(t, func(master *Server) string { return master.Addr() })
+}
+
+// StartSentinelLinked is StartSentinel with the replica replicating through
+// a Link, which it returns: a test can then keep the master's last writes
+// from the replica before it kills the master.
+func StartSentinelLinked(t testing.TB) (*Sentinel, *Link) {
+	t.Helper()
+	var link *Link
+	st := startSentinel(t, func(master *Server) string {
+		link = StartLink(t, master.Addr())
+		return link.Addr()
+	})
+	return st, link
+}
+
+// startSentinel starts the setup with the replica replicating from the
+// address replicaOf gives for the master.
+func startSentinel(t testing.TB, replicaOf func(master *Server) string) *Sentinel {
+	t.Helper()
 	st := &Sentinel{MasterName: "redistest", t: t}
 	// Without a delay a diskless full sync starts at once, instead of after
 	// the 5s the master would wait for more replicas to join it; the replica
 	// may become a master and sync another server.
 	noDelay := []string{"--repl-diskless-sync-delay", "0"}
 	master := StartWith(t, noDelay...)
-	replica := StartWith(t, append(noDelay, "--replicaof", "127.0.0.1", strconv.Itoa(master.port))...)
+	host, port, err := net.SplitHostPort(replicaOf(master))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := StartWith(t, append(noDelay, "--replicaof", host, port)...)
 	st.data = [2]*Server{master, replica}
 	st.masterAddr = master.Addr()
 

@@ -1,0 +1,150 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// FailoverStore is a RedisStore on masters whose replicas take over when
+// they fail: Sentinel, or a Cluster. A master answers a write before its
+// replicas have it, and a failover in between promotes a replica without
+// it. A claim or a settlement lost that way costs a copy more at worst. A
+// release lost that way costs the observation: the promoted replica holds
+// the claim again, and the retries of the observation whose request failed
+// are told to come back (409) and then, once the claim is older than
+// in_flight_timeout, that it was delivered.
+//
+// So FailoverStore sends a release on a connection of its own to its
+// master, followed there, if the master has replicas, by a WAIT for one of
+// them, and hands the releases no replica acknowledged in time to
+// unconfirmed (Reconciler.Confirm), which releases them again at its
+// confirmation offsets, on whichever master holds their keys by then.
+// Releases are rare (an upstream failure), so each has round trips of its
+// own rather than holding up the shared pipeline while a replica answers;
+// decisions and settlements go as the RedisStore sends them.
+type FailoverStore struct {
+	*RedisStore
+	client      redis.UniversalClient
+	unconfirmed func([]*Claim) bool
+}
+
+// NewFailoverStore returns s, releasing through client (the Sentinel or
+// Cluster client s's pipeline sends on) and handing the releases no replica
+// acknowledged to unconfirmed.
+func NewFailoverStore(s *RedisStore, client redis.UniversalClient, unconfirmed func([]*Claim) bool) *FailoverStore {
+	return &FailoverStore{RedisStore: s, client: client, unconfirmed: unconfirmed}
+}
+
+// Release implements Store.
+func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	groups, err := s.byMaster(ctx, claims)
+	if err != nil {
+		return nil, err
+	}
+	released := make([]bool, len(claims))
+	var unacked []*Claim
+	for _, g := range groups {
+		acked, err := s.releaseOn(ctx, g, claims, released)
+		if err != nil {
+			return nil, err
+		}
+		if !acked {
+			for _, i := range g.order {
+				unacked = append(unacked, claims[i])
+			}
+		}
+	}
+	if len(unacked) > 0 {
+		s.unconfirmed(unacked) // the Reconciler counts what it has no room for
+	}
+	return released, nil
+}
+
+// masterReleases are the claims, by index in releaseOrder, whose keys one
+// master holds.
+type masterReleases struct {
+	master *redis.Client
+	order  []int
+}
+
+// byMaster groups claims by the master of their keys: one for Sentinel,
+// each claim's slot's on a Cluster (a claim's keys share a slot).
+func (s *FailoverStore) byMaster(ctx context.Context, claims []*Claim) ([]masterReleases, error) {
+	order := releaseOrder(claims)
+	cluster, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return []masterReleases{{master: s.client.(*redis.Client), order: order}}, nil
+	}
+	var groups []masterReleases
+	for _, i := range order {
+		_, keys, _ := releaseCall(claims[i])
+		master, err := cluster.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, err
+		}
+		g := slices.IndexFunc(groups, func(g masterReleases) bool { return g.master == master })
+		if g < 0 {
+			g, groups = len(groups), append(groups, masterReleases{master: master})
+		}
+		groups[g].order = append(groups[g].order, i)
+	}
+	return groups, nil
+}
+
+// releaseOn releases g's claims on its master, writes what each undid
+// into released, and reports whether a replica acknowledged them, or there
+// is no replica to be promoted without them. A master with replicas gets a
+// WAIT for one of them on the same connection, a second round trip, which
+// waits half the store's timeout at most so that both fit within it. The
+// scripts go as EVAL, whole: a master that does not know them yet (a
+// replica just promoted) runs them all the same.
+func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims []*Claim, released []bool) (acked bool, err error) {
+	conn := g.master.Conn()
+	defer conn.Close()
+	cmds := make([]*redis.Cmd, len(g.order))
+	var role *redis.Cmd
+	_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error { // errors are per command
+		for j, i := range g.order {
+			script, keys, args := releaseCall(claims[i])
+			cmds[j] = script.Eval(ctx, p, keys, args...)
+		}
+		role = p.Do(ctx, "role")
+		return nil
+	})
+	for j, i := range g.order {
+		if released[i], err = releasedBy(cmds[j]); err != nil {
+			return false, err
+		}
+	}
+	switch replicas, err := connectedReplicas(role); {
+	case err != nil:
+		return false, nil
+	case replicas == 0:
+		return true, nil
+	}
+	n, err := conn.Wait(ctx, 1, max(s.timeout/2, time.Millisecond)).Result()
+	return err == nil && n >= 1, nil
+}
+
+// connectedReplicas reads a master's answer to ROLE: how many replicas
+// are connected to it.
+func connectedReplicas(role *redis.Cmd) (int, error) {
+	reply, err := role.Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(reply) < 3 || reply[0] != "master" {
+		return 0, fmt.Errorf("ROLE answered %v, not a master's role", reply)
+	}
+	replicas, ok := reply[2].([]any)
+	if !ok {
+		return 0, fmt.Errorf("ROLE answered %v, without a list of replicas", reply)
+	}
+	return len(replicas), nil
+}
