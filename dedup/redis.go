@@ -103,7 +103,7 @@ func (s *RedisStore) holdLateClaims(ctx context.Context, claims []*Claim, verdic
 	cmds := make([]pipeline.Cmd, len(old))
 	for j, i := range old {
 		key := claims[i].Observation.Key
-		cmds[j] = pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.PTTL(ctx, key) }}
+		cmds[j] = pipeline.Cmd{Key: key, Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.PTTL(ctx, key) }}
 	}
 	err := s.do(ctx, cmds)
 	for j, i := range old {
@@ -119,7 +119,7 @@ func (s *RedisStore) holdLateClaims(ctx context.Context, claims []*Claim, verdic
 
 func claimCmd(c *Claim) pipeline.Cmd {
 	key, value, ttl := c.Observation.Key, newRecord(c).encode(), c.Policy.TTL
-	return pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+	return pipeline.Cmd{Key: key, Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: ttl, Get: true})
 	}}
 }
@@ -197,7 +197,7 @@ func (s *RedisStore) Settle(claims []*Claim, done func(error)) {
 // then finds this claim's token and leaves the key settled.
 func settleCmd(c *Claim) pipeline.Cmd {
 	key, value := c.Observation.Key, settledRecord(c).encode()
-	return pipeline.Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+	return pipeline.Cmd{Key: key, Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "XX", KeepTTL: true})
 	}}
 }

@@ -4,8 +4,10 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -21,18 +23,41 @@ import (
 // itself as one pipeline (one round trip), after letting the goroutines that
 // are ready to run go first (see sendQueued), so a request that comes alone
 // waits for nothing and nobody. While a batch is on its way, requests queue
-// up, and whoever sends next takes them all. go-redis splits a pipeline per
-// node on a Cluster, so each node gets one round trip per batch.
+// up, and whoever sends next takes them all.
 //
 // Commands that need no answer before their caller goes on (Go) queue the
 // same way and are sent by the pipeline's own goroutine. Batches go one
 // after the other, in the order their commands queued: a command queued
-// before another reaches Redis before it.
+// before another on the same key (on a Cluster, the same slot) reaches
+// Redis before it, which is the order callers rely on (a settlement before
+// the next claim of its observation, a release before its retry).
+//
+// On a Cluster, each master's commands have a queue of their own (a shard,
+// see route), so that a master that is down, hung or migrating a slot holds
+// up only the commands for its slots: go-redis splits a pipeline per node
+// but waits for every node, so with one queue for all, every request waited
+// out the store timeout behind a batch that held a command for the hung
+// master. A shard still sends through the Cluster client, which follows
+// MOVED and ASK and reloads the slot map. The order of a key's commands
+// holds while its master stays the same: across a failover or a migration,
+// a command queued on the old master's shard may reach the key's new master
+// after one queued later on the new master's shard.
 //
 // One Pipeline serves every store on one Redis connection; Close flushes and
 // stops it.
 type Pipeline struct {
-	client redis.UniversalClient
+	one     *shard               // every command's, unless on a Cluster
+	cluster *redis.ClusterClient // else this, a shard per master
+
+	mu     sync.Mutex
+	shards map[string]*shard // by master address; only grows
+	closed bool
+}
+
+// shard is one queue of commands and its batches, one on its way at a time.
+type shard struct {
+	client  redis.UniversalClient // sends the batches
+	scripts redis.Scripter        // loads the scripts its master lacks
 
 	mu    sync.Mutex
 	queue []*pipelineJob
@@ -83,6 +108,9 @@ func (job *pipelineJob) answer(err error) {
 // Cmd is one command: a plain one (Queue only), or a script, which is sent
 // as EVALSHA and loaded once if Redis does not know it yet (see EvalSha).
 type Cmd struct {
+	// Key is the (first) key the command acts on: on a Cluster, the command
+	// goes to the shard of the key's master.
+	Key string
 	// Queue adds the command to a pipeline and returns it.
 	Queue func(ctx context.Context, p redis.Pipeliner) redis.Cmder
 	// Script is the script Queue runs by SHA, if it is one.
@@ -91,24 +119,41 @@ type Cmd struct {
 	Result redis.Cmder
 }
 
-// New returns a pipeline on client and starts its goroutine, which sends
-// the batches nobody waiting is sending. Close stops it.
+// New returns a pipeline on client. Its shards' goroutines, which send the
+// batches nobody waiting is sending, run until Close.
 func New(client redis.UniversalClient) *Pipeline {
-	p := &Pipeline{client: client, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go p.drain()
+	p := &Pipeline{shards: map[string]*shard{}}
+	if c, ok := client.(*redis.ClusterClient); ok {
+		p.cluster = c
+	} else {
+		p.one = newShard(client, client)
+		p.shards[""] = p.one
+	}
 	return p
+}
+
+func newShard(client redis.UniversalClient, scripts redis.Scripter) *shard {
+	s := &shard{client: client, scripts: scripts, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.drain()
+	return s
 }
 
 // RoundTrips returns how many pipelines were sent, and how many commands
 // they carried, since the Pipeline was made.
 func (p *Pipeline) RoundTrips() (roundTrips, commands uint64) {
-	return p.roundTrips.Load(), p.commands.Load()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.shards {
+		roundTrips += s.roundTrips.Load()
+		commands += s.commands.Load()
+	}
+	return roundTrips, commands
 }
 
-// Do runs cmds in one round trip (shared with other requests) and returns
-// the first command error; redis.Nil, an absent key, is not one. It gives
-// up with context.DeadlineExceeded once timeout has passed, or when ctx
-// ends, whichever comes first.
+// Do runs cmds in one round trip (shared with other requests; on a
+// Cluster, one a master) and returns the first command error; redis.Nil,
+// an absent key, is not one. It gives up with context.DeadlineExceeded once
+// timeout has passed, or when ctx ends, whichever comes first.
 //
 // The timeout is a parameter rather than a context.WithTimeout of the
 // caller's: a pooled timer costs a quarter of what a context with its own
@@ -120,8 +165,8 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 		deadline = d
 	}
 	job := &pipelineJob{cmds: cmds, deadline: deadline, answered: make(chan error, 1)}
-	if lead := p.enqueue(job, false); lead && p.sendQueued() {
-		p.wake <- struct{}{}
+	if lead := p.enqueue(ctx, job); lead != nil && lead.sendQueued() {
+		lead.wake <- struct{}{}
 	}
 	select { // a lead's own job is usually answered by now: no timer for it
 	case err := <-job.answered:
@@ -141,52 +186,170 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 }
 
 // Go queues cmds to run as Do's would, within timeout, and returns at once:
-// the pipeline's goroutine sends them, and then calls then with the first
+// the pipeline's goroutines send them, and then calls then with the first
 // command error or nil (or with context.DeadlineExceeded if the timeout
 // passed before they could go, or ErrClosed after Close). then runs on the
 // goroutine that sent the batch, the pipeline's own or a Do caller's: it
-// must not block. Commands queued by Go reach Redis before any queued after
-// Go returns.
+// must not block. Commands queued by Go reach Redis before any queued on
+// the same keys after Go returns.
 func (p *Pipeline) Go(timeout time.Duration, cmds []Cmd, then func(error)) {
 	job := &pipelineJob{cmds: cmds, deadline: time.Now().Add(timeout), then: then}
-	if p.enqueue(job, false) {
-		p.wake <- struct{}{}
+	if lead := p.enqueue(context.Background(), job); lead != nil {
+		lead.wake <- struct{}{}
 	}
+}
+
+// enqueue queues job and returns the shard whose sender the caller now is,
+// if any: the caller must send its batch or hand it to drain.
+func (p *Pipeline) enqueue(ctx context.Context, job *pipelineJob) (lead *shard) {
+	if p.cluster == nil {
+		if p.one.enqueue(job, false) {
+			return p.one
+		}
+		return nil
+	}
+	return p.route(ctx, job)
+}
+
+// route queues job on the shard of its commands' master or, if they live on
+// several, a part of it on each, answering job once every part has been
+// answered, with the first error of the parts (in the order of their first
+// commands). It hands the sending of
+// every shard the caller leads but one to that shard's drain: a caller that
+// sent one batch after the other would hold up a healthy master's queue
+// behind a hung one's.
+//
+// A job whose master cannot be found is answered with the error: the slot
+// map is loaded on first use, and if it cannot be, a pipeline through the
+// Cluster client would fail to load it too. The load waits no longer than
+// the job's deadline.
+func (p *Pipeline) route(ctx context.Context, job *pipelineJob) (lead *shard) {
+	ctx, cancel := context.WithDeadline(ctx, job.deadline)
+	defer cancel()
+	var parts []part
+	for i, c := range job.cmds {
+		s, err := p.shardFor(ctx, c.Key)
+		if err != nil {
+			job.answer(err)
+			return nil
+		}
+		k := slices.IndexFunc(parts, func(pt part) bool { return pt.shard == s })
+		if k < 0 {
+			k = len(parts)
+			parts = append(parts, part{shard: s})
+		}
+		parts[k].cmds = append(parts[k].cmds, i)
+	}
+	switch len(parts) {
+	case 0:
+		job.answer(nil)
+		return nil
+	case 1:
+		if parts[0].shard.enqueue(job, false) {
+			return parts[0].shard
+		}
+		return nil
+	}
+	errs := make([]error, len(parts))
+	var left atomic.Int32
+	left.Store(int32(len(parts)))
+	for k, pt := range parts {
+		cmds := make([]Cmd, len(pt.cmds))
+		for j, i := range pt.cmds {
+			cmds[j] = job.cmds[i]
+		}
+		answered := func(err error) {
+			for j, i := range pt.cmds {
+				job.cmds[i].Result = cmds[j].Result
+			}
+			errs[k] = err
+			if left.Add(-1) == 0 {
+				job.answer(cmp.Or(errs...))
+			}
+		}
+		if pt.shard.enqueue(&pipelineJob{cmds: cmds, deadline: job.deadline, then: answered}, false) {
+			if lead != nil {
+				lead.wake <- struct{}{}
+			}
+			lead = pt.shard
+		}
+	}
+	return lead
+}
+
+// part is the commands of a job, by index, that go to one shard.
+type part struct {
+	shard *shard
+	cmds  []int
+}
+
+// shardFor returns the shard of key's master, made on its first command.
+// The shard loads scripts on that master only, not on every node as the
+// Cluster client would, which waits for all of them.
+func (p *Pipeline) shardFor(ctx context.Context, key string) (*shard, error) {
+	master, err := p.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := master.Options().Addr
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	s := p.shards[addr]
+	if s == nil {
+		s = newShard(p.cluster, master)
+		p.shards[addr] = s
+	}
+	return s, nil
 }
 
 // enqueue queues job, answering it ErrClosed after Close, and reports
 // whether the caller is now the sender. closing makes job the last one the
-// pipeline takes.
-func (p *Pipeline) enqueue(job *pipelineJob, closing bool) (lead bool) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+// shard takes.
+func (s *shard) enqueue(job *pipelineJob, closing bool) (lead bool) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
 		job.answer(ErrClosed)
 		return false
 	}
-	p.queue = append(p.queue, job)
-	p.closed = closing
-	lead = !p.sending
-	p.sending = true
-	p.mu.Unlock()
+	s.queue = append(s.queue, job)
+	s.closed = closing
+	lead = !s.sending
+	s.sending = true
+	s.mu.Unlock()
 	return lead
 }
 
 // Close sends what is queued, waits until it has been answered, and stops
-// the pipeline's goroutine; commands queued later are answered ErrClosed.
+// the pipeline's goroutines; commands queued later are answered ErrClosed.
 // It does not close the client.
 func (p *Pipeline) Close() {
+	p.mu.Lock()
+	p.closed = true
+	shards := slices.Collect(maps.Values(p.shards))
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range shards {
+		wg.Go(s.close) // side by side: a hung master's flush holds up no other
+	}
+	wg.Wait()
+}
+
+func (s *shard) close() {
 	// A job with no commands, queued last: once it is answered, so is
 	// everything queued before it.
 	last := &pipelineJob{deadline: time.Now().Add(time.Hour), answered: make(chan error, 1)}
-	if p.enqueue(last, true) {
-		p.wake <- struct{}{}
+	if s.enqueue(last, true) {
+		s.wake <- struct{}{}
 	}
 	if errors.Is(<-last.answered, ErrClosed) {
 		return // closed before
 	}
-	close(p.stop)
-	<-p.done
+	close(s.stop)
+	<-s.done
 }
 
 // timers are stopped timers, for Do to wait with.
@@ -216,26 +379,26 @@ func stopTimer(t *time.Timer) {
 // the next; on an idle one nothing else is ready and the yield returns at
 // once. Unlike waiting on a timer, it costs no system call and never waits
 // for nothing. It reports whether more has queued up meanwhile: the caller
-// must then send that too, or hand it to drain, as the pipeline still counts
-// a batch as on its way.
-func (p *Pipeline) sendQueued() (more bool) {
+// must then send that too, or hand it to drain, as the shard still counts a
+// batch as on its way.
+func (s *shard) sendQueued() (more bool) {
 	runtime.Gosched()
-	p.mu.Lock()
-	batch := p.take()
+	s.mu.Lock()
+	batch := s.take()
 	if len(batch) == 0 { // every job in it had expired
-		p.sending = false
-		p.mu.Unlock()
+		s.sending = false
+		s.mu.Unlock()
 		return false
 	}
-	p.mu.Unlock()
-	p.send(batch)
+	s.mu.Unlock()
+	s.send(batch)
 
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.queue) > 0 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) > 0 {
 		return true
 	}
-	p.sending = false
+	s.sending = false
 	return false
 }
 
@@ -246,14 +409,14 @@ func (p *Pipeline) sendQueued() (more bool) {
 // serves every busy stretch: a goroutine a batch grew a new stack each time,
 // go-redis's call path being deep (stack growth took 5.3 µs a new ping in a
 // CPU profile of Caddy under all-new load, 2.0 with one drainer a stretch).
-func (p *Pipeline) drain() {
-	defer close(p.done)
+func (s *shard) drain() {
+	defer close(s.done)
 	for {
 		select {
-		case <-p.wake:
-			for p.sendQueued() {
+		case <-s.wake:
+			for s.sendQueued() {
 			}
-		case <-p.stop:
+		case <-s.stop:
 			return
 		}
 	}
@@ -264,13 +427,13 @@ func (p *Pipeline) drain() {
 // context.DeadlineExceeded and never sent: a claim written after its
 // request was told the store failed would stand as an orphan, and the
 // caller's view (it may have been written, or not) stays true only if
-// nothing is written later than the deadline. The caller holds p.mu.
-func (p *Pipeline) take() []*pipelineJob {
+// nothing is written later than the deadline. The caller holds s.mu.
+func (s *shard) take() []*pipelineJob {
 	now := time.Now()
 	var batch []*pipelineJob
 	n, i := 0, 0
-	for ; i < len(p.queue); i++ {
-		job := p.queue[i]
+	for ; i < len(s.queue); i++ {
+		job := s.queue[i]
 		if job.expired(now) {
 			job.answer(context.DeadlineExceeded)
 			continue
@@ -281,7 +444,7 @@ func (p *Pipeline) take() []*pipelineJob {
 		batch = append(batch, job)
 		n += len(job.cmds)
 	}
-	p.queue = slices.Delete(p.queue, 0, i)
+	s.queue = slices.Delete(s.queue, 0, i)
 	return batch
 }
 
@@ -290,7 +453,7 @@ func (job *pipelineJob) expired(now time.Time) bool { return !now.Before(job.dea
 // send runs a batch as one pipeline, with the latest deadline among its
 // jobs (each job's caller still gives up at its own), then once more for
 // the scripts Redis did not know yet.
-func (p *Pipeline) send(batch []*pipelineJob) {
+func (s *shard) send(batch []*pipelineJob) {
 	var latest time.Time // Close's empty job, due in an hour, sends nothing
 	for _, job := range batch {
 		if len(job.cmds) > 0 && job.deadline.After(latest) {
@@ -300,14 +463,14 @@ func (p *Pipeline) send(batch []*pipelineJob) {
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
 	defer cancel()
 
-	p.exec(ctx, batch, func(*Cmd) bool { return true })
+	s.exec(ctx, batch, func(*Cmd) bool { return true })
 	if scripts := unknownScripts(batch); len(scripts) > 0 {
-		for _, s := range scripts {
-			s.Load(ctx, p.client) // a Cluster client loads it on every master
+		for _, script := range scripts {
+			script.Load(ctx, s.scripts) // on a Cluster, on this shard's master only (see shardFor)
 		}
 		// Again for the jobs whose callers still wait (see take).
 		live := slices.DeleteFunc(slices.Clone(batch), func(job *pipelineJob) bool { return job.expired(time.Now()) })
-		p.exec(ctx, live, func(c *Cmd) bool { return isNoScript(c.Result.Err()) })
+		s.exec(ctx, live, func(c *Cmd) bool { return isNoScript(c.Result.Err()) })
 	}
 	for _, job := range batch {
 		job.answer(job.err())
@@ -315,8 +478,8 @@ func (p *Pipeline) send(batch []*pipelineJob) {
 }
 
 // exec sends the commands that want says need sending, as one pipeline.
-func (p *Pipeline) exec(ctx context.Context, batch []*pipelineJob, want func(*Cmd) bool) {
-	pipe := p.client.Pipeline()
+func (s *shard) exec(ctx context.Context, batch []*pipelineJob, want func(*Cmd) bool) {
+	pipe := s.client.Pipeline()
 	n := 0
 	for _, job := range batch {
 		for i := range job.cmds {
@@ -330,8 +493,8 @@ func (p *Pipeline) exec(ctx context.Context, batch []*pipelineJob, want func(*Cm
 		return
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
-	p.roundTrips.Add(1)
-	p.commands.Add(uint64(n))
+	s.roundTrips.Add(1)
+	s.commands.Add(uint64(n))
 }
 
 func unknownScripts(batch []*pipelineJob) []*redis.Script {
@@ -363,8 +526,14 @@ func (job *pipelineJob) err() error {
 
 // EvalSha queues a script by SHA: the round trip carries the hash, not the
 // script, and the script is loaded the first time Redis says it lacks it.
+// Its keys must share a slot, as any script's on a Cluster.
 func EvalSha(s *redis.Script, keys []string, args ...any) Cmd {
+	var key string
+	if len(keys) > 0 {
+		key = keys[0]
+	}
 	return Cmd{
+		Key:    key,
 		Script: s,
 		Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 			return s.EvalSha(ctx, p, keys, args...)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,7 +29,7 @@ func newPipeline(t *testing.T) *Pipeline {
 
 // setNX queues SET key value NX GET: nil means this call won the key.
 func setNX(key, value string) Cmd {
-	return Cmd{Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+	return Cmd{Key: key, Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
 		return p.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", Get: true})
 	}}
 }
@@ -133,13 +135,13 @@ func TestCommandsOfCallersThatGaveUpAreNeverSent(t *testing.T) {
 	srv.Pause()
 	var busy, waiting sync.WaitGroup
 	busy.Go(func() { do("busy", time.Second) }) // the writer waits on the hung server
-	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.sending && len(p.queue) == 0 })
+	waitUntil(t, func() bool { s := p.one; s.mu.Lock(); defer s.mu.Unlock(); return s.sending && len(s.queue) == 0 })
 	if err := do("gave-up", 50*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a queued command behind a hung server: %v, want its deadline", err)
 	}
 	var stillWaits error
 	waiting.Go(func() { stillWaits = do("still-waits", 10*time.Second) }) // queued behind the writer, with a later deadline
-	waitUntil(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
+	waitUntil(t, func() bool { s := p.one; s.mu.Lock(); defer s.mu.Unlock(); return len(s.queue) == 2 })
 	busy.Wait() // the writer gives up; still-waits goes, and is answered once the server is back
 	srv.Resume()
 	waiting.Wait()
@@ -210,6 +212,114 @@ func TestCloseSendsWhatIsQueued(t *testing.T) {
 		t.Fatalf("Do after Close: %v, want ErrClosed", err)
 	}
 	p.Close() // a second Close is harmless
+}
+
+// On a Cluster, a hung master holds up only the commands for its own
+// slots: while a call for its key waits out its timeout, a call for a key on
+// another master is answered at once. With one queue for every master, that
+// call waited behind the hung master's batch and timed out too.
+func TestAHungMasterHoldsUpOnlyItsOwnKeys(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	p := New(cluster.Client())
+	t.Cleanup(p.Close) // after Resume: cleanups run last first
+	keys := keysOnDistinctMasters(t, cluster, 2)
+	hung, healthy := keys[0], keys[1]
+	master := cluster.NodeFor(hung)
+	master.Pause()
+	t.Cleanup(master.Resume)
+
+	const hungTimeout = time.Second
+	start := time.Now()
+	hungErr := make(chan error, 1)
+	go func() { hungErr <- p.Do(context.Background(), hungTimeout, []Cmd{setNX(hung, "x")}) }()
+	time.Sleep(50 * time.Millisecond) // its batch is on its way to the hung master
+
+	cmds := []Cmd{setNX(healthy, "x"), get(healthy)}
+	if err := p.Do(context.Background(), hungTimeout/2, cmds); err != nil { // behind the hung batch, it would time out
+		t.Fatalf("a call for a healthy master's key while another master hangs: %v", err)
+	}
+	if got, _ := cmds[1].Result.(*redis.StringCmd).Result(); !won(t, cmds[0]) || got != "x" {
+		t.Fatalf("SET NX then GET on a healthy master: won %v, got %q", won(t, cmds[0]), got)
+	}
+	select {
+	case err := <-hungErr:
+		t.Fatalf("the call for the hung master's key returned %v before its timeout", err)
+	default:
+	}
+	if err := <-hungErr; err == nil || time.Since(start) < hungTimeout {
+		t.Fatalf("the call for the hung master's key: %v after %v, want an error after %v", err, time.Since(start), hungTimeout)
+	}
+}
+
+// On a Cluster, a call whose commands live on several masters is split
+// among their shards and gets every answer in its own slice, scripts loaded
+// on each master included, and the first error if a command fails; a Go
+// call's then runs once, after every part.
+func TestACallSpanningMastersGetsEveryAnswer(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	p := New(cluster.Client())
+	keys := keysOnDistinctMasters(t, cluster, 3)
+	script := redis.NewScript(`return ARGV[1] .. KEYS[1]`)
+	var cmds []Cmd
+	for _, k := range keys {
+		cmds = append(cmds, setNX(k, "v-"+k), EvalSha(script, []string{k}, "s-"), get(k))
+	}
+	if err := p.Do(context.Background(), time.Minute, cmds); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		ran, _ := cmds[3*i+1].Result.(*redis.Cmd).Text()
+		got, _ := cmds[3*i+2].Result.(*redis.StringCmd).Result()
+		if !won(t, cmds[3*i]) || ran != "s-"+k || got != "v-"+k {
+			t.Errorf("%s: SET NX won %v, script answered %q, GET %q", k, won(t, cmds[3*i]), ran, got)
+		}
+	}
+
+	lpush := Cmd{Key: keys[1], Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.LPush(ctx, keys[1], "x") }}
+	cmds = []Cmd{get(keys[0]), lpush, get(keys[2])}
+	if err := p.Do(context.Background(), time.Minute, cmds); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		t.Fatalf("LPUSH on a string among other masters' commands: %v, want WRONGTYPE", err)
+	}
+	for _, i := range []int{0, 2} {
+		if got, _ := cmds[i].Result.(*redis.StringCmd).Result(); got != "v-"+keys[i] {
+			t.Errorf("GET %s beside a failing command: %q", keys[i], got)
+		}
+	}
+
+	var thens atomic.Int32
+	p.Go(time.Minute, []Cmd{setNX(keys[0], "go"), setNX(keys[1], "go"), setNX(keys[2], "go")}, func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		thens.Add(1)
+	})
+	p.Close()
+	if n := thens.Load(); n != 1 {
+		t.Fatalf("then ran %d times for one Go call", n)
+	}
+	if rt, _ := p.RoundTrips(); rt < 3 {
+		t.Fatalf("%d round trips for calls on 3 masters, want one a master at least", rt)
+	}
+}
+
+func get(key string) Cmd {
+	return Cmd{Key: key, Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.Get(ctx, key) }}
+}
+
+// keysOnDistinctMasters returns n keys whose slots n different masters
+// serve.
+func keysOnDistinctMasters(t *testing.T, cluster *redistest.Cluster, n int) []string {
+	t.Helper()
+	var keys []string
+	seen := map[*redistest.Server]bool{}
+	for i := 0; len(keys) < n; i++ {
+		key := fmt.Sprintf("shard-%d", i)
+		if node := cluster.NodeFor(key); !seen[node] {
+			seen[node] = true
+			keys = append(keys, key)
+		}
+	}
+	return keys
 }
 
 func waitUntil(t *testing.T, cond func() bool) {
