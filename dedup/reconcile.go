@@ -153,26 +153,7 @@ func newReconciler(store Store, capacity int, report func(ReconcileOutcome, int)
 // Hand gives the Reconciler claims to release (release) or to settle. It
 // reports false, and counts them dropped, when the queue has no room.
 func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
-	if len(claims) == 0 {
-		return true
-	}
-	r.mu.Lock()
-	if r.closed || r.claims+len(claims) > r.capacity {
-		r.mu.Unlock()
-		r.count(ReconcileDropped, len(claims))
-		return false
-	}
-	job := newReconcileJob(claims, release, time.Now())
-	r.jobs = append(r.jobs, job)
-	r.claims += len(claims)
-	r.unanswered.Add(int64(len(claims)))
-	if release {
-		r.owed.Add(1)
-		r.oweKeysLocked(job, 1)
-	}
-	r.mu.Unlock()
-	r.nudge()
-	return true
+	return r.enqueue(newReconcileJob(claims, release, time.Now()))
 }
 
 // Confirm gives the Reconciler claims the store released that no replica
@@ -184,21 +165,45 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 // Nothing waits for them. It reports false, and counts them dropped, when
 // the queue has no room.
 func (r *Reconciler) Confirm(claims []*Claim) bool {
-	if len(claims) == 0 {
+	job := newReconcileJob(claims, true, time.Now().Add(r.confirm[0]))
+	job.answers = 1 // the store's own answer, which the handler counted
+	return r.enqueue(job)
+}
+
+func newReconcileJob(claims []*Claim, release bool, due time.Time) *reconcileJob {
+	job := &reconcileJob{claims: make([]*Claim, len(claims)), release: release, due: due, released: make([]bool, len(claims))}
+	for i, c := range claims {
+		job.claims[i] = ownCopy(c)
+	}
+	return job
+}
+
+// enqueue queues job if there is room, counting its claims as waiting for
+// the store's answer and its release as owed if the store has not yet
+// answered them, and makes run look at it: run waits for its time, not the
+// hour it waits when idle.
+func (r *Reconciler) enqueue(job *reconcileJob) bool {
+	n := len(job.claims)
+	if n == 0 {
 		return true
 	}
 	r.mu.Lock()
-	if r.closed || r.claims+len(claims) > r.capacity {
+	if r.closed || r.claims+n > r.capacity {
 		r.mu.Unlock()
-		r.count(ReconcileDropped, len(claims))
+		r.count(ReconcileDropped, n)
 		return false
 	}
-	job := newReconcileJob(claims, true, time.Now().Add(r.confirm[0]))
-	job.answers = 1 // the store's own answer, which the handler counted
 	r.jobs = append(r.jobs, job)
-	r.claims += len(claims)
+	r.claims += n
+	if job.answers == 0 {
+		r.unanswered.Add(int64(n))
+	}
+	if job.owed() {
+		r.owed.Add(1)
+		r.oweKeysLocked(job, 1)
+	}
 	r.mu.Unlock()
-	r.nudge() // run waits for this job's time, not the hour it waits when idle
+	r.nudge()
 	return true
 }
 
@@ -208,14 +213,6 @@ func (r *Reconciler) nudge() {
 	case r.wake <- struct{}{}:
 	default:
 	}
-}
-
-func newReconcileJob(claims []*Claim, release bool, due time.Time) *reconcileJob {
-	job := &reconcileJob{claims: make([]*Claim, len(claims)), release: release, due: due, released: make([]bool, len(claims))}
-	for i, c := range claims {
-		job.claims[i] = ownCopy(c)
-	}
-	return job
 }
 
 // Wake makes the claims waiting out a backoff due now: the store answers

@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -73,23 +72,13 @@ func (l *Link) Dropped() int {
 }
 
 func (l *Link) serve() {
-	for {
-		replica, err := l.listener.Accept()
-		if err != nil {
-			return
-		}
-		master, err := net.Dial("tcp", l.to)
-		if err != nil {
-			replica.Close()
-			continue
-		}
+	serveRelay(l.listener, l.to, func(replica, master net.Conn) func() {
 		l.mu.Lock()
 		l.conns = append(l.conns, replica, master)
 		epoch := l.cut
 		l.mu.Unlock()
-		go func() { _, _ = io.Copy(master, replica); master.Close() }()
-		go l.relayFromMaster(master, replica, epoch)
-	}
+		return func() { l.relayFromMaster(master, replica, epoch) }
+	})
 }
 
 // relayFromMaster copies what master sends to replica, but for what it

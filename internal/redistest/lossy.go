@@ -45,21 +45,32 @@ func (p *ReplyLoser) LoseNextReply() { p.armed.Store(true) }
 func (p *ReplyLoser) Lost() int { return int(p.lost.Load()) }
 
 func (p *ReplyLoser) serve() {
+	serveRelay(p.listener, p.to, func(client, server net.Conn) func() {
+		p.mu.Lock()
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		return func() { p.relayReplies(server, client) }
+	})
+}
+
+// serveRelay accepts clients on l until it closes, dials to for each, and
+// copies what the client sends to the server as it comes. relayer, given
+// the pair, returns what relays the server's side, run on a goroutine of
+// its own.
+func serveRelay(l net.Listener, to string, relayer func(client, server net.Conn) func()) {
 	for {
-		client, err := p.listener.Accept()
+		client, err := l.Accept()
 		if err != nil {
 			return
 		}
-		server, err := net.Dial("tcp", p.to)
+		server, err := net.Dial("tcp", to)
 		if err != nil {
 			client.Close()
 			continue
 		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
+		relay := relayer(client, server)
 		go func() { _, _ = io.Copy(server, client); server.Close() }()
-		go p.relayReplies(server, client)
+		go relay()
 	}
 }
 
