@@ -71,7 +71,7 @@ func initMetrics() {
 		"Assets whose recent pings are nearly all suppressed with none accepted for stuck_after (see the admin endpoint).")),
 		func() float64 { return float64(len(allStuckAssets(time.Now()))) })
 	metrics.breakersOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("breakers_open",
-		"Redis connections whose circuit breaker is open (the store is skipped and on_store_error applies).")),
+		"Open circuit breakers of Redis connections, on a Redis Cluster one per master (its keys skip Redis and on_store_error applies).")),
 		func() float64 { return float64(sumStoreStats().breakersOpen) })
 	metrics.breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("breaker_transitions_total",
 		"Circuit breaker transitions, by the state entered (open, half_open, closed).")), []string{"to"})

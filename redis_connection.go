@@ -30,21 +30,36 @@ type redisConnection struct {
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
 	where := describeTopology(r)
 	c := &redisConnection{}
-	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
+	// On a Cluster the breaker has a zone per master (see Breaker.ZoneBy),
+	// and its log lines name the master; its address is the zone.
+	onChange := func(zone string, from, to dedup.BreakerState, cause error) {
 		metricsOnce.Do(initMetrics)
 		metrics.breakerTransitions.WithLabelValues(to.String()).Inc()
 		if to == dedup.BreakerClosed && c.reconciler != nil {
 			c.reconciler.Wake() // Redis answers again: release what waited for it now, not after a backoff
 		}
+		fields := []zap.Field{zap.String("redis", where), zap.String("from", from.String())}
+		if zone != "" {
+			fields = append(fields, zap.String("master", zone))
+		}
 		if to == dedup.BreakerOpen {
 			logger.Warn("redis store circuit breaker opened: skipping Redis and applying on_store_error until a probe succeeds",
-				zap.String("redis", where), zap.String("from", from.String()), zap.Error(cause))
+				append(fields, zap.Error(cause))...)
 			return
 		}
-		logger.Info("redis store circuit breaker "+to.String(), zap.String("redis", where), zap.String("from", from.String()))
+		logger.Info("redis store circuit breaker "+to.String(), fields...)
+	}
+	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
+		onChange("", from, to, cause)
 	})
 	client := redis.NewUniversalClient(opts)
 	c.client, c.pipeline, c.breaker = client, pipeline.New(client), breaker
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		// The pipeline has a queue per master, so a hung master holds up
+		// only its own slots; the breaker must then fail fast only those
+		// too, not every asset once that master's timeouts add up.
+		breaker.ZoneBy(dedup.ClusterMasterZone(cluster), onChange)
+	}
 	store := dedup.NewRedisStore(c.pipeline, r.operationTimeout())
 	// The reconciler backs off on its own, and goes around the breaker: its
 	// retries during an outage must not reopen a breaker whose probe is on
@@ -100,7 +115,7 @@ func (c *redisConnection) Destruct() error {
 
 func (c *redisConnection) stats() storeStats {
 	rt, n := c.pipeline.RoundTrips()
-	return storeStats{breakerOpen: c.breaker.State() == dedup.BreakerOpen, roundTrips: rt, commands: n,
+	return storeStats{breakersOpen: c.breaker.Open(), roundTrips: rt, commands: n,
 		reconciling: uint64(c.reconciler.Unanswered())}
 }
 

@@ -430,7 +430,8 @@ func (r *RedisStore) DefaultNearCache() int { return dedup.DefaultNearCache }
 
 // DeadLetters returns a sink that appends to a Redis stream on the store's
 // server (XADD MAXLEN ~), with the store's operation timeout, skipped
-// while the store's circuit breaker is open.
+// while the store's circuit breaker is open (on a Cluster, while any
+// master's zone is: Breaker.State).
 func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
 	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, maxLen: maxLen, timeout: r.timeout}
 }

@@ -74,8 +74,7 @@ type statsReporter interface {
 // storeStats is what one shared store reports.
 type storeStats struct {
 	keys, evictions      uint64 // held in process, and dropped to stay bounded
-	breakerOpen          bool
-	breakersOpen         int // in a sum: how many were open
+	breakersOpen         int    // open circuit breakers: on a Cluster, one per master skipped
 	roundTrips, commands uint64
 	reconciling          uint64 // claims waiting for the store to answer
 }
@@ -127,9 +126,7 @@ func sumStoreStats() storeStats {
 		total.roundTrips += s.roundTrips
 		total.commands += s.commands
 		total.reconciling += s.reconciling
-		if s.breakerOpen {
-			total.breakersOpen++
-		}
+		total.breakersOpen += s.breakersOpen
 	}
 	return total
 }

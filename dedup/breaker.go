@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Defaults of the store circuit breaker.
@@ -63,16 +66,31 @@ func (s BreakerState) String() string {
 // opens, and 100 ms later lets one probe through: success closes it, failure
 // opens it again for twice as long, up to Cooldown. One breaker can guard the
 // stores of several handlers that share a connection.
+//
+// A breaker can be split into zones (ZoneBy), each with its own count,
+// state and probes: on a Redis Cluster, one per master, so that a master
+// that hangs fails fast only the calls on its own slots. With one breaker
+// for the whole Cluster, the timeouts of one hung master, coming in bursts
+// between the successes of the others, opened it for every asset.
 type Breaker struct {
 	failures int
 	cooldown time.Duration
-	onChange func(from, to BreakerState, cause error)
+	onChange func(zone string, from, to BreakerState, cause error)
 	now      func() time.Time
 	// While owed reports true, a call first runs releaseOwed (ReleaseFirst).
 	owed        func([]*Claim) bool
 	releaseOwed func(context.Context) error
+	// zone names the zone of a claim; nil: a single zone, one.
+	zone func(*Claim) string
 
-	mu          sync.Mutex
+	mu    sync.Mutex
+	one   breakerZone             // the only zone, unless zone is set
+	zones map[string]*breakerZone // else these, made on first use; only grows
+}
+
+// breakerZone is the state of one zone of a breaker.
+type breakerZone struct {
+	name        string
 	state       BreakerState
 	consecutive int
 	openedAt    time.Time
@@ -91,14 +109,80 @@ func NewBreaker(failures int, cooldown time.Duration, onChange func(from, to Bre
 	if cooldown <= 0 {
 		cooldown = DefaultBreakerCooldown
 	}
-	return &Breaker{failures: failures, cooldown: cooldown, onChange: onChange, now: time.Now}
+	b := &Breaker{failures: failures, cooldown: cooldown, now: time.Now}
+	if onChange != nil {
+		b.onChange = func(_ string, from, to BreakerState, cause error) { onChange(from, to, cause) }
+	}
+	return b
 }
 
-// State returns the current state.
+// ZoneBy splits the breaker into zones: zone names the zone of a claim, and
+// each zone counts the failures of the calls on its claims, opens and is
+// probed on its own. A call whose claims lie in several zones goes to the
+// store only if none of them is open (it would wait for that one anyway),
+// and its outcome counts in each. A call with no claims goes through and
+// counts nowhere. onChange, if not nil, replaces NewBreaker's and is told
+// of every transition of every zone, with the zone's name. Set it before
+// the breaker is used.
+//
+// On a Redis Cluster, zone is ClusterMasterZone: a master that hangs opens
+// the breaker for the claims on its slots only, while the other masters,
+// which the pipeline serves from queues of their own, go on answering.
+func (b *Breaker) ZoneBy(zone func(*Claim) string, onChange func(zone string, from, to BreakerState, cause error)) {
+	b.zone, b.zones = zone, map[string]*breakerZone{}
+	if onChange != nil {
+		b.onChange = onChange
+	}
+}
+
+// ClusterMasterZone names a claim's zone on a Redis Cluster: the address
+// of the master of the key the store writes first (Claim.Key), as the
+// client's slot map says, which is the queue the pipeline puts the claim's
+// command on. The empty name stands for a key whose master the client
+// cannot tell (its slot map cannot be loaded).
+func ClusterMasterZone(client *redis.ClusterClient) func(*Claim) string {
+	return func(c *Claim) string {
+		m, err := client.MasterForKey(context.Background(), c.Key())
+		if err != nil {
+			return ""
+		}
+		return m.Options().Addr
+	}
+}
+
+// State returns the current state; of a breaker in zones, the worst zone's:
+// open if any zone is open, else half open if any is, else closed.
 func (b *Breaker) State() BreakerState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.state
+	if b.zone == nil {
+		return b.one.state
+	}
+	worst := BreakerClosed
+	for _, z := range b.zones {
+		worst = max(worst, z.state)
+	}
+	return worst
+}
+
+// Open returns how many of the breaker's zones are open: 0 or 1 for a
+// breaker not in zones, on a Cluster the masters skipped.
+func (b *Breaker) Open() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.zone == nil {
+		if b.one.state == BreakerOpen {
+			return 1
+		}
+		return 0
+	}
+	n := 0
+	for _, z := range b.zones {
+		if z.state == BreakerOpen {
+			n++
+		}
+	}
+	return n
 }
 
 // ReleaseFirst makes every decision the breaker lets through, while owed
@@ -119,85 +203,175 @@ func (b *Breaker) ReleaseFirst(owed func([]*Claim) bool, release func(context.Co
 // may cost an observation, but its failures still count toward opening it.
 func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b} }
 
-// allow reports whether a call may go to the store now. Once the wait is
-// over the first caller becomes the probe.
-func (b *Breaker) allow() bool {
+// zoneSet is the zones of one call: first, and the others if its claims
+// lie in several. Nil first: none (a call with no claims, in zones).
+type zoneSet struct {
+	first *breakerZone
+	more  []*breakerZone
+}
+
+// zonesOf returns the zones of a call on claims. Without zones it is the
+// one zone, at no cost.
+func (b *Breaker) zonesOf(claims []*Claim) zoneSet {
+	if b.zone == nil {
+		return zoneSet{first: &b.one}
+	}
+	return b.zonesIn(claims)
+}
+
+// zonesIn returns the zones of a call on claims, in a breaker in zones.
+func (b *Breaker) zonesIn(claims []*Claim) zoneSet {
+	var set zoneSet
+	if len(claims) == 0 {
+		return set
+	}
+	// The names first, outside the lock: zone may have to ask the client.
+	first := b.zone(claims[0])
+	var others []string
+	for _, c := range claims[1:] {
+		if name := b.zone(c); name != first && !slices.Contains(others, name) {
+			others = append(others, name)
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.state {
+	set.first = b.zoneLocked(first)
+	for _, name := range others {
+		set.more = append(set.more, b.zoneLocked(name))
+	}
+	return set
+}
+
+// zoneLocked returns the zone called name, made closed if new. b.mu must
+// be held.
+func (b *Breaker) zoneLocked(name string) *breakerZone {
+	z := b.zones[name]
+	if z == nil {
+		z = &breakerZone{name: name}
+		b.zones[name] = z
+	}
+	return z
+}
+
+// letThrough reports whether a call on the zones of set may go to the store
+// now: none of them is open, or waits for a probe's answer. Once a zone's
+// wait is over the first caller becomes its probe.
+func (b *Breaker) letThrough(set zoneSet) bool {
+	if set.first == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if set.first.state == BreakerClosed && set.more == nil {
+		return true // the common case
+	}
+	if !b.admits(set.first) {
+		return false
+	}
+	for _, z := range set.more {
+		if !b.admits(z) {
+			return false
+		}
+	}
+	b.admit(set.first)
+	for _, z := range set.more {
+		b.admit(z)
+	}
+	return true
+}
+
+// admits reports whether z lets a call through. b.mu must be held.
+func (b *Breaker) admits(z *breakerZone) bool {
+	switch z.state {
 	case BreakerClosed:
 		return true
 	case BreakerOpen:
-		if b.now().Sub(b.openedAt) < b.wait {
-			return false
-		}
-		b.transition(BreakerHalfOpen, nil)
-		b.probing = true
-		return true
+		return b.now().Sub(z.openedAt) >= z.wait
 	default: // half open: one probe at a time
-		if b.probing {
-			return false
-		}
-		b.probing = true
-		return true
+		return !z.probing
 	}
+}
+
+// admit lets a call through z, which admits it: a zone not closed makes
+// it its probe. b.mu must be held.
+func (b *Breaker) admit(z *breakerZone) {
+	switch z.state {
+	case BreakerClosed:
+		return
+	case BreakerOpen:
+		b.transition(z, BreakerHalfOpen, nil)
+	}
+	z.probing = true
 }
 
 // enter lets a call through or says why not: the breaker is open, or the
 // releases owed before it (ReleaseFirst) failed, in which case the call
 // counts as failed and is not made.
-func (b *Breaker) enter(ctx context.Context, claims []*Claim) error {
-	if !b.allow() {
-		return ErrBreakerOpen
+func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
+	set := b.zonesOf(claims)
+	if !b.letThrough(set) {
+		return set, ErrBreakerOpen
 	}
 	if b.owed != nil && b.owed(claims) {
 		if err := b.releaseOwed(ctx); err != nil {
-			b.done(err)
-			return fmt.Errorf("%w: %w", ErrReleasesOwed, err)
+			b.count(set, err)
+			return set, fmt.Errorf("%w: %w", ErrReleasesOwed, err)
 		}
 	}
-	return nil
+	return set, nil
 }
 
-// done records a call's outcome. A call cancelled by its own caller (the
-// sender hung up) says nothing about the store.
-func (b *Breaker) done(err error) {
-	if errors.Is(err, context.Canceled) {
-		b.mu.Lock()
-		b.probing = false
-		b.mu.Unlock()
+// count records a call's outcome in each of its zones. A call cancelled by
+// its own caller (the sender hung up) says nothing about the store.
+func (b *Breaker) count(set zoneSet, err error) {
+	if set.first == nil {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.probing = false
-	if err == nil {
-		b.consecutive = 0
-		if b.state != BreakerClosed {
-			b.transition(BreakerClosed, nil)
+	if errors.Is(err, context.Canceled) {
+		set.first.probing = false
+		for _, z := range set.more {
+			z.probing = false
 		}
 		return
 	}
-	b.consecutive++
-	switch {
-	case b.state == BreakerHalfOpen: // the probe failed
-		b.open(min(2*b.wait, b.cooldown), err)
-	case b.state == BreakerClosed && b.consecutive >= b.failures:
-		b.open(min(breakerFirstProbe, b.cooldown), err)
+	b.record(set.first, err)
+	for _, z := range set.more {
+		b.record(z, err)
 	}
 }
 
-// open opens the breaker until the next probe, wait from now.
-func (b *Breaker) open(wait time.Duration, cause error) {
-	b.openedAt, b.wait = b.now(), wait
-	b.transition(BreakerOpen, cause)
+// record records a call's outcome in z. b.mu must be held.
+func (b *Breaker) record(z *breakerZone, err error) {
+	z.probing = false
+	if err == nil {
+		z.consecutive = 0
+		if z.state != BreakerClosed {
+			b.transition(z, BreakerClosed, nil)
+		}
+		return
+	}
+	z.consecutive++
+	switch {
+	case z.state == BreakerHalfOpen: // the probe failed
+		b.open(z, min(2*z.wait, b.cooldown), err)
+	case z.state == BreakerClosed && z.consecutive >= b.failures:
+		b.open(z, min(breakerFirstProbe, b.cooldown), err)
+	}
 }
 
-func (b *Breaker) transition(to BreakerState, cause error) {
-	from := b.state
-	b.state = to
+// open opens z until its next probe, wait from now.
+func (b *Breaker) open(z *breakerZone, wait time.Duration, cause error) {
+	z.openedAt, z.wait = b.now(), wait
+	b.transition(z, BreakerOpen, cause)
+}
+
+func (b *Breaker) transition(z *breakerZone, to BreakerState, cause error) {
+	from := z.state
+	z.state = to
 	if b.onChange != nil {
-		b.onChange(from, to, cause)
+		b.onChange(z.name, from, to, cause)
 	}
 }
 
@@ -208,11 +382,12 @@ type guardedStore struct {
 }
 
 func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
-	if err := g.breaker.enter(ctx, claims); err != nil {
+	set, err := g.breaker.enter(ctx, claims)
+	if err != nil {
 		return nil, err
 	}
 	v, err := g.next.Decide(ctx, claims)
-	g.breaker.done(err)
+	g.breaker.count(set, err)
 	return v, err
 }
 
@@ -220,12 +395,13 @@ func (g guardedStore) Settle(claims []*Claim, done func(error)) {
 	// A settlement need not wait for the releases owed (it is no retry
 	// they must reach the store before), and the request it belongs to
 	// is being answered.
-	if !g.breaker.allow() {
+	set := g.breaker.zonesOf(claims)
+	if !g.breaker.letThrough(set) {
 		done(ErrBreakerOpen)
 		return
 	}
 	g.next.Settle(claims, func(err error) {
-		g.breaker.done(err)
+		g.breaker.count(set, err)
 		done(err)
 	})
 }
@@ -233,7 +409,7 @@ func (g guardedStore) Settle(claims []*Claim, done func(error)) {
 func (g guardedStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
 	released, err := g.next.Release(ctx, claims)
 	if err != nil {
-		g.breaker.done(err)
+		g.breaker.count(g.breaker.zonesOf(claims), err)
 	}
 	return released, err
 }

@@ -189,3 +189,62 @@ func TestBreakerLetsReleasesThrough(t *testing.T) {
 		t.Fatalf("release behind an open breaker: %v %v, %d calls", ok, err, store.calls)
 	}
 }
+
+// allow and done are letThrough and count for the one zone of a breaker
+// not in zones.
+func (b *Breaker) allow() bool    { return b.letThrough(b.zonesOf(nil)) }
+func (b *Breaker) done(err error) { b.count(b.zonesOf(nil), err) }
+
+// In zones, failures open only their own zone; a call spanning zones is
+// skipped while any of them is open, and its outcome counts in each.
+func TestBreakerZonesOpenOnTheirOwn(t *testing.T) {
+	b := NewBreaker(2, time.Second, nil)
+	var opened []string
+	b.ZoneBy(func(c *Claim) string { return c.Asset }, func(zone string, _, to BreakerState, _ error) {
+		if to == BreakerOpen {
+			opened = append(opened, zone)
+		}
+	})
+	clock := articleBase
+	b.now = func() time.Time { return clock }
+	store := &flakyStore{down: errors.New("down")}
+	s := b.Guard(store)
+	ctx := context.Background()
+	on := func(assets ...string) []*Claim {
+		var claims []*Claim
+		for _, a := range assets {
+			p := parked
+			p.Asset = a
+			claims = append(claims, claimOf(testPolicy(Tumbling), p, 1, clock))
+		}
+		return claims
+	}
+	s.Decide(ctx, on("a"))
+	s.Decide(ctx, on("a"))
+	if _, err := s.Decide(ctx, on("a")); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("zone a after 2 failures: %v", err)
+	}
+	store.down = nil
+	if _, err := s.Decide(ctx, on("b")); err != nil {
+		t.Fatalf("zone b while a is open: %v", err)
+	}
+	if _, err := s.Decide(ctx, on("b", "a")); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("a call on b and a while a is open: %v", err)
+	}
+	if b.State() != BreakerOpen || b.Open() != 1 {
+		t.Fatalf("state %s, %d open; want open, 1", b.State(), b.Open())
+	}
+	// A call on b and c fails twice: both open.
+	store.down = errors.New("down")
+	s.Decide(ctx, on("b", "c"))
+	s.Decide(ctx, on("b", "c"))
+	if fmt.Sprint(opened) != "[a b c]" || b.Open() != 3 {
+		t.Fatalf("opened %v, %d open; want [a b c], 3", opened, b.Open())
+	}
+	// After the wait, the call on a and b probes both and closes both.
+	store.down = nil
+	clock = clock.Add(breakerFirstProbe)
+	if _, err := s.Decide(ctx, on("a", "b")); err != nil || b.Open() != 1 {
+		t.Fatalf("probe of a and b: %v, %d open; want c's only", err, b.Open())
+	}
+}
