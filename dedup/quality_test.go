@@ -103,10 +103,29 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		{"sigma 8 m, radius 40", fleetsim.Config{SigmaM: 8}, 1.3, 1.3, false, 40},
 		// A phone parked indoors: its fixes scatter as far as the accuracy
 		// it reports (a 68% radius), and a fix standing still gets a margin
-		// of as much again (6.0 and 6.0 without it). A moving fix may lag
-		// by its accuracy, up to 1.2·1.51·30 = 54 m.
+		// of as much again. Two such fixes lie farther apart than that
+		// about one time in ten, so a fix standing still may lie from the
+		// last accepted one as far as both uncertainties together (before:
+		// 2.70 and 2.04 here, 6.17 and 5.79 at 10 s, 3.38 and 2.91 at σ 50,
+		// 9.79 and 9.62 at σ 15 and 5 s). The simulator's parked receivers
+		// report speeds of |N(0, 0.3)| m/s: one fix in ten reports 0.5 m/s
+		// or more, and keeps the bound of its own uncertainty. A moving fix
+		// may lag by its accuracy, up to 1.2·1.51·σ: 55 m at σ 30.
 		{"phone indoors, sigma 30 m, speed and accuracy reported, 30s cadence",
-			fleetsim.Config{SigmaM: 30, Cadence: 30 * time.Second, ReportSpeed: true, ReportAccuracy: true, LostMoveM: 55}, 2.9, 2.3, false, 0},
+			fleetsim.Config{SigmaM: 30, Cadence: 30 * time.Second, ReportSpeed: true, ReportAccuracy: true, LostMoveM: 55}, 2.2, 1.6, false, 0},
+		{"phone indoors, sigma 30 m, speed and accuracy reported, 10s cadence",
+			fleetsim.Config{SigmaM: 30, ReportSpeed: true, ReportAccuracy: true, LostMoveM: 55}, 4.5, 4.1, false, 0},
+		{"phone indoors, sigma 50 m, speed and accuracy reported, 30s cadence",
+			fleetsim.Config{SigmaM: 50, Cadence: 30 * time.Second, ReportSpeed: true, ReportAccuracy: true, LostMoveM: 91}, 2.6, 2.1, false, 0},
+		// Every fix has a small chance of lying past its bound, and a 5 s
+		// cadence makes 60 fixes a window.
+		{"phone, sigma 15 m, speed and accuracy reported, 5s cadence",
+			fleetsim.Config{SigmaM: 15, Cadence: 5 * time.Second, Duration: 3 * time.Hour, ReportSpeed: true, ReportAccuracy: true}, 5.4, 5.0, false, 0},
+		// Without a speed nothing says a fix is at rest: the radius must be
+		// sized for the receiver, as analyze recommends (its p99 jitter,
+		// about 3 σ, and a quarter more).
+		{"phone, sigma 15 m, accuracy but no speed, radius 60",
+			fleetsim.Config{SigmaM: 15, ReportAccuracy: true}, 1.3, 1.3, false, 60},
 	} {
 		for _, shape := range []Shape{Sliding, Session} {
 			t.Run(tc.name+"/"+string(shape), func(t *testing.T) {

@@ -557,3 +557,49 @@ func TestAReleaseThatHoldsNothingForgetsNoState(t *testing.T) {
 		}
 	})
 }
+
+// A phone parked indoors (accuracy 45 m, standing still): its last
+// accepted fix was as noisy as the next, so two of its fixes may lie as
+// far apart as both uncertainties together. A fix 110 m from the last
+// accepted one, within the stay, is jitter; the same fix creeping at
+// 0.8 m/s, or a network fix (accuracy 300 m) standing "still", keeps the
+// bound of its own uncertainty.
+func TestTwoNoisyFixesOfAParkedPhoneMayLieAsFarApartAsBothUncertainties(t *testing.T) {
+	indoors := func(sec, dx float64, speed, acc float64) ping.Ping {
+		return withSpeed(withAccuracy(offset(sec, dx, 0), acc), speed)
+	}
+	for _, tc := range []struct {
+		name         string
+		speed, acc   float64
+		wantDecision Decision
+	}{
+		{"standing still", 0, 45, Suppressed},
+		{"creeping", 0.8, 45, Accepted},
+		{"a network fix", 0, 300, Suppressed}, // within its own 350 m
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				d.settled(t, indoors(0, 0, 0, 45))
+				for i, dx := range []float64{20, -30, 10, -20, 40, -60} {
+					if v := d.settled(t, indoors(float64(10*(i+1)), dx, 0, 45)); v.Decision != Suppressed {
+						t.Fatalf("jitter %v m at the stay: %+v", dx, v)
+					}
+				}
+				if v := d.settled(t, indoors(70, 110, tc.speed, tc.acc)); v.Decision != tc.wantDecision {
+					t.Fatalf("a fix 110 m from the last accepted one: %+v, want %s", v, tc.wantDecision)
+				}
+			})
+		})
+	}
+	t.Run("a network fix beyond its own uncertainty", func(t *testing.T) {
+		eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+			d.settled(t, indoors(0, 0, 0, 300))
+			for i := range 4 {
+				d.settled(t, indoors(float64(10*(i+1)), 10, 0, 300))
+			}
+			if v := d.settled(t, indoors(60, 380, 0, 300)); v.Decision != Accepted {
+				t.Fatalf("a network fix 380 m away, accuracy 300 m: %+v, want accepted", v)
+			}
+		})
+	})
+}

@@ -59,8 +59,13 @@ const (
 	// whole km/h, truncated: 1.1 m/s is sent as 3 km/h).
 	stillSpeed = 0.5 // m/s
 	// restMargin caps the margin a fix standing still adds to its accuracy
-	// (see uncertainty).
+	// (see uncertainty), and what it may lie beyond that from the last
+	// accepted fix (see lag2).
 	restMargin = 50.0 // m
+	// satelliteAccuracy is the worst accuracy a satellite fix reports, even
+	// indoors: a worse one is a Wi-Fi or cell fix, and a speed of 0 with it
+	// often no reading at all.
+	satelliteAccuracy = 100.0 // m
 	// anchorMemory is how many fixes the anchor averages at most, so that
 	// it follows a receiver's slow drift.
 	anchorMemory = 64
@@ -103,8 +108,11 @@ type fix struct {
 	accuracy float64 // metres, 0 when unknown
 	moving   bool    // it reports a speed of travel
 	atRest   bool    // it reports a speed no asset under way has
-	event    bool
-	state    uint64 // fingerprint of the state fields, 0 when none
+	// still: it reports standing still, with a satellite fix's accuracy
+	// (see lag2)
+	still bool
+	event bool
+	state uint64 // fingerprint of the state fields, 0 when none
 }
 
 func fixOf(c *Claim) fix {
@@ -114,6 +122,7 @@ func fixOf(c *Claim) fix {
 		accuracy:   uncertainty(c),
 		moving:     c.HasSpeed && c.Speed >= movingSpeed,
 		atRest:     c.HasSpeed && c.Speed < restSpeed,
+		still:      c.HasSpeed && c.Speed < stillSpeed && c.Accuracy > 0 && c.Accuracy <= satelliteAccuracy,
 		event:      c.Event != "",
 		state:      statePrint(c.State),
 	}
@@ -215,8 +224,11 @@ type track struct {
 	// could be one, an outlier.
 	last             trackPoint
 	hasCand, outlier bool
-	sessionStart     int64
-	state            uint64
+	// lastAccuracy is last's uncertainty, m (0 when unknown). It has the
+	// place of a session start a track once kept and never read: read as a
+	// number of metres, that is 0.
+	lastAccuracy float64
+	state        uint64
 }
 
 // trackState is what the store keeps of an asset: its track, the track as
@@ -277,7 +289,7 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 func newTrackState(f fix) *trackState {
 	st := &trackState{seenMax: f.t}
 	st.stay = stay{lat: f.lat, lon: f.lon, n: 1, startT: f.t, lastT: f.t}
-	st.ref, st.last, st.sessionStart, st.state = f.trackPoint, f.trackPoint, f.t, f.state
+	st.ref, st.last, st.lastAccuracy, st.state = f.trackPoint, f.trackPoint, f.accuracy, f.state
 	return st
 }
 
@@ -304,7 +316,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 		if !forced && !returned && st.withinWindow(f, pol) {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 		}
-		st.accept(old, f, newSession, func(t *track) { t.ref, t.last, t.hasCand = f.trackPoint, f.trackPoint, false })
+		st.accept(old, f, func(t *track) { t.ref, t.last, t.hasCand = f.trackPoint, f.trackPoint, false })
 	case st.hasCand:
 		// The asset is neither at its stay nor back: it left for where the
 		// last accepted ping was. Judge f at that new stay.
@@ -317,7 +329,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 		return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 	default:
 		outlier := st.couldBeOutlier(f, pol)
-		st.accept(old, f, newSession, func(t *track) { t.last, t.hasCand, t.outlier = f.trackPoint, true, outlier })
+		st.accept(old, f, func(t *track) { t.last, t.hasCand, t.outlier = f.trackPoint, true, outlier })
 	}
 	return accepted
 }
@@ -388,13 +400,11 @@ func (st *trackState) inPastStay(f fix) (in, began bool) {
 }
 
 // accept records an accepted fix, keeping the track as it was for undo.
-func (st *trackState) accept(old *trackState, f fix, newSession bool, change func(*track)) {
+func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
 	st.prev, st.hasPrev = old.track, true
 	change(&st.track)
+	st.lastAccuracy = f.accuracy
 	st.state = f.mergeState(st.state)
-	if newSession {
-		st.sessionStart = f.t
-	}
 }
 
 // holds reports whether f is at the stay: within the radius of the anchor
@@ -410,7 +420,7 @@ func (st *trackState) holds(f fix, pol *Policy) bool {
 	if f.distance2(st.stay.lat, st.stay.lon) > st.radius2(f, pol) {
 		return false
 	}
-	return f.distance2(st.last.lat, st.last.lon) <= lag2(f, pol)
+	return f.distance2(st.last.lat, st.last.lon) <= st.lag2(f, pol)
 }
 
 // radius2 is the square of the stay's radius for f: the stay's own
@@ -429,10 +439,25 @@ func (st *trackState) stayRadius2(pol *Policy) float64 {
 }
 
 // lag2 is the square of how far from the last accepted ping a suppressed
-// fix may lie: LagFactor radii, or the fix's own uncertainty.
-func lag2(f fix, pol *Policy) float64 {
+// fix may lie: LagFactor radii, or the fix's own uncertainty. A satellite
+// fix standing still may also lie as far as the two fixes' uncertainties
+// together (in quadrature, as independent errors add), up to restMargin
+// beyond its own: the last accepted fix was as noisy as this one, and two
+// fixes of a phone parked indoors lie farther apart than either's radius
+// about one time in ten, far more than once a window (a rule on this
+// fix's uncertainty alone admitted 6 a window at a 10 s cadence, σ 30 m).
+// The cap keeps a fix after a poor one (a network fix) from hiding more.
+// A creeping asset (a speed under restSpeed but not still) and a network
+// fix (a speed of 0 that may be no reading) keep the bound they had.
+func (st *trackState) lag2(f fix, pol *Policy) float64 {
 	lag := max(LagFactor*pol.Radius, f.accuracy)
-	return lag * lag
+	lag2 := lag * lag
+	if f.still {
+		both2 := f.accuracy*f.accuracy + st.lastAccuracy*st.lastAccuracy
+		capped := f.accuracy + restMargin
+		lag2 = max(lag2, min(both2, capped*capped))
+	}
+	return lag2
 }
 
 // outlierAtRest reports a fix outside a settled stay that is no evidence
@@ -442,7 +467,7 @@ func lag2(f fix, pol *Policy) float64 {
 // the last accepted ping that suppressing it keeps the backend's picture
 // true. Such a fix is jitter: a receiver's outlier.
 func (st *trackState) outlierAtRest(f fix, pol *Policy) bool {
-	if f.moving || st.stay.n < settledFixes || f.distance2(st.last.lat, st.last.lon) > lag2(f, pol) {
+	if f.moving || st.stay.n < settledFixes || f.distance2(st.last.lat, st.last.lon) > st.lag2(f, pol) {
 		return false
 	}
 	if f.atRest {
@@ -585,7 +610,7 @@ func encodeFix(f fix, radius float64) string {
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.kx))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(metresPerDegree))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.accuracy))
-	b = append(b, boolByte(f.moving), boolByte(f.atRest), boolByte(f.event))
+	b = append(b, boolByte(f.moving), boolByte(f.atRest), boolByte(f.still), boolByte(f.event))
 	b = binary.BigEndian.AppendUint64(b, f.state)
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(radius))
 	return string(b)

@@ -18,21 +18,24 @@
 -- ms (i8; absent from values written before it was added).
 
 -- device time µs, lat, lon, bucket, token, metres per degree of longitude
--- and of latitude, accuracy m, moving, at rest, event, state print, radius m
-local FIX = '>i8ddi8c8dddBBBc8d'
+-- and of latitude, accuracy m, moving, at rest, still, event, state print,
+-- radius m
+local FIX = '>i8ddi8c8dddBBBBc8d'
 -- stay: anchor lat, lon, spread m², fixes, arrival µs, last fix µs; ref
 -- point; last accepted point; flags (1 last is a candidate outside the
--- stay, 2 it could be an outlier); session start; state print; the past
+-- stay, 2 it could be an outlier); the last accepted point's uncertainty,
+-- m (where a session start, never read, was once kept: as a double, 0);
+-- state print; the past
 -- stays (PAST of them: lat, lon, radius², arrival µs, departure µs); the
 -- squared distance of the farthest outlier the stay threw.
 -- Written out rather than built by concatenation, which every call would
 -- do again: Lua 5.1 folds no string constants.
 local PAST = 3
-local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8d'
+local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d'
 local CORE_SIZE = 273 -- struct.size(CORE)
 
 -- the constants of track.go
-local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2, MARGIN2 = 1.5, 4, 4, 70, 64, 3, 10.24, 1.5625
+local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2, MARGIN2, REST_MARGIN = 1.5, 4, 4, 70, 64, 3, 10.24, 1.5625, 50
 
 local now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local shape, window, idle = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -68,7 +71,7 @@ if seen then
 	return { 'suppressed', 'redelivery' }
 end
 
-local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, event, statep, radius = struct.unpack(FIX, ARGV[1])
+local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, still, event, statep, radius = struct.unpack(FIX, ARGV[1])
 local fixpoint = { t = t, lat = lat, lon = lon, bucket = bucket, token = token }
 
 local function encode(c)
@@ -79,7 +82,7 @@ local function encode(c)
 	return struct.pack(CORE, c.alat, c.alon, c.spread2, c.n, c.startT, c.lastT,
 		c.ref.t, c.ref.lat, c.ref.lon, c.ref.bucket, c.ref.token,
 		c.last.t, c.last.lat, c.last.lon, c.last.bucket, c.last.token,
-		flags, c.sessionStart, c.state,
+		flags, c.lastAcc, c.state,
 		p[1].lat, p[1].lon, p[1].radius2, p[1].startT, p[1].endT,
 		p[2].lat, p[2].lon, p[2].radius2, p[2].startT, p[2].endT,
 		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT, c.outlier2)
@@ -101,7 +104,7 @@ local raw = redis.call('GET', KEYS[1])
 if not raw then
 	local none = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
 	local c = { alat = lat, alon = lon, spread2 = 0, outlier2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
-		hasCand = false, outlier = false, sessionStart = t, state = statep, past = { none, none, none } }
+		hasCand = false, outlier = false, lastAcc = acc, state = statep, past = { none, none, none } }
 	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. '\0', 'PX', ttl)
 	remember('accepted')
 	return { 'accepted', '' }
@@ -112,7 +115,7 @@ local function decode(s, pos)
 	local c = { alat = f[1], alon = f[2], spread2 = f[3], n = f[4], startT = f[5], lastT = f[6],
 		ref = { t = f[7], lat = f[8], lon = f[9], bucket = f[10], token = f[11] },
 		last = { t = f[12], lat = f[13], lon = f[14], bucket = f[15], token = f[16] },
-		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, sessionStart = f[18], state = f[19], past = {},
+		hasCand = f[17] % 2 == 1, outlier = f[17] >= 2, lastAcc = f[18], state = f[19], past = {},
 		outlier2 = f[35] }
 	for i = 1, PAST do
 		local k = 19 + 5 * (i - 1)
@@ -141,9 +144,14 @@ local function radius2(c)
 	return math.max(stayRadius2(c), acc * acc)
 end
 
-local function lag2()
+local function lag2(c)
 	local lag = math.max(LAG * radius, acc)
-	return lag * lag
+	local l2 = lag * lag
+	if still == 1 then
+		local capped = acc + REST_MARGIN
+		l2 = math.max(l2, math.min(acc * acc + c.lastAcc * c.lastAcc, capped * capped))
+	end
+	return l2
 end
 
 local function holds(c)
@@ -153,7 +161,7 @@ local function holds(c)
 	if dist2(c.alat, c.alon) > radius2(c) then
 		return false
 	end
-	return dist2(c.last.lat, c.last.lon) <= lag2()
+	return dist2(c.last.lat, c.last.lon) <= lag2(c)
 end
 
 local function reach(c)
@@ -162,7 +170,7 @@ local function reach(c)
 end
 
 local function outlierAtRest(c)
-	if moving == 1 or c.n < SETTLED or dist2(c.last.lat, c.last.lon) > lag2() then
+	if moving == 1 or c.n < SETTLED or dist2(c.last.lat, c.last.lon) > lag2(c) then
 		return false
 	end
 	if atRest == 1 then
@@ -290,13 +298,11 @@ local cur = decode(curRaw, 1)
 local hasPrev = string.byte(raw, 9 + CORE_SIZE) == 1
 local prevRaw = string.sub(raw, 10 + CORE_SIZE)
 
-local function accept(newSession, change)
+local function accept(change)
 	prevRaw, hasPrev = curRaw, true
 	change(cur)
+	cur.lastAcc = acc
 	cur.state = mergeState(cur.state)
-	if newSession then
-		cur.sessionStart = t
-	end
 end
 
 local function judge()
@@ -317,7 +323,7 @@ local function judge()
 		if not forced and not returned and (shape ~= 'sliding' or t - cur.ref.t < window) then
 			return 'suppressed', reason(cur)
 		end
-		accept(newSession, function(c) c.ref, c.last, c.hasCand = fixpoint, fixpoint, false end)
+		accept(function(c) c.ref, c.last, c.hasCand = fixpoint, fixpoint, false end)
 		return 'accepted', ''
 	elseif cur.hasCand then
 		-- The asset left for where the last accepted ping was: judge the
@@ -332,7 +338,7 @@ local function judge()
 		return 'suppressed', reason(cur)
 	end
 	local outlier = couldBeOutlier(cur)
-	accept(newSession, function(c) c.last, c.hasCand, c.outlier = fixpoint, true, outlier end)
+	accept(function(c) c.last, c.hasCand, c.outlier = fixpoint, true, outlier end)
 	return 'accepted', ''
 end
 

@@ -5,11 +5,11 @@
 -- the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
 -- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
-local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bi8c8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
+local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
 local CORE_SIZE = 273
 -- where the state print starts in the track: after the seen max (8 bytes)
 -- and the fields of CORE before it
-local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bi8')
+local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bd')
 local NOHALF = string.rep('\0', 4)
 
 local released = 0
