@@ -90,10 +90,15 @@ func failsOver(client redis.UniversalClient, r RedisStore) bool {
 // until in_flight_timeout and then count as settled.
 func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
 	dropped := newThrottledLog(logger.With(zap.String("redis", where)), storeErrorLogEvery)
+	unconfirmed := newThrottledLog(logger.With(zap.String("redis", where)), storeErrorLogEvery)
 	return func(outcome dedup.ReconcileOutcome, n int) {
 		metricsOnce.Do(initMetrics)
 		metrics.reconciled.WithLabelValues(string(outcome)).Add(float64(n))
 		switch outcome {
+		case dedup.ReconcileUnconfirmed:
+			unconfirmed.log("releases no replica acknowledged could not be queued to be made again after a failover; "+
+				"if the master fails over now, the retries of their observations may be suppressed",
+				fmt.Errorf("%d claims %s", n, outcome))
 		case dedup.ReconcileDropped, dedup.ReconcileExpired:
 			dropped.log("claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
 				"and the retries of the observations whose requests failed may be suppressed",

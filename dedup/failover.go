@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,10 +20,11 @@ import (
 // in_flight_timeout, that it was delivered.
 //
 // So FailoverStore sends a release on a connection of its own to its
-// master, followed there, if the master has replicas, by a WAIT for one of
-// them, and hands the releases no replica acknowledged in time to
-// unconfirmed (Reconciler.Confirm), which releases them again at its
-// confirmation offsets, on whichever master holds their keys by then.
+// master, followed there, if the master has replicas online, by a WAIT
+// for one of them, and hands the releases no replica acknowledged in time
+// (or that had none online) to unconfirmed (Reconciler.Confirm), which
+// releases them again at its confirmation offsets, on whichever master
+// holds their keys by then, and first for any call on their keys.
 // Releases are rare (an upstream failure), so each has round trips of its
 // own rather than holding up the shared pipeline while a replica answers;
 // decisions and settlements go as the RedisStore sends them.
@@ -51,6 +53,9 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 	var unacked []*Claim
 	for _, g := range groups {
 		acked, err := s.releaseOn(ctx, g, claims, released)
+		if isRedirect(err) {
+			return s.releaseRedirected(ctx, claims, released)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -98,12 +103,15 @@ func (s *FailoverStore) byMaster(ctx context.Context, claims []*Claim) ([]master
 }
 
 // releaseOn releases g's claims on its master, writes what each undid
-// into released, and reports whether a replica acknowledged them, or there
-// is no replica to be promoted without them. A master with replicas gets a
-// WAIT for one of them on the same connection, a second round trip, which
-// waits half the store's timeout at most so that both fit within it. The
-// scripts go as EVAL, whole: a master that does not know them yet (a
-// replica just promoted) runs them all the same.
+// into released, and reports whether a replica acknowledged them. A
+// master with replicas online gets a WAIT for one of them on the same
+// connection, a second round trip, which waits half the store's timeout
+// at most so that both fit within it. A master with none online (ROLE)
+// gets none, and the releases count as unacknowledged: a replica whose
+// link dropped a moment ago may still be promoted. A user that may not
+// run ROLE (an @admin command) still gets the WAIT. The scripts go as
+// EVAL, whole: a master that does not know them yet (a replica just
+// promoted) runs them all the same.
 func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims []*Claim, released []bool) (acked bool, err error) {
 	conn := g.master.Conn()
 	defer conn.Close()
@@ -122,11 +130,8 @@ func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims 
 			return false, err
 		}
 	}
-	switch replicas, err := connectedReplicas(role); {
-	case err != nil:
+	if replicas, err := connectedReplicas(role); err == nil && replicas == 0 {
 		return false, nil
-	case replicas == 0:
-		return true, nil
 	}
 	n, err := conn.Wait(ctx, 1, max(s.timeout/2, time.Millisecond)).Result()
 	return err == nil && n >= 1, nil
@@ -147,4 +152,31 @@ func connectedReplicas(role *redis.Cmd) (int, error) {
 		return 0, fmt.Errorf("ROLE answered %v, without a list of replicas", reply)
 	}
 	return len(replicas), nil
+}
+
+// isRedirect reports a Cluster's answer that a key's slot is elsewhere or
+// moving (MOVED, ASK, TRYAGAIN), which a master's own client does not
+// follow.
+func isRedirect(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "TRYAGAIN")
+}
+
+// releaseRedirected releases claims through the Cluster client, which
+// follows a slot that moved or is moving, without a WAIT, and hands them
+// all to be confirmed. Releasing by token again is harmless for those a
+// master released before the redirect, which stay counted as released.
+func (s *FailoverStore) releaseRedirected(ctx context.Context, claims []*Claim, before []bool) ([]bool, error) {
+	released, err := s.RedisStore.Release(ctx, claims)
+	if err != nil {
+		return nil, err
+	}
+	for i := range released {
+		released[i] = released[i] || before[i]
+	}
+	s.unconfirmed(claims)
+	return released, nil
 }

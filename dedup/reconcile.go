@@ -60,6 +60,9 @@ const (
 	// ReconcileExpired: the store did not answer before the claim's TTL
 	// ran out, after which there is nothing left to act on.
 	ReconcileExpired ReconcileOutcome = "expired"
+	// ReconcileUnconfirmed: a release no replica acknowledged (Confirm),
+	// which the queue had no room to confirm.
+	ReconcileUnconfirmed ReconcileOutcome = "unconfirmed"
 )
 
 // MayHaveWritten reports whether a failed store call may still have written
@@ -108,6 +111,10 @@ type Reconciler struct {
 	unanswered atomic.Int64
 	jobs       []*reconcileJob
 	claims     int // in jobs
+	// confirming counts the claims of Confirm's jobs, which have a budget
+	// of their own: a flood of them must not take the room of the claims
+	// whose fate the store has not told.
+	confirming int
 	closed     bool
 	wake       chan struct{}
 	stop       chan struct{}
@@ -125,10 +132,16 @@ type reconcileJob struct {
 	postponed bool
 	answers   int    // store calls answered so far
 	released  []bool // per claim, whether a pass released it
+	// confirming: a Confirm job, whose release the store answered but no
+	// replica acknowledged.
+	confirming bool
 }
 
-// owed reports a release the store has not yet answered: what Owes counts.
-func (j *reconcileJob) owed() bool { return j.release && j.answers == 0 }
+// owed reports a release a call on its keys must wait for (what Owes
+// counts): one the store has not yet answered, or one no replica
+// acknowledged, until its confirmations are done, since a failover may
+// bring its claim back before the next confirmation is due.
+func (j *reconcileJob) owed() bool { return j.release && (j.answers == 0 || j.confirming) }
 
 // NewReconciler starts a Reconciler on store, holding at most capacity
 // claims (DefaultReconcileQueue if capacity <= 0). report, if not nil, is
@@ -162,11 +175,17 @@ func (r *Reconciler) Hand(claims []*Claim, release bool) bool {
 // observations are told to come back, then that they were delivered. It
 // releases them again at its confirmation offsets, as it does the claims
 // it released itself, and counts what such a pass finds as released_late.
-// Nothing waits for them. It reports false, and counts them dropped, when
-// the queue has no room.
+// Until then they are owed (OwesFor): a call on their keys, which may be
+// the first to reach the promoted replica, releases them again first. It
+// reports false, and counts them unconfirmed, when its budget (as large as
+// the queue's) has no room.
 func (r *Reconciler) Confirm(claims []*Claim) bool {
+	if len(r.confirm) == 0 {
+		return true // a Reconciler that confirms nothing
+	}
 	job := newReconcileJob(claims, true, time.Now().Add(r.confirm[0]))
 	job.answers = 1 // the store's own answer, which the handler counted
+	job.confirming = true
 	return r.enqueue(job)
 }
 
@@ -188,13 +207,20 @@ func (r *Reconciler) enqueue(job *reconcileJob) bool {
 		return true
 	}
 	r.mu.Lock()
-	if r.closed || r.claims+n > r.capacity {
+	room, dropped := r.capacity-(r.claims-r.confirming), ReconcileDropped
+	if job.confirming {
+		room, dropped = r.capacity-r.confirming, ReconcileUnconfirmed
+	}
+	if r.closed || n > room {
 		r.mu.Unlock()
-		r.count(ReconcileDropped, n)
+		r.count(dropped, n)
 		return false
 	}
 	r.jobs = append(r.jobs, job)
 	r.claims += n
+	if job.confirming {
+		r.confirming += n
+	}
 	if job.answers == 0 {
 		r.unanswered.Add(int64(n))
 	}
@@ -306,7 +332,7 @@ func (r *Reconciler) Close() {
 	defer r.working.Unlock()
 	r.mu.Lock()
 	left := int(r.unanswered.Swap(0))
-	r.jobs, r.claims = nil, 0
+	r.jobs, r.claims, r.confirming = nil, 0, 0
 	r.owed.Store(0)
 	clear(r.owedKeys)
 	r.mu.Unlock()
@@ -551,7 +577,7 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 // answered records a store's answer to one pass over j: the first answer
 // decides the outcome, the confirmations count what landed late.
 func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
-	if j.owed() {
+	if j.answers == 0 && j.owed() {
 		r.paid(j)
 	}
 	late := 0
@@ -575,6 +601,12 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	}
 	r.count(ReconcileReleasedLate, late)
 	j.failures = 0
+	if j.confirming && now.Before(j.due) {
+		// A pass a call on its keys made (ReleaseOwed), ahead of the
+		// schedule, which stands: the failover may still be to come.
+		r.requeue(j)
+		return
+	}
 	if j.answers++; j.answers > len(r.confirm) {
 		r.finish(j, "")
 		return
@@ -618,6 +650,9 @@ func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
 	}
 	r.mu.Lock()
 	r.claims -= len(j.claims)
+	if j.confirming {
+		r.confirming -= len(j.claims)
+	}
 	r.mu.Unlock()
 }
 
