@@ -27,7 +27,7 @@ func TestClusterAgreesWithMemory(t *testing.T) {
 					t.Fatal(err)
 				}
 				pol := testPolicy(shape)
-				compareStreams(t, seed, pol, NewMemoryStore(0), store)
+				compareStreams(t, newStream(seed), pol, NewMemoryStore(0), store)
 			}
 		})
 	}

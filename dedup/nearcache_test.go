@@ -123,7 +123,7 @@ func TestNearCacheChangesNoVerdict(t *testing.T) {
 		for seed := range uint64(10) {
 			t.Run(fmt.Sprint(shape, "/", seed), func(t *testing.T) {
 				client.FlushAll(context.Background())
-				compareStreams(t, seed, testPolicy(shape), NewMemoryStore(0), NewNearCache(newRedisStore(t, srv), 1000, nil))
+				compareStreams(t, newStream(seed), testPolicy(shape), NewMemoryStore(0), NewNearCache(newRedisStore(t, srv), 1000, nil))
 			})
 		}
 	}

@@ -33,7 +33,31 @@ func TestStoresAgreeOnRandomStreams(t *testing.T) {
 					}
 					pol := testPolicy(shape)
 					pol.Radius = radius
-					compareStreams(t, seed, pol, NewMemoryStore(0), redisStore)
+					compareStreams(t, newStream(seed), pol, NewMemoryStore(0), redisStore)
+				}
+			})
+		}
+	}
+}
+
+// Phones parked indoors: most fixes standing still, with accuracies up to
+// and past 100 m, scattered as far, so that the bound of two still fixes'
+// uncertainties decides often.
+func TestStoresAgreeOnStillStreams(t *testing.T) {
+	srv := redistest.Start(t)
+	redisStore, client := newRedisStore(t, srv), srv.Client()
+	for _, shape := range []Shape{Sliding, Session} {
+		for _, radius := range []float64{DefaultRadius, 4} {
+			t.Run(fmt.Sprintf("%s/radius=%v", shape, radius), func(t *testing.T) {
+				for seed := range uint64(60) {
+					if err := client.FlushAll(context.Background()).Err(); err != nil {
+						t.Fatal(err)
+					}
+					pol := testPolicy(shape)
+					pol.Radius = radius
+					s := newStream(seed)
+					s.still = true
+					compareStreams(t, s, pol, NewMemoryStore(0), redisStore)
 				}
 			})
 		}
@@ -42,6 +66,10 @@ func TestStoresAgreeOnRandomStreams(t *testing.T) {
 
 // stream generates pings the way a small fleet sends them.
 type stream struct {
+	seed uint64
+	// still makes them phones parked indoors: scattered up to 150 m,
+	// standing still, with accuracies up to and past 100 m.
+	still   bool
 	rng     *rand.Rand
 	assets  []*asset
 	sent    []ping.Ping
@@ -57,7 +85,7 @@ type asset struct {
 }
 
 func newStream(seed uint64) *stream {
-	s := &stream{rng: rand.New(rand.NewPCG(seed, 0x5eed)), clock: articleBase}
+	s := &stream{seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)), clock: articleBase}
 	for i := range 3 {
 		lat, lon := 52.52+float64(i)*0.01, 13.40
 		s.assets = append(s.assets, &asset{id: fmt.Sprintf("veh-%d", i), anchorLat: lat, anLon: lon, t: articleBase})
@@ -73,6 +101,10 @@ func (s *stream) next() (ping.Ping, string) {
 	a := s.assets[s.rng.IntN(len(s.assets))]
 	step := time.Duration(5+s.rng.IntN(15)) * time.Second
 	jitter := func() (float64, float64) {
+		if s.still {
+			k := 50 * s.rng.Float64() * s.rng.Float64()
+			return a.anchorLat + (s.rng.Float64()-0.5)*6e-5*k, a.anLon + (s.rng.Float64()-0.5)*9e-5*k
+		}
 		return a.anchorLat + (s.rng.Float64()-0.5)*6e-5, a.anLon + (s.rng.Float64()-0.5)*9e-5 // about ±3 m
 	}
 	var p ping.Ping
@@ -119,6 +151,19 @@ func (s *stream) next() (ping.Ping, string) {
 // an accuracy radius, a reported speed (at rest, slow or under way), an
 // event, and a state that changes.
 func (s *stream) sayMore(p *ping.Ping) {
+	if s.still {
+		if s.rng.Float64() < 0.85 {
+			p.Accuracy = []float64{5 + 95*s.rng.Float64(), 100, 100 + 200*s.rng.Float64(), 20, 45}[s.rng.IntN(5)]
+		}
+		if s.rng.Float64() < 0.85 {
+			p.HasSpeed = true
+			p.Speed = []float64{0, 0.3 * s.rng.Float64(), 0.49, 0.5, 0.8, 3}[s.rng.IntN(6)]
+		}
+		if s.rng.Float64() < 0.03 {
+			p.Event = "alarm"
+		}
+		return
+	}
 	if s.rng.Float64() < 0.3 {
 		p.Accuracy = 5 + 55*s.rng.Float64()
 	}
@@ -148,10 +193,10 @@ func (s *stream) tick() {
 	s.clock = s.clock.Add(time.Duration(s.rng.IntN(3000)) * time.Millisecond)
 }
 
-func compareStreams(t *testing.T, seed uint64, pol *Policy, a, b Store) {
+func compareStreams(t *testing.T, s *stream, pol *Policy, a, b Store) {
 	t.Helper()
 	ctx := context.Background()
-	s := newStream(seed)
+	seed := s.seed
 	k := defaultKeyer()
 	for i := range 400 {
 		s.tick()
@@ -189,5 +234,101 @@ func compareStreams(t *testing.T, seed uint64, pol *Policy, a, b Store) {
 		if va.Decision == Accepted {
 			s.pending = append(s.pending, c)
 		}
+	}
+}
+
+// lag2's sum of squares of the two uncertainties, as Lua computes it (each
+// product rounded, then the sum) and as a fused multiply-add does.
+func bothRounded(a, b float64) float64 { return float64(a*a) + float64(b*b) }
+func bothFused(a, b float64) float64   { return math.FMA(a, a, float64(b*b)) }
+
+// probeAt finds a position whose squared distance from (lat0, lon0), as
+// separation2 computes it at the position, is exactly target.
+func probeAt(lat0, lon0, target float64) (lat, lon float64, ok bool) {
+	d2 := func(lat, lon float64) float64 {
+		f := fixOf(&Claim{Observation: Observation{Ping: ping.Ping{Lat: lat, Lon: lon}}})
+		return f.distance2(lat0, lon0)
+	}
+	lat = lat0 + math.Sqrt(target)/metresPerDegree
+	for d2(lat, lon0) >= target {
+		lat = math.Nextafter(lat, math.Inf(-1))
+	}
+	// step north while far under, so that the east offset is small
+	for range 1 << 20 {
+		n := math.Nextafter(lat, math.Inf(1))
+		if d2(n, lon0) >= target {
+			break
+		}
+		lat = n
+	}
+	lon = lon0
+	for range 1 << 24 {
+		switch v := d2(lat, lon); {
+		case v == target:
+			return lat, lon, true
+		case v > target:
+			return 0, 0, false
+		}
+		lon = math.Nextafter(lon, math.Inf(1))
+	}
+	return 0, 0, false
+}
+
+// Go and Lua must round lag2 alike: a still fix lying exactly at the
+// bound of both uncertainties, as Lua rounds it, gets one verdict from
+// both stores. A Go compiler that fuses a*a + b*b into a multiply-add
+// (arm64, ppc64le, s390x, amd64 with GOAMD64=v3) rounds it once, and
+// disagrees with Lua by an ulp.
+func TestLag2RoundsAsLuaDoes(t *testing.T) {
+	const lat0, lon0 = 52.5200087, 13.4049547
+	var lastAcc, acc, target float64
+	found := false
+	for i := 0; i < 100000 && !found; i++ {
+		lastAcc = 30 + float64(i)*1.37e-5
+		acc = 30.5 + float64(i)*2.11e-5
+		a, b := uncertainty(&Claim{Observation: Observation{Ping: ping.Ping{Accuracy: acc, Speed: 0, HasSpeed: true}}}),
+			uncertainty(&Claim{Observation: Observation{Ping: ping.Ping{Accuracy: lastAcc, Speed: 0, HasSpeed: true}}})
+		r, f := bothRounded(a, b), bothFused(a, b)
+		if r == f {
+			continue
+		}
+		target = r
+		if f > r {
+			target = f
+		}
+		// the other store's bound must lie below target
+		if _, _, ok := probeAt(lat0, lon0, target); ok {
+			found = true
+		}
+	}
+	if !found {
+		t.Skip("no case found")
+	}
+	lat, lon, _ := probeAt(lat0, lon0, target)
+	t.Logf("accuracy %v after %v: Lua's bound² %v, fused %v, probe at d² %v",
+		acc, lastAcc, bothRounded(2*acc, 2*lastAcc), bothFused(2*acc, 2*lastAcc), target)
+	pingAt := func(sec float64, lat, lon, accuracy float64) ping.Ping {
+		p := at(time.Duration(sec*float64(time.Second)), lat, lon)
+		p.Accuracy, p.Speed, p.HasSpeed = accuracy, 0, true
+		return p
+	}
+	verdicts := map[string]Decision{}
+	eachStore(t, func(t *testing.T, s Store) {
+		d := newTestDeduper(s, Sliding)
+		for i := range 4 {
+			d.settled(t, pingAt(float64(10*i), lat0, lon0, lastAcc))
+		}
+		verdicts[t.Name()] = d.settled(t, pingAt(40, lat, lon, acc)).Decision
+	})
+	var mem, red Decision
+	for name, v := range verdicts {
+		if len(name) > 6 && name[len(name)-6:] == "memory" {
+			mem = v
+		} else {
+			red = v
+		}
+	}
+	if mem != red {
+		t.Fatalf("a still fix at d² %v from the last accepted one: memory store %s, Redis store %s", target, mem, red)
 	}
 }

@@ -603,3 +603,59 @@ func TestTwoNoisyFixesOfAParkedPhoneMayLieAsFarApartAsBothUncertainties(t *testi
 		})
 	})
 }
+
+// The last accepted fix was a poor one (a phone indoors, or a network fix
+// of 100 m, speed 0), then the phone walks away with good fixes (10 m)
+// that carry no speed reading (OwnTracks Android and Traccar Client send
+// 0). A still fix is judged against two fixes as good as itself, not
+// against the poor one: it may lie √2 times its own uncertainty away, not
+// its own and 50 m (70 m where the bound is 37.5 m).
+func TestAGoodFixAfterAPoorOneLagsNoMoreThanTwoFixesLikeIt(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		poor := withSpeed(withAccuracy(offset(0, 0, 0), 100), 0)
+		d.settled(t, poor)
+		for i := 1; i <= 4; i++ {
+			d.settled(t, withSpeed(withAccuracy(offset(float64(10*i), 0, 0), 100), 0))
+		}
+		last, worst, worstBound := poor, 0.0, 0.0
+		defer func() {
+			if worst > worstBound+0.01 {
+				t.Errorf("walking fixes (accuracy 10 m, speed 0) suppressed up to %.1f m from the last accepted one; want at most %.1f", worst, worstBound)
+			}
+		}()
+		for i := 1; i <= 30; i++ { // 1.4 m/s, a fix every 10 s
+			p := withSpeed(withAccuracy(offset(40+10*float64(i), 14*float64(i), 0), 10), 0)
+			if d.settled(t, p).Decision == Accepted {
+				last = p
+				continue
+			}
+			f := fixOf(&Claim{Observation: Observation{Ping: p}})
+			bound := max(LagFactor*DefaultRadius, math.Sqrt2*f.accuracy)
+			worst, worstBound = max(worst, math.Sqrt(f.distance2(last.Lat, last.Lon))), bound
+		}
+	})
+}
+
+// A released acceptance puts back the last accepted fix's uncertainty with
+// the rest of the track: after the poor fix (100 m) is released, a good
+// still fix 60 m from the good last accepted one is admitted.
+func TestAReleasePutsBackTheLastAccuracy(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		good := func(sec, dx float64) ping.Ping { return withSpeed(withAccuracy(offset(sec, dx, 0), 10), 0) }
+		d.settled(t, good(0, 0))
+		for i := 1; i <= 4; i++ {
+			d.settled(t, good(float64(10*i), 0))
+		}
+		// A poor fix 200 m away: accepted (a candidate), then released.
+		c, v := d.claim(t, withSpeed(withAccuracy(offset(50, 200, 0), 100), 0))
+		if v.Decision != Accepted {
+			t.Fatalf("poor fix: %+v", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, good(60, 60)); v.Decision != Accepted {
+			t.Fatalf("a good still fix 60 m from the last accepted good one after the release: %+v, want accepted", v)
+		}
+	})
+}

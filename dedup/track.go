@@ -440,20 +440,24 @@ func (st *trackState) stayRadius2(pol *Policy) float64 {
 
 // lag2 is the square of how far from the last accepted ping a suppressed
 // fix may lie: LagFactor radii, or the fix's own uncertainty. A satellite
-// fix standing still may also lie as far as the two fixes' uncertainties
-// together (in quadrature, as independent errors add), up to restMargin
-// beyond its own: the last accepted fix was as noisy as this one, and two
-// fixes of a phone parked indoors lie farther apart than either's radius
-// about one time in ten, far more than once a window (a rule on this
-// fix's uncertainty alone admitted 6 a window at a 10 s cadence, σ 30 m).
-// The cap keeps a fix after a poor one (a network fix) from hiding more.
-// A creeping asset (a speed under restSpeed but not still) and a network
-// fix (a speed of 0 that may be no reading) keep the bound they had.
+// fix standing still may also lie as far as two fixes as uncertain as it,
+// or as the last accepted one if that was better, together (in quadrature,
+// as independent errors add), up to restMargin beyond its own: at most √2
+// times its own uncertainty. Two fixes of a phone parked indoors lie
+// farther apart than either's radius about one time in ten, far more than
+// once a window (a rule on this fix's uncertainty alone admitted 6 a
+// window at a 10 s cadence, σ 30 m). A poor last fix (a network fix)
+// widens nothing. The price: a fix creeping under 0.5 m/s, or moving with
+// a speed of 0 that is no reading, may lag √2 times its uncertainty. A
+// creeping fix over 0.5 m/s and a network fix (worse than 100 m) keep the
+// bound they had. The squares are rounded apart, as Lua rounds them: a
+// fused multiply-add would round once, and disagree by an ulp.
 func (st *trackState) lag2(f fix, pol *Policy) float64 {
 	lag := max(LagFactor*pol.Radius, f.accuracy)
 	lag2 := lag * lag
 	if f.still {
-		both2 := f.accuracy*f.accuracy + st.lastAccuracy*st.lastAccuracy
+		other := min(st.lastAccuracy, f.accuracy)
+		both2 := float64(f.accuracy*f.accuracy) + float64(other*other)
 		capped := f.accuracy + restMargin
 		lag2 = max(lag2, min(both2, capped*capped))
 	}
@@ -596,12 +600,12 @@ func seenField(c *Claim) string {
 }
 
 // encodeFix lays a fix and the radius out as the Lua script reads them with
-// struct.unpack('>i8ddi8c8dddBBBc8d'): device time µs, lat, lon, bucket,
+// struct.unpack('>i8ddi8c8dddBBBBc8d'): device time µs, lat, lon, bucket,
 // token, metres per degree of longitude and of latitude, accuracy, moving,
-// at rest, event, state print, radius. Doubles travel as their bits, so Lua computes
-// with exactly the numbers Go does.
+// at rest, still, event, state print, radius. Doubles travel as their
+// bits, so Lua computes with exactly the numbers Go does.
 func encodeFix(f fix, radius float64) string {
-	b := make([]byte, 0, 90)
+	b := make([]byte, 0, 91)
 	b = binary.BigEndian.AppendUint64(b, uint64(f.t))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.lat))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.lon))

@@ -149,7 +149,8 @@ local function lag2(c)
 	local l2 = lag * lag
 	if still == 1 then
 		local capped = acc + REST_MARGIN
-		l2 = math.max(l2, math.min(acc * acc + c.lastAcc * c.lastAcc, capped * capped))
+		local other = math.min(c.lastAcc, acc)
+		l2 = math.max(l2, math.min(acc * acc + other * other, capped * capped))
 	end
 	return l2
 end
