@@ -58,7 +58,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		// The pipeline has a queue per master, so a hung master holds up
 		// only its own slots; the breaker must then fail fast only those
 		// too, not every asset once that master's timeouts add up.
-		breaker.ZoneBy(dedup.ClusterMasterZone(cluster), onChange)
+		breaker.ZoneBy(dedup.ClusterMasterZone(cluster, r.operationTimeout()), onChange)
 	}
 	store := dedup.NewRedisStore(c.pipeline, r.operationTimeout())
 	// The reconciler backs off on its own, and goes around the breaker: its

@@ -81,3 +81,41 @@ func TestABatchsDeadLettersWaitOneTimeoutAtMost(t *testing.T) {
 		}
 	}
 }
+
+// downStore fails every call, as a hung master does.
+type downStore struct{}
+
+func (downStore) Decide(context.Context, []*dedup.Claim) ([]dedup.Verdict, error) {
+	return nil, context.DeadlineExceeded
+}
+func (downStore) Settle(_ []*dedup.Claim, done func(error)) { done(context.DeadlineExceeded) }
+func (downStore) Release(context.Context, []*dedup.Claim) ([]bool, error) {
+	return nil, context.DeadlineExceeded
+}
+
+// On a Cluster, dead letters are skipped while the zone of the stream's
+// own master is open, not while any master's is: another master's outage
+// must not drop the dead letters a healthy one can take.
+func TestDeadLettersGoOnWhileAnotherMastersZoneIsOpen(t *testing.T) {
+	srv := redistest.Start(t) // the stream's master, healthy
+	client := srv.Client()
+	b := dedup.NewBreaker(1, time.Second, nil)
+	b.ZoneBy(func(key string) string {
+		if key == "dead" {
+			return srv.Addr()
+		}
+		return "10.0.0.9:6379" // every claim on another master, which hangs
+	}, nil)
+	claim := &dedup.Claim{Observation: dedup.Observation{Key: "k"}, Policy: &dedup.Policy{}}
+	_, _ = b.Guard(downStore{}).Decide(context.Background(), []*dedup.Claim{claim})
+	if b.State() != dedup.BreakerOpen {
+		t.Fatal("setup: the other master's zone did not open")
+	}
+	d := redisDeadLetters{client: client, breaker: b, stream: "dead", maxLen: 100, timeout: time.Second}
+	if errs := d.add(context.Background(), []deadLetter{{reason: "invalid", receivedAt: time.Now()}}); errs[0] != nil {
+		t.Fatalf("a dead letter for a healthy stream master: %v", errs[0])
+	}
+	if n := client.XLen(context.Background(), "dead").Val(); n != 1 {
+		t.Fatalf("stream length %d, want 1", n)
+	}
+}

@@ -430,8 +430,8 @@ func (r *RedisStore) DefaultNearCache() int { return dedup.DefaultNearCache }
 
 // DeadLetters returns a sink that appends to a Redis stream on the store's
 // server (XADD MAXLEN ~), with the store's operation timeout, skipped
-// while the store's circuit breaker is open (on a Cluster, while any
-// master's zone is: Breaker.State).
+// while the store's circuit breaker is open (on a Cluster, the zone of the
+// stream's master).
 func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
 	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, maxLen: maxLen, timeout: r.timeout}
 }
@@ -451,7 +451,7 @@ type redisDeadLetters struct {
 // settlement: a sender that hangs up does not undo the record.
 func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error {
 	errs := make([]error, len(letters))
-	if d.breaker.State() == dedup.BreakerOpen {
+	if d.breaker.OpenFor(d.stream) {
 		for i := range errs {
 			errs[i] = dedup.ErrBreakerOpen
 		}

@@ -80,13 +80,18 @@ type Breaker struct {
 	// While owed reports true, a call first runs releaseOwed (ReleaseFirst).
 	owed        func([]*Claim) bool
 	releaseOwed func(context.Context) error
-	// zone names the zone of a claim; nil: a single zone, one.
-	zone func(*Claim) string
+	// zone names the zone of a key; nil: a single zone, one.
+	zone func(key string) string
 
 	mu    sync.Mutex
 	one   breakerZone             // the only zone, unless zone is set
-	zones map[string]*breakerZone // else these, made on first use; only grows
+	zones map[string]*breakerZone // else these, made on first use
 }
+
+// zoneIdle is how long a zone no call has asked for is kept. On a Cluster,
+// the zone of a master that failed over is asked for by no call again:
+// kept, it would stay open for good (State, Open).
+const zoneIdle = time.Minute
 
 // breakerZone is the state of one zone of a breaker.
 type breakerZone struct {
@@ -96,6 +101,7 @@ type breakerZone struct {
 	openedAt    time.Time
 	wait        time.Duration // from openedAt to the next probe
 	probing     bool
+	used        time.Time // when a call last asked for it
 }
 
 // NewBreaker returns a closed breaker (defaults for failures <= 0 and
@@ -116,33 +122,36 @@ func NewBreaker(failures int, cooldown time.Duration, onChange func(from, to Bre
 	return b
 }
 
-// ZoneBy splits the breaker into zones: zone names the zone of a claim, and
-// each zone counts the failures of the calls on its claims, opens and is
-// probed on its own. A call whose claims lie in several zones goes to the
-// store only if none of them is open (it would wait for that one anyway),
-// and its outcome counts in each. A call with no claims goes through and
-// counts nowhere. onChange, if not nil, replaces NewBreaker's and is told
-// of every transition of every zone, with the zone's name. Set it before
-// the breaker is used.
+// ZoneBy splits the breaker into zones: zone names the zone of a key (a
+// claim's is Claim.Key), and each zone counts the failures of the calls on
+// its claims, opens and is probed on its own. A call whose claims lie in
+// several zones goes to the store only if none of them is open (it would
+// wait for that one anyway), and its outcome counts in each. A call with
+// no claims goes through and counts nowhere. A zone no call has asked for
+// in zoneIdle is forgotten. onChange, if not nil, replaces NewBreaker's
+// and is told of every transition of every zone, with the zone's name. Set
+// it before the breaker is used.
 //
 // On a Redis Cluster, zone is ClusterMasterZone: a master that hangs opens
 // the breaker for the claims on its slots only, while the other masters,
 // which the pipeline serves from queues of their own, go on answering.
-func (b *Breaker) ZoneBy(zone func(*Claim) string, onChange func(zone string, from, to BreakerState, cause error)) {
+func (b *Breaker) ZoneBy(zone func(key string) string, onChange func(zone string, from, to BreakerState, cause error)) {
 	b.zone, b.zones = zone, map[string]*breakerZone{}
 	if onChange != nil {
 		b.onChange = onChange
 	}
 }
 
-// ClusterMasterZone names a claim's zone on a Redis Cluster: the address
-// of the master of the key the store writes first (Claim.Key), as the
-// client's slot map says, which is the queue the pipeline puts the claim's
-// command on. The empty name stands for a key whose master the client
-// cannot tell (its slot map cannot be loaded).
-func ClusterMasterZone(client *redis.ClusterClient) func(*Claim) string {
-	return func(c *Claim) string {
-		m, err := client.MasterForKey(context.Background(), c.Key())
+// ClusterMasterZone names a key's zone on a Redis Cluster: the address of
+// its master, as the client's slot map says, which is the queue the
+// pipeline puts the command on. The empty name stands for a key whose
+// master the client cannot tell: its slot map cannot be loaded within
+// timeout (the store's), which bounds the wait as the store call would.
+func ClusterMasterZone(client *redis.ClusterClient, timeout time.Duration) func(key string) string {
+	return func(key string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		m, err := client.MasterForKey(ctx, key)
 		if err != nil {
 			return ""
 		}
@@ -158,11 +167,36 @@ func (b *Breaker) State() BreakerState {
 	if b.zone == nil {
 		return b.one.state
 	}
+	b.forgetIdleLocked()
 	worst := BreakerClosed
 	for _, z := range b.zones {
 		worst = max(worst, z.state)
 	}
 	return worst
+}
+
+// OpenFor reports whether the zone of key is open: a call on it would be
+// skipped now.
+func (b *Breaker) OpenFor(key string) bool {
+	if b.zone == nil {
+		return b.State() == BreakerOpen
+	}
+	name := b.zone(key)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	z := b.zones[name]
+	return z != nil && z.state == BreakerOpen
+}
+
+// forgetIdleLocked forgets the zones no call has asked for in zoneIdle.
+// b.mu must be held.
+func (b *Breaker) forgetIdleLocked() {
+	now := b.now()
+	for name, z := range b.zones {
+		if now.Sub(z.used) > zoneIdle {
+			delete(b.zones, name)
+		}
+	}
 }
 
 // Open returns how many of the breaker's zones are open: 0 or 1 for a
@@ -176,6 +210,7 @@ func (b *Breaker) Open() int {
 		}
 		return 0
 	}
+	b.forgetIdleLocked()
 	n := 0
 	for _, z := range b.zones {
 		if z.state == BreakerOpen {
@@ -226,30 +261,32 @@ func (b *Breaker) zonesIn(claims []*Claim) zoneSet {
 		return set
 	}
 	// The names first, outside the lock: zone may have to ask the client.
-	first := b.zone(claims[0])
+	first := b.zone(claims[0].Key())
 	var others []string
 	for _, c := range claims[1:] {
-		if name := b.zone(c); name != first && !slices.Contains(others, name) {
+		if name := b.zone(c.Key()); name != first && !slices.Contains(others, name) {
 			others = append(others, name)
 		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	set.first = b.zoneLocked(first)
+	now := b.now()
+	set.first = b.zoneLocked(first, now)
 	for _, name := range others {
-		set.more = append(set.more, b.zoneLocked(name))
+		set.more = append(set.more, b.zoneLocked(name, now))
 	}
 	return set
 }
 
-// zoneLocked returns the zone called name, made closed if new. b.mu must
-// be held.
-func (b *Breaker) zoneLocked(name string) *breakerZone {
+// zoneLocked returns the zone called name, made closed if new, asked for
+// now. b.mu must be held.
+func (b *Breaker) zoneLocked(name string, now time.Time) *breakerZone {
 	z := b.zones[name]
 	if z == nil {
 		z = &breakerZone{name: name}
 		b.zones[name] = z
 	}
+	z.used = now
 	return z
 }
 
@@ -306,7 +343,9 @@ func (b *Breaker) admit(z *breakerZone) {
 
 // enter lets a call through or says why not: the breaker is open, or the
 // releases owed before it (ReleaseFirst) failed, in which case the call
-// counts as failed and is not made.
+// is not made, and counts as failed unless the breaker is in zones: the
+// releases owed span every zone, and their failure may be another
+// master's (a healthy zone must not open for it).
 func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 	set := b.zonesOf(claims)
 	if !b.letThrough(set) {
@@ -314,7 +353,11 @@ func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 	}
 	if b.owed != nil && b.owed(claims) {
 		if err := b.releaseOwed(ctx); err != nil {
-			b.count(set, err)
+			if b.zone != nil {
+				b.uncounted(set)
+			} else {
+				b.count(set, err)
+			}
 			return set, fmt.Errorf("%w: %w", ErrReleasesOwed, err)
 		}
 	}
@@ -327,18 +370,29 @@ func (b *Breaker) count(set zoneSet, err error) {
 	if set.first == nil {
 		return
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if errors.Is(err, context.Canceled) {
-		set.first.probing = false
-		for _, z := range set.more {
-			z.probing = false
-		}
+		b.uncounted(set)
 		return
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.record(set.first, err)
 	for _, z := range set.more {
 		b.record(z, err)
+	}
+}
+
+// uncounted ends a call that says nothing of its zones: a probe it was is
+// over, and the next call may probe.
+func (b *Breaker) uncounted(set zoneSet) {
+	if set.first == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set.first.probing = false
+	for _, z := range set.more {
+		z.probing = false
 	}
 }
 

@@ -33,7 +33,7 @@ func TestBreakerZonesSkipOnlyTheHungClusterMaster(t *testing.T) {
 			var mu sync.Mutex
 			opened := map[string]int{}
 			b := NewBreaker(0, 0, nil)
-			zone := ClusterMasterZone(client)
+			zone := ClusterMasterZone(client, 200*time.Millisecond)
 			b.ZoneBy(zone, func(zone string, _, to BreakerState, _ error) {
 				if to == BreakerOpen {
 					mu.Lock()
@@ -57,7 +57,7 @@ func TestBreakerZonesSkipOnlyTheHungClusterMaster(t *testing.T) {
 				if _, err := s.Decide(ctx, []*Claim{c}); err != nil {
 					t.Fatal(err)
 				}
-				masters[zone(c)] = true
+				masters[zone(c.Key())] = true
 			}
 
 			hung.Pause()
@@ -73,7 +73,7 @@ func TestBreakerZonesSkipOnlyTheHungClusterMaster(t *testing.T) {
 				wg.Go(func() {
 					for i := 0; time.Now().Before(end); i++ {
 						c := claim(fmt.Sprintf("veh-%d-%d", g, i), token.Add(1))
-						onHung := zone(c) == hung.Addr()
+						onHung := zone(c.Key()) == hung.Addr()
 						_, err := s.Decide(ctx, []*Claim{c})
 						switch {
 						case onHung && err == nil:

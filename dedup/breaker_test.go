@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 // flakyStore fails while down is set, and counts the calls that reach it.
@@ -200,7 +206,8 @@ func (b *Breaker) done(err error) { b.count(b.zonesOf(nil), err) }
 func TestBreakerZonesOpenOnTheirOwn(t *testing.T) {
 	b := NewBreaker(2, time.Second, nil)
 	var opened []string
-	b.ZoneBy(func(c *Claim) string { return c.Asset }, func(zone string, _, to BreakerState, _ error) {
+	zoneOf := map[string]string{} // a claim's key: its asset
+	b.ZoneBy(func(key string) string { return zoneOf[key] }, func(zone string, _, to BreakerState, _ error) {
 		if to == BreakerOpen {
 			opened = append(opened, zone)
 		}
@@ -215,7 +222,9 @@ func TestBreakerZonesOpenOnTheirOwn(t *testing.T) {
 		for _, a := range assets {
 			p := parked
 			p.Asset = a
-			claims = append(claims, claimOf(testPolicy(Tumbling), p, 1, clock))
+			c := claimOf(testPolicy(Tumbling), p, 1, clock)
+			zoneOf[c.Key()] = a
+			claims = append(claims, c)
 		}
 		return claims
 	}
@@ -246,5 +255,179 @@ func TestBreakerZonesOpenOnTheirOwn(t *testing.T) {
 	clock = clock.Add(breakerFirstProbe)
 	if _, err := s.Decide(ctx, on("a", "b")); err != nil || b.Open() != 1 {
 		t.Fatalf("probe of a and b: %v, %d open; want c's only", err, b.Open())
+	}
+}
+
+// A zone is named by its master's address. When a master fails over, its
+// keys' calls go to the promoted replica's zone and none asks for the old
+// master's again: that zone is forgotten after zoneIdle, rather than stay
+// open for good (State open, the breakers_open gauge counting it, dead
+// letters skipped).
+func TestAZoneOfAFailedOverMasterIsForgotten(t *testing.T) {
+	b := NewBreaker(2, time.Second, nil)
+	masterOf := map[string]string{"a": "10.0.0.1:6379", "b": "10.0.0.2:6379"}
+	assetOf := map[string]string{}
+	b.ZoneBy(func(key string) string { return masterOf[assetOf[key]] }, nil)
+	clock := articleBase
+	b.now = func() time.Time { return clock }
+	store := &flakyStore{down: errors.New("i/o timeout")}
+	s := b.Guard(store)
+	ctx := context.Background()
+	on := func(asset string) []*Claim {
+		p := parked
+		p.Asset = asset
+		c := claimOf(testPolicy(Tumbling), p, 1, clock)
+		assetOf[c.Key()] = asset
+		return []*Claim{c}
+	}
+	s.Decide(ctx, on("a"))
+	s.Decide(ctx, on("a"))
+	if b.Open() != 1 || !b.OpenFor(on("a")[0].Key()) {
+		t.Fatalf("setup: %d zones open", b.Open())
+	}
+	masterOf["a"] = "10.0.0.3:6379" // failed over to its replica
+	store.down = nil
+	for range 3 {
+		clock = clock.Add(time.Minute)
+		for _, asset := range []string{"a", "b"} {
+			if _, err := s.Decide(ctx, on(asset)); err != nil {
+				t.Fatalf("asset %s after the failover: %v", asset, err)
+			}
+		}
+	}
+	if n, st := b.Open(), b.State(); n != 0 || st != BreakerClosed {
+		t.Fatalf("3 minutes after the failover, every call succeeding: %d zones open, State %s", n, st)
+	}
+}
+
+// zonedStore fails the releases of any call holding a claim of a down
+// asset, as a pipeline job split across masters answers with the first
+// part's error.
+type zonedStore struct {
+	mu   sync.Mutex
+	down map[string]bool
+}
+
+func (z *zonedStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, error) {
+	v := make([]Verdict, len(claims))
+	for i := range v {
+		v[i] = accepted
+	}
+	return v, nil
+}
+func (z *zonedStore) Settle(_ []*Claim, done func(error)) { done(nil) }
+func (z *zonedStore) Release(_ context.Context, claims []*Claim) ([]bool, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	for _, c := range claims {
+		if z.down[c.Asset] {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	out := make([]bool, len(claims))
+	for i := range out {
+		out[i] = true
+	}
+	return out, nil
+}
+
+// The releases owed (ReleaseFirst) span every master. A request with a
+// ping on a healthy master (asset a) and one on a hung master (b) failed,
+// and both claims wait in one job: a call on a's key is not made while
+// that job cannot be answered (its retry must find its claim gone), but
+// the failure is b's master's, and must not open a's zone, whose other
+// assets' calls go on.
+func TestAHungMastersOwedReleasesOpenNoHealthyZone(t *testing.T) {
+	b := NewBreaker(3, time.Second, nil)
+	var opened []string
+	var omu sync.Mutex
+	assetOf := map[string]string{}
+	var amu sync.Mutex
+	b.ZoneBy(func(key string) string { amu.Lock(); defer amu.Unlock(); return "master-of-" + assetOf[key] },
+		func(zone string, _, to BreakerState, _ error) {
+			if to == BreakerOpen {
+				omu.Lock()
+				opened = append(opened, zone)
+				omu.Unlock()
+			}
+		})
+	store := &zonedStore{down: map[string]bool{"b": true}}
+	r := NewReconciler(store, 0, nil)
+	t.Cleanup(r.Close)
+	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
+	s := b.Guard(store)
+	claim := func(asset string, token uint64) *Claim {
+		p := parked
+		p.Asset = asset
+		c := claimOf(testPolicy(Sliding), p, token, time.Now())
+		amu.Lock()
+		assetOf[c.Key()] = asset
+		amu.Unlock()
+		return c
+	}
+	r.Hand([]*Claim{claim("a", 1), claim("b", 2)}, true)
+	for i := range 5 {
+		if _, err := s.Decide(context.Background(), []*Claim{claim("a", uint64(10+i))}); !errors.Is(err, ErrReleasesOwed) {
+			t.Fatalf("a call on a while the release a shares with b is owed: %v, want ErrReleasesOwed", err)
+		}
+	}
+	other := claim("a2", 20)
+	amu.Lock()
+	assetOf[other.Key()] = "a" // another asset on a's master
+	amu.Unlock()
+	if _, err := s.Decide(context.Background(), []*Claim{other}); err != nil {
+		t.Fatalf("another asset on a's master: %v", err)
+	}
+	omu.Lock()
+	defer omu.Unlock()
+	if len(opened) > 0 {
+		t.Fatalf("zones opened: %v, want none: the failures were b's master's", opened)
+	}
+}
+
+// ClusterMasterZone asks the slot map within the store's timeout: while it
+// cannot be loaded (a Cluster unreachable at start, every seed hung), a
+// call still ends within about that, and an open zone fails fast.
+func TestTheClusterZoneLookupIsBoundedByTheStoreTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers: a hung seed
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var cmu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			cmu.Lock()
+			conns = append(conns, c)
+			cmu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		cmu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		cmu.Unlock()
+	})
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{ln.Addr().String()}, ContextTimeoutEnabled: true})
+	pipe := pipeline.New(client)
+	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
+	b := NewBreaker(2, time.Second, nil)
+	b.ZoneBy(ClusterMasterZone(client, 50*time.Millisecond), nil)
+	s := b.Guard(NewRedisStore(pipe, 50*time.Millisecond))
+	for i := range 4 {
+		start := time.Now()
+		_, err := s.Decide(context.Background(), []*Claim{claimOf(testPolicy(Tumbling), parked, uint64(i+1), time.Now())})
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("call %d with a 50ms store timeout took %v (%v)", i+1, took.Round(time.Millisecond), err)
+		}
+		if i == 2 && !errors.Is(err, ErrBreakerOpen) { // the 4th may be the first probe, 100 ms on
+			t.Errorf("call %d after 2 failures: %v, want ErrBreakerOpen", i+1, err)
+		}
 	}
 }

@@ -56,8 +56,13 @@ type Pipeline struct {
 
 // shard is one queue of commands and its batches, one on its way at a time.
 type shard struct {
-	client  redis.UniversalClient // sends the batches
-	scripts redis.Scripter        // loads the scripts its master lacks
+	// client sends the batches and loads the scripts Redis lacks: on a
+	// Cluster, the Cluster client, which loads them on every master. A
+	// script may be missing on a master other than the shard's (ASK sends
+	// a command to the master a slot is moving to), and a master's own
+	// client goes stale (go-redis closes it a minute after the node left
+	// the slot map, and makes a new one if it comes back).
+	client redis.UniversalClient
 
 	mu    sync.Mutex
 	queue []*pipelineJob
@@ -126,14 +131,14 @@ func New(client redis.UniversalClient) *Pipeline {
 	if c, ok := client.(*redis.ClusterClient); ok {
 		p.cluster = c
 	} else {
-		p.one = newShard(client, client)
+		p.one = newShard(client)
 		p.shards[""] = p.one
 	}
 	return p
 }
 
-func newShard(client redis.UniversalClient, scripts redis.Scripter) *shard {
-	s := &shard{client: client, scripts: scripts, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+func newShard(client redis.UniversalClient) *shard {
+	s := &shard{client: client, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.drain()
 	return s
 }
@@ -284,8 +289,6 @@ type part struct {
 }
 
 // shardFor returns the shard of key's master, made on its first command.
-// The shard loads scripts on that master only, not on every node as the
-// Cluster client would, which waits for all of them.
 func (p *Pipeline) shardFor(ctx context.Context, key string) (*shard, error) {
 	master, err := p.cluster.MasterForKey(ctx, key)
 	if err != nil {
@@ -299,7 +302,7 @@ func (p *Pipeline) shardFor(ctx context.Context, key string) (*shard, error) {
 	}
 	s := p.shards[addr]
 	if s == nil {
-		s = newShard(p.cluster, master)
+		s = newShard(p.cluster)
 		p.shards[addr] = s
 	}
 	return s, nil
@@ -466,7 +469,7 @@ func (s *shard) send(batch []*pipelineJob) {
 	s.exec(ctx, batch, func(*Cmd) bool { return true })
 	if scripts := unknownScripts(batch); len(scripts) > 0 {
 		for _, script := range scripts {
-			script.Load(ctx, s.scripts) // on a Cluster, on this shard's master only (see shardFor)
+			script.Load(ctx, s.client) // a Cluster client loads it on every master
 		}
 		// Again for the jobs whose callers still wait (see take).
 		live := slices.DeleteFunc(slices.Clone(batch), func(job *pipelineJob) bool { return job.expired(time.Now()) })

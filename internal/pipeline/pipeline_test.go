@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -329,4 +330,66 @@ func waitUntil(t *testing.T, cond func() bool) {
 			t.Fatal("timed out waiting")
 		}
 	}
+}
+
+// While a slot migrates, the Cluster client follows ASK for the keys
+// already moved to the importing master, which answers NOSCRIPT if it
+// never ran the script (a master just added to the Cluster): the script
+// must be loaded there, not only on the shard's own master, which has it.
+func TestAScriptOnAKeyMovedDuringAMigrationIsLoadedWhereItRuns(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
+	p := New(client)
+	t.Cleanup(func() { p.Close(); _ = client.Close() })
+	ctx := context.Background()
+	keys := keysOnDistinctMasters(t, cluster, 2)
+	key := keys[0]
+	from, to := cluster.NodeFor(key), cluster.NodeFor(keys[1])
+	fc, tc := from.Client(), to.Client()
+	defer fc.Close()
+	defer tc.Close()
+	if err := fc.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	slot, err := fc.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strconv.FormatInt(slot, 10)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(tc.Do(ctx, "CLUSTER", "SETSLOT", s, "IMPORTING", nodeID(t, from)).Err())
+	must(fc.Do(ctx, "CLUSTER", "SETSLOT", s, "MIGRATING", nodeID(t, to)).Err())
+	host, port := "127.0.0.1", strconv.Itoa(portOf(to))
+	must(fc.Do(ctx, "MIGRATE", host, port, key, 0, 5000).Err())
+
+	script := redis.NewScript(`return redis.call('GET', KEYS[1])`)
+	cmds := []Cmd{EvalSha(script, []string{key})}
+	if err := p.Do(ctx, 5*time.Second, cmds); err != nil {
+		t.Fatalf("a script on a key moved to the importing master, mid-migration: %v", err)
+	}
+	if got, _ := cmds[0].Result.(*redis.Cmd).Text(); got != "v" {
+		t.Fatalf("script answered %q", got)
+	}
+}
+
+func nodeID(t *testing.T, s *redistest.Server) string {
+	t.Helper()
+	c := s.Client()
+	defer c.Close()
+	id, err := c.Do(context.Background(), "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func portOf(s *redistest.Server) int {
+	var port int
+	fmt.Sscanf(s.Addr()[strings.LastIndex(s.Addr(), ":")+1:], "%d", &port)
+	return port
 }
