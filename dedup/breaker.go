@@ -79,7 +79,7 @@ type Breaker struct {
 	now      func() time.Time
 	// While owed reports true, a call first runs releaseOwed (ReleaseFirst).
 	owed        func([]*Claim) bool
-	releaseOwed func(context.Context) error
+	releaseOwed func(context.Context, []*Claim) error
 	// zone names the zone of a key; nil: a single zone, one.
 	zone func(key string) string
 
@@ -147,17 +147,28 @@ func (b *Breaker) ZoneBy(zone func(key string) string, onChange func(zone string
 // pipeline puts the command on. The empty name stands for a key whose
 // master the client cannot tell: its slot map cannot be loaded within
 // timeout (the store's), which bounds the wait as the store call would.
+// A loaded slot map is read with no wait and no allocation.
 func ClusterMasterZone(client *redis.ClusterClient, timeout time.Duration) func(key string) string {
 	return func(key string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		m, err := client.MasterForKey(ctx, key)
+		m, err := client.MasterForKey(loadedOnly, key)
 		if err != nil {
-			return ""
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			if m, err = client.MasterForKey(ctx, key); err != nil {
+				return ""
+			}
 		}
 		return m.Options().Addr
 	}
 }
+
+// loadedOnly is a context that has ended: a slot map that must be loaded
+// first is not, and the lookup fails at once.
+var loadedOnly = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // State returns the current state; of a breaker in zones, the worst zone's:
 // open if any zone is open, else half open if any is, else closed.
@@ -229,7 +240,7 @@ func (b *Breaker) Open() int {
 // still waits to be released, by then older than in_flight_timeout, and it
 // must find that claim gone, not settled. Set it before the breaker is
 // used.
-func (b *Breaker) ReleaseFirst(owed func([]*Claim) bool, release func(context.Context) error) {
+func (b *Breaker) ReleaseFirst(owed func([]*Claim) bool, release func(context.Context, []*Claim) error) {
 	b.owed, b.releaseOwed = owed, release
 }
 
@@ -261,9 +272,15 @@ func (b *Breaker) zonesIn(claims []*Claim) zoneSet {
 		return set
 	}
 	// The names first, outside the lock: zone may have to ask the client.
+	// A key whose zone cannot be told (""), a Cluster whose slot map
+	// cannot be loaded, says the others cannot be either: they are not
+	// asked, each at the cost of a wait.
 	first := b.zone(claims[0].Key())
 	var others []string
 	for _, c := range claims[1:] {
+		if first == "" {
+			break
+		}
 		if name := b.zone(c.Key()); name != first && !slices.Contains(others, name) {
 			others = append(others, name)
 		}
@@ -352,7 +369,7 @@ func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 		return set, ErrBreakerOpen
 	}
 	if b.owed != nil && b.owed(claims) {
-		if err := b.releaseOwed(ctx); err != nil {
+		if err := b.releaseOwed(ctx, claims); err != nil {
 			if b.zone != nil {
 				b.uncounted(set)
 			} else {

@@ -431,3 +431,53 @@ func TestTheClusterZoneLookupIsBoundedByTheStoreTimeout(t *testing.T) {
 		}
 	}
 }
+
+// With the slot map unloadable, a call of 10 pings on 10 assets waited a
+// store timeout for each key's zone before the breaker even decided: one
+// lookup that cannot be answered says the others cannot be either.
+func TestAZoneLookupOfAManyPingCallIsBoundedOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers: a hung seed
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var cmu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			cmu.Lock()
+			conns = append(conns, c)
+			cmu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		cmu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		cmu.Unlock()
+	})
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{ln.Addr().String()}, ContextTimeoutEnabled: true})
+	pipe := pipeline.New(client)
+	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
+	b := NewBreaker(2, time.Second, nil)
+	b.ZoneBy(ClusterMasterZone(client, 50*time.Millisecond), nil)
+	s := b.Guard(NewRedisStore(pipe, 50*time.Millisecond))
+	var claims []*Claim
+	for i := range 10 {
+		p := parked
+		p.Asset = "veh-" + string(rune('a'+i))
+		claims = append(claims, claimOf(testPolicy(Tumbling), p, uint64(i+1), time.Now()))
+	}
+	for i := range 3 {
+		start := time.Now()
+		_, err := s.Decide(context.Background(), claims)
+		if took := time.Since(start); took > 300*time.Millisecond {
+			t.Errorf("call %d of 10 pings with a 50ms store timeout took %v (%v)", i+1, took.Round(time.Millisecond), err)
+		}
+	}
+}

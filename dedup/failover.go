@@ -57,6 +57,10 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 			return s.releaseRedirected(ctx, claims, released)
 		}
 		if err != nil {
+			// The handler hands them all to the reconciler, whose first
+			// answer ends what it owes: those a master released before are
+			// confirmed too, or a failover could bring them back unseen.
+			s.unconfirmed(unacked)
 			return nil, err
 		}
 		if !acked {

@@ -105,6 +105,9 @@ type Reconciler struct {
 	// owedKeys counts, by Claim.Key, the claims of those jobs: a call on
 	// one of these keys may be the retry of their observation (OwesFor).
 	owedKeys map[string]int
+	// wanted counts, by Claim.Key, the calls in ReleaseOwed: a pass takes
+	// the confirmations on their keys, and no other.
+	wanted map[string]int
 	// unanswered counts the claims of the jobs the store has not yet
 	// answered: what waits for Redis, where claims counts those kept for
 	// their confirmations too.
@@ -133,8 +136,11 @@ type reconcileJob struct {
 	answers   int    // store calls answered so far
 	released  []bool // per claim, whether a pass released it
 	// confirming: a Confirm job, whose release the store answered but no
-	// replica acknowledged.
+	// replica acknowledged. scheduled is its next confirmation's time,
+	// which an early pass (ReleaseOwed) or a failed one's backoff leaves
+	// as it is.
 	confirming bool
+	scheduled  time.Time
 }
 
 // owed reports a release a call on its keys must wait for (what Owes
@@ -185,7 +191,7 @@ func (r *Reconciler) Confirm(claims []*Claim) bool {
 	}
 	job := newReconcileJob(claims, true, time.Now().Add(r.confirm[0]))
 	job.answers = 1 // the store's own answer, which the handler counted
-	job.confirming = true
+	job.confirming, job.scheduled = true, job.due
 	return r.enqueue(job)
 }
 
@@ -296,6 +302,32 @@ func (r *Reconciler) oweKeysLocked(j *reconcileJob, delta int) {
 	}
 }
 
+// want counts delta for the keys of claims in wanted.
+func (r *Reconciler) want(claims []*Claim, delta int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wanted == nil {
+		r.wanted = map[string]int{}
+	}
+	for _, c := range claims {
+		k := c.Key()
+		if r.wanted[k] += delta; r.wanted[k] <= 0 {
+			delete(r.wanted, k)
+		}
+	}
+}
+
+// wantedLocked reports whether a call in ReleaseOwed is on a key of j's
+// claims. r.mu must be held.
+func (r *Reconciler) wantedLocked(j *reconcileJob) bool {
+	for _, c := range j.claims {
+		if r.wanted[c.Key()] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // paid counts the owed release j as answered (or given up on).
 func (r *Reconciler) paid(j *reconcileJob) {
 	r.owed.Add(-1)
@@ -331,12 +363,13 @@ func (r *Reconciler) Close() {
 	r.working.Lock() // a pass on its way answers its jobs first
 	defer r.working.Unlock()
 	r.mu.Lock()
-	left := int(r.unanswered.Swap(0))
+	left, unconfirmed := int(r.unanswered.Swap(0)), r.confirming
 	r.jobs, r.claims, r.confirming = nil, 0, 0
 	r.owed.Store(0)
 	clear(r.owedKeys)
 	r.mu.Unlock()
 	r.count(ReconcileDropped, left)
+	r.count(ReconcileUnconfirmed, unconfirmed)
 }
 
 func (r *Reconciler) run() {
@@ -420,8 +453,9 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 }
 
 // ReleaseOwed makes now, and waits for, the releases the store has not yet
-// answered: those still waiting out a backoff after failing, and those just
-// handed over. A store call made while Owes reports true calls it first
+// answered (those still waiting out a backoff after failing, and those
+// just handed over) and the confirmations on the keys of claims (Confirm).
+// A store call on claims that OwesFor reports owed calls it first
 // (Breaker.ReleaseFirst): a claim whose release waits here may by then be
 // older than in_flight_timeout, and the retry of its observation, coming
 // through first, would be told it was delivered. It returns the store's
@@ -435,9 +469,11 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 // that the releases handed over before it came are answered too. The pass
 // is not cancelled with the caller that began it (a sender that hung up
 // would fail every call sharing it); the store's timeout bounds it.
-func (r *Reconciler) ReleaseOwed(ctx context.Context) error {
+func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
+	r.want(claims, 1)
+	defer r.want(claims, -1)
 	for range 2 {
-		if !r.Owes() {
+		if !r.OwesFor(claims) {
 			return nil
 		}
 		p, lead := r.joinPass()
@@ -498,7 +534,10 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context) error {
 		return nil
 	}
 	owed := r.takeLocked(func(j *reconcileJob) bool {
-		return j.owed() && !j.expired(now) // confirmations and expired claims can wait for work
+		// Expired claims can wait for work, and so can the confirmations
+		// no call in ReleaseOwed is on the keys of: every call on any owed
+		// key would otherwise release them all again, and wait for them.
+		return j.owed() && !j.expired(now) && (!j.confirming || r.wantedLocked(j))
 	})
 	r.mu.Unlock()
 	for len(owed) > 0 {
@@ -601,9 +640,11 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	}
 	r.count(ReconcileReleasedLate, late)
 	j.failures = 0
-	if j.confirming && now.Before(j.due) {
-		// A pass a call on its keys made (ReleaseOwed), ahead of the
-		// schedule, which stands: the failover may still be to come.
+	if j.confirming && now.Before(j.scheduled) {
+		// A pass a call on its keys made (ReleaseOwed), or the retry of a
+		// failed one, ahead of the schedule, which stands: the failover
+		// may still be to come.
+		j.due = j.scheduled
 		r.requeue(j)
 		return
 	}
@@ -612,6 +653,7 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 		return
 	}
 	j.due = now.Add(r.confirm[j.answers-1])
+	j.scheduled = j.due
 	r.requeue(j)
 }
 
@@ -629,10 +671,13 @@ func (j *reconcileJob) expired(now time.Time) bool {
 	return !now.Before(c.At.Add(c.Policy.TTL))
 }
 
+// requeue puts j back on the queue, and makes run look at it: a pass of
+// ReleaseOwed may have made it due sooner than run waits.
 func (r *Reconciler) requeue(j *reconcileJob) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.jobs = append(r.jobs, j)
+	r.mu.Unlock()
+	r.nudge()
 }
 
 // finish ends j, taken off the queue, counting its claims as outcome if given.

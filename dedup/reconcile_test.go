@@ -613,7 +613,7 @@ func TestCloseWaitsForAPassOnItsWay(t *testing.T) {
 		}
 	}
 	passed := make(chan error, 1)
-	go func() { passed <- r.ReleaseOwed(context.Background()) }()
+	go func() { passed <- r.ReleaseOwed(context.Background(), []*Claim{landed}) }()
 	for deadline := time.Now().Add(5 * time.Second); store.releaseCount() < 2; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the pass never reached the store")
@@ -733,5 +733,135 @@ func TestAReleaseOwedHoldsUpOnlyCallsOnItsKey(t *testing.T) {
 	case err := <-same:
 		t.Fatalf("a call on the owed key went ahead of its release: %v", err)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A Confirm job is owed for its whole confirmation period, and an early
+// pass (ReleaseOwed from a call) must not advance its schedule, a failed
+// one neither: its backoff is no confirmation's time. Here the last
+// confirmation is due ~5 s after Confirm; one failed early pass at 0.4 s
+// and the key's next call 150 ms later used to end the job, and what its
+// key owed, at ~0.55 s.
+func TestAFailedEarlyPassDoesNotShortenTheConfirmations(t *testing.T) {
+	store := &downStore{Store: NewMemoryStore(0), up: true}
+	r, _ := testReconciler(t, store, 0, 50*time.Millisecond, 100*time.Millisecond, 5*time.Second)
+	pol := testPolicy(Tumbling)
+	c := claimOf(pol, parked, 1, time.Now())
+	r.Confirm([]*Claim{c})
+	time.Sleep(400 * time.Millisecond) // two scheduled passes done; the last is ~4.75 s away
+	if !r.OwesFor([]*Claim{c}) {
+		t.Fatal("setup: the key is not owed during its confirmations")
+	}
+	store.mu.Lock()
+	store.up = false
+	store.mu.Unlock()
+	if err := r.ReleaseOwed(context.Background(), []*Claim{c}); err == nil { // a call on the key, Redis blipped
+		t.Fatal("setup: the early pass did not fail")
+	}
+	store.mu.Lock()
+	store.up = true
+	store.mu.Unlock()
+	time.Sleep(150 * time.Millisecond)
+	if err := r.ReleaseOwed(context.Background(), []*Claim{c}); err != nil { // the key's next call, Redis back
+		t.Fatal(err)
+	}
+	time.Sleep(850 * time.Millisecond)
+	if !r.OwesFor([]*Claim{c}) {
+		t.Errorf("1.4 s after Confirm (last confirmation due at ~5.15 s) the key is no longer owed: one failed early pass ended the confirmations (Len %d)", r.Len())
+	}
+}
+
+// countingStore counts the claims each Release carries.
+type countingStore struct {
+	Store
+	mu       sync.Mutex
+	calls    int
+	released int
+	fail     func(*Claim) bool
+}
+
+func (s *countingStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	s.mu.Lock()
+	s.calls++
+	s.released += len(claims)
+	s.mu.Unlock()
+	for _, c := range claims {
+		if s.fail != nil && s.fail(c) {
+			return nil, errors.New("i/o timeout") // one master of the batch hangs
+		}
+	}
+	return s.Store.Release(ctx, claims)
+}
+
+func (s *countingStore) counts() (int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls, s.released
+}
+
+// While confirmations live, a call on one owed key releases again the
+// confirmations on its own key, not every one: with 1,000 on other assets,
+// each ping of a busy owed asset re-released 1,000 claims (4 store calls)
+// and waited for them, 20,000 releases for 20 pings.
+func TestACallOnAnOwedKeyReleasesOnlyWhatItOwes(t *testing.T) {
+	store := &countingStore{Store: NewMemoryStore(0)}
+	r, _ := testReconciler(t, store, 0, time.Hour) // confirmations not due during the test
+	b := NewBreaker(1000, time.Hour, nil)
+	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
+	guarded := b.Guard(store)
+	pol := testPolicy(Sliding)
+	for i := range 1000 {
+		p := parked
+		p.Asset = "other-" + string(rune('A'+i%26)) + string(rune('A'+i/26))
+		r.Confirm([]*Claim{claimOf(pol, p, uint64(i+10), time.Now())})
+	}
+	r.Confirm([]*Claim{claimOf(pol, parked, 1, time.Now())})
+	for i := range 20 {
+		p := parked
+		p.Time = p.Time.Add(time.Duration(i+1) * time.Second)
+		if _, err := decideOne(context.Background(), guarded, claimOf(pol, p, uint64(2000+i), time.Now())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls, released := store.counts()
+	if released > 20*2 {
+		t.Errorf("20 pings of one owed asset made %d Release calls carrying %d claims", calls, released)
+	}
+}
+
+// On a Cluster a confirmation on a hung master's key fails a pass that
+// carries it: a call on an owed key of a healthy master must not carry it,
+// or it fails too (ErrReleasesOwed) for as long as the other master hangs.
+func TestAHungMastersConfirmationFailsNoCallOnAHealthyMaster(t *testing.T) {
+	store := &countingStore{Store: NewMemoryStore(0)}
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	b := NewBreaker(1000, time.Hour, nil)
+	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
+	guarded := b.Guard(store)
+	pol := testPolicy(Sliding)
+	dead := parked
+	dead.Asset = "on-the-hung-master"
+	r.Confirm([]*Claim{claimOf(pol, dead, 1, time.Now())}) // released just before its master hung
+	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
+	store.mu.Lock()
+	store.fail = func(c *Claim) bool { return c.Asset == dead.Asset }
+	store.mu.Unlock()
+	p := parked
+	p.Time = p.Time.Add(time.Second)
+	if _, err := decideOne(context.Background(), guarded, claimOf(pol, p, 3, time.Now())); err != nil {
+		t.Errorf("a call on a healthy master's owed key: %v", err)
+	}
+}
+
+// Close counts the claims still waiting for the store's first answer as
+// dropped, and the confirmations it abandons (a reload during a failover)
+// as unconfirmed.
+func TestCloseCountsTheConfirmationsItAbandons(t *testing.T) {
+	o := &outcomes{}
+	r := newReconciler(NewMemoryStore(0), 0, o.report, []time.Duration{time.Hour})
+	r.Confirm([]*Claim{claimOf(testPolicy(Tumbling), parked, 1, time.Now())})
+	r.Close()
+	if o.String() != "map[unconfirmed:1]" {
+		t.Errorf("a confirmation abandoned by Close counted nowhere (outcomes %s)", o)
 	}
 }
