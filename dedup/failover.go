@@ -58,9 +58,10 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 		}
 		if err != nil {
 			// The handler hands them all to the reconciler, whose first
-			// answer ends what it owes: those a master released before are
-			// confirmed too, or a failover could bring them back unseen.
-			s.unconfirmed(unacked)
+			// answer ends what it owes: those a master released before the
+			// error are confirmed too, or a failover could bring them back
+			// unseen.
+			s.unconfirmed(claims)
 			return nil, err
 		}
 		if !acked {
@@ -175,12 +176,12 @@ func isRedirect(err error) bool {
 // master released before the redirect, which stay counted as released.
 func (s *FailoverStore) releaseRedirected(ctx context.Context, claims []*Claim, before []bool) ([]bool, error) {
 	released, err := s.RedisStore.Release(ctx, claims)
+	s.unconfirmed(claims)
 	if err != nil {
 		return nil, err
 	}
 	for i := range released {
 		released[i] = released[i] || before[i]
 	}
-	s.unconfirmed(claims)
 	return released, nil
 }

@@ -339,3 +339,38 @@ func TestConfirmationsDoNotCrowdOutUnansweredClaims(t *testing.T) {
 		t.Errorf("an 11th confirmation was taken (outcomes %v), want it counted unconfirmed", outcomes.n)
 	}
 }
+
+// A master group whose pipeline fails after some of its releases ran: the
+// handler hands every claim to the reconciler, whose first (un-WAITed)
+// answer ends what it owes, so the releases that ran are confirmed too.
+func TestTheFailingGroupsOwnReleasesAreConfirmedToo(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	store := newRedisStoreOn(t, client)
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	failover := NewFailoverStore(store, client, r.Confirm)
+	ctx := context.Background()
+	pol := testPolicy(Tumbling)
+	later := parked
+	later.Time = later.Time.Add(time.Minute)
+	later.Asset = "veh-later"
+	first := claimOf(pol, later, 1, time.Now())   // released first (releaseOrder: latest first)
+	second := claimOf(pol, parked, 2, time.Now()) // its key no longer a claim: its EVAL fails
+	for _, c := range []*Claim{first, second} {
+		if v := decide(t, failover, c); v.Decision != Accepted {
+			t.Fatalf("setup: %v", v)
+		}
+	}
+	raw := srv.Client()
+	raw.Del(ctx, second.Observation.Key)
+	raw.RPush(ctx, second.Observation.Key, "x")
+	if _, err := failover.Release(ctx, []*Claim{first, second}); err == nil {
+		t.Fatal("setup: the release did not fail")
+	}
+	if raw.Exists(ctx, first.Observation.Key).Val() != 0 {
+		t.Fatal("setup: the first claim was not released by the failed call")
+	}
+	if !r.OwesFor([]*Claim{first}) {
+		t.Error("a release the master made before its group failed, acknowledged by no replica, is not owed (not confirmed)")
+	}
+}

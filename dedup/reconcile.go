@@ -61,7 +61,8 @@ const (
 	// ran out, after which there is nothing left to act on.
 	ReconcileExpired ReconcileOutcome = "expired"
 	// ReconcileUnconfirmed: a release no replica acknowledged (Confirm),
-	// which the queue had no room to confirm.
+	// which the queue had no room to confirm, or whose confirmations Close
+	// abandoned.
 	ReconcileUnconfirmed ReconcileOutcome = "unconfirmed"
 )
 
@@ -349,7 +350,8 @@ func (r *Reconciler) Len() int {
 func (r *Reconciler) Unanswered() int { return int(r.unanswered.Load()) }
 
 // Close stops the Reconciler; the claims still waiting for the store's
-// first answer are counted dropped.
+// first answer are counted dropped, the confirmations not yet done
+// unconfirmed.
 func (r *Reconciler) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -479,14 +481,29 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 		p, lead := r.joinPass()
 		if lead {
 			r.lead(context.WithoutCancel(ctx), p)
-			return p.err
+			return p.errFor(claims)
 		}
 		select {
 		case <-p.done:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if p.err != nil {
+		if err := p.errFor(claims); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errFor is the pass's error if it did not release a job on a key of
+// claims: a call whose own keys' releases went through need not fail for
+// another's.
+func (p *releasePass) errFor(claims []*Claim) error {
+	if p.err == nil {
+		return nil
+	}
+	for _, c := range claims {
+		if p.failed[c.Key()] {
 			return p.err
 		}
 	}
@@ -498,6 +515,8 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 type releasePass struct {
 	done chan struct{}
 	err  error
+	// failed holds the keys of the jobs a failed pass did not release.
+	failed map[string]bool
 }
 
 // joinPass returns the pass on its way, or a new one that the caller leads.
@@ -520,11 +539,11 @@ func (r *Reconciler) lead(ctx context.Context, p *releasePass) {
 		r.mu.Unlock()
 		close(p.done)
 	}()
-	p.err = r.releaseOwedPass(ctx)
+	p.err = r.releaseOwedPass(ctx, p)
 }
 
 // releaseOwedPass makes one pass over the releases owed.
-func (r *Reconciler) releaseOwedPass(ctx context.Context) error {
+func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error {
 	r.working.Lock()
 	defer r.working.Unlock()
 	now := time.Now()
@@ -533,24 +552,46 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context) error {
 		r.mu.Unlock()
 		return nil
 	}
-	owed := r.takeLocked(func(j *reconcileJob) bool {
-		// Expired claims can wait for work, and so can the confirmations
-		// no call in ReleaseOwed is on the keys of: every call on any owed
-		// key would otherwise release them all again, and wait for them.
-		return j.owed() && !j.expired(now) && (!j.confirming || r.wantedLocked(j))
-	})
+	// Only the jobs on the keys of the calls waiting (wanted): the others
+	// are no call's business now, and run makes them. A call on a healthy
+	// master's key must not carry a hung master's releases and fail.
+	owed := r.takeLocked(func(j *reconcileJob) bool { return j.owed() && r.wantedLocked(j) })
 	r.mu.Unlock()
+	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool {
+		if !j.expired(now) {
+			return false
+		}
+		// Nothing left to act on; its key owes nothing any more.
+		outcome := ReconcileOutcome("")
+		if j.answers == 0 {
+			outcome = ReconcileExpired
+		}
+		r.finish(j, outcome)
+		return true
+	})
 	for len(owed) > 0 {
 		n := nextBatch(owed)
 		if _, err := r.attempt(ctx, owed[:n]); err != nil {
 			for _, j := range owed[n:] {
 				r.requeue(j)
 			}
+			p.failed = keysOf(owed)
 			return err
 		}
 		owed = owed[n:]
 	}
 	return nil
+}
+
+// keysOf is the set of the keys of jobs' claims.
+func keysOf(jobs []*reconcileJob) map[string]bool {
+	keys := map[string]bool{}
+	for _, j := range jobs {
+		for _, c := range j.claims {
+			keys[c.Key()] = true
+		}
+	}
+	return keys
 }
 
 // takeLocked takes the jobs that match off the queue, in queue order.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -863,5 +864,184 @@ func TestCloseCountsTheConfirmationsItAbandons(t *testing.T) {
 	r.Close()
 	if o.String() != "map[unconfirmed:1]" {
 		t.Errorf("a confirmation abandoned by Close counted nowhere (outcomes %s)", o)
+	}
+}
+
+// hangingStore hangs (delay) and then fails any Release carrying a claim of
+// the dead asset, as a paused master's calls wait out the store timeout.
+type hangingStore struct {
+	Store
+	dead  string
+	delay time.Duration
+	mu    sync.Mutex
+	calls int
+}
+
+func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	for _, c := range claims {
+		if c.Asset == s.dead {
+			select {
+			case <-time.After(s.delay):
+			case <-ctx.Done():
+			}
+			return nil, errors.New("i/o timeout")
+		}
+	}
+	return s.Store.Release(ctx, claims)
+}
+
+func (s *hangingStore) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+// A hung master's own calls time out and their claims are handed to the
+// reconciler as releases (forward.go reconcile). A call on a healthy
+// master's key, owed only a confirmation, must not carry them and fail.
+func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
+	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: 0}
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	b := NewBreaker(1000, time.Hour, nil)
+	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
+	guarded := b.Guard(store)
+	pol := testPolicy(Sliding)
+	dead := parked
+	dead.Asset = store.dead
+	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())}) // healthy master, only a confirmation owed
+	time.Sleep(50 * time.Millisecond)
+	r.Hand([]*Claim{claimOf(pol, dead, 1, time.Now())}, true) // a timed-out decision on the hung master
+	time.Sleep(20 * time.Millisecond)                         // run's first attempt failed; it waits out its backoff
+	p := parked
+	p.Time = p.Time.Add(time.Second)
+	if _, err := decideOne(context.Background(), guarded, claimOf(pol, p, 3, time.Now())); err != nil {
+		t.Errorf("a call on a healthy master's key owed only a confirmation, while the hung master has an unanswered release: %v", err)
+	}
+}
+
+// A call on a healthy master's confirmed key that comes while a call on the
+// hung master's confirmed key leads a pass joins that pass: it fails only
+// if the pass did not release its own key's confirmation.
+func TestACallOnAHealthyKeyDoesNotShareTheHungKeysFailure(t *testing.T) {
+	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: 300 * time.Millisecond}
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	b := NewBreaker(1000, time.Hour, nil)
+	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
+	guarded := b.Guard(store)
+	pol := testPolicy(Sliding)
+	dead := parked
+	dead.Asset = store.dead
+	r.Confirm([]*Claim{claimOf(pol, dead, 1, time.Now())})
+	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
+	go func() {
+		d := dead
+		d.Time = d.Time.Add(time.Second)
+		_, _ = decideOne(context.Background(), guarded, claimOf(pol, d, 10, time.Now())) // the hung key's retry
+	}()
+	time.Sleep(50 * time.Millisecond)
+	p := parked
+	p.Time = p.Time.Add(time.Second)
+	start := time.Now()
+	_, err := decideOne(context.Background(), guarded, claimOf(pol, p, 3, time.Now()))
+	if err != nil {
+		t.Errorf("a call on a healthy master's confirmed key, after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+}
+
+// A confirmation whose claim's TTL ran out has nothing left to act on: a
+// call on its key ends it, rather than find its key owed until its next
+// scheduled time.
+func TestAnExpiredConfirmationLeavesItsKeyOwedNothing(t *testing.T) {
+	store := &hangingStore{Store: NewMemoryStore(0), dead: "none"}
+	r, _ := testReconciler(t, store, 0, 50*time.Millisecond, time.Hour)
+	pol := testPolicy(Sliding)
+	pol.TTL = 300 * time.Millisecond
+	c := claimOf(pol, parked, 1, time.Now())
+	r.Confirm([]*Claim{c})
+	time.Sleep(600 * time.Millisecond)
+	if err := r.ReleaseOwed(context.Background(), []*Claim{c}); err != nil {
+		t.Fatal(err)
+	}
+	if r.OwesFor([]*Claim{c}) {
+		t.Errorf("a confirmation whose claim expired 300 ms ago still holds its key owed (Len %d)", r.Len())
+	}
+}
+
+type recordingStore struct {
+	Store
+	slow string
+	mu   sync.Mutex
+	log  []uint64
+}
+
+func (s *recordingStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	for _, c := range claims {
+		if c.Asset == s.slow {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	s.mu.Lock()
+	for _, c := range claims {
+		s.log = append(s.log, c.Token)
+	}
+	s.mu.Unlock()
+	return s.Store.Release(ctx, claims)
+}
+
+func (s *recordingStore) has(token uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.log, token)
+}
+
+// A caller that joins a pass begun before it registered its key
+// still has its confirmation released before it returns.
+func TestAJoinerHasItsConfirmationReleased(t *testing.T) {
+	store := &recordingStore{Store: NewMemoryStore(0), slow: "slow"}
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	pol := testPolicy(Sliding)
+	slow := parked
+	slow.Asset = "slow"
+	a := claimOf(pol, slow, 1, time.Now())
+	b := claimOf(pol, parked, 2, time.Now())
+	r.Confirm([]*Claim{a})
+	r.Confirm([]*Claim{b})
+	go func() { _ = r.ReleaseOwed(context.Background(), []*Claim{a}) }()
+	time.Sleep(50 * time.Millisecond) // a's pass hangs on the slow release
+	if err := r.ReleaseOwed(context.Background(), []*Claim{b}); err != nil {
+		t.Fatal(err)
+	}
+	if !store.has(2) {
+		t.Error("b's ReleaseOwed returned before b's confirmation was released again")
+	}
+}
+
+// A caller whose context ends while it waits leaves no key wanted.
+func TestAWaitingCallerLeavesNoKeyWanted(t *testing.T) {
+	store := &recordingStore{Store: NewMemoryStore(0), slow: "slow"}
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	pol := testPolicy(Sliding)
+	slow := parked
+	slow.Asset = "slow"
+	a := claimOf(pol, slow, 1, time.Now())
+	b := claimOf(pol, parked, 2, time.Now())
+	r.Confirm([]*Claim{a})
+	r.Confirm([]*Claim{b})
+	go func() { _ = r.ReleaseOwed(context.Background(), []*Claim{a}) }()
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := r.ReleaseOwed(ctx, []*Claim{b}); err == nil {
+		t.Fatal("setup: expected the cancelled caller to return early")
+	}
+	time.Sleep(400 * time.Millisecond)
+	r.mu.Lock()
+	n := len(r.wanted)
+	r.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d keys still wanted", n)
 	}
 }
