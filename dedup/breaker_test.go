@@ -389,37 +389,7 @@ func TestAHungMastersOwedReleasesOpenNoHealthyZone(t *testing.T) {
 // cannot be loaded (a Cluster unreachable at start, every seed hung), a
 // call still ends within about that, and an open zone fails fast.
 func TestTheClusterZoneLookupIsBoundedByTheStoreTimeout(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers: a hung seed
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var cmu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			cmu.Lock()
-			conns = append(conns, c)
-			cmu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		cmu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		cmu.Unlock()
-	})
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{ln.Addr().String()}, ContextTimeoutEnabled: true})
-	pipe := pipeline.New(client)
-	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
-	b := NewBreaker(2, time.Second, nil)
-	b.ZoneBy(ClusterMasterZone(client, 50*time.Millisecond), nil)
-	s := b.Guard(NewRedisStore(pipe, 50*time.Millisecond))
+	s := zonedStoreOnAHungSeed(t)
 	for i := range 4 {
 		start := time.Now()
 		_, err := s.Decide(context.Background(), []*Claim{claimOf(testPolicy(Tumbling), parked, uint64(i+1), time.Now())})
@@ -436,7 +406,29 @@ func TestTheClusterZoneLookupIsBoundedByTheStoreTimeout(t *testing.T) {
 // store timeout for each key's zone before the breaker even decided: one
 // lookup that cannot be answered says the others cannot be either.
 func TestAZoneLookupOfAManyPingCallIsBoundedOnce(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers: a hung seed
+	s := zonedStoreOnAHungSeed(t)
+	var claims []*Claim
+	for i := range 10 {
+		p := parked
+		p.Asset = "veh-" + string(rune('a'+i))
+		claims = append(claims, claimOf(testPolicy(Tumbling), p, uint64(i+1), time.Now()))
+	}
+	for i := range 3 {
+		start := time.Now()
+		_, err := s.Decide(context.Background(), claims)
+		if took := time.Since(start); took > 300*time.Millisecond {
+			t.Errorf("call %d of 10 pings with a 50ms store timeout took %v (%v)", i+1, took.Round(time.Millisecond), err)
+		}
+	}
+}
+
+// zonedStoreOnAHungSeed is a Redis store, with a 50 ms timeout, behind a
+// breaker in Cluster zones (2 failures), on a Cluster client whose only
+// seed accepts connections and never answers: a slot map that cannot be
+// loaded.
+func zonedStoreOnAHungSeed(t *testing.T) Store {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,18 +458,5 @@ func TestAZoneLookupOfAManyPingCallIsBoundedOnce(t *testing.T) {
 	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
 	b := NewBreaker(2, time.Second, nil)
 	b.ZoneBy(ClusterMasterZone(client, 50*time.Millisecond), nil)
-	s := b.Guard(NewRedisStore(pipe, 50*time.Millisecond))
-	var claims []*Claim
-	for i := range 10 {
-		p := parked
-		p.Asset = "veh-" + string(rune('a'+i))
-		claims = append(claims, claimOf(testPolicy(Tumbling), p, uint64(i+1), time.Now()))
-	}
-	for i := range 3 {
-		start := time.Now()
-		_, err := s.Decide(context.Background(), claims)
-		if took := time.Since(start); took > 300*time.Millisecond {
-			t.Errorf("call %d of 10 pings with a 50ms store timeout took %v (%v)", i+1, took.Round(time.Millisecond), err)
-		}
-	}
+	return b.Guard(NewRedisStore(pipe, 50*time.Millisecond))
 }

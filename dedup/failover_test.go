@@ -75,15 +75,7 @@ func TestFailoverStoreReleasesAgainWhatAFailoverBroughtBack(t *testing.T) {
 	pol := testPolicy(Tumbling)
 	pol.InFlightTimeout = 10 * time.Minute // the claim the failover brings back stays in flight for the whole test
 	c := claimOf(pol, parked, 1, time.Now())
-	if v := decide(t, failover, c); v.Decision != Accepted {
-		t.Fatalf("first sighting %v, want accepted", v)
-	}
-	replica := st.Replica().Client()
-	for deadline := time.Now().Add(5 * time.Second); replica.Exists(ctx, c.Observation.Key).Val() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never reached the replica")
-		}
-	}
+	claimOnTheReplica(t, st, failover, c)
 
 	link.Hold()
 	if released, err := releaseOne(ctx, failover, c); err != nil || !released {
@@ -187,15 +179,7 @@ func TestTheFirstRetryAfterAFailoverReleasesAgainFirst(t *testing.T) {
 	pol := testPolicy(Tumbling)
 	pol.InFlightTimeout = 2 * time.Second // the failover takes longer than this
 	c := claimOf(pol, parked, 1, time.Now())
-	if v := decide(t, guarded, c); v.Decision != Accepted {
-		t.Fatalf("first sighting %v, want accepted", v)
-	}
-	replica := st.Replica().Client()
-	for deadline := time.Now().Add(5 * time.Second); replica.Exists(ctx, c.Observation.Key).Val() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never reached the replica")
-		}
-	}
+	claimOnTheReplica(t, st, guarded, c)
 	link.Hold()
 	if released, err := releaseOne(ctx, guarded, c); err != nil || !released {
 		t.Fatalf("release: %v %v", released, err)
@@ -242,15 +226,7 @@ func TestAReleaseWhileTheReplicaIsDisconnectedIsConfirmed(t *testing.T) {
 	pol := testPolicy(Tumbling)
 	pol.InFlightTimeout = 10 * time.Minute
 	c := claimOf(pol, parked, 1, time.Now())
-	if v := decide(t, failover, c); v.Decision != Accepted {
-		t.Fatalf("first sighting %v, want accepted", v)
-	}
-	replica := st.Replica().Client()
-	for deadline := time.Now().Add(5 * time.Second); replica.Exists(ctx, c.Observation.Key).Val() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never reached the replica")
-		}
-	}
+	claimOnTheReplica(t, st, failover, c)
 	// The master drops the replica's connection; the replica, behind the
 	// held link, does not notice yet.
 	link.Hold()
@@ -372,5 +348,20 @@ func TestTheFailingGroupsOwnReleasesAreConfirmedToo(t *testing.T) {
 	}
 	if !r.OwesFor([]*Claim{first}) {
 		t.Error("a release the master made before its group failed, acknowledged by no replica, is not owed (not confirmed)")
+	}
+}
+
+// claimOnTheReplica claims c (tumbling) through s, and waits until
+// Sentinel's replica has the claim.
+func claimOnTheReplica(t *testing.T, st *redistest.Sentinel, s Store, c *Claim) {
+	t.Helper()
+	if v := decide(t, s, c); v.Decision != Accepted {
+		t.Fatalf("first sighting %v, want accepted", v)
+	}
+	replica := st.Replica().Client()
+	for deadline := time.Now().Add(5 * time.Second); replica.Exists(context.Background(), c.Observation.Key).Val() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never reached the replica")
+		}
 	}
 }

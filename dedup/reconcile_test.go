@@ -873,14 +873,9 @@ type hangingStore struct {
 	Store
 	dead  string
 	delay time.Duration
-	mu    sync.Mutex
-	calls int
 }
 
 func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
-	s.mu.Lock()
-	s.calls++
-	s.mu.Unlock()
 	for _, c := range claims {
 		if c.Asset == s.dead {
 			select {
@@ -891,12 +886,6 @@ func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, er
 		}
 	}
 	return s.Store.Release(ctx, claims)
-}
-
-func (s *hangingStore) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.calls
 }
 
 // A hung master's own calls time out and their claims are handed to the
@@ -1000,17 +989,7 @@ func (s *recordingStore) has(token uint64) bool {
 // A caller that joins a pass begun before it registered its key
 // still has its confirmation released before it returns.
 func TestAJoinerHasItsConfirmationReleased(t *testing.T) {
-	store := &recordingStore{Store: NewMemoryStore(0), slow: "slow"}
-	r, _ := testReconciler(t, store, 0, time.Hour)
-	pol := testPolicy(Sliding)
-	slow := parked
-	slow.Asset = "slow"
-	a := claimOf(pol, slow, 1, time.Now())
-	b := claimOf(pol, parked, 2, time.Now())
-	r.Confirm([]*Claim{a})
-	r.Confirm([]*Claim{b})
-	go func() { _ = r.ReleaseOwed(context.Background(), []*Claim{a}) }()
-	time.Sleep(50 * time.Millisecond) // a's pass hangs on the slow release
+	r, store, b := aSlowPassOnAnotherKey(t)
 	if err := r.ReleaseOwed(context.Background(), []*Claim{b}); err != nil {
 		t.Fatal(err)
 	}
@@ -1021,17 +1000,7 @@ func TestAJoinerHasItsConfirmationReleased(t *testing.T) {
 
 // A caller whose context ends while it waits leaves no key wanted.
 func TestAWaitingCallerLeavesNoKeyWanted(t *testing.T) {
-	store := &recordingStore{Store: NewMemoryStore(0), slow: "slow"}
-	r, _ := testReconciler(t, store, 0, time.Hour)
-	pol := testPolicy(Sliding)
-	slow := parked
-	slow.Asset = "slow"
-	a := claimOf(pol, slow, 1, time.Now())
-	b := claimOf(pol, parked, 2, time.Now())
-	r.Confirm([]*Claim{a})
-	r.Confirm([]*Claim{b})
-	go func() { _ = r.ReleaseOwed(context.Background(), []*Claim{a}) }()
-	time.Sleep(50 * time.Millisecond)
+	r, _, b := aSlowPassOnAnotherKey(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := r.ReleaseOwed(ctx, []*Claim{b}); err == nil {
@@ -1044,4 +1013,23 @@ func TestAWaitingCallerLeavesNoKeyWanted(t *testing.T) {
 	if n != 0 {
 		t.Errorf("%d keys still wanted", n)
 	}
+}
+
+// aSlowPassOnAnotherKey holds two confirmations, a on a slow key and b, and
+// starts a call on a's key whose pass hangs 200 ms on its release; it
+// returns once that pass is on its way, with b's claim.
+func aSlowPassOnAnotherKey(t *testing.T) (*Reconciler, *recordingStore, *Claim) {
+	t.Helper()
+	store := &recordingStore{Store: NewMemoryStore(0), slow: "slow"}
+	r, _ := testReconciler(t, store, 0, time.Hour)
+	pol := testPolicy(Sliding)
+	slow := parked
+	slow.Asset = "slow"
+	a := claimOf(pol, slow, 1, time.Now())
+	b := claimOf(pol, parked, 2, time.Now())
+	r.Confirm([]*Claim{a})
+	r.Confirm([]*Claim{b})
+	go func() { _ = r.ReleaseOwed(context.Background(), []*Claim{a}) }()
+	time.Sleep(50 * time.Millisecond)
+	return r, store, b
 }
