@@ -466,9 +466,10 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 //
 // The calls that come while a pass is on its way share it: in an outage
 // each would otherwise wait out the store's timeout behind the one before
-// it, and a burst of requests would queue for seconds. A call that joined
-// a pass begun before it came waits for one more pass, begun after, so
-// that the releases handed over before it came are answered too. The pass
+// it, and a burst of requests would queue for seconds. A pass makes the
+// releases owed on the keys of the calls waiting when it begins; a call
+// that joined one begun before it came waits for one more pass, begun
+// after, which makes its own: two timeouts at most. The pass
 // is not cancelled with the caller that began it (a sender that hung up
 // would fail every call sharing it); the store's timeout bounds it.
 func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {

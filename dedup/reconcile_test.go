@@ -1033,3 +1033,65 @@ func aSlowPassOnAnotherKey(t *testing.T) (*Reconciler, *recordingStore, *Claim) 
 	time.Sleep(50 * time.Millisecond)
 	return r, store, b
 }
+
+type passKey struct{}
+
+// passHangStore fails at once for run's work (context.Background), and
+// hangs then fails for a ReleaseOwed pass (its caller's ctx carries
+// passKey): a store that hangs, seen from the calls in an outage.
+type passHangStore struct {
+	Store
+	hang   time.Duration
+	mu     sync.Mutex
+	passes int
+}
+
+func (s *passHangStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	if ctx.Value(passKey{}) == nil {
+		return nil, errors.New("connection refused")
+	}
+	s.mu.Lock()
+	s.passes++
+	s.mu.Unlock()
+	time.Sleep(s.hang)
+	return nil, errors.New("i/o timeout")
+}
+
+// A burst of calls on distinct owed keys while the store hangs: a pass
+// takes the keys wanted when it begins, so the calls that join it later
+// wait out one more, two timeouts at most, not one after another. (A pass
+// that took every owed release would answer them all with one, but then a
+// hung master's releases failed the calls on a healthy one's keys.)
+func TestABurstOnDistinctOwedKeysWaitsTwoPassesAtMost(t *testing.T) {
+	const hang = 300 * time.Millisecond
+	store := &passHangStore{Store: NewMemoryStore(0), hang: hang}
+	r, _ := testReconciler(t, store, 0)
+	pol := testPolicy(Tumbling)
+	const burst = 10
+	claims := make([]*Claim, burst)
+	for i := range burst {
+		p := parked
+		p.Asset = fmt.Sprintf("veh-%d", i)
+		claims[i] = claimOf(pol, p, uint64(i+1), time.Now())
+		r.Hand([]*Claim{claims[i]}, true)
+	}
+	time.Sleep(30 * time.Millisecond) // run's first attempt fails at once
+	ctx := context.WithValue(context.Background(), passKey{}, true)
+	start := time.Now()
+	errs := make(chan error, burst)
+	go func() { errs <- r.ReleaseOwed(ctx, claims[:1]) }()
+	time.Sleep(50 * time.Millisecond) // the leader's pass hangs
+	for i := 1; i < burst; i++ {
+		go func() { errs <- r.ReleaseOwed(ctx, claims[i:i+1]) }()
+	}
+	for range burst {
+		if err := <-errs; err == nil {
+			t.Fatal("a call on an owed key whose release failed returned nil")
+		}
+	}
+	if took := time.Since(start); took > hang*5/2 {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		t.Fatalf("the burst took %v (%d hung passes), want two timeouts (%v) at most", took, store.passes, hang)
+	}
+}
