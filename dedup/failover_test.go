@@ -84,12 +84,10 @@ func TestFailoverStoreReleasesAgainWhatAFailoverBroughtBack(t *testing.T) {
 	if r.Len() != 1 || !r.OwesFor([]*Claim{c}) {
 		t.Fatalf("%d claims handed to the reconciler (owed for its key: %v), want the release no replica acknowledged, owed until confirmed", r.Len(), r.OwesFor([]*Claim{c}))
 	}
-	st.Master().Kill()
-	link.Cut()
+	failOverWithoutWhatTheLinkHeld(t, st, link)
 	if link.Dropped() == 0 {
 		t.Fatal("the cut dropped nothing: the replica may have had the release after all")
 	}
-	st.WaitForFailover(t, 45*time.Second)
 
 	retry := claimOf(pol, parked, 2, time.Now())
 	deadline := time.Now().Add(30 * time.Second)
@@ -187,9 +185,7 @@ func TestTheFirstRetryAfterAFailoverReleasesAgainFirst(t *testing.T) {
 	if r.Len() != 1 {
 		t.Fatalf("%d claims confirmed, want 1", r.Len())
 	}
-	st.Master().Kill()
-	link.Cut()
-	st.WaitForFailover(t, 45*time.Second)
+	failOverWithoutWhatTheLinkHeld(t, st, link)
 
 	// The sender retries as soon as Redis answers again.
 	retry := claimOf(pol, parked, 2, time.Now())
@@ -249,9 +245,7 @@ func TestAReleaseWhileTheReplicaIsDisconnectedIsConfirmed(t *testing.T) {
 	if r.Len() != 1 {
 		t.Fatalf("%d claims handed to the reconciler, want the release no replica was online for", r.Len())
 	}
-	st.Master().Kill()
-	link.Cut()
-	st.WaitForFailover(t, 45*time.Second)
+	failOverWithoutWhatTheLinkHeld(t, st, link)
 
 	retry := claimOf(pol, parked, 2, time.Now())
 	var last Verdict
@@ -364,4 +358,13 @@ func claimOnTheReplica(t *testing.T, st *redistest.Sentinel, s Store, c *Claim) 
 			t.Fatal("the claim never reached the replica")
 		}
 	}
+}
+
+// failOverWithoutWhatTheLinkHeld kills the master, cuts the replica's link
+// with what it held back, and waits until the replica has taken over.
+func failOverWithoutWhatTheLinkHeld(t *testing.T, st *redistest.Sentinel, link *redistest.Link) {
+	t.Helper()
+	st.Master().Kill()
+	link.Cut()
+	st.WaitForFailover(t, 45*time.Second)
 }

@@ -107,7 +107,7 @@ type Reconciler struct {
 	// one of these keys may be the retry of their observation (OwesFor).
 	owedKeys map[string]int
 	// wanted counts, by Claim.Key, the calls in ReleaseOwed: a pass takes
-	// the confirmations on their keys, and no other.
+	// the owed jobs on their keys, and no other.
 	wanted map[string]int
 	// unanswered counts the claims of the jobs the store has not yet
 	// answered: what waits for Redis, where claims counts those kept for
@@ -281,53 +281,50 @@ func (r *Reconciler) OwesFor(claims []*Claim) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, c := range claims {
-		if r.owedKeys[c.Key()] > 0 {
-			return true
-		}
-	}
-	return false
+	return anyKeyIn(r.owedKeys, claims)
 }
 
 // oweKeysLocked counts delta for the key of each claim of j in owedKeys.
 // r.mu must be held.
 func (r *Reconciler) oweKeysLocked(j *reconcileJob, delta int) {
-	if r.owedKeys == nil {
-		r.owedKeys = map[string]int{}
+	r.owedKeys = countKeys(r.owedKeys, j.claims, delta)
+}
+
+// countKeys adds delta to the count of the key of each of claims in
+// counts, made if nil, dropping the keys that reach 0, and returns it.
+func countKeys(counts map[string]int, claims []*Claim, delta int) map[string]int {
+	if counts == nil {
+		counts = map[string]int{}
 	}
-	for _, c := range j.claims {
+	for _, c := range claims {
 		k := c.Key()
-		if r.owedKeys[k] += delta; r.owedKeys[k] <= 0 {
-			delete(r.owedKeys, k)
+		if counts[k] += delta; counts[k] <= 0 {
+			delete(counts, k)
 		}
 	}
+	return counts
+}
+
+// anyKeyIn reports whether counts holds the key of any of claims.
+func anyKeyIn(counts map[string]int, claims []*Claim) bool {
+	for _, c := range claims {
+		if counts[c.Key()] > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // want counts delta for the keys of claims in wanted.
 func (r *Reconciler) want(claims []*Claim, delta int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.wanted == nil {
-		r.wanted = map[string]int{}
-	}
-	for _, c := range claims {
-		k := c.Key()
-		if r.wanted[k] += delta; r.wanted[k] <= 0 {
-			delete(r.wanted, k)
-		}
-	}
+	r.wanted = countKeys(r.wanted, claims, delta)
 }
 
 // wantedLocked reports whether a call in ReleaseOwed is on a key of j's
 // claims. r.mu must be held.
-func (r *Reconciler) wantedLocked(j *reconcileJob) bool {
-	for _, c := range j.claims {
-		if r.wanted[c.Key()] > 0 {
-			return true
-		}
-	}
-	return false
-}
+func (r *Reconciler) wantedLocked(j *reconcileJob) bool { return anyKeyIn(r.wanted, j.claims) }
 
 // paid counts the owed release j as answered (or given up on).
 func (r *Reconciler) paid(j *reconcileJob) {
@@ -415,10 +412,7 @@ func (r *Reconciler) work() {
 	var releases, settles []*reconcileJob
 	for _, j := range due {
 		switch {
-		case j.expired(now) && j.answers == 0:
-			r.finish(j, ReconcileExpired)
-		case j.expired(now): // its outcome is counted; a confirmation is moot now
-			r.finish(j, "")
+		case r.finishIfExpired(j, now):
 		case j.release:
 			releases = append(releases, j)
 		default:
@@ -558,18 +552,9 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 	// master's key must not carry a hung master's releases and fail.
 	owed := r.takeLocked(func(j *reconcileJob) bool { return j.owed() && r.wantedLocked(j) })
 	r.mu.Unlock()
-	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool {
-		if !j.expired(now) {
-			return false
-		}
-		// Nothing left to act on; its key owes nothing any more.
-		outcome := ReconcileOutcome("")
-		if j.answers == 0 {
-			outcome = ReconcileExpired
-		}
-		r.finish(j, outcome)
-		return true
-	})
+	// An expired one has nothing left to act on: its key owes nothing
+	// any more.
+	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
 	for len(owed) > 0 {
 		n := nextBatch(owed)
 		if _, err := r.attempt(ctx, owed[:n]); err != nil {
@@ -720,6 +705,22 @@ func (r *Reconciler) requeue(j *reconcileJob) {
 	r.jobs = append(r.jobs, j)
 	r.mu.Unlock()
 	r.nudge()
+}
+
+// finishIfExpired finishes j, taken off the queue, if its claims' TTL
+// has run out, counting them expired if the store never answered (once
+// it has, their outcome is counted and a confirmation is moot), and
+// reports whether it did.
+func (r *Reconciler) finishIfExpired(j *reconcileJob, now time.Time) bool {
+	switch {
+	case !j.expired(now):
+		return false
+	case j.answers == 0:
+		r.finish(j, ReconcileExpired)
+	default:
+		r.finish(j, "")
+	}
+	return true
 }
 
 // finish ends j, taken off the queue, counting its claims as outcome if given.
