@@ -101,6 +101,13 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		// A poorer receiver, with a radius that holds its 4 σ outliers (32 m),
 		// as analyze recommends: the lag bound grows with the radius.
 		{"sigma 8 m, radius 40", fleetsim.Config{SigmaM: 8}, 1.3, 1.3, false, 40},
+		// The same receivers at a 1 s cadence meet their multipath (2% of
+		// fixes, at 4 σ) several times a window: at the default radius σ 8
+		// costs 6.5 a window and σ 15 88, because each outlier beyond the
+		// lag bound from the last accepted fix is admitted. A radius of
+		// about 5 σ holds them.
+		{"1s cadence, sigma 8 m, radius 40", fleetsim.Config{Cadence: time.Second, SigmaM: 8, Duration: 2 * time.Hour}, 1.3, 1.3, false, 40},
+		{"1s cadence, sigma 15 m, radius 75", fleetsim.Config{Cadence: time.Second, SigmaM: 15, Duration: 2 * time.Hour}, 1.3, 1.3, false, 75},
 		// A phone parked indoors: its fixes scatter as far as the accuracy
 		// it reports (a 68% radius), and a fix standing still gets a margin
 		// of as much again. Two such fixes lie farther apart than that
