@@ -1,0 +1,41 @@
+package dedup
+
+import (
+	"testing"
+	"time"
+)
+
+// A ship or a parked asset on the antimeridian (Fiji, Chukotka, Taveuni)
+// whose fixes jitter a metre or two either side of ±180° is parked: in
+// sliding and session it is admitted once, like any other parked asset,
+// not at every fix that crosses the seam.
+func TestParkedAssetOnTheAntimeridianIsJitter(t *testing.T) {
+	const lat = -16.8
+	east, west := 179.99999, -179.99999 // about 2 m apart
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		accepted := 0
+		for i := range 30 {
+			lon := east
+			if i%2 == 1 {
+				lon = west
+			}
+			if v := d.settled(t, at(time.Duration(10*i)*time.Second, lat, lon)); v.Decision == Accepted {
+				accepted++
+			}
+		}
+		if accepted != 1 {
+			t.Fatalf("a parked asset jittering 2 m across ±180° over 5 minutes: %d admissions, want 1", accepted)
+		}
+	})
+}
+
+// The same jitter across the antimeridian, at fixes whose longitudes a
+// sender writes as 180 and -180 (the same meridian).
+func TestPlusAndMinus180AreTheSamePlace(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		d.settled(t, at(0, 10, 180))
+		if v := d.settled(t, at(10*time.Second, 10, -180)); v.Decision != Suppressed {
+			t.Fatalf("lon -180 ten seconds after lon 180 at the same latitude: %+v, want suppressed", v)
+		}
+	})
+}
