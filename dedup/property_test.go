@@ -64,12 +64,38 @@ func TestStoresAgreeOnStillStreams(t *testing.T) {
 	}
 }
 
+// Assets on the antimeridian: their fixes either side of ±180°, the
+// anchor averaged across it.
+func TestStoresAgreeOnTheAntimeridian(t *testing.T) {
+	srv := redistest.Start(t)
+	redisStore, client := newRedisStore(t, srv), srv.Client()
+	for _, shape := range []Shape{Sliding, Session} {
+		for _, still := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/still=%v", shape, still), func(t *testing.T) {
+				for seed := range uint64(30) {
+					if err := client.FlushAll(context.Background()).Err(); err != nil {
+						t.Fatal(err)
+					}
+					s := newStream(seed)
+					s.seam, s.still = true, still
+					for _, a := range s.assets {
+						a.anLon = 180
+					}
+					compareStreams(t, s, testPolicy(shape), NewMemoryStore(0), redisStore)
+				}
+			})
+		}
+	}
+}
+
 // stream generates pings the way a small fleet sends them.
 type stream struct {
 	seed uint64
 	// still makes them phones parked indoors: scattered up to 150 m,
 	// standing still, with accuracies up to and past 100 m.
-	still   bool
+	still bool
+	// seam puts them on the antimeridian, their fixes either side of it.
+	seam    bool
 	rng     *rand.Rand
 	assets  []*asset
 	sent    []ping.Ping
@@ -141,6 +167,9 @@ func (s *stream) next() (ping.Ping, string) {
 		p, kind = ping.Ping{Time: a.t, Lat: lat, Lon: lon}, "sub-second"
 	}
 	s.sayMore(&p)
+	if s.seam {
+		p.Lon = wrapLon(p.Lon)
+	}
 	p.Asset = a.id
 	a.last = p
 	s.sent = append(s.sent, p)

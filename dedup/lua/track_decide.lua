@@ -124,9 +124,29 @@ local function decode(s, pos)
 	return c, f[#f]
 end
 
+-- lonDelta and wrapLon as in track.go: longitudes the short way round.
+local function lonDelta(lon1, lon2)
+	local d = lon1 - lon2
+	if d > 180 then
+		d = d - 360
+	elseif d < -180 then
+		d = d + 360
+	end
+	return d
+end
+
+local function wrapLon(l)
+	if l > 180 then
+		l = l - 360
+	elseif l < -180 then
+		l = l + 360
+	end
+	return l
+end
+
 local function separation2(lat1, lon1, lat2, lon2)
 	local dy = (lat1 - lat2) * ky
-	local dx = (lon1 - lon2) * kx
+	local dx = lonDelta(lon1, lon2) * kx
 	return dx * dx + dy * dy
 end
 
@@ -192,7 +212,7 @@ local function settle(c)
 	local d2 = dist2(c.alat, c.alon)
 	c.n = math.min(c.n + 1, MEMORY)
 	c.alat = c.alat + (lat - c.alat) / c.n
-	c.alon = c.alon + (lon - c.alon) / c.n
+	c.alon = wrapLon(c.alon + lonDelta(lon, c.alon) / c.n)
 	c.spread2 = c.spread2 + (d2 - c.spread2) / c.n
 	c.lastT = math.max(c.lastT, t)
 	c.hasCand = false
