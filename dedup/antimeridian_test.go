@@ -39,3 +39,18 @@ func TestPlusAndMinus180AreTheSamePlace(t *testing.T) {
 		}
 	})
 }
+
+// Wrapping must not hide a real move: a ship steaming east across ±180°
+// at 10 m/s is admitted at every 100 m, each side of the seam.
+func TestAMoveAcrossTheAntimeridianIsAdmitted(t *testing.T) {
+	const lat = -16.8
+	const step = 100 / (metresPerDegree * 0.957319497532067) // 100 m of longitude at -16.8°
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		for i := range 8 {
+			lon := wrapLon(179.9965 + float64(i)*step)
+			if v := d.settled(t, withSpeed(at(time.Duration(10*i)*time.Second, lat, lon), 10)); v.Decision != Accepted {
+				t.Fatalf("fix %d at lon %v, 100 m on from the last: %+v, want accepted", i, lon, v)
+			}
+		}
+	})
+}
