@@ -620,7 +620,12 @@ func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	r.TLS = new(RedisTLS)
+	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if seen[d.Val()] {
+			return d.Errf("tls %s already specified; give each option once", d.Val())
+		}
+		seen[d.Val()] = true
 		switch d.Val() {
 		case "ca":
 			if err := oneArg(d, &r.TLS.CA); err != nil {
