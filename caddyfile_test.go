@@ -98,7 +98,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		answers {
 			suppressed 200 application/json `+"`"+`{"result":"ok"}`+"`"+`
 			in_flight 503 2
-			dead_lettered 202 text/plain
+			dead_lettered 202 text/plain kept
 		}
 	}`)
 	if err != nil {
@@ -110,7 +110,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		`"event":["position.attributes.alarm","position.attributes.event=geofence|sos"],"state":["position.attributes.ignition"],` +
 		`"time_zone":"Europe/Berlin","encoding":"form","batch":"positions","preset":"traccar",` +
 		`"answers":{"suppressed":{"status":200,"content_type":"application/json","body":"{\"result\":\"ok\"}"},"in_flight":{"status":503,"retry_after":2},` +
-		`"dead_lettered":{"status":202,"content_type":"text/plain"}},"crs":"EPSG:32633","shape":"session","window":600000000000,` +
+		`"dead_lettered":{"status":202,"content_type":"text/plain","body":"kept"}},"crs":"EPSG:32633","shape":"session","window":600000000000,` +
 		`"session_idle":1200000000000,"resolution":10,"radius":30,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
 		`"near_cache":0,"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +

@@ -32,7 +32,8 @@ type Answer struct {
 	// 4xx or 5xx for in_flight. Required.
 	Status int `json:"status,omitempty"`
 	// ContentType is the answer's Content-Type (suppressed and
-	// dead_lettered only).
+	// dead_lettered only; dead_lettered only with a Body, since without
+	// one it answers the JSON report as application/json).
 	ContentType string `json:"content_type,omitempty"`
 	// Body is the answer's body (suppressed and dead_lettered only).
 	// Unset: empty for suppressed, the JSON report naming the field and
@@ -151,6 +152,9 @@ func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 		return bodyAnswer{}, answerError(kind, "status %d is not a 2xx: the sender would resend the ping, and have it %s again, forever", a.Status, kind)
 	case a.RetryAfter != 0:
 		return bodyAnswer{}, answerError(kind, "retry_after belongs to in_flight: a %s ping must not come back", kind)
+	case kind == "dead_lettered" && a.ContentType != "" && a.Body == nil:
+		return bodyAnswer{}, answerError(kind, "content type %q without a body: the answer is then the JSON report, "+
+			"sent as application/json; give a body too, or drop the content type", a.ContentType)
 	case a.Body != nil && *a.Body != "" && (a.Status == http.StatusNoContent || a.Status == http.StatusResetContent):
 		return bodyAnswer{}, answerError(kind, "status %d carries no body; drop the body or use 200", a.Status)
 	}
