@@ -226,12 +226,12 @@ type Handler struct {
 	// store's server) and answers 202. Default: reject.
 	OnInvalid string `json:"on_invalid,omitempty"`
 
-	// The Redis stream dead-lettered pings go to. Default: key_prefix +
-	// "dead_letter".
+	// The Redis stream dead-lettered pings go to (on_invalid dead_letter
+	// only). Default: key_prefix + "dead_letter".
 	DeadLetterStream string `json:"dead_letter_stream,omitempty"`
 
-	// Roughly how many entries the dead-letter stream keeps (XADD MAXLEN ~).
-	// Default: 100000.
+	// Roughly how many entries the dead-letter stream keeps (XADD MAXLEN ~;
+	// on_invalid dead_letter only). Default: 100000.
 	DeadLetterMaxLen int64 `json:"dead_letter_maxlen,omitempty"`
 
 	// Largest request body read, in bytes; larger ones are answered 413.

@@ -136,6 +136,19 @@ func (h *Handler) resolve() (settings, error) {
 			"%q holds a brace: a placeholder is not expanded here (the stream's key is written as it is); "+
 				"for an environment variable in a Caddyfile use {$NAME}, which Caddy expands when it reads the file", h.DeadLetterStream)}
 	}
+	if !s.deadLetterInvalid {
+		// Like radius on tumbling: set, it would do nothing, and every
+		// invalid ping would be rejected while its author believes it kept.
+		for _, o := range []struct {
+			option string
+			set    bool
+		}{{"dead_letter_stream", h.DeadLetterStream != ""}, {"dead_letter_maxlen", h.DeadLetterMaxLen != 0}} {
+			if o.set {
+				return s, &dedup.ConfigError{Option: o.option, Problem: "needs on_invalid dead_letter: with on_invalid reject " +
+					"invalid pings are rejected and nothing is written to a stream; add on_invalid dead_letter or remove " + o.option}
+			}
+		}
+	}
 	s.deadLetterStream = cmp.Or(h.DeadLetterStream, s.keyer.Prefix+"dead_letter")
 	s.deadLetterMaxLen = cmp.Or(h.DeadLetterMaxLen, defaultDeadLetterMaxLen)
 	if h.DeadLetterMaxLen < 0 {
