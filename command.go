@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -193,6 +194,10 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 		return caddy.ExitCodeFailedStartup, unkeyableError(err)
 	}
 	asset, scope := ping.Asset, fs.String("scope")
+	if placeholderPattern.MatchString(scope) {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("--scope %s: that is the key_scope template; give the value it expanded to "+
+			"for the ping's request, such as the host tenant-a.example for {http.request.host}", scope)
+	}
 	ping.Asset = dedup.ScopedAsset(scope, asset)
 	obs := s.keyer.Observe(ping)
 	r := keyReport{Asset: asset, Scope: scope, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
@@ -217,6 +222,10 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	}
 	return 0, tw.Flush()
 }
+
+// placeholderPattern finds a Caddy placeholder such as {http.request.host}
+// in a value that should be its expansion.
+var placeholderPattern = regexp.MustCompile(`\{[A-Za-z][A-Za-z0-9_.\-]*\}`)
 
 // unkeyableError says why the key command cannot key a ping, and for a
 // (0, 0) fix which flag keys it as a site with null_island allow does.
@@ -401,6 +410,9 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 	if err != nil {
 		return opts, err
 	}
+	if fs.Changed("windows") && len(windows) == 0 {
+		return opts, errors.New("--windows is empty; list candidate windows such as 1m,5m,15m, or leave --windows out for those")
+	}
 	for _, w := range windows {
 		d, err := caddy.ParseDuration(w)
 		if err != nil {
@@ -414,6 +426,9 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 			return opts, fmt.Errorf("--retry-ladder %s: %v; use offsets such as \"1m 5m 30m 2h 6h\"", r, err)
 		}
 		opts.RetryLadder = append(opts.RetryLadder, d)
+	}
+	if fs.Changed("retry-ladder") && len(opts.RetryLadder) == 0 {
+		return opts, errors.New("--retry-ladder is empty; give the sender's retry offsets such as \"1m 5m 30m 2h 6h\", or leave --retry-ladder out for those")
 	}
 	margin, err := durationFlag(fs, "outage-margin", true)
 	if err != nil {
