@@ -620,3 +620,53 @@ func TestBatchOffClearsThePresetsWrapper(t *testing.T) {
 		}
 	}
 }
+
+// dead_letter_stream and dead_letter_maxlen do nothing unless on_invalid is
+// dead_letter: a config that sets them and forgets on_invalid rejects every
+// invalid ping while its author believes they are kept. Like radius on
+// tumbling, it must be an error naming the line, in the Caddyfile and JSON.
+func TestDeadLetterOptionsWithoutDeadLettering(t *testing.T) {
+	for _, tt := range []struct{ block, option string }{
+		{"\tstore redis redis://x\n\tdead_letter_stream fleet:invalid\n", "dead_letter_stream"},
+		{"\tstore redis redis://x\n\tdead_letter_maxlen 5000\n", "dead_letter_maxlen"},
+		{"\tstore redis redis://x\n\ton_invalid reject\n\tdead_letter_stream fleet:invalid\n", "dead_letter_stream"},
+	} {
+		_, err := parse(t, "telemetry_dedup {\n"+tt.block+"}")
+		line := ":3"
+		if strings.Contains(tt.block, "on_invalid") {
+			line = ":4"
+		}
+		if err == nil || !strings.Contains(err.Error(), tt.option) || !strings.Contains(err.Error(), "on_invalid dead_letter") || !strings.Contains(err.Error(), line) {
+			t.Errorf("%q: got %v, want an error at %s naming %s and on_invalid dead_letter", tt.block, err, line, tt.option)
+		}
+	}
+	h := &Handler{DeadLetterStream: "fleet:invalid", StoreRaw: []byte(`{"type":"redis","url":"redis://x"}`)}
+	if _, err := h.resolve(); err == nil || !strings.Contains(err.Error(), "dead_letter_stream") {
+		t.Errorf("JSON dead_letter_stream without on_invalid dead_letter: got %v, want an error", err)
+	}
+	// With on_invalid dead_letter they load.
+	if _, err := parse(t, "telemetry_dedup {\n\tstore redis redis://x\n\ton_invalid dead_letter\n\tdead_letter_stream s\n\tdead_letter_maxlen 10\n}"); err != nil {
+		t.Errorf("with on_invalid dead_letter: %v", err)
+	}
+}
+
+// An option of the redis store's tls block given twice must be an error,
+// as it is everywhere else in the directive: the second ca silently won.
+func TestRedisTLSOptionGivenTwiceIsAnError(t *testing.T) {
+	for _, option := range []string{"ca a.pem", "cert c.pem", "key k.pem", "server_name redis.internal", "insecure_skip_verify"} {
+		input := "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttls {\n\t\t\t" + option + "\n\t\t\t" + option + "\n\t\t}\n\t}\n}"
+		_, err := parse(t, input)
+		if err == nil || !strings.Contains(err.Error(), ":5") || !strings.Contains(err.Error(), "already") {
+			t.Errorf("tls { %s twice }: got %v, want an error at line 5 saying it is already given", option, err)
+		}
+	}
+}
+
+// answers { dead_lettered <status> <content type> } without a body: the
+// answer is then the JSON report, so the content type would never be sent.
+func TestDeadLetteredContentTypeWithoutABodyIsRefused(t *testing.T) {
+	_, err := parse(t, "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 202 text/plain\n\t}\n}")
+	if err == nil || !strings.Contains(err.Error(), ":3") {
+		t.Errorf("dead_lettered 202 text/plain without a body: got %v, want an error at line 3", err)
+	}
+}

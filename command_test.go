@@ -451,3 +451,27 @@ func TestUnknownSubcommandFails(t *testing.T) {
 		t.Fatalf("telemetry-dedup analyse: %v, want an unknown subcommand error", err)
 	}
 }
+
+// analyze with a list flag written out empty silently used the default
+// list, as if the flag had not been given.
+func TestAnalyzeCommandRefusesEmptyListFlags(t *testing.T) {
+	for _, flag := range []string{"--retry-ladder", "--windows"} {
+		_, err := runAnalyzeCmd(t, articlePing+"\n", flag, "", "-")
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s \"\": got %v, want an error naming %s", flag, err, flag)
+		}
+	}
+}
+
+// key --scope takes the scope's value as it entered the key; given the
+// key_scope template itself it printed a key no request ever has, as
+// --asset with a template is refused for.
+func TestKeyCommandRefusesAScopeTemplate(t *testing.T) {
+	_, err := runKeyCmd(t, articlePing, "--scope", "{http.request.host}")
+	if err == nil || !strings.Contains(err.Error(), "--scope") {
+		t.Errorf("--scope {http.request.host}: got %v, want an error naming --scope", err)
+	}
+	if _, err := runKeyCmd(t, articlePing, "--scope", "tenant-a.example"); err != nil {
+		t.Errorf("--scope with a value: %v", err)
+	}
+}
