@@ -47,8 +47,12 @@ type assetHistory struct {
 	n            int    // how many bits of recent are filled, up to stuckWindow
 	pings        uint64
 	lastAccepted time.Time // or the first suppression, if none was accepted since
-	lastReason   Reason
-	warned       time.Time
+	// lastSeen is its latest ping: stuck_after is measured up to it, not
+	// to the clock, so that a parked asset that stops reporting (its
+	// ignition off) is not taken for one repeating a cached fix.
+	lastSeen   time.Time
+	lastReason Reason
+	warned     time.Time
 }
 
 // StuckAsset is one asset the tracker considers stuck.
@@ -89,6 +93,7 @@ func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn boo
 		t.assets.Add(strings.Clone(asset), h) // the id may share memory with a whole request body
 	}
 	h.pings++
+	h.lastSeen = now
 	h.recent <<= 1
 	h.n = min(h.n+1, stuckWindow)
 	if v.Decision == Accepted {
@@ -141,8 +146,16 @@ func (t *StuckTracker) Len() int {
 	return t.assets.Len()
 }
 
+// stuck reports an asset whose last 64 pings were nearly all suppressed,
+// none accepted for after up to its latest ping: still reporting, and
+// still not admitted. now only bounds that latest ping (a clock set back
+// does not make an asset stuck early).
 func (t *StuckTracker) stuck(h *assetHistory, now time.Time) bool {
-	return h.n == stuckWindow && h.ratio() >= t.ratio && now.Sub(h.lastAccepted) >= t.after
+	last := h.lastSeen
+	if now.Before(last) {
+		last = now
+	}
+	return h.n == stuckWindow && h.ratio() >= t.ratio && last.Sub(h.lastAccepted) >= t.after
 }
 
 func (h *assetHistory) ratio() float64 {
