@@ -266,7 +266,7 @@ type Handler struct {
 	StuckAfter caddy.Duration `json:"stuck_after,omitempty"`
 
 	// How many assets stuck detection remembers, least recently seen
-	// forgotten first; this bounds its memory (about 230 bytes each). Only
+	// forgotten first; this bounds its memory (about 245 bytes each). Only
 	// assets that had a ping suppressed count: one whose every ping is
 	// accepted cannot be stuck. Default: 10000.
 	StuckTrack int `json:"stuck_track,omitempty"`
