@@ -100,10 +100,26 @@ func parseOffsetTime(s, field string) (time.Time, error) {
 func parseOffsetLayouts(s string) (time.Time, bool) {
 	for _, layout := range offsetLayouts {
 		if t, err := time.Parse(layout, s); err == nil {
-			return t.UTC(), true
+			return t.UTC(), offsetInRange(s)
 		}
 	}
 	return time.Time{}, false
+}
+
+// offsetInRange reports whether the UTC offset ending s, which a layout of
+// offsetLayouts parsed, has an hour of 00-23 and a minute of 00-59, as RFC
+// 3339 requires: Go's parser takes +24:00 and +23:60, a whole day, which
+// would key the ping into another day's bucket.
+func offsetInRange(s string) bool {
+	n := len(s)
+	if s[n-1] == 'Z' {
+		return true
+	}
+	hh, mm := s[n-4:n-2], s[n-2:] // +hhmm
+	if s[n-3] == ':' {
+		hh, mm = s[n-5:n-3], s[n-2:] // +hh:mm
+	}
+	return hh <= "23" && mm <= "59"
 }
 
 // rfc3339Variant rewrites what RFC 3339 allows and Go's parser refuses: a
