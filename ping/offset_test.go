@@ -10,7 +10,7 @@ import (
 // parser takes +24:00 and +23:60 (a whole day), so such a timestamp was
 // read as the previous day and keyed into that day's bucket instead of
 // being refused as unreadable.
-func TestReview5OffsetOutOfRangeIsRefused(t *testing.T) {
+func TestAnOffsetOutOfRangeIsRefused(t *testing.T) {
 	now := time.Date(2026, 8, 8, 12, 10, 0, 0, time.UTC)
 	p := NewParser().Prepared()
 	for _, at := range []string{
