@@ -15,7 +15,13 @@ const degree = math.Pi / 180
 func offset(lat, lon, east, north float64) (float64, float64) {
 	lat2 := lat + north/earthRadiusM/degree
 	lon2 := lon + east/(earthRadiusM*math.Cos(lat*degree))/degree
-	return lat2, lon2
+	return lat2, wrapLon(lon2)
+}
+
+// wrapLon folds a longitude back into [-180, 180], so that a position moved
+// across the antimeridian stays a valid WGS 84 longitude.
+func wrapLon(lon float64) float64 {
+	return math.Remainder(lon, 360)
 }
 
 // haversineM returns the great-circle distance in metres between two
