@@ -583,6 +583,10 @@ func (st *trackState) undo(token, reported uint64) (keep bool) {
 		return false
 	}
 	st.track, st.hasPrev = st.prev, false
+	// The latest device time seen goes back too, as far as the track
+	// tells it: the released ping raised it to its own, and its retry
+	// must find the idle gap the first attempt found (session).
+	st.seenMax = max(st.last.t, st.stay.lastT)
 	return true
 }
 

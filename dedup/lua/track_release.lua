@@ -26,7 +26,11 @@ local fields = { struct.unpack(CORE, st, 9) }
 if fields[16] == ARGV[2] then -- the last accepted ping's token
 	if string.byte(st, 9 + CORE_SIZE) == 1 then
 		local prev = string.sub(st, 10 + CORE_SIZE, 9 + 2 * CORE_SIZE)
-		redis.call('SET', KEYS[1], string.sub(st, 1, 8) .. prev .. '\0', 'KEEPTTL')
+		-- the latest device time seen goes back too, as far as the track
+		-- tells it: the later of its last accepted ping and last fix there
+		local p = { struct.unpack(CORE, prev) }
+		local seenMax = math.max(p[12], p[6])
+		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\0', 'KEEPTTL')
 	else
 		redis.call('DEL', KEYS[1])
 	end
