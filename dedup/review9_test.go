@@ -60,3 +60,52 @@ func TestTwoReleasesNewestFirstKeepTheStay(t *testing.T) {
 		}
 	})
 }
+
+// Review 9. Overland uploads what it queued in a tunnel as one batch and
+// the backend answers 503: every claim of the batch is released, newest
+// first. The track keeps one undo record, so the first release uses it
+// and the next, finding none, deletes the track as if its ping were the
+// asset's first. The retried batch is then judged against no stay at all:
+// its departure at 4 m/s from the settled stay, admitted the first time,
+// is suppressed as jitter of a stay of one fix (the batch's first ping),
+// and the backend never hears the asset left.
+func TestAFailedBatchAfterATunnelIsJudgedAgainAsItWas(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		batch := []ping.Ping{
+			offset(1500, 1, 0),               // at the stay, 25 min on: a window on, a new session
+			withSpeed(offset(1505, 8, 0), 4), // setting off
+			withSpeed(offset(1510, 60, 0), 10),
+			withSpeed(offset(1515, 130, 0), 14),
+		}
+		obs := make([]Observation, len(batch))
+		for i, p := range batch {
+			obs[i] = d.Observe(p)
+		}
+		var first []Verdict
+		for attempt := 1; attempt <= 2; attempt++ {
+			claims, verdicts, err := d.ClaimAll(t.Context(), obs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if attempt == 1 {
+				first = verdicts
+				var accepted []*Claim
+				for i, v := range verdicts {
+					if v.Decision == Accepted {
+						accepted = append(accepted, claims[i])
+					}
+				}
+				if _, err := d.Release(t.Context(), accepted...); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			for i := range verdicts {
+				if verdicts[i] != first[i] {
+					t.Errorf("ping %d of the retried batch: %+v, want %+v as the first attempt", i, verdicts[i], first[i])
+				}
+			}
+		}
+	})
+}
