@@ -92,9 +92,12 @@ func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, 
 func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, []Verdict, error) {
 	at := d.now()
 	claims, backing := make([]*Claim, len(batch)), make([]Claim, len(batch))
+	// The request's tokens share their upper 48 bits, so that a track
+	// knows the claims of one request apart (see trackState.accept).
+	request := rand.Uint64() &^ 0xffff
 	for i := range batch {
 		c := &backing[i]
-		*c = Claim{Observation: batch[i], Policy: &d.Policy, Token: rand.Uint64(), At: at}
+		*c = Claim{Observation: batch[i], Policy: &d.Policy, Token: request + uint64(i), At: at}
 		if d.Policy.Shape != Tumbling {
 			c.StateKey, c.SeenKey = d.Keyer.TrackKeys(c.Asset, c.Time)
 		}

@@ -206,7 +206,7 @@ func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 		if released {
 			reported = statePrint(c.State)
 		}
-		if st.undo(c.Token, reported) {
+		if st.release(c.Token, reported) {
 			replace(m.tracks, stateKey, st)
 		} else {
 			delete(m.tracks, stateKey)

@@ -101,6 +101,9 @@ type stream struct {
 	sent    []ping.Ping
 	pending []*Claim // accepted, neither settled nor released yet
 	clock   time.Time
+	// token is the last claim's: the next is now and then of the same
+	// request, as ClaimAll makes a batch's (see trackState.accept).
+	token uint64
 }
 
 type asset struct {
@@ -248,7 +251,12 @@ func compareStreams(t *testing.T, s *stream, pol *Policy, a, b Store) {
 		}
 
 		p, kind := s.next()
-		c := &Claim{Observation: k.Observe(p), Policy: pol, Token: s.rng.Uint64(), At: s.clock}
+		if s.token == 0 || s.rng.Float64() < 0.7 {
+			s.token = s.rng.Uint64() &^ 0xffff // a new request
+		} else {
+			s.token++
+		}
+		c := &Claim{Observation: k.Observe(p), Policy: pol, Token: s.token, At: s.clock}
 		if pol.Shape != Tumbling {
 			c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
 		}

@@ -60,8 +60,9 @@ func WaitSettled(ctx context.Context, store Store, claims []*Claim) error {
 // releaseOrder is the order a store undoes claims in: newest device time
 // first, and among equal times the last given first. A track keeps one
 // undo record, for its last acceptance, and a batch's claims on one asset
-// were accepted oldest first: undone newest first, each finds itself the
-// last and puts back the track from before it.
+// were accepted oldest first: undone newest first, the newest puts back
+// the track from before the request, and each older one finds itself no
+// longer the last (see trackState.release).
 func releaseOrder(claims []*Claim) []int {
 	order := make([]int, len(claims))
 	for i := range order {

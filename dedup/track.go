@@ -170,7 +170,7 @@ func (f fix) changesState(st uint64) bool {
 // and so did that ping's undo record, which undoing it would put back.
 func (st *trackState) forgetState(reported uint64) {
 	st.state = forgotten(st.state, reported)
-	if st.hasPrev {
+	if st.undo == undoPrev {
 		st.prev.state = forgotten(st.prev.state, reported)
 	}
 }
@@ -231,15 +231,34 @@ type track struct {
 	state        uint64
 }
 
-// trackState is what the store keeps of an asset: its track, the track as
-// it was before the last acceptance (so that a failed request can be
-// undone), and the latest device time seen.
+// trackState is what the store keeps of an asset: its track, what undoing
+// the request of the last acceptance does (so that a failed request can be
+// undone) with, for undoPrev, the track as it was before that request, and
+// the latest device time seen.
 type trackState struct {
 	track
 	prev    track
-	hasPrev bool
+	undo    undoKind
 	seenMax int64
 }
+
+// undoKind says what releasing the last accepted ping does to the track.
+// The values are the byte the Lua scripts keep after the track.
+type undoKind byte
+
+const (
+	// undoNone: the last accepted ping began the track; releasing it
+	// deletes it.
+	undoNone undoKind = iota
+	// undoPrev: releasing it puts prev back, the track from before its
+	// request's first acceptance of the asset.
+	undoPrev
+	// undoSpent: a release put prev back already; releasing what is now
+	// the last accepted ping keeps the track (see release).
+	undoSpent
+	// undoDelete: its request began the track; releasing it deletes it.
+	undoDelete
+)
 
 // seenValue is what the seen set holds for one ping.
 type seenValue struct {
@@ -399,9 +418,18 @@ func (st *trackState) inPastStay(f fix) (in, began bool) {
 	return false, false
 }
 
-// accept records an accepted fix, keeping the track as it was for undo.
+// accept records an accepted fix, keeping the track as it was before the
+// fix's request for undo: a failed batch's claims on one asset, released
+// newest first, then put back the track from before the batch, and its
+// retry is judged as the batch was. The claims of one request have tokens
+// that share their upper 48 bits (sameRequest).
 func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
-	st.prev, st.hasPrev = old.track, true
+	switch {
+	case !sameRequest(old.last.token, f.token) || old.undo == undoSpent:
+		st.prev, st.undo = old.track, undoPrev
+	case old.undo == undoNone:
+		st.undo = undoDelete // the request's first fix of the asset began the track
+	}
 	change(&st.track)
 	st.lastAccuracy = f.accuracy
 	st.state = f.mergeState(st.state)
@@ -569,25 +597,37 @@ func wrapLon(lon float64) float64 {
 	return lon
 }
 
-// undo reverts the last acceptance, if it was the claim with token. It
-// reports false when the state should be deleted (the claim was the
-// asset's first). A claim accepted before the last one cannot be undone;
-// the state fields it reported (reported, its statePrint) are forgotten
-// instead (forgetState).
-func (st *trackState) undo(token, reported uint64) (keep bool) {
-	if st.last.token != token {
+// release reverts the last acceptance, if it was the claim with token, to
+// the track from before its request. It reports false when the state
+// should be deleted (the request began the track). A claim accepted before
+// the last one cannot be undone; the state fields it reported (reported,
+// its statePrint) are forgotten instead (forgetState). So is the last
+// accepted one once a release has spent the undo record: of two failed
+// requests on one asset, released newest first, the older finds the track
+// from before it gone. The track is kept as it is, not taken for the
+// asset's first and deleted with its stay, its past stays and its state:
+// the ping's retry, the last accepted fix again, is admitted
+// (samePlaceAndTime).
+func (st *trackState) release(token, reported uint64) (keep bool) {
+	if st.last.token != token || st.undo == undoSpent {
 		st.forgetState(reported)
 		return true
 	}
-	if !st.hasPrev {
+	if st.undo != undoPrev {
 		return false
 	}
-	st.track, st.hasPrev = st.prev, false
+	st.track, st.undo = st.prev, undoSpent
 	// The latest device time seen goes back too, as far as the track
 	// tells it: the released ping raised it to its own, and its retry
 	// must find the idle gap the first attempt found (session).
 	st.seenMax = max(st.last.t, st.stay.lastT)
 	return true
+}
+
+// sameRequest reports whether two claim tokens are of one request (see
+// Deduper.ClaimAll).
+func sameRequest(a, b uint64) bool {
+	return a>>16 == b>>16
 }
 
 // samePlaceAndTime reports whether p and q are the same fix.

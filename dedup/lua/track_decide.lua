@@ -10,9 +10,12 @@
 -- ARGV[5]  shape: sliding | session ARGV[6]  window, µs
 -- ARGV[7]  session idle, µs         ARGV[8]  in-flight timeout, ms
 --
--- Track: seen max (i8), the current track (CORE), whether an undo record
--- follows (byte), and the track before the last acceptance (CORE), present
--- only when the byte is 1.
+-- Track: seen max (i8), the current track (CORE), what releasing its last
+-- accepted ping does (byte, trackState.undo in Go: 0 delete it, the ping
+-- began the track; 1 put back the track that follows; 2 keep it, a release
+-- spent the record; 3 delete it, the ping's request began the track), and
+-- the track before the last acceptance's request (CORE), present only when
+-- the byte is 1.
 -- Seen value: 's' (suppressed), or 'p' (pending) / 'a' (settled) + token
 -- (8 bytes) + claim time ms (i8) + the time it reached Redis, Redis's clock,
 -- ms (i8; absent from values written before it was added).
@@ -316,11 +319,17 @@ end
 local oldSeenMax = struct.unpack('>i8', raw)
 local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
 local cur = decode(curRaw, 1)
-local hasPrev = string.byte(raw, 9 + CORE_SIZE) == 1
+local undoFlag = string.byte(raw, 9 + CORE_SIZE)
 local prevRaw = string.sub(raw, 10 + CORE_SIZE)
+-- the request of the last accepted ping: a claim token's first 6 bytes
+local lastRequest = string.sub(cur.last.token, 1, 6)
 
 local function accept(change)
-	prevRaw, hasPrev = curRaw, true
+	if lastRequest ~= string.sub(token, 1, 6) or undoFlag == 2 then
+		prevRaw, undoFlag = curRaw, 1
+	elseif undoFlag == 0 then
+		undoFlag = 3 -- this request's first fix of the asset began the track
+	end
 	change(cur)
 	cur.lastAcc = acc
 	cur.state = mergeState(cur.state)
@@ -364,8 +373,10 @@ local function judge()
 end
 
 local decision, why = judge()
-local undo = '\0'
-if hasPrev then undo = '\1' .. prevRaw end
+local undo = string.char(undoFlag)
+if undoFlag == 1 then
+	undo = undo .. prevRaw
+end
 redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. undo, 'PX', ttl)
 remember(decision)
 return { decision, why }

@@ -1,8 +1,8 @@
 -- Release an accepted sliding/session claim: forget the ping in its seen
 -- set, and if it is still the asset's last accepted ping, put the track back
 -- as it was before it (trackState.undo in Go); if a later one was
--- accepted since, forget the state fields it reported (forgetState). Only
--- the claim's own token acts.
+-- accepted since, or a release spent the undo record, forget the state
+-- fields it reported (forgetState). Only the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
 -- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
@@ -23,15 +23,19 @@ if not st then
 	return released
 end
 local fields = { struct.unpack(CORE, st, 9) }
-if fields[16] == ARGV[2] then -- the last accepted ping's token
-	if string.byte(st, 9 + CORE_SIZE) == 1 then
+-- after the track, what releasing its last accepted ping does (see
+-- track_decide.lua): 0 and 3 delete it, 1 put back the track that follows,
+-- 2 keep it
+local undo = string.byte(st, 9 + CORE_SIZE)
+if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
+	if undo == 1 then
 		local prev = string.sub(st, 10 + CORE_SIZE, 9 + 2 * CORE_SIZE)
 		-- the latest device time seen goes back too, as far as the track
 		-- tells it: the later of its last accepted ping and last fix there
 		local p = { struct.unpack(CORE, prev) }
 		local seenMax = math.max(p[12], p[6])
-		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\0', 'KEEPTTL')
-	else
+		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2', 'KEEPTTL')
+	else -- the ping, or its request, began the track
 		redis.call('DEL', KEYS[1])
 	end
 	return released
@@ -54,7 +58,7 @@ local function forgotten(t, at)
 end
 
 local kept = forgotten(st, STATE_AT)
-if string.byte(st, 9 + CORE_SIZE) == 1 then -- and in the undo record after it
+if undo == 1 then -- and in the undo record after it
 	kept = forgotten(kept, STATE_AT + CORE_SIZE + 1)
 end
 if kept ~= st then

@@ -1,0 +1,117 @@
+package dedup
+
+import (
+	"testing"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// In session, the first ping of a new session (after an idle gap of
+// session_idle) is released when its request fails. The release puts back
+// the latest device time seen with the track: the ping had raised it to
+// its own, and its retry, finding no idle gap, was suppressed as a ping
+// inside the session; the backend never heard the asset came back.
+func TestARetriedFirstPingOfANewSessionIsAccepted(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		d := newTestDeduper(s, Session)
+		park(t, d)
+		first := offset(25*60, 1, 1) // 25 min on: an idle gap opens a new session
+		c, v := d.claim(t, first)
+		if v.Decision != Accepted {
+			t.Fatalf("the first ping of a new session: %+v, want accepted", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, first); v.Decision != Accepted {
+			t.Fatalf("its retry: %+v, want accepted (judged as the first attempt was)", v)
+		}
+	})
+}
+
+// Two requests of one asset, A then B, both fail and are released newest
+// first. B's release spends the undo record; A's must keep the track, not
+// take A for the asset's first ping and delete the track, settled stay and
+// all: A's retry would start a new stay of one fix, and a departure
+// reported by speed (admitted at once from a settled stay) would be
+// suppressed as jitter of it.
+func TestTwoReleasesNewestFirstKeepTheStay(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		a, b := withState(offset(60, 1, 1), "ignition=true"), withState(offset(70, 0, 1), "driverUniqueId=D1")
+		ca, va := d.claim(t, a)
+		cb, vb := d.claim(t, b)
+		if va.Decision != Accepted || vb.Decision != Accepted {
+			t.Fatalf("the two state changes: %+v, %+v", va, vb)
+		}
+		for _, c := range []*Claim{cb, ca} {
+			if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+				t.Fatalf("release: %d %v", n, err)
+			}
+		}
+		for _, p := range []ping.Ping{a, b} {
+			if v := d.settled(t, p); v.Decision != Accepted {
+				t.Fatalf("the retry of %q: %+v, want accepted", p.State, v)
+			}
+		}
+		if v := d.settled(t, withSpeed(offset(80, 8, 0), 4)); v.Decision != Accepted {
+			t.Fatalf("a departure at 4 m/s from the settled stay: %+v, want accepted at once", v)
+		}
+	})
+}
+
+// Overland uploads what it queued in a tunnel as one batch and the backend
+// answers 503: every claim of the batch is released, newest first, and the
+// track goes back to what it was before the batch, so that the retried
+// batch is judged as the first attempt was. With one undo record per
+// acceptance, the second release found none and deleted the track as if
+// its ping were the asset's first: the retry was judged against no stay at
+// all, its departure at 4 m/s, admitted the first time, suppressed as
+// jitter of a stay of one fix, and the backend never heard the asset left.
+func TestAFailedBatchAfterATunnelIsJudgedAgainAsItWas(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		retryIsJudgedAsItWas(t, d, []ping.Ping{
+			offset(1500, 1, 0),               // at the stay, 25 min on: a window on, a new session
+			withSpeed(offset(1505, 8, 0), 4), // setting off
+			withSpeed(offset(1510, 60, 0), 10),
+			withSpeed(offset(1515, 130, 0), 14),
+		})
+	})
+}
+
+// retryIsJudgedAsItWas claims batch as one request, releases what it
+// accepted as a failed request is, and claims it again: every verdict must
+// be the first attempt's.
+func retryIsJudgedAsItWas(t *testing.T, d *testDeduper, batch []ping.Ping) {
+	t.Helper()
+	obs := make([]Observation, len(batch))
+	for i, p := range batch {
+		obs[i] = d.Observe(p)
+	}
+	var first []Verdict
+	for attempt := 1; attempt <= 2; attempt++ {
+		claims, verdicts, err := d.ClaimAll(t.Context(), obs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attempt == 2 {
+			for i := range verdicts {
+				if verdicts[i] != first[i] {
+					t.Errorf("ping %d of the retried batch: %+v, want %+v as the first attempt", i, verdicts[i], first[i])
+				}
+			}
+			return
+		}
+		first = verdicts
+		var accepted []*Claim
+		for i, v := range verdicts {
+			if v.Decision == Accepted {
+				accepted = append(accepted, claims[i])
+			}
+		}
+		if _, err := d.Release(t.Context(), accepted...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
