@@ -7,6 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // hostPlaceholder is the placeholder whose value enters a key scope in its
@@ -94,11 +95,21 @@ func (k keyScope) expand(repl *caddy.Replacer) (string, error) {
 		}
 		b.WriteString(v)
 	}
+	if b.Len() == 0 { // a host of "." alone: filled, but nothing once canonical
+		return "", &ping.InvalidPingError{Field: "key_scope", Rule: ping.RuleRequired,
+			Detail: "the key_scope template expanded to nothing for this request (its host names no tenant)"}
+	}
 	return b.String(), nil
 }
 
 // canonicalHost is a host name as DNS compares it: without letter case, and
-// without the root label's trailing dot.
+// without the root label's trailing dot. An IPv6 literal sent without a
+// port keeps its brackets in Caddy's placeholder (which strips them only
+// with the port): they are dropped, so that [::1] and [::1]:8443 are one
+// tenant.
 func canonicalHost(host string) string {
+	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
 	return strings.ToLower(strings.TrimSuffix(host, "."))
 }
