@@ -17,6 +17,9 @@ func TestKeyScopeFromTheHostIsCanonical(t *testing.T) {
 		{"{http.request.host}", "Fleet-A.Example", "", "fleet-a.example"},
 		{"{http.request.host}", "fleet-a.example.", "", "fleet-a.example"},
 		{"{http.request.host}", "FLEET-A.example.:8443", "", "fleet-a.example"},
+		// Caddy strips an IPv6 literal's brackets only with its port.
+		{"{http.request.host}", "[2001:db8::1]", "", "2001:db8::1"},
+		{"{http.request.host}", "[2001:DB8::1]:8443", "", "2001:db8::1"},
 		{"{http.request.header.X-User}", "fleet-a.example", "Alice", "Alice"},
 		{"{http.request.host}/{http.request.header.X-User}", "Fleet-A.example.", "Alice", "fleet-a.example/Alice"},
 		{"tenant-{http.request.host}-{http.request.host}", "A.", "", "tenant-a-a"},
