@@ -122,7 +122,7 @@ func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool
 // token: a claim that never landed, or lands late, changes nothing else. An
 // unchecked forward is detached and bounded as that of an accepted ping.
 func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request) error {
-	if h.settings.onStoreError != decisionUnchecked {
+	if h.settings.onStoreError != decisionUnchecked && !h.settings.shadow {
 		err := h.respond(w, r, next, req)
 		h.reconcile(req.unsure, true)
 		return err

@@ -306,3 +306,30 @@ func TestABatchSentBackWholeCountsNothingAccepted(t *testing.T) {
 			got, res.header.Get("X-Dedup-Accepted"), res.header.Get("X-Dedup-In-Flight"), want)
 	}
 }
+
+// With on_store_error closed, enforce answers a ping the store cannot judge
+// 503 and counts it unavailable/store_error. Shadow forwards it, as it
+// forwards everything, with X-Dedup: unchecked, and counts it as enforce
+// would: it counted unchecked, the decision of on_store_error open.
+func TestShadowRecordsAStoreOutageAsEnforceWould(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	body := fmt.Sprintf(`{"asset_id":"veh-outage","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+	down := `{"type":"redis","url":"redis://127.0.0.1:1/0","timeout":20000000,"breaker_failures":1000}`
+	counts := map[string]string{}
+	for _, mode := range []string{"enforce", "shadow"} {
+		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadow-outage:%s:","mode":%q,"on_store_error":"closed","store":%s}`, mode, mode, down))
+		before := decisionCountsNow()
+		res := tt.post(body, "application/json", nil)
+		counts[mode] = decisionCountsNow().since(before).String()
+		t.Logf("%s: %d X-Dedup %s, counted %s", mode, res.status, res.header.Get("X-Dedup"), counts[mode])
+		if mode == "shadow" && (len(tt.upstream) != 1 || res.header.Get("X-Dedup") != "unchecked") {
+			t.Errorf("shadow: %d upstream, X-Dedup %q; want the ping forwarded unchecked", len(tt.upstream), res.header.Get("X-Dedup"))
+		}
+		if mode == "enforce" && res.status != http.StatusServiceUnavailable {
+			t.Fatalf("enforce answered %d, want 503", res.status)
+		}
+	}
+	if counts["shadow"] != counts["enforce"] {
+		t.Errorf("shadow counted %s; enforce would have decided %s", counts["shadow"], counts["enforce"])
+	}
+}

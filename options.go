@@ -118,7 +118,7 @@ func (h *Handler) resolve() (settings, error) {
 		return s, err
 	}
 	s.onStoreError = decisionUnchecked
-	if failClosed && !s.shadow { // shadow mode forwards everything, a store outage included
+	if failClosed { // recorded so in shadow mode too, which forwards everything, a store outage included
 		s.onStoreError = decisionUnavailable
 	}
 	s.release = h.ReleaseOnFailure == nil || *h.ReleaseOnFailure

@@ -244,9 +244,13 @@ func (c elementCounts) decision() dedup.Decision {
 	return decisionPartial
 }
 
-// shadowDecision is what shadow mode says instead of what enforce does.
+// shadowDecision is what shadow mode says instead of what enforce does. A
+// ping enforce would answer 503 for a store outage goes upstream
+// unchecked, and says so.
 func shadowDecision(d dedup.Decision) dedup.Decision {
 	switch d {
+	case decisionUnavailable:
+		return decisionUnchecked
 	case dedup.Suppressed, dedup.InFlight:
 		return decisionWouldSuppress
 	case decisionRejected, decisionDeadLettered:
