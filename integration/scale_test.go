@@ -59,7 +59,11 @@ func (s *sender) deliver(t *testing.T, rng *rand.Rand, body []byte) string {
 
 // Several Caddy processes share one Redis. The same observations, each
 // redelivered several times, go through all of them concurrently: every
-// distinct observation reaches the upstream exactly once.
+// distinct observation reaches the upstream exactly once. The store's
+// timeout is a second: on a machine busy with other packages' tests, a call
+// past the default 50ms is unchecked and its redelivery forwarded, as
+// on_store_error open says (a CI run saw 6 of 900); what is tested here is
+// the claim shared by the instances, not the outage.
 func TestExactlyOnceAcrossCaddyInstances(t *testing.T) {
 	caddy := buildCaddy(t)
 	srv := redistest.Start(t)
@@ -73,7 +77,9 @@ func TestExactlyOnceAcrossCaddyInstances(t *testing.T) {
 }
 :%d {
 	telemetry_dedup /telemetry {
-		store redis %s
+		store redis %s {
+			timeout 1s
+		}
 	}
 	reverse_proxy %s
 }`, port, srv.URL(), strings.TrimPrefix(up.URL, "http://")), port)
