@@ -589,12 +589,7 @@ func lonDelta(lon1, lon2 float64) float64 {
 // wrapLon brings a longitude moved by less than a turn back into
 // [-180, 180].
 func wrapLon(lon float64) float64 {
-	if lon > 180 {
-		lon -= 360
-	} else if lon < -180 {
-		lon += 360
-	}
-	return lon
+	return lonDelta(lon, 0)
 }
 
 // release reverts the last acceptance, if it was the claim with token, to

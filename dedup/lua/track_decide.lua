@@ -139,12 +139,7 @@ local function lonDelta(lon1, lon2)
 end
 
 local function wrapLon(l)
-	if l > 180 then
-		l = l - 360
-	elseif l < -180 then
-		l = l + 360
-	end
-	return l
+	return lonDelta(l, 0)
 end
 
 local function separation2(lat1, lon1, lat2, lon2)
