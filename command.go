@@ -9,7 +9,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -194,7 +193,7 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 		return caddy.ExitCodeFailedStartup, unkeyableError(err)
 	}
 	asset, scope := ping.Asset, fs.String("scope")
-	if placeholderPattern.MatchString(scope) {
+	if checkTemplate("key_scope", scope) == nil { // a whole template, placeholder and all
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("--scope %s: that is the key_scope template; give the value it expanded to "+
 			"for the ping's request, such as the host tenant-a.example for {http.request.host}", scope)
 	}
@@ -222,10 +221,6 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	}
 	return 0, tw.Flush()
 }
-
-// placeholderPattern finds a Caddy placeholder such as {http.request.host}
-// in a value that should be its expansion.
-var placeholderPattern = regexp.MustCompile(`\{[A-Za-z][A-Za-z0-9_.\-]*\}`)
 
 // unkeyableError says why the key command cannot key a ping, and for a
 // (0, 0) fix which flag keys it as a site with null_island allow does.

@@ -210,7 +210,7 @@ func (tt *tableTester) claimInFlight(t *testing.T, body string) {
 	repl := caddy.NewReplacer()
 	req := tt.h.normaliseBatch(pingBatch(body), repl)
 	tt.h.quantise(req)
-	tt.h.claim(context.Background(), req)
+	tt.h.claim(req)
 	if req.elements[0].decision != "accepted" {
 		t.Fatalf("in-flight setup: %+v", req.elements[0])
 	}

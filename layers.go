@@ -198,8 +198,14 @@ func (h *Handler) quantise(req *request) {
 func (e *element) waiting() bool { return e.decision == "" && e.err == nil }
 
 // claim claims every waiting ping of the request in one store call. When
-// the store cannot answer, on_store_error decides for each of them.
-func (h *Handler) claim(ctx context.Context, req *request) {
+// the store cannot answer, on_store_error decides for each of them. The
+// call is detached from the sender, as the forward is, and bounded by the
+// store's own timeout: a sender that hangs up while its claim waits in the
+// pipeline is no store failure, and must not turn a duplicate into an
+// unchecked forward. Nothing below it reads the request's context values,
+// so it starts from the background context, which costs no allocation.
+func (h *Handler) claim(req *request) {
+	ctx := context.Background()
 	var oneObs [1]dedup.Observation // a single ping's claim allocates nothing here
 	var oneAt [1]int
 	batch, at := oneObs[:0], oneAt[:0]

@@ -5,7 +5,6 @@
 package telemetrydedup
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -392,10 +391,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 2. Quantise: bucket, cell and key of each valid ping.
 	h.quantise(req)
 	// 3. Claim: all of them in one store round trip.
-	// Detached from the sender, as the forward is: a sender that hangs up
-	// while the claim waits for the store is no store failure, and must not
-	// turn a duplicate into an unchecked forward.
-	h.claim(context.WithoutCancel(r.Context()), req)
+	h.claim(req)
 	// 4. Record each outcome: metrics, dead letters, stuck assets,
 	// placeholders, debug log.
 	h.record(r, repl, req)

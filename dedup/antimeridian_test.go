@@ -3,6 +3,8 @@ package dedup
 import (
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // A ship or a parked asset on the antimeridian (Fiji, Chukotka, Taveuni)
@@ -47,7 +49,7 @@ func TestAMoveAcrossTheAntimeridianIsAdmitted(t *testing.T) {
 	const step = 100 / (metresPerDegree * 0.957319497532067) // 100 m of longitude at -16.8°
 	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
 		for i := range 8 {
-			lon := wrapLon(179.9965 + float64(i)*step)
+			lon := geo.WrapLongitude(179.9965 + float64(i)*step)
 			if v := d.settled(t, withSpeed(at(time.Duration(10*i)*time.Second, lat, lon), 10)); v.Decision != Accepted {
 				t.Fatalf("fix %d at lon %v, 100 m on from the last: %+v, want accepted", i, lon, v)
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
@@ -171,7 +172,7 @@ func (s *stream) next() (ping.Ping, string) {
 	}
 	s.sayMore(&p)
 	if s.seam {
-		p.Lon = wrapLon(p.Lon)
+		p.Lon = geo.WrapLongitude(p.Lon)
 	}
 	p.Asset = a.id
 	a.last = p

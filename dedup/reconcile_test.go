@@ -867,6 +867,20 @@ func TestCloseCountsTheConfirmationsItAbandons(t *testing.T) {
 	}
 }
 
+// hungMasterGuarded is a reconciler and a breaker that releases what is
+// owed first, in front of a store whose releases of the returned asset's
+// claims hang for delay and fail, as a hung Cluster master's do.
+func hungMasterGuarded(t *testing.T, delay time.Duration) (r *Reconciler, guarded Store, pol *Policy, dead ping.Ping) {
+	t.Helper()
+	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: delay}
+	r, _ = testReconciler(t, store, 0, time.Hour)
+	b := NewBreaker(1000, time.Hour, nil)
+	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
+	dead = parked
+	dead.Asset = store.dead
+	return r, b.Guard(store), testPolicy(Sliding), dead
+}
+
 // hangingStore hangs (delay) and then fails any Release carrying a claim of
 // the dead asset, as a paused master's calls wait out the store timeout.
 type hangingStore struct {
@@ -892,14 +906,7 @@ func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, er
 // reconciler as releases (forward.go reconcile). A call on a healthy
 // master's key, owed only a confirmation, must not carry them and fail.
 func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
-	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: 0}
-	r, _ := testReconciler(t, store, 0, time.Hour)
-	b := NewBreaker(1000, time.Hour, nil)
-	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
-	guarded := b.Guard(store)
-	pol := testPolicy(Sliding)
-	dead := parked
-	dead.Asset = store.dead
+	r, guarded, pol, dead := hungMasterGuarded(t, 0)
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())}) // healthy master, only a confirmation owed
 	time.Sleep(50 * time.Millisecond)
 	r.Hand([]*Claim{claimOf(pol, dead, 1, time.Now())}, true) // a timed-out decision on the hung master
@@ -915,14 +922,7 @@ func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
 // hung master's confirmed key leads a pass joins that pass: it fails only
 // if the pass did not release its own key's confirmation.
 func TestACallOnAHealthyKeyDoesNotShareTheHungKeysFailure(t *testing.T) {
-	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: 300 * time.Millisecond}
-	r, _ := testReconciler(t, store, 0, time.Hour)
-	b := NewBreaker(1000, time.Hour, nil)
-	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
-	guarded := b.Guard(store)
-	pol := testPolicy(Sliding)
-	dead := parked
-	dead.Asset = store.dead
+	r, guarded, pol, dead := hungMasterGuarded(t, 300*time.Millisecond)
 	r.Confirm([]*Claim{claimOf(pol, dead, 1, time.Now())})
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
 	go func() {

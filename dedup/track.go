@@ -536,7 +536,7 @@ func (st *trackState) settle(f fix) {
 	st.stay.n = min(st.stay.n+1, anchorMemory)
 	n := float64(st.stay.n)
 	st.stay.lat += (f.lat - st.stay.lat) / n
-	st.stay.lon = wrapLon(st.stay.lon + lonDelta(f.lon, st.stay.lon)/n)
+	st.stay.lon = geo.WrapLongitude(st.stay.lon + lonDelta(f.lon, st.stay.lon)/n)
 	st.stay.spread2 += (d2 - st.stay.spread2) / n
 	st.stay.lastT = max(st.stay.lastT, f.t)
 	st.hasCand = false
@@ -577,19 +577,7 @@ func (f fix) separation2(lat1, lon1, lat2, lon2 float64) float64 {
 // a metre either side of the antimeridian are a metre apart, not 360
 // degrees. Lua computes it with the same operations.
 func lonDelta(lon1, lon2 float64) float64 {
-	d := float64(lon1 - lon2)
-	if d > 180 {
-		d -= 360
-	} else if d < -180 {
-		d += 360
-	}
-	return d
-}
-
-// wrapLon brings a longitude moved by less than a turn back into
-// [-180, 180].
-func wrapLon(lon float64) float64 {
-	return lonDelta(lon, 0)
+	return geo.WrapLongitude(lon1 - lon2)
 }
 
 // release reverts the last acceptance, if it was the claim with token, to

@@ -242,16 +242,19 @@ func (c CRS) utmToWGS84(x, y float64) (lat, lon float64, err error) {
 		return 0, 0, err
 	}
 	lat, dlon := utmTM.inverse(x-utmFalseEasting, y-falseNorthing)
-	return lat, wrapLongitude(c.centralMeridian() + dlon), nil
+	return lat, WrapLongitude(c.centralMeridian() + dlon), nil
 }
 
 func (c CRS) centralMeridian() float64 {
 	return float64(utmFirstZoneEdge + utmZoneWidthDeg*c.zone - utmZoneWidthDeg/2)
 }
 
-// wrapLongitude folds the overlap of zones 1 and 60 across the antimeridian
-// back into [-180, 180].
-func wrapLongitude(lon float64) float64 {
+// WrapLongitude folds a longitude less than a turn outside [-180, 180]
+// (the overlap of UTM zones 1 and 60, a position moved across the
+// antimeridian, a difference of two longitudes) back into it, with one
+// addition or subtraction of 360, which the track shapes' Lua script
+// repeats to the bit.
+func WrapLongitude(lon float64) float64 {
 	switch {
 	case lon > 180:
 		return lon - 360

@@ -127,7 +127,8 @@ local function decode(s, pos)
 	return c, f[#f]
 end
 
--- lonDelta and wrapLon as in track.go: longitudes the short way round.
+-- lonDelta and wrapLon as in track.go (geo.WrapLongitude): longitudes the
+-- short way round.
 local function lonDelta(lon1, lon2)
 	local d = lon1 - lon2
 	if d > 180 then

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 const (
@@ -57,7 +59,7 @@ func newAsset(cfg Config, index int) *asset {
 		end: cfg.Start.Add(cfg.Duration),
 	}
 	a.lat = cfg.Center.Lat + a.uniform(-startSpreadDeg, startSpreadDeg)
-	a.lon = wrapLon(cfg.Center.Lon + a.uniform(-startSpreadDeg, startSpreadDeg))
+	a.lon = geo.WrapLongitude(cfg.Center.Lon + a.uniform(-startSpreadDeg, startSpreadDeg))
 	a.heading = a.uniform(0, 360)
 	a.now = cfg.Start.Add(a.durationIn(0, cfg.Cadence)).Truncate(time.Millisecond)
 	a.first = a.now

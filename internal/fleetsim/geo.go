@@ -1,6 +1,10 @@
 package fleetsim
 
-import "math"
+import (
+	"math"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+)
 
 // earthRadiusM is the mean Earth radius (IUGG). Moving a position and
 // measuring a distance use the same sphere, so the distance measured between
@@ -15,13 +19,7 @@ const degree = math.Pi / 180
 func offset(lat, lon, east, north float64) (float64, float64) {
 	lat2 := lat + north/earthRadiusM/degree
 	lon2 := lon + east/(earthRadiusM*math.Cos(lat*degree))/degree
-	return lat2, wrapLon(lon2)
-}
-
-// wrapLon folds a longitude back into [-180, 180], so that a position moved
-// across the antimeridian stays a valid WGS 84 longitude.
-func wrapLon(lon float64) float64 {
-	return math.Remainder(lon, 360)
+	return lat2, geo.WrapLongitude(lon2) // a valid WGS 84 longitude across the antimeridian too
 }
 
 // haversineM returns the great-circle distance in metres between two
