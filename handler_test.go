@@ -307,6 +307,40 @@ func TestABatchSentBackWholeCountsNothingAccepted(t *testing.T) {
 	}
 }
 
+// Shadow mode forwards a batch that enforce would send back whole, and
+// counts it as enforce would: its new ping in flight with reason sent_back,
+// in the metrics and the headers. The upstream has the ping, so its claim
+// is settled: a redelivery of it is suppressed, not admitted again.
+func TestShadowCountsABatchSentBackWholeAsEnforceWould(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	counts := map[string]string{}
+	for _, mode := range []string{"enforce", "shadow"} {
+		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadow-sentback:%s:","mode":%q}`, mode, mode))
+		held := fmt.Sprintf(`{"asset_id":"veh-held","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+		tt.claimInFlight(t, held)
+		fresh := fmt.Sprintf(`{"asset_id":"veh-new","occurred_at":%q,"lat":48.1,"lon":11.6}`, at)
+
+		before := decisionCountsNow()
+		res := tt.post("["+fresh+","+held+"]", "application/json", nil)
+		counts[mode] = fmt.Sprintf("%v, X-Dedup-Accepted %s, X-Dedup-In-Flight %s", decisionCountsNow().since(before),
+			res.header.Get("X-Dedup-Accepted"), res.header.Get("X-Dedup-In-Flight"))
+		if mode == "enforce" {
+			continue
+		}
+		if len(tt.upstream) != 1 || res.header.Get("X-Dedup") != "would_suppress" {
+			t.Fatalf("shadow: %d forwarded, X-Dedup %q; want the batch forwarded, would_suppress", len(tt.upstream), res.header.Get("X-Dedup"))
+		}
+		again := tt.post(fresh, "application/json", nil)
+		if again.header.Get("X-Dedup") != "would_suppress" || again.header.Get("X-Dedup-Reason") != "redelivery" {
+			t.Errorf("shadow: the forwarded ping's redelivery got %q (%q); want would_suppress, redelivery",
+				again.header.Get("X-Dedup"), again.header.Get("X-Dedup-Reason"))
+		}
+	}
+	if counts["shadow"] != counts["enforce"] {
+		t.Errorf("shadow counted %s; enforce %s", counts["shadow"], counts["enforce"])
+	}
+}
+
 // With on_store_error closed, enforce answers a ping the store cannot judge
 // 503 and counts it unavailable/store_error. Shadow forwards it, as it
 // forwards everything, with X-Dedup: unchecked, and counts it as enforce

@@ -38,10 +38,11 @@ const (
 // record records what became of each ping of the request, then sets the
 // request's placeholders.
 func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
-	req.sendBack(h.settings.shadow)
+	req.sendBack()
 	// A batch sent back whole comes back with its invalid pings too: they
-	// are dead-lettered then, once, not now and again.
-	if h.deadLetters != nil && req.sentBack == nil {
+	// are dead-lettered then, once, not now and again. Shadow mode forwards
+	// it, so it never comes back.
+	if h.deadLetters != nil && (req.sentBack == nil || h.settings.shadow) {
 		h.deadLetter(r, req.elements)
 	}
 	for i := range req.elements {

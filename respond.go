@@ -108,12 +108,15 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 	setBatchHeaders(w, c, req.elements)
 	claims, forwarded := acceptedClaims(req.elements), forwardedElements(req.elements)
 	switch {
-	case req.sentBack != nil || (c.sentBackWhole() && !h.settings.shadow):
+	case h.settings.shadow:
+		if req.sentBack != nil { // forwarded all the same: the upstream takes the claims enforce would give back
+			claims = req.sentBack
+		}
+		return h.forward(w, r, next, shadowDecision(decision), "", claims)
+	case req.sentBack != nil:
 		h.giveBack(r.Context(), req.sentBack)
 		h.settings.answers.writeBatchRetry(w, decision, req.elements, c.inFlight > 0)
 		return nil
-	case h.settings.shadow:
-		return h.forward(w, r, next, shadowDecision(decision), "", claims)
 	case len(forwarded) == 0:
 		h.settings.answers.writeBatchAnswered(w, decision, c, req.elements)
 		return nil
@@ -128,9 +131,10 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 // flight, or not judged): the whole batch must, so it keeps nothing of it.
 // Its new pings get the batch's decision, in_flight or unavailable, with
 // reasonSentBack, and their claims are to be given back: none is counted
-// accepted each time the batch comes back before it gets through.
-func (req *request) sendBack(shadow bool) {
-	if req.single() || shadow {
+// accepted each time the batch comes back before it gets through. Shadow
+// mode marks it too, to record what enforce would, and forwards it.
+func (req *request) sendBack() {
+	if req.single() {
 		return
 	}
 	c := countElements(req.elements)
