@@ -186,7 +186,7 @@ func (m *MemoryStore) Release(_ context.Context, claims []*Claim) ([]bool, error
 
 func (m *MemoryStore) releaseTumbling(c *Claim, now int64) bool {
 	k := m.keys.key(c.Observation.Key)
-	if held, ok := live(m.claims, k, now); !ok || held.token != uint32(c.Token) {
+	if held, ok := live(m.claims, k, now); !ok || held.token != recordToken(c.Token) {
 		return false
 	}
 	delete(m.claims, k)

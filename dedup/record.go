@@ -19,7 +19,7 @@ import (
 type record struct {
 	claimedMs int64  // server time, Unix ms: no time.Time, so a record holds no pointer for the GC to follow
 	sighting  uint64 // fingerprint of the first sighting: device time and coordinates
-	token     uint32 // the low 32 bits of the claiming request's token
+	token     uint32 // the claiming request's token, folded (recordToken)
 	position  uint32 // fingerprint of its coordinates alone
 	settled   bool
 }
@@ -27,12 +27,22 @@ type record struct {
 func newRecord(c *Claim) record {
 	// ms precision, as in Redis, so both stores time out in-flight claims alike
 	return record{
-		token:     uint32(c.Token),
+		token:     recordToken(c.Token),
 		claimedMs: c.At.UnixMilli(),
 		sighting:  sightingPrint(c.Ping),
 		position:  positionPrint(c.Ping),
 	}
 }
+
+// recordToken is the 32 bits of a claim's token a record keeps: its two
+// halves folded. The claims of one request share the upper 48 bits of
+// their tokens and differ in the lower 16 (ClaimAll), so the low half
+// alone held only 16 random bits: one pair of requests in 65,536 had the
+// same, and a redelivery took the first request's claim for its own
+// (accepted, forwarded twice), or a release made again after the retry
+// got through deleted the retry's settled claim. Folded, they have 32
+// random bits, and the claims of one request still differ.
+func recordToken(token uint64) uint32 { return uint32(token>>32) ^ uint32(token) }
 
 // settledRecord is the record of c's claim once its request settled it.
 func settledRecord(c *Claim) record {

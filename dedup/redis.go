@@ -137,7 +137,7 @@ func claimVerdict(c *Claim, cmd *redis.StatusCmd) (Verdict, error) {
 		return Verdict{}, err
 	}
 	// A retried SET whose first attempt landed finds this request's own value.
-	if held.token == uint32(c.Token) {
+	if held.token == recordToken(c.Token) {
 		return accepted, nil
 	}
 	return judgeHeld(held, c), nil

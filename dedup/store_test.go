@@ -179,6 +179,56 @@ func TestStoreReleasesOnlyWithTheRightToken(t *testing.T) {
 	})
 }
 
+// Two requests' tokens as ClaimAll makes them: a random request id in the
+// upper 48 bits, the claim's index in the lower 16. These two single-ping
+// requests differ only above bit 31, as one pair of requests in 65,536
+// does. Each must still tell the other's claim from its own.
+const (
+	firstRequestToken  = 0x1111_2222_3333_0000
+	secondRequestToken = 0x4444_5555_3333_0000
+)
+
+// A claim of another request is never taken for the request's own: its
+// redelivery is told to come back, not accepted and forwarded a second
+// time.
+func TestAnotherRequestsClaimIsNotTakenForOwn(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		if v := decide(t, s, claimOf(pol, parked, firstRequestToken, articleBase)); v.Decision != Accepted {
+			t.Fatalf("first claim: %+v", v)
+		}
+		if v := decide(t, s, claimOf(pol, parked, secondRequestToken, articleBase)); v.Decision != InFlight {
+			t.Fatalf("the redelivery, by another request: %+v, want in_flight (accepted forwards the observation twice)", v)
+		}
+	})
+}
+
+// A release of a failed request made again after its retry got through
+// (the reconciler's confirmations, a Confirm after a failover) leaves the
+// retry's settled claim alone: the next redelivery is suppressed.
+func TestAReleaseMadeAgainLeavesTheRetrysClaim(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		ctx := context.Background()
+		failed := claimOf(pol, parked, firstRequestToken, articleBase)
+		decide(t, s, failed)
+		if ok, err := releaseOne(ctx, s, failed); err != nil || !ok {
+			t.Fatalf("release of the failed request: released=%v err=%v", ok, err)
+		}
+		retry := claimOf(pol, parked, secondRequestToken, articleBase.Add(time.Second))
+		if v := decide(t, s, retry); v.Decision != Accepted {
+			t.Fatalf("the retry: %+v, want accepted", v)
+		}
+		if err := settleOne(ctx, s, retry); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := releaseOne(ctx, s, failed); err != nil || ok {
+			t.Fatalf("the failed request's release made again: released=%v err=%v, want nothing of it left to release", ok, err)
+		}
+		if v := decide(t, s, claimOf(pol, parked, 7<<16, articleBase.Add(2*time.Second))); v != suppressed(Redelivery) {
+			t.Fatalf("a redelivery after the retry was delivered: %+v, want suppressed/redelivery", v)
+		}
+	})
+}
+
 func TestStoreSettlesATrackClaimOnlyWithItsToken(t *testing.T) {
 	for _, shape := range []Shape{Sliding, Session} { // tumbling: TestTumblingSettlementMarksTheObservationDelivered
 		t.Run(string(shape), func(t *testing.T) {
