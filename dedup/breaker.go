@@ -210,13 +210,14 @@ func (b *Breaker) forgetIdleLocked() {
 	}
 }
 
-// Open returns how many of the breaker's zones are open: 0 or 1 for a
-// breaker not in zones, on a Cluster the masters skipped.
+// Open returns how many of the breaker's zones are not closed: 0 or 1 for
+// a breaker not in zones, on a Cluster the masters skipped. A half-open
+// zone counts: while its probe is out, every other call skips it.
 func (b *Breaker) Open() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.zone == nil {
-		if b.one.state == BreakerOpen {
+		if b.one.state != BreakerClosed {
 			return 1
 		}
 		return 0
@@ -224,7 +225,7 @@ func (b *Breaker) Open() int {
 	b.forgetIdleLocked()
 	n := 0
 	for _, z := range b.zones {
-		if z.state == BreakerOpen {
+		if z.state != BreakerClosed {
 			n++
 		}
 	}

@@ -163,6 +163,9 @@ func TestBreakerAllowsOneProbeAtATime(t *testing.T) {
 	if b.allow() {
 		t.Fatal("a second call went through while the probe is out")
 	}
+	if b.Open() != 1 {
+		t.Fatalf("%d open while the probe is out and every other call is skipped; want 1 (the breakers_open gauge)", b.Open())
+	}
 	b.done(nil)
 	if !b.allow() || b.State() != BreakerClosed {
 		t.Fatalf("a successful probe must close the breaker (state %s)", b.State())
