@@ -56,6 +56,9 @@ func serveStuck(w http.ResponseWriter, r *http.Request) error {
 	if report.Stuck == nil {
 		report.Stuck = []stuckAsset{}
 	}
+	if report.Decisions == nil { // nothing decided yet: an empty list, as the README shows it
+		report.Decisions = []decisionCount{}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(report)
 }
