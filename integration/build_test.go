@@ -66,6 +66,41 @@ func TestXcaddyBuildServesTheExample(t *testing.T) {
 	}
 }
 
+// The example's backend sees the key header on pings only: a request the
+// handler never saw (another path) has no outcome to fill it with, and
+// header_up would send the placeholder's own name.
+func TestTheExampleSendsTheKeyHeaderWithPingsOnly(t *testing.T) {
+	caddy := buildCaddy(t)
+	src, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const demo = "respond `{\"stored\":true}` 201"
+	if !bytes.Contains(src, []byte(demo)) {
+		t.Fatalf("the example's demo backend is no longer %s; update this test", demo)
+	}
+	echo := strings.Replace(string(src), demo, "respond `{http.request.header.X-Dedup-Key}` 201", 1)
+	front, back := freePort(t), freePort(t)
+	site := "http://" + runCaddy(t, caddy, strings.NewReplacer("8080", strconv.Itoa(front), "8081", strconv.Itoa(back)).Replace(echo), front).listen
+	at := time.Now().UTC().Add(-2 * time.Minute).Format(time.RFC3339)
+	for _, req := range []struct {
+		path, body, want string
+	}{
+		{"/telemetry", `{"asset_id":"veh-88","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`, "dedup:"},
+		{"/status", `{}`, ""},
+	} {
+		res, err := http.Post(site+req.path, "application/json", strings.NewReader(req.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if !strings.HasPrefix(string(got), req.want) || (req.want == "" && len(got) > 0) {
+			t.Errorf("%s: the backend got X-Dedup-Key %q; want %q", req.path, got, req.want+"...")
+		}
+	}
+}
+
 // built is the Caddy binary of this test run, built once for every test
 // that needs a separate process.
 var built struct {
