@@ -7,6 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // hostPlaceholder is the placeholder whose value enters a key scope in its
@@ -93,6 +94,12 @@ func (k keyScope) expand(repl *caddy.Replacer) (string, error) {
 			return "", err
 		}
 		b.WriteString(v)
+	}
+	if b.Len() == 0 {
+		// A host that is nothing once canonical (".", "[]"): without this
+		// the ping would be keyed as an unscoped asset.
+		return "", &ping.InvalidPingError{Field: "key_scope", Rule: ping.RuleRequired,
+			Detail: "the key_scope template " + strings.Join(k.parts, hostPlaceholder) + " expanded to nothing for this request"}
 	}
 	return b.String(), nil
 }

@@ -1,10 +1,13 @@
 package telemetrydedup
 
 import (
+	"errors"
 	"net/http/httptest"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // A host is one tenant however it is written; every other value is taken as
@@ -37,5 +40,21 @@ func TestKeyScopeFromTheHostIsCanonical(t *testing.T) {
 	r := httptest.NewRequest("POST", "/telemetry", nil)
 	if _, err := parseKeyScope("{http.request.header.X-User}").expand(caddyhttp.NewTestReplacer(r)); err == nil {
 		t.Error("an empty scope was accepted; it must never put a request in a shared key space")
+	}
+}
+
+// A host that is nothing once canonical (the root ".", empty brackets) is
+// an empty scope too: with it the ping was keyed as an unscoped asset, in
+// the key space that every such request, and every unscoped handler on the
+// same store, shares.
+func TestKeyScopeOfAHostThatIsNothingIsRefused(t *testing.T) {
+	for _, host := range []string{".", ".:8443", "[]"} {
+		r := httptest.NewRequest("POST", "/telemetry", nil)
+		r.Host = host
+		got, err := parseKeyScope("{http.request.host}").expand(caddyhttp.NewTestReplacer(r))
+		var invalid *ping.InvalidPingError
+		if !errors.As(err, &invalid) || invalid.Field != "key_scope" {
+			t.Errorf("Host %q: scope %q, %v; want a 422 naming key_scope", host, got, err)
+		}
 	}
 }
