@@ -202,6 +202,9 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	r := keyReport{Asset: asset, Scope: scope, Time: obs.Time, Bucket: obs.Bucket, Cell: obs.Cell.String(), Key: obs.Key}
 	if s.policy.Shape != dedup.Tumbling {
 		r.StateKey, r.SeenKey = s.keyer.TrackKeys(ping.Asset, obs.Time)
+		// The key these shapes decide on, as {http.telemetry_dedup.key}
+		// names it: they write no tumbling key.
+		r.Key = r.StateKey
 	}
 	if fs.Bool("json") {
 		return 0, json.NewEncoder(stdout).Encode(r)

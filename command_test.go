@@ -398,6 +398,12 @@ func TestKeyCommandMatchesTheDirective(t *testing.T) {
 			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--window", "1d"}},
 		{"null island allowed", Handler{NullIsland: "allow"}, "application/json",
 			`{"asset_id":"buoy-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":0,"lon":0}`, "", []string{"--null-island", "allow"}},
+		// The track shapes decide on the asset's state key: the tumbling
+		// key is nowhere in the store.
+		{"sliding", Handler{Shape: "sliding"}, "application/json",
+			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--shape", "sliding"}},
+		{"session", Handler{Shape: "session"}, "application/json",
+			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--shape", "session"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			prefix := "dedup:"
