@@ -87,7 +87,7 @@ func initMetrics() {
 	metrics.nearCacheMiss = metrics.nearCacheLookups.WithLabelValues("miss")
 	metrics.reconciled = prometheus.NewCounterVec(prometheus.CounterOpts(opts("reconciled_total",
 		"Claims whose store call failed without saying whether it wrote them (or whose settle or release failed), "+
-			"reconciled by token once the store answered, by outcome (released, released_late, not_held, settled, dropped, expired).")),
+			"reconciled by token once the store answered, by outcome (released, released_late, not_held, settled, dropped, expired, unconfirmed).")),
 		[]string{"outcome"})
 	metrics.reconcilePending = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("reconcile_pending",
 		"Claims waiting for the store to answer so they can be settled or released by token.")),
