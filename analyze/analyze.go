@@ -199,10 +199,13 @@ func (o Options) ttl(window time.Duration) (time.Duration, string, error) {
 	return dedup.TTLPolicy{Window: window, RetryLadder: o.RetryLadder, OutageMargin: o.OutageMargin}.Resolve()
 }
 
-// fixPoint is one ping of a known asset.
+// fixPoint is one ping of a known asset: its position, and the accuracy
+// and speed it reports, which the stay of sliding and session judges it by.
 type fixPoint struct {
-	t        time.Time
-	lat, lon float64
+	t               time.Time
+	lat, lon        float64
+	accuracy, speed float64
+	hasSpeed        bool
 }
 
 // assetFixes holds one asset's pings in capture order.
@@ -254,7 +257,7 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 				byName[as.name] = as
 				assets = append(assets, as)
 			}
-			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon})
+			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon, accuracy: p.Accuracy, speed: p.Speed, hasSpeed: p.HasSpeed})
 		}
 	}
 }

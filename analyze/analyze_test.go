@@ -17,6 +17,7 @@ import (
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/fleetsim"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
@@ -259,7 +260,7 @@ func TestAnalyzeMatchesADirectReplay(t *testing.T) {
 	for _, shape := range dedup.Shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			rep := analyze(t, capture, Options{Shape: shape, Resolutions: []int{res}, Windows: []time.Duration{window}})
-			want := directReplay(t, capture, dedup.Policy{Shape: shape, Window: window, SessionIdle: dedup.DefaultSessionIdle, Radius: dedup.DefaultRadius,
+			want := directReplay(t, capture, ping.NewParser(), dedup.Policy{Shape: shape, Window: window, SessionIdle: dedup.DefaultSessionIdle, Radius: dedup.DefaultRadius,
 				TTL: 24 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}, res)
 			if got := rep.Candidates[0]; !reflect.DeepEqual(got, want) {
 				t.Errorf("Analyze %+v\ndirect  %+v", got, want)
@@ -268,9 +269,39 @@ func TestAnalyzeMatchesADirectReplay(t *testing.T) {
 	}
 }
 
-func directReplay(t *testing.T, capture []byte, pol dedup.Policy, res int) CandidateStats {
-	t.Helper()
+// A format that carries each fix's accuracy and speed (here the
+// directive's accuracy and speed options) has them judged in the replay as
+// the stay judges them: a parked phone's fix within its reported accuracy
+// is no evidence of a move, and a fix reporting a speed of travel is a
+// departure. Replayed as bare positions, the sliding and session counts
+// were not what the handler decides on the same capture.
+func TestAnalyzeReplaysAccuracyAndSpeed(t *testing.T) {
+	cfg := fleetsim.Config{Assets: 6, Duration: time.Hour, Cadence: 5 * time.Second, SigmaM: 8,
+		ReportAccuracy: true, ReportSpeed: true, Seed: 7, Start: synthStart}
+	var capture bytes.Buffer
+	for _, d := range fleetsim.Generate(cfg) {
+		for _, p := range d.Pings {
+			fmt.Fprintf(&capture, `{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f,"accuracy":%g,"speed":%g}`+"\n",
+				p.Asset, p.Time.Format(time.RFC3339Nano), p.Lat, p.Lon, p.Accuracy, p.Speed)
+		}
+	}
 	parser := ping.NewParser()
+	parser.AccuracyPath, parser.SpeedPath, parser.SpeedUnit = "accuracy", "speed", ping.MetresPerSecond
+	const res, window = 12, 5 * time.Minute
+	for _, shape := range []dedup.Shape{dedup.Sliding, dedup.Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			rep := analyze(t, capture.Bytes(), Options{Parser: parser, Shape: shape, Resolutions: []int{res}, Windows: []time.Duration{window}})
+			want := directReplay(t, capture.Bytes(), parser, dedup.Policy{Shape: shape, Window: window, SessionIdle: dedup.DefaultSessionIdle, Radius: dedup.DefaultRadius,
+				TTL: 24 * time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}, res)
+			if got := rep.Candidates[0]; !reflect.DeepEqual(got, want) {
+				t.Errorf("Analyze %+v\ndirect  %+v", got, want)
+			}
+		})
+	}
+}
+
+func directReplay(t *testing.T, capture []byte, parser ping.Parser, pol dedup.Policy, res int) CandidateStats {
+	t.Helper()
 	parser.MaxFuture = math.MaxInt64
 	var now time.Time
 	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: dedup.Keyer{Window: pol.Window, Resolution: res, Prefix: "analyze:"},

@@ -176,7 +176,8 @@ func replayAsset(k dedup.Keyer, pol dedup.Policy, as *assetFixes,
 	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: k, Policy: pol, Now: func() time.Time { return now }}
 	for i, f := range as.fixes {
 		now = f.t
-		c, v, err := d.Claim(ctx, observe(&d, i, ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon}))
+		p := ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon, Accuracy: f.accuracy, Speed: f.speed, HasSpeed: f.hasSpeed}
+		c, v, err := d.Claim(ctx, observe(&d, i, p))
 		if err != nil {
 			return err
 		}
