@@ -354,8 +354,12 @@ func noPingsError(report *analyze.Report) error {
 	})
 	top := reasons[0]
 	advice := "check --preset, --batch, --asset, --time, --lat and --lon against a line of the capture (caddy telemetry-dedup key reads one ping and says why)"
-	if top == string(ping.RuleNullIsland) {
+	switch top {
+	case string(ping.RuleNullIsland):
 		advice = "if your assets really are at (0, 0) and your site has null_island allow, give --null-island allow"
+	case string(ping.RuleTimezone):
+		advice = "the timestamps have no UTC offset: give --time-zone with the IANA zone the devices write local time in " +
+			"(e.g. --time-zone Europe/Berlin), as the site's time_zone"
 	}
 	return fmt.Errorf("none of %s is a ping this configuration reads (most skipped as %s: %d); %s",
 		whatWasRead(report), top, report.Skipped[top], advice)

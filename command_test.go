@@ -481,3 +481,22 @@ func TestKeyCommandRefusesAScopeTemplate(t *testing.T) {
 		t.Errorf("--scope with a value: %v", err)
 	}
 }
+
+// A capture whose timestamps carry no UTC offset is read with --time-zone,
+// as the directive reads it with time_zone; without it, the error says to
+// give it, not to check the paths, which are right.
+func TestAnalyzeCommandSaysToGiveATimeZone(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for i := range 30 {
+		fmt.Fprintf(&capture, `{"asset_id":"veh-1","occurred_at":%q,"lat":52.5200087,"lon":13.4049547}`+"\n",
+			start.Add(time.Duration(i)*10*time.Second).Format("2006-01-02T15:04:05"))
+	}
+	_, err := runAnalyzeCmd(t, capture.String(), "-")
+	if err == nil || !strings.Contains(err.Error(), "timezone: 30") || !strings.Contains(err.Error(), "--time-zone") {
+		t.Errorf("naive timestamps without --time-zone: got %v, want the timezone rule and --time-zone named", err)
+	}
+	if _, err := runAnalyzeCmd(t, capture.String(), "--time-zone", "Europe/Berlin", "-"); err != nil {
+		t.Errorf("with --time-zone Europe/Berlin: %v", err)
+	}
+}
