@@ -124,6 +124,37 @@ func parseFlags(args []string) (fleetsim.Config, options, error) {
 	if fs.NArg() > 0 {
 		return cfg, opts, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	// The Config reads a negative value as none and a zero as its default:
+	// a flag written out so is refused, not run as something else.
+	for _, c := range []struct {
+		name string
+		bad  bool
+		want string
+	}{
+		{"assets", cfg.Assets <= 0, "at least 1"},
+		{"duration", cfg.Duration <= 0, "positive"},
+		{"cadence", cfg.Cadence <= 0, "positive"},
+		{"sigma", *sigma < 0, "0 (no noise) or more"},
+		{"multipath", *multipath < 0, "0 (none) or more"},
+		{"multipath-sigmas", multipathSigmas.lo <= 0, "more than 0"},
+		{"parked", parked.lo <= 0, "positive"},
+		{"driving", driving.lo <= 0, "positive"},
+		{"driving-speed", speeds.lo < 0 || speeds.hi <= 0, "a speed, or a range of speeds, above 0"},
+		{"heading-drift", *drift < 0, "0 (straight) or more"},
+		{"redeliveries", *redeliveries < 0, "0 (none) or more"},
+		{"redelivery-max-delay", cfg.RedeliveryMaxDelay <= 0, "positive"},
+		{"offline", *offline < 0, "0 (none) or more"},
+		{"offline-duration", offlineFor.lo <= 0, "positive"},
+		{"max-batch", cfg.MaxBatch <= 0, "at least 1"},
+		{"seed", cfg.Seed == 0, "at least 1"},
+		{"window", cfg.Window <= 0, "positive"},
+		{"lost-move", cfg.LostMoveM <= 0, "more than 0"},
+		{"conns", cfg.Concurrency <= 0, "at least 1"},
+	} {
+		if c.bad {
+			return cfg, opts, fmt.Errorf("-%s %s: must be %s", c.name, fs.Lookup(c.name).Value, c.want)
+		}
+	}
 	cfg.SigmaM = zeroIsNone(*sigma)
 	cfg.MultipathShare = zeroIsNone(*multipath)
 	cfg.MultipathSigmasMin, cfg.MultipathSigmasMax = multipathSigmas.lo, multipathSigmas.hi
