@@ -356,20 +356,20 @@ func checkJSON(body []byte) error {
 
 // first returns the value at the first of paths that holds one (present
 // and not null), else the first null found, else a missing value.
-func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) gjson.Result {
+func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) (gjson.Result, string) {
 	var null gjson.Result
 	for i, path := range paths {
 		v := value(root, checks, leaves[i], path)
 		switch {
 		case v.Type != gjson.Null:
-			return v
+			return v, path
 		case v.Exists() && !null.Exists():
 			// null is what a serializer writes for an unset field (GeoJSON's
 			// "id": null): the next path may hold the value.
 			null = v
 		}
 	}
-	return null
+	return null, paths[0]
 }
 
 func (p *Parser) assetField() string {
@@ -379,11 +379,12 @@ func (p *Parser) assetField() string {
 	return p.AssetPaths[0]
 }
 
-func (p *Parser) asset(v gjson.Result) (string, error) {
+// asset reads the asset id v found at path.
+func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 	switch v.Type {
 	case gjson.String:
 		if v.Str == "" {
-			return "", invalid(p.assetField(), RuleRequired, "the asset id is empty")
+			return "", invalid(path, RuleRequired, "the asset id is empty")
 		}
 		return v.Str, nil
 	case gjson.Number:
@@ -392,11 +393,11 @@ func (p *Parser) asset(v gjson.Result) (string, error) {
 		return v.Raw, nil
 	case gjson.Null:
 		if !v.Exists() {
-			return "", invalid(p.assetField(), RuleRequired, "missing; every ping needs an asset id at %s", oneOf(p.AssetPaths))
+			return "", invalid(path, RuleRequired, "missing; every ping needs an asset id at %s", oneOf(p.AssetPaths))
 		}
-		return "", invalid(p.assetField(), RuleRequired, "the asset id is null")
+		return "", invalid(path, RuleRequired, "the asset id is null")
 	default:
-		return "", invalid(p.assetField(), RuleType, "expected a string or number asset id, got %s", describe(v))
+		return "", invalid(path, RuleType, "expected a string or number asset id, got %s", describe(v))
 	}
 }
 
@@ -419,27 +420,29 @@ func (p *Parser) checkAsset(asset string) error {
 	return nil
 }
 
-func (p *Parser) time(v gjson.Result) (time.Time, error) {
+// time reads the device time v found at path; an error names that path,
+// the one the sender filled.
+func (p *Parser) time(v gjson.Result, path string) (time.Time, error) {
 	if v.Type == gjson.Null {
-		return time.Time{}, invalid(p.TimePaths[0], RuleRequired,
+		return time.Time{}, invalid(path, RuleRequired,
 			"missing; every ping needs the device's own timestamp at %s (arrival time is never used)", oneOf(p.TimePaths))
 	}
-	t, err := parseTime(v, p.TimeFormat, p.TimePaths[0])
+	t, err := parseTime(v, p.TimeFormat, path)
 	if err != nil {
-		return p.naiveTime(v, err)
+		return p.naiveTime(v, path, err)
 	}
 	return t, nil
 }
 
 // naiveTime reads a timestamp without an offset in the configured time
 // zone, or says how to name one.
-func (p *Parser) naiveTime(v gjson.Result, err error) (time.Time, error) {
+func (p *Parser) naiveTime(v gjson.Result, path string, err error) (time.Time, error) {
 	var ie *InvalidPingError
 	if !errors.As(err, &ie) || ie.Rule != RuleTimezone {
 		return time.Time{}, err
 	}
 	if p.TimeZone != nil {
-		return parseLocalTime(v.Str, p.TimeZone, p.TimePaths[0])
+		return parseLocalTime(v.Str, p.TimeZone, path)
 	}
 	ie.Detail += "; or, if every device writes the local time of one zone, name it with time_zone (e.g. time_zone Europe/Berlin)"
 	return time.Time{}, ie

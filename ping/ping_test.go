@@ -159,6 +159,11 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"null at every asset path", mustPreset("geojson").Parser, `{"id":null,"geometry":{"coordinates":[2,1]},"properties":{"id":null,"time":"2026-08-08T11:59:00Z"}}`, "id", RuleRequired},
 		{"object asset", NewParser(), `{"asset_id":{"id":1},"occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"missing time", NewParser(), `{"asset_id":"a","lat":1,"lon":2}`, "occurred_at", RuleRequired},
+		// With several paths, the error names the one the ping filled.
+		{"bad time at the second time path", mustPreset("traccar").Parser, `{"position":{"deviceId":1,"fixTime":"yesterday","latitude":1,"longitude":2}}`,
+			"position.fixTime", RuleTimeFormat},
+		{"object asset at the second asset path", mustPreset("geojson").Parser, `{"geometry":{"coordinates":[2,1]},"properties":{"id":{"x":1},"time":"2026-08-08T11:59:00Z"}}`,
+			"properties.id", RuleType},
 		{"boolean time", NewParser(), `{"asset_id":"a","occurred_at":true,"lat":1,"lon":2}`, "occurred_at", RuleType},
 		{"number under rfc3339", rfc, `{"asset_id":"a","occurred_at":1786190340,"lat":1,"lon":2}`, "occurred_at", RuleType},
 		{"string under unix", unix, `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "occurred_at", RuleType},
