@@ -115,3 +115,23 @@ func retryIsJudgedAsItWas(t *testing.T, d *testDeduper, batch []ping.Ping) {
 		}
 	}
 }
+
+// A backlog batch holds a ping older than the asset's last accepted one,
+// at the stay but farther than the lag bound from that last ping, and a
+// newer one. The late ping is admitted (it may fill a gap of the
+// backend's track) and ends the stay at its time. The batch fails: its
+// retry must admit the late ping again, not find it in the stay it
+// ended and suppress it, losing it.
+func TestAFailedBatchWithALatePingIsJudgedAgainAsItWas(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		// the last accepted ping: an event 20 m east of the anchor
+		if v := d.settled(t, withEvent(offset(60, 20, 0), "manual")); v.Decision != Accepted {
+			t.Fatalf("the event: %+v", v)
+		}
+		retryIsJudgedAsItWas(t, d, []ping.Ping{
+			offset(55, -20, 0),              // late, 40 m west of the last
+			withSpeed(offset(65, 40, 0), 4), // setting off
+		})
+	})
+}

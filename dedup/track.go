@@ -364,11 +364,13 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 		return accepted
 	}
 	if !f.moving {
-		inPast, began := st.inPastStay(f)
-		if began {
-			// The ping that began a stay the asset left, judged again: its
-			// claim was released (or its seen entry expired), so the
-			// backend may never have had it.
+		inPast, edge := st.inPastStay(f)
+		if edge {
+			// The ping that began or ended a stay the asset left, judged
+			// again: its claim was released (or its seen entry expired),
+			// so the backend may never have had it. A late ping that ended
+			// the stay (below) is no longer the last accepted one when its
+			// batch is released: the track keeps the stay it ended.
 			return accepted
 		}
 		atStay := st.stay.n >= settledFixes && st.holds(f, pol)
@@ -408,11 +410,12 @@ func (st *trackState) leave(pol *Policy, endT int64) {
 }
 
 // inPastStay reports whether f lies in a stay the asset left, by place and
-// device time, and whether it is at the very time the asset arrived there.
-func (st *trackState) inPastStay(f fix) (in, began bool) {
+// device time, and whether it is at the very time the asset arrived there
+// or left it (an accepted ping's time either way).
+func (st *trackState) inPastStay(f fix) (in, edge bool) {
 	for _, p := range st.past {
 		if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
-			return true, f.t == p.startT
+			return true, f.t == p.startT || f.t == p.endT
 		}
 	}
 	return false, false

@@ -246,7 +246,7 @@ local function inPastStay(c)
 	for i = 1, PAST do
 		local p = c.past[i]
 		if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
-			return true, t == p.startT
+			return true, t == p.startT or t == p.endT
 		end
 	end
 	return false, false
@@ -285,9 +285,10 @@ local function judgeLate(c)
 		return 'accepted', ''
 	end
 	if moving == 0 then
-		local inPast, began = inPastStay(c)
-		if began then
-			-- The ping that began a stay the asset left, released and retried.
+		local inPast, edge = inPastStay(c)
+		if edge then
+			-- The ping that began or ended a stay the asset left, released
+			-- and retried.
 			return 'accepted', ''
 		end
 		local atStay = c.n >= SETTLED and holds(c)
