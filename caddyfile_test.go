@@ -229,6 +229,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},
 		{"near_cache", "telemetry_dedup {\n\tnear_cache lots\n}", []string{":2", "off"}},
 		{"max_batch", "telemetry_dedup {\n\tmax_batch 0\n}", []string{":2", "positive"}},
+		{"max_batch beyond a request's tokens", "telemetry_dedup {\n\tmax_batch 65537\n}", []string{":2", "65536", "such as 1000"}},
 		{"time_zone", "telemetry_dedup {\n\ttime_zone Mars/Olympus\n}", []string{":2", "Europe/Berlin"}},
 		{"time_zone Local", "telemetry_dedup {\n\ttime_zone Local\n}", []string{":2", "explicit"}},
 		{"speed unit", "telemetry_dedup {\n\tspeed vel kph\n}", []string{":2", "km/h"}},

@@ -162,6 +162,9 @@ func (h *Handler) resolve() (settings, error) {
 	if h.MaxBatch < 0 {
 		return s, &dedup.ConfigError{Option: "max_batch", Problem: fmt.Sprintf("%d is negative; use a number of pings such as 1000", h.MaxBatch)}
 	}
+	if h.MaxBatch > dedup.MaxClaims {
+		return s, &dedup.ConfigError{Option: "max_batch", Problem: fmt.Sprintf("%d is more than one request's claims can be told apart by (%d); use a number of pings such as 1000", h.MaxBatch, dedup.MaxClaims)}
+	}
 	s.maxBatch = cmp.Or(h.MaxBatch, ping.DefaultMaxBatch)
 	s.splitter.Max = s.maxBatch
 	if h.NearCache != nil && *h.NearCache < 0 {

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -83,6 +84,11 @@ func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, 
 	return claims[0], verdicts[0], nil
 }
 
+// MaxClaims is the most observations one ClaimAll decides: the claims of
+// one request share the upper 48 bits of their tokens and are told apart by
+// the lower 16, so a track knows a request's claims from another's.
+const MaxClaims = 1 << 16
+
 // ClaimAll decides a batch of observations in one store round trip. They
 // are judged in device-time order, whatever order they came in, as the
 // devices observed them: a sender's offline backlog, shuffled, is then
@@ -90,6 +96,9 @@ func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, 
 // device time keep their order: one that repeats an earlier one of the
 // batch is its duplicate.
 func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, []Verdict, error) {
+	if len(batch) > MaxClaims {
+		return nil, nil, fmt.Errorf("a batch of %d observations: one ClaimAll decides at most %d", len(batch), MaxClaims)
+	}
 	at := d.now()
 	claims, backing := make([]*Claim, len(batch)), make([]Claim, len(batch))
 	// The request's tokens share their upper 48 bits, so that a track

@@ -69,6 +69,23 @@ func TestDeduperObservesWhatItsShapeDecidesOn(t *testing.T) {
 	}
 }
 
+// The claims of one request are told apart by the lower 16 bits of their
+// tokens: a batch of more would look like two requests to a track, so it
+// is refused, not decided.
+func TestDeduperRefusesMoreClaimsThanItsTokensTellApart(t *testing.T) {
+	d := &Deduper{Keyer: defaultKeyer(), Policy: *testPolicy(Sliding), Store: NewMemoryStore(0)}
+	batch := make([]Observation, MaxClaims+1)
+	for i := range batch {
+		batch[i] = d.Observe(ping.Ping{Asset: "veh-88", Time: articleBase.Add(time.Duration(i) * time.Second), Lat: 52.52, Lon: 13.40})
+	}
+	if _, _, err := d.ClaimAll(context.Background(), batch); err == nil {
+		t.Fatalf("a batch of %d observations was decided", len(batch))
+	}
+	if _, verdicts, err := d.ClaimAll(context.Background(), batch[:MaxClaims]); err != nil || len(verdicts) != MaxClaims {
+		t.Fatalf("a batch of %d: %d verdicts, %v", MaxClaims, len(verdicts), err)
+	}
+}
+
 func TestDeduperNamesEachDuplicate(t *testing.T) {
 	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		d := newTestDeduper(s, pol.Shape)
