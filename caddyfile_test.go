@@ -583,6 +583,33 @@ func TestJSONStoreNullAndUnsetURL(t *testing.T) {
 	}
 }
 
+// An address or master from an unset environment variable is refused as
+// the URL is: go-redis dials localhost:6379 for an empty address, so the
+// store silently used whatever Redis runs there (not the one the fleet
+// shares), and a Sentinel config without its master became a Cluster of
+// sentinels.
+func TestUnsetAddressOrMasterIsRefused(t *testing.T) {
+	for _, tt := range []struct{ store, want string }{
+		{`{"type":"redis","addresses":["{env.TELEMETRY_DEDUP_TEST_UNSET_ADDR}"]}`, "addresses: an address is empty"},
+		{`{"type":"redis","addresses":["127.0.0.1:1",""]}`, "addresses: an address is empty"},
+		{`{"type":"redis","master":"{env.TELEMETRY_DEDUP_TEST_UNSET_MASTER}","addresses":["127.0.0.1:1","127.0.0.1:2"]}`, "master is empty once its placeholders are filled"},
+	} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(`{"store":`+tt.store+`}`), h); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		err := h.Provision(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "is the environment variable set?") {
+			t.Errorf("store %s: got %v, want %q with the hint", tt.store, err, tt.want)
+		}
+	}
+	if _, err := parse(t, "telemetry_dedup {\n\tstore redis {\n\t\taddresses \"\"\n\t}\n}"); err == nil || !strings.Contains(err.Error(), "addresses: an address is empty") {
+		t.Errorf("addresses \"\": got %v, want it refused", err)
+	}
+}
+
 // A JSON config's error names the JSON field it is in.
 func TestJSONErrorsNameTheirField(t *testing.T) {
 	for _, tt := range []struct{ config, want string }{

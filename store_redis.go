@@ -140,6 +140,10 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("store redis: the URL %s is empty once its placeholders are filled; is the environment variable set? "+
 			"It should hold one such as redis://127.0.0.1:6379/0", r.URL)
 	}
+	if r.Master != "" && resolved.Master == "" {
+		return fmt.Errorf("store redis: master is empty once its placeholders are filled (%s); is the environment variable set? "+
+			"Without it the sentinels would be taken for a Cluster", r.Master)
+	}
 	opts, err := resolved.options()
 	if err != nil {
 		return err
@@ -267,6 +271,11 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 		opts.Addrs, opts.Username, opts.Password, opts.DB, opts.TLSConfig = []string{u.Addr}, u.Username, u.Password, u.DB, u.TLSConfig
 	case len(r.Addresses) == 0:
 		return nil, errors.New("store redis: needs a URL, or addresses (with master for Sentinel, two or more or cluster for Cluster)")
+	}
+	if slices.Contains(r.Addresses, "") {
+		// go-redis would dial localhost:6379 for it: whatever Redis runs
+		// there, not the one the configuration names.
+		return nil, errors.New("store redis: addresses: an address is empty; is the environment variable set? Use host:port such as 127.0.0.1:6379")
 	}
 	if r.Master != "" && r.Cluster {
 		return nil, errors.New("store redis: master (Sentinel) and cluster exclude each other")
