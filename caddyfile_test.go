@@ -336,6 +336,36 @@ func TestCaddyfileRedisTopologies(t *testing.T) {
 	}
 }
 
+// db overrides the URL's database, db 0 too, in the Caddyfile and in JSON:
+// db 0 beside a URL ending in /2 used to be read as no db, and the claims
+// went to database 2.
+func TestRedisDBOverridesTheURLs(t *testing.T) {
+	for _, tt := range []struct {
+		block string
+		want  int
+	}{
+		{"store redis redis://127.0.0.1:6390/2 {\n\t\tdb 0\n\t}", 0},
+		{"store redis redis://127.0.0.1:6390/2 {\n\t\tdb 5\n\t}", 5},
+		{"store redis redis://127.0.0.1:6390/2", 2},
+	} {
+		h, err := parse(t, "telemetry_dedup {\n\t"+tt.block+"\n}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r RedisStore // as Caddy loads it from the JSON
+		if err := json.Unmarshal(h.StoreRaw, &r); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := r.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opts.DB != tt.want {
+			t.Errorf("%q (JSON %s): database %d, want %d", tt.block, h.StoreRaw, opts.DB, tt.want)
+		}
+	}
+}
+
 func TestStoreRedisAcceptsPlaceholders(t *testing.T) {
 	h, err := parse(t, "telemetry_dedup {\n\tstore redis {env.REDIS_URL}\n}")
 	if err != nil {

@@ -62,7 +62,7 @@ type RedisStore struct {
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 
 	// The database number (not with Cluster). Overrides the URL's.
-	DB int `json:"db,omitempty"`
+	DB *int `json:"db,omitempty"`
 
 	// TLS settings; a rediss:// URL turns TLS on with the system roots.
 	TLS *RedisTLS `json:"tls,omitempty"`
@@ -200,12 +200,20 @@ func (r *RedisStore) checkNumbers() error {
 				"use one such as 3s, or leave it out for its default", name, time.Duration(value))
 		}
 	}
-	for name, value := range map[string]int{"pool_size": r.PoolSize, "db": r.DB, "breaker_failures": r.BreakerFailures} {
+	for name, value := range map[string]int{"pool_size": r.PoolSize, "db": r.db(), "breaker_failures": r.BreakerFailures} {
 		if value < 0 {
 			return fmt.Errorf("store redis: %s %d is negative; use %s, or leave it out for its default", name, value, redisCountUse[name])
 		}
 	}
 	return nil
+}
+
+// db is the database number given, 0 if none.
+func (r *RedisStore) db() int {
+	if r.DB == nil {
+		return 0
+	}
+	return *r.DB
 }
 
 // redisCountUse is what each count of the store's settings is, for the
@@ -280,12 +288,14 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 	if r.Master != "" && r.Cluster {
 		return nil, errors.New("store redis: master (Sentinel) and cluster exclude each other")
 	}
-	if r.DB != 0 && (r.Cluster || (len(opts.Addrs) > 1 && r.Master == "")) {
+	if r.db() != 0 && (r.Cluster || (len(opts.Addrs) > 1 && r.Master == "")) {
 		return nil, errors.New("store redis: a Cluster has only database 0; drop db")
 	}
 	opts.Username = cmp.Or(r.Username, opts.Username)
 	opts.Password = cmp.Or(r.Password, opts.Password)
-	opts.DB = cmp.Or(r.DB, opts.DB)
+	if r.DB != nil { // db 0 too: it overrides the URL's
+		opts.DB = *r.DB
+	}
 	if r.TLS != nil {
 		tlsConfig, err := r.TLS.config(opts.TLSConfig)
 		if err != nil {
@@ -593,7 +603,8 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "sentinel_password":
 		return oneArg(d, &r.SentinelPassword)
 	case "db":
-		return intArg(d, &r.DB, 0, redisCountUse[option])
+		r.DB = new(int)
+		return intArg(d, r.DB, 0, redisCountUse[option])
 	case "tls":
 		return r.unmarshalTLS(d)
 	case "timeout":
