@@ -86,15 +86,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Errf("unexpected argument %q: telemetry_dedup takes at most a matcher, and its options in a block", d.Val())
 	}
-	lines := make(map[string]int) // option -> line, to report semantic errors where they were written
+	// option -> where it was written, to report semantic errors there: the
+	// file too, since an option may come from an imported file.
+	lines := make(map[string]optionAt)
 	for d.NextBlock(0) {
 		name := d.Val()
-		if line, seen := lines[name]; seen {
-			return d.Errf("%s already specified on line %d; give each option once", name, line)
+		if at, seen := lines[name]; seen {
+			return d.Errf("%s already specified on line %d; give each option once", name, at.line)
 		}
-		lines[name] = d.Line()
+		lines[name] = optionAt{d.File(), d.Line()}
 		if name == "speed" {
-			lines["speed_unit"] = d.Line() // JSON's speed_unit is written on the speed line
+			lines["speed_unit"] = lines[name] // JSON's speed_unit is written on the speed line
 		}
 		option, ok := caddyfileOption(name)
 		if !ok {
@@ -503,13 +505,19 @@ func notPositiveError(d *caddyfile.Dispenser, option, use string) error {
 	return d.Errf("%s %s: must be more than 0; use %s, or leave %s out for its default", option, d.Val(), use, option)
 }
 
+// optionAt is where an option was written.
+type optionAt struct {
+	file string
+	line int
+}
+
 // optionError reports a semantic error at the line of the option it names,
 // in the same form as the dispenser's own errors.
-func optionError(d *caddyfile.Dispenser, lines map[string]int, err error) error {
+func optionError(d *caddyfile.Dispenser, lines map[string]optionAt, err error) error {
 	var ce *dedup.ConfigError
 	if errors.As(err, &ce) {
-		if line, ok := lines[ce.Option]; ok {
-			return fmt.Errorf("%w, at %s:%d", err, d.File(), line)
+		if at, ok := lines[ce.Option]; ok {
+			return fmt.Errorf("%w, at %s:%d", err, at.file, at.line)
 		}
 	}
 	return d.WrapErr(err)

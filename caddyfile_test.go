@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -264,6 +265,24 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An option brought in by import is reported in its own file: the error
+// used to give its line in the file of the block's end.
+func TestAnImportedOptionsErrorNamesItsFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "dedup.caddy"), []byte("ttl 1m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	caddyfilePath := filepath.Join(dir, "Caddyfile")
+	src := ":8080 {\n\ttelemetry_dedup {\n\t\twindow 5m\n\t\timport dedup.caddy\n\t}\n}\n"
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": caddyfilePath})
+	if err == nil || !strings.Contains(err.Error(), "shorter than the window") {
+		t.Fatalf("got %v, want the ttl error", err)
+	}
+	if want := "at " + filepath.Join(dir, "dedup.caddy") + ":1"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q, where ttl is written", err, want)
 	}
 }
 
