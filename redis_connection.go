@@ -2,6 +2,8 @@ package telemetrydedup
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,11 +27,47 @@ type redisConnection struct {
 	reconciler *dedup.Reconciler
 	// users counts the requests of every config that use the connection.
 	users atomic.Int64
+	// loggers are the loggers of the configs that use the connection.
+	loggers connectionLoggers
+}
+
+// connectionLoggers are the loggers of the configs sharing a connection,
+// latest last. The connection's lines (breaker, reconciler) go to the
+// latest: a reload that changes the logs (an output, a level) takes them
+// over, and a config that is unloaded, or failed to load, gives them back
+// to the one before, rather than leave them to a log that may be closed.
+type connectionLoggers struct {
+	mu   sync.Mutex
+	list []*zap.Logger
+}
+
+func (l *connectionLoggers) add(logger *zap.Logger) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.list = append(l.list, logger)
+}
+
+// remove gives back a config's logger; the last one stays, for the lines
+// of the connection's own closing.
+func (l *connectionLoggers) remove(logger *zap.Logger) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i := slices.Index(l.list, logger); i >= 0 && len(l.list) > 1 {
+		l.list = slices.Delete(l.list, i, i+1)
+	}
+}
+
+// current is the logger the connection's lines go to.
+func (l *connectionLoggers) current() *zap.Logger {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.list[len(l.list)-1]
 }
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
 	where := describeTopology(r)
 	c := &redisConnection{}
+	c.loggers.add(logger)
 	// On a Cluster the breaker has a zone per master (see Breaker.ZoneBy),
 	// and its log lines name the master; its address is the zone.
 	onChange := func(zone string, from, to dedup.BreakerState, cause error) {
@@ -42,6 +80,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		if zone != "" {
 			fields = append(fields, zap.String("master", zone))
 		}
+		logger := c.loggers.current()
 		if to == dedup.BreakerOpen {
 			logger.Warn("redis store circuit breaker opened: skipping Redis and applying on_store_error until a probe succeeds",
 				append(fields, zap.Error(cause))...)
@@ -65,7 +104,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// retries during an outage must not reopen a breaker whose probe is on
 	// its way, and it must reach Redis as soon as Redis answers. Its own
 	// releases need no replica's word: it repeats each at its confirmations.
-	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(logger, where))
+	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(c.loggers.current, where))
 	c.store = breaker.Guard(store)
 	if failsOver(client, r) {
 		c.store = breaker.Guard(dedup.NewFailoverStore(store, client, c.reconciler.Confirm))
@@ -88,23 +127,23 @@ func failsOver(client redis.UniversalClient, r RedisStore) bool {
 // reconcileReporter counts what the reconciler did and logs what an
 // operator must know: claims it could not take or gave up on, which stand
 // until in_flight_timeout and then count as settled.
-func reconcileReporter(logger *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
-	dropped := newThrottledLog(logger.With(zap.String("redis", where)), storeErrorLogEvery)
-	unconfirmed := newThrottledLog(logger.With(zap.String("redis", where)), storeErrorLogEvery)
+func reconcileReporter(logger func() *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
+	var dropped, unconfirmed throttledLog
+	dropped.every, unconfirmed.every = storeErrorLogEvery, storeErrorLogEvery
 	return func(outcome dedup.ReconcileOutcome, n int) {
 		metricsOnce.Do(initMetrics)
 		metrics.reconciled.WithLabelValues(string(outcome)).Add(float64(n))
 		switch outcome {
 		case dedup.ReconcileUnconfirmed:
-			unconfirmed.log("releases no replica acknowledged could not be queued to be made again after a failover; "+
+			unconfirmed.logTo(logger().With(zap.String("redis", where)), "releases no replica acknowledged could not be queued to be made again after a failover; "+
 				"if the master fails over now, the retries of their observations may be suppressed",
 				fmt.Errorf("%d claims %s", n, outcome))
 		case dedup.ReconcileDropped, dedup.ReconcileExpired:
-			dropped.log("claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
+			dropped.logTo(logger().With(zap.String("redis", where)), "claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
 				"and the retries of the observations whose requests failed may be suppressed",
 				fmt.Errorf("%d claims %s", n, outcome))
 		case dedup.ReconcileReleased, dedup.ReconcileReleasedLate:
-			if c := logger.Check(zapcore.DebugLevel, "released claims a timed-out store call had written"); c != nil {
+			if c := logger().Check(zapcore.DebugLevel, "released claims a timed-out store call had written"); c != nil {
 				c.Write(zap.String("redis", where), zap.Int("claims", n), zap.String("outcome", string(outcome)))
 			}
 		}

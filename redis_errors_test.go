@@ -9,8 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // A store error names the fix when Redis says what is wrong: a real Redis
@@ -117,5 +122,44 @@ func TestDeadLettersGoOnWhileAnotherMastersZoneIsOpen(t *testing.T) {
 	}
 	if n := client.XLen(context.Background(), "dead").Val(); n != 1 {
 		t.Fatalf("stream length %d, want 1", n)
+	}
+}
+
+// The lines of a Redis connection that configs share (its breaker's, its
+// reconciler's) go to the latest config's logger, and back to the one
+// before when that config goes: a reload that changes the logs takes them
+// over, and a config that is unloaded, or failed to load, leaves no lines
+// to a log that may be closed.
+func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
+	firstCore, first := observer.New(zap.InfoLevel)
+	secondCore, second := observer.New(zap.InfoLevel)
+	firstLogger, secondLogger := zap.New(firstCore), zap.New(secondCore)
+	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newRedisConnection(opts, r, firstLogger)
+	defer c.Destruct()
+	tt := tableHandler(t, `{"key_prefix":"connection-logs:"}`)
+	d := *tt.h.deduper
+	d.Store = c.store
+	obs := d.Observe(ping.Ping{Asset: "veh-88", Time: time.Now().Add(-time.Minute), Lat: 52.52, Lon: 13.40})
+
+	c.loggers.add(secondLogger) // a reload keeps the connection
+	if _, _, err := d.Claim(context.Background(), obs); err == nil {
+		t.Fatal("a claim on a Redis that is down succeeded")
+	}
+	if second.FilterMessageSnippet("circuit breaker opened").Len() != 1 || first.Len() != 0 {
+		t.Fatalf("the breaker opening logged %d lines to the latest config, %d to the one it replaced; want 1 and 0",
+			second.FilterMessageSnippet("circuit breaker opened").Len(), first.Len())
+	}
+
+	c.loggers.remove(secondLogger) // the latest config goes (a reload back, or it failed to load)
+	time.Sleep(150 * time.Millisecond)
+	d.Claim(context.Background(), obs) // the probe, which fails
+	if first.FilterMessageSnippet("circuit breaker").Len() == 0 || second.Len() != 1 {
+		t.Fatalf("the probe logged %d lines to the config left, %d more to the one gone; want some and none",
+			first.FilterMessageSnippet("circuit breaker").Len(), second.Len()-1)
 	}
 }

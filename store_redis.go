@@ -95,6 +95,7 @@ type RedisStore struct {
 	drainMax   time.Duration
 	users      *atomic.Int64
 	logger     *zap.Logger
+	loggers    *connectionLoggers
 	client     redis.UniversalClient
 	store      dedup.Store
 	breaker    *dedup.Breaker
@@ -152,13 +153,17 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.poolKey = "redis " + string(identity)
 	logger := ctx.Logger()
 	r.logger = logger
-	v, _, err := stores.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+	v, loaded, err := stores.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		return newRedisConnection(opts, resolved, logger), nil
 	})
 	if err != nil {
 		return err
 	}
 	conn := v.(*redisConnection)
+	if loaded {
+		conn.loggers.add(logger)
+	}
+	r.loggers = &conn.loggers
 	r.users = &conn.users
 	r.client = conn.client
 	r.timeout = r.operationTimeout()
@@ -410,6 +415,9 @@ func (r *RedisStore) drainWithin(inFlight time.Duration) *atomic.Int64 {
 func (r *RedisStore) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
+	}
+	if r.loggers != nil {
+		r.loggers.remove(r.logger)
 	}
 	if r.users == nil || r.users.Load() == 0 || caddy.Exiting() {
 		_, err := stores.Delete(r.poolKey)

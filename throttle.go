@@ -26,7 +26,11 @@ func newThrottledLog(logger *zap.Logger, every time.Duration) *throttledLog {
 	return &throttledLog{logger: logger, every: every}
 }
 
-func (t *throttledLog) log(msg string, err error) {
+func (t *throttledLog) log(msg string, err error) { t.logTo(t.logger, msg, err) }
+
+// logTo is log to a logger the caller picks at the time: a connection's
+// lines go to the latest config's.
+func (t *throttledLog) logTo(logger *zap.Logger, msg string, err error) {
 	t.mu.Lock()
 	now := time.Now()
 	if now.Sub(t.last) < t.every {
@@ -41,5 +45,5 @@ func (t *throttledLog) log(msg string, err error) {
 	if fix := storeErrorFix(err); fix != "" {
 		fields = append(fields, zap.String("fix", fix))
 	}
-	t.logger.Warn(msg, fields...)
+	logger.Warn(msg, fields...)
 }
