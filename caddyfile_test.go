@@ -153,6 +153,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"null_island", "telemetry_dedup {\n\tnull_island ignore\n}", []string{":2", "reject", "allow"}},
 		{"max_body", "telemetry_dedup {\n\tmax_body lots\n}", []string{":2", "1MiB"}},
 		{"in_flight_timeout beyond ttl", "telemetry_dedup {\n\tin_flight_timeout 7h\n}", []string{":2", "shorter than the key TTL"}},
+		{"ttl below the default in_flight_timeout", "telemetry_dedup {\n\twindow 5s\n\tttl 10s\n}", []string{":3", "ttl: gives keys a TTL of 10s", "default in_flight_timeout 30s"}},
+		{"retry_ladder below the default in_flight_timeout", "telemetry_dedup {\n\twindow 1s\n\tretry_ladder 5s\n\toutage_margin 0s\n}", []string{":3", "retry_ladder: gives keys", "give keys longer"}},
 		// The claim (up to the store's timeout), the upstream and the release
 		// (the timeout again, and 100ms) must all fit into in_flight_timeout.
 		{"in_flight_timeout too short for the store", "telemetry_dedup {\n\tstore redis redis://a:6379 {\n\t\ttimeout 500ms\n\t}\n\tin_flight_timeout 1s\n}",

@@ -436,6 +436,11 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 	}
 	pol.TTL = ttl
 	pol.InFlightTimeout = orDefault(h.InFlightTimeout, dedup.DefaultInFlightTimeout)
+	if pol.InFlightTimeout >= ttl && h.InFlightTimeout == 0 {
+		return pol, "", &dedup.ConfigError{Option: h.ttlOption(), Problem: fmt.Sprintf(
+			"gives keys a TTL of %s (%s), no longer than the default in_flight_timeout %s: a claim in flight would outlive its key; "+
+				"give keys longer, or set in_flight_timeout below the TTL, just above your upstream's timeout", ttl, ttlFrom, pol.InFlightTimeout)}
+	}
 	if pol.InFlightTimeout < 0 || pol.InFlightTimeout >= ttl {
 		return pol, "", &dedup.ConfigError{Option: "in_flight_timeout", Problem: fmt.Sprintf(
 			"%s must be positive and shorter than the key TTL %s; set it just above your upstream's timeout", pol.InFlightTimeout, ttl)}
@@ -482,6 +487,20 @@ func (h *Handler) resolveUpstreamBound(inFlight time.Duration) (time.Duration, e
 			subject, max(left, 0), storeTimeout, finish, least)}
 	}
 	return inFlight - finish, nil
+}
+
+// ttlOption names the option that set the key TTL: the one written, else
+// the window it was derived from.
+func (h *Handler) ttlOption() string {
+	switch {
+	case h.TTL != 0:
+		return "ttl"
+	case h.RetryLadder != nil:
+		return "retry_ladder"
+	case h.OutageMargin != nil:
+		return "outage_margin"
+	}
+	return "window"
 }
 
 func (h *Handler) ttlPolicy(window time.Duration) dedup.TTLPolicy {
