@@ -11,13 +11,20 @@ import (
 	"github.com/dustin/go-humanize"
 )
 
-// tooLargeError reports a body over max_body (or over an earlier
-// request_body max_size).
-type tooLargeError struct{ limit int64 }
+// tooLargeError reports a body over max_body, or over an earlier
+// request_body max_size (byMaxSize): the limit to raise is the one named.
+type tooLargeError struct {
+	limit     int64
+	byMaxSize bool
+}
 
 func (e *tooLargeError) Error() string {
-	return fmt.Sprintf("the request body is larger than max_body (%s); send one ping per request or raise max_body",
-		humanize.IBytes(uint64(e.limit)))
+	option := "max_body"
+	if e.byMaxSize {
+		option = "request_body max_size"
+	}
+	return fmt.Sprintf("the request body is larger than %s (%s); send one ping per request or raise %s",
+		option, humanize.IBytes(uint64(e.limit)), option)
 }
 
 // firstRead is the buffer a body read starts with: most pings fit, and a
@@ -35,7 +42,7 @@ const firstRead = 4 << 10
 // sending one byte must not hold 300 MiB.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
-		return nil, &tooLargeError{limit}
+		return nil, &tooLargeError{limit: limit}
 	}
 	want := limit + 1 // one byte more tells an oversize body
 	if r.ContentLength >= 0 {
@@ -44,7 +51,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	body, err := readUpTo(r.Body, want)
 	switch {
 	case err != nil && isTooLarge(err):
-		return nil, &tooLargeError{limit}
+		return nil, maxSizeError(err, limit)
 	case err != nil:
 		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
 	case r.ContentLength >= 0 && int64(len(body)) < r.ContentLength:
@@ -54,7 +61,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
-		return nil, &tooLargeError{limit}
+		return nil, &tooLargeError{limit: limit}
 	}
 	restoreBody(r, body)
 	return body, nil
@@ -107,6 +114,16 @@ func newRestoredBody(body []byte) *restoredBody {
 func (*restoredBody) Close() error { return nil }
 
 func (rb *restoredBody) again() (io.ReadCloser, error) { return newRestoredBody(rb.body), nil }
+
+// maxSizeError is the error of a read an earlier request_body handler
+// stopped at its max_size, naming that limit when it is below max_body.
+func maxSizeError(err error, limit int64) *tooLargeError {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) && mbe.Limit < limit {
+		return &tooLargeError{limit: mbe.Limit, byMaxSize: true}
+	}
+	return &tooLargeError{limit: limit}
+}
 
 // isTooLarge recognises the limit of an earlier request_body handler, which
 // arrives either bare or wrapped as a 413 handler error.

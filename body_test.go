@@ -74,6 +74,37 @@ func TestReadBody(t *testing.T) {
 	}
 }
 
+// A request_body max_size below max_body stops the read first: the 413's
+// message names that limit, which is the one to raise, not max_body. Caddy's
+// request_body hands its limit over as a 413 handler error around
+// http.MaxBytesError.
+func TestRequestBodyLimitIsTheOneNamed(t *testing.T) {
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat(" ", 500)))
+	r.ContentLength = -1 // chunked: request_body cannot refuse it up front
+	r.Body = maxSizeBody{http.MaxBytesReader(w, r.Body, 400)}
+	_, err := readBody(r, 1<<20)
+	if status := errorStatus(err); status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("error %v (status %d), want 413", err, status)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "request_body max_size (400 B)") || strings.Contains(msg, "max_body") {
+		t.Fatalf("the 413 says %q; want it to name request_body's max_size of 400 B, the limit the body broke", msg)
+	}
+}
+
+// maxSizeBody is how Caddy's request_body passes on the error of its
+// max_size: a 413 handler error.
+type maxSizeBody struct{ io.ReadCloser }
+
+func (b maxSizeBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		err = caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+	}
+	return n, err
+}
+
 // errorStatus is the status a body-read error is answered with.
 func errorStatus(err error) int {
 	var tooLarge *tooLargeError
