@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -304,6 +305,27 @@ func TestABatchSentBackWholeCountsNothingAccepted(t *testing.T) {
 	if got.String() != want.String() || res.header.Get("X-Dedup-Accepted") != "0" || res.header.Get("X-Dedup-In-Flight") != "2" {
 		t.Fatalf("counted %v, X-Dedup-Accepted %q, X-Dedup-In-Flight %q; want %v, 0 and 2",
 			got, res.header.Get("X-Dedup-Accepted"), res.header.Get("X-Dedup-In-Flight"), want)
+	}
+}
+
+// A compressed body is refused as such, saying what to do: read as sent,
+// a gzip body is bytes that are no JSON, and the answer would say nothing
+// of the fix.
+func TestACompressedBodyIsRefusedSayingSo(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"gzip:"}`)
+	var body bytes.Buffer
+	zw := gzip.NewWriter(&body)
+	fmt.Fprintf(zw, `{"asset_id":"veh-gz","occurred_at":%q,"lat":52.5,"lon":13.4}`, time.Now().UTC().Add(-time.Minute).Format(time.RFC3339))
+	zw.Close()
+	res := tt.post(body.String(), "application/json", http.Header{"Content-Encoding": {"gzip"}})
+	if res.status != http.StatusBadRequest || res.header.Get("X-Dedup") != "rejected" || !strings.Contains(res.body, "Content-Encoding gzip") ||
+		len(tt.upstream) != 0 {
+		t.Fatalf("a gzip body: %d, X-Dedup %q, %q, %d forwarded; want 400 rejected naming Content-Encoding gzip, nothing forwarded",
+			res.status, res.header.Get("X-Dedup"), res.body, len(tt.upstream))
+	}
+	plain := `{"asset_id":"veh-id","occurred_at":"` + time.Now().UTC().Add(-time.Minute).Format(time.RFC3339) + `","lat":52.5,"lon":13.4}`
+	if res := tt.post(plain, "application/json", http.Header{"Content-Encoding": {"identity"}}); res.status != http.StatusCreated {
+		t.Fatalf("Content-Encoding identity: %d %s; want the ping accepted", res.status, res.body)
 	}
 }
 

@@ -76,6 +76,9 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	form := h.settings.readsForm(ct)
 	body, err := readBody(r, h.settings.maxBody)
 	if err == nil {
+		err = refuseContentEncoding(r)
+	}
+	if err == nil {
 		var batch ping.Batch
 		if batch, err = h.split(r, ct, body, form); err == nil {
 			return h.normaliseBatch(batch, repl)
@@ -89,6 +92,18 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	req.elements[0].raw = sent
 	req.elements[0].refuse(err)
 	return req
+}
+
+// refuseContentEncoding refuses a compressed body: its pings cannot be
+// read as sent, and none of the real senders compresses (a gzip body would
+// otherwise be refused as invalid UTF-8, which says nothing of the fix).
+func refuseContentEncoding(r *http.Request) error {
+	ce := r.Header.Get("Content-Encoding")
+	if ce == "" || strings.EqualFold(ce, "identity") {
+		return nil
+	}
+	return &ping.MalformedError{Reason: "the request body is Content-Encoding " + ce +
+		"; telemetry_dedup reads the pings as sent: have the sender send them uncompressed"}
 }
 
 // split finds a request's pings: in its form fields, or in its body.
