@@ -33,7 +33,8 @@ type Ping struct {
 	Accuracy float64
 	// Speed is the speed over ground the device reported, in m/s; it means
 	// something only when HasSpeed is set.
-	Speed    float64
+	Speed float64
+	// HasSpeed reports a ping that carried a speed.
 	HasSpeed bool
 
 	// Event names what the ping reports besides its position (an alarm, a
