@@ -356,9 +356,11 @@ func checkJSON(body []byte) error {
 }
 
 // first returns the value at the first of paths that holds one (present
-// and not null), else the first null found, else a missing value.
+// and not null), else the first null found, else a missing value, with
+// the path it was read at (the first path for a missing value).
 func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) (gjson.Result, string) {
 	var null gjson.Result
+	nullPath := paths[0]
 	for i, path := range paths {
 		v := value(root, checks, leaves[i], path)
 		switch {
@@ -367,10 +369,10 @@ func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) (
 		case v.Exists() && !null.Exists():
 			// null is what a serializer writes for an unset field (GeoJSON's
 			// "id": null): the next path may hold the value.
-			null = v
+			null, nullPath = v, path
 		}
 	}
-	return null, paths[0]
+	return null, nullPath
 }
 
 func (p *Parser) assetField() string {

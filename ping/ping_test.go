@@ -164,6 +164,8 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 			"position.fixTime", RuleTimeFormat},
 		{"object asset at the second asset path", mustPreset("geojson").Parser, `{"geometry":{"coordinates":[2,1]},"properties":{"id":{"x":1},"time":"2026-08-08T11:59:00Z"}}`,
 			"properties.id", RuleType},
+		{"null asset at the second asset path only", mustPreset("geojson").Parser, `{"geometry":{"coordinates":[2,1]},"properties":{"id":null,"time":"2026-08-08T11:59:00Z"}}`,
+			"properties.id", RuleRequired},
 		{"boolean time", NewParser(), `{"asset_id":"a","occurred_at":true,"lat":1,"lon":2}`, "occurred_at", RuleType},
 		{"number under rfc3339", rfc, `{"asset_id":"a","occurred_at":1786190340,"lat":1,"lon":2}`, "occurred_at", RuleType},
 		{"string under unix", unix, `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "occurred_at", RuleType},
