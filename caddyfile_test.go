@@ -644,6 +644,10 @@ func TestUnsetAddressOrMasterIsRefused(t *testing.T) {
 		{`{"type":"redis","addresses":["{env.TELEMETRY_DEDUP_TEST_UNSET_ADDR}"]}`, "addresses: an address is empty"},
 		{`{"type":"redis","addresses":["127.0.0.1:1",""]}`, "addresses: an address is empty"},
 		{`{"type":"redis","master":"{env.TELEMETRY_DEDUP_TEST_UNSET_MASTER}","addresses":["127.0.0.1:1","127.0.0.1:2"]}`, "master is empty once its placeholders are filled"},
+		// Only the host from the environment: go-redis dials the port on
+		// this machine for it, as it does for an empty address.
+		{`{"type":"redis","addresses":["{env.TELEMETRY_DEDUP_TEST_UNSET_HOST}:6379"]}`, "has no host"},
+		{`{"type":"redis","url":"redis://{env.TELEMETRY_DEDUP_TEST_UNSET_HOST}:6379/0"}`, "has no host"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(`{"store":`+tt.store+`}`), h); err != nil {

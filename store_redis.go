@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	neturl "net/url"
 	"os"
 	"slices"
 	"strings"
@@ -289,6 +291,13 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 		// go-redis would dial localhost:6379 for it: whatever Redis runs
 		// there, not the one the configuration names.
 		return nil, errors.New("store redis: addresses: an address is empty; is the environment variable set? Use host:port such as 127.0.0.1:6379")
+	}
+	for _, addr := range r.Addresses {
+		if host, _, err := net.SplitHostPort(addr); err == nil && host == "" {
+			// {env.REDIS_HOST}:6379 unset: go-redis dials the port on this
+			// machine, as for an empty address.
+			return nil, fmt.Errorf("store redis: addresses: %s has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
+		}
 	}
 	if r.Master != "" && r.Cluster {
 		return nil, errors.New("store redis: master (Sentinel) and cluster exclude each other")
@@ -683,6 +692,12 @@ func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 func parseRedisURL(url string) (*redis.Options, error) {
 	if url == "" {
 		return nil, fmt.Errorf("store redis: the URL is empty; set one such as redis://127.0.0.1:6379/0 (is the environment variable set?)")
+	}
+	if u, err := neturl.Parse(url); err == nil && (u.Scheme == "redis" || u.Scheme == "rediss") && u.Hostname() == "" {
+		// go-redis takes localhost for a URL without a host: whatever Redis
+		// runs there, not the one the configuration names.
+		return nil, errors.New("store redis: the URL has no host; is the environment variable set? " +
+			"Use one such as redis://127.0.0.1:6379/0")
 	}
 	opts, err := redis.ParseURL(url)
 	if err != nil {
