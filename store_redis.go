@@ -287,16 +287,12 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 	case len(r.Addresses) == 0:
 		return nil, errors.New("store redis: needs a URL, or addresses (with master for Sentinel, two or more or cluster for Cluster)")
 	}
-	if slices.Contains(r.Addresses, "") {
-		// go-redis would dial localhost:6379 for it: whatever Redis runs
-		// there, not the one the configuration names.
-		return nil, errors.New("store redis: addresses: an address is empty; is the environment variable set? Use host:port such as 127.0.0.1:6379")
-	}
 	for _, addr := range r.Addresses {
-		if host, _, err := net.SplitHostPort(addr); err == nil && host == "" {
-			// {env.REDIS_HOST}:6379 unset: go-redis dials the port on this
-			// machine, as for an empty address.
-			return nil, fmt.Errorf("store redis: addresses: %s has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
+		// go-redis dials this machine for an empty address, or one without
+		// a host ({env.REDIS_HOST}:6379 unset): whatever Redis runs here,
+		// not the one the configuration names.
+		if host, _, err := net.SplitHostPort(addr); addr == "" || err == nil && host == "" {
+			return nil, fmt.Errorf("store redis: addresses: %q has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
 		}
 	}
 	if r.Master != "" && r.Cluster {
