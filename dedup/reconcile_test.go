@@ -1089,9 +1089,13 @@ func TestABurstOnDistinctOwedKeysWaitsTwoPassesAtMost(t *testing.T) {
 			t.Fatal("a call on an owed key whose release failed returned nil")
 		}
 	}
-	if took := time.Since(start); took > hang*5/2 {
-		store.mu.Lock()
-		defer store.mu.Unlock()
+	took := time.Since(start)
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	// The passes are counted, not timed: two hung passes take 600 ms, and a
+	// bound between two and three (750 ms) flakes on a loaded machine. The
+	// time bound only says the burst is not one pass after another (3 s).
+	if store.passes > 2 || took > hang*5 {
 		t.Fatalf("the burst took %v (%d hung passes), want two timeouts (%v) at most", took, store.passes, hang)
 	}
 }
