@@ -358,6 +358,9 @@ func TestShadowCountsABatchSentBackWholeAsEnforceWould(t *testing.T) {
 				again.header.Get("X-Dedup"), again.header.Get("X-Dedup-Reason"))
 		}
 	}
+	if want := `{"in_flight/redelivery":1,"in_flight/sent_back":1}, X-Dedup-Accepted 0, X-Dedup-In-Flight 2`; counts["enforce"] != want {
+		t.Fatalf("enforce counted %s; want %s", counts["enforce"], want)
+	}
 	if counts["shadow"] != counts["enforce"] {
 		t.Errorf("shadow counted %s; enforce %s", counts["shadow"], counts["enforce"])
 	}
@@ -384,6 +387,9 @@ func TestShadowRecordsAStoreOutageAsEnforceWould(t *testing.T) {
 		if mode == "enforce" && res.status != http.StatusServiceUnavailable {
 			t.Fatalf("enforce answered %d, want 503", res.status)
 		}
+	}
+	if want := `{"unavailable/store_error":1}`; counts["enforce"] != want {
+		t.Fatalf("enforce counted %s; want %s", counts["enforce"], want)
 	}
 	if counts["shadow"] != counts["enforce"] {
 		t.Errorf("shadow counted %s; enforce would have decided %s", counts["shadow"], counts["enforce"])

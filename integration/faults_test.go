@@ -111,11 +111,7 @@ func TestTimedOutClaimIsReleasedFailingClosed(t *testing.T) {
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}\n\t\ton_store_error closed")
 	warmRedisConnections(t, tester.Client, srv)
-	released := func() float64 {
-		return counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released"}) +
-			counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released_late"})
-	}
-	before := released()
+	before := reconcilerReleases(t)
 	body := ping("veh-hung-closed", base(), 52.5200087, 13.4049547)
 
 	duringHang(srv, func() { post(t, tester.Client, body).expect(t, http.StatusServiceUnavailable, "unavailable") })
@@ -123,9 +119,15 @@ func TestTimedOutClaimIsReleasedFailingClosed(t *testing.T) {
 	if n := up.received(body); n != 1 {
 		t.Errorf("the upstream got the ping %d times, want once", n)
 	}
-	if released() <= before {
+	if reconcilerReleases(t) <= before {
 		t.Error("the reconciler released nothing: did the SET NX land at all?")
 	}
+}
+
+// reconcilerReleases is how many claims the reconciler has released so far.
+func reconcilerReleases(t *testing.T) float64 {
+	return counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released"}) +
+		counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "released_late"})
 }
 
 // Failing open, the same fault and an unchecked forward that fails: the
@@ -154,11 +156,13 @@ func TestTimedOutClaimIsReleasedWhenTheUncheckedForwardFails(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 
+	before := reconcilerReleases(t)
 	duringHang(srv, func() { post(t, tester.Client, body).expect(t, http.StatusInternalServerError, "unchecked") })
 	acceptedOnRetry(t, tester.Client, body)
 	if n := took.of(body); n != 1 {
 		t.Errorf("the upstream took the ping %d times, want once", n)
 	}
+	waitFor(t, func() bool { return reconcilerReleases(t) > before }) // the late claim landed, and was released
 }
 
 // Failing open, the same fault and an unchecked forward that succeeds: the
