@@ -467,3 +467,29 @@ func TestAnalyzeReportJSONRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// A stay on the antimeridian measures as the same stay anywhere else on its
+// latitude: its mean position is taken the short way round, not as the
+// average of longitudes near +180 and -180 (about 0, half the world away).
+func TestAStayOnTheAntimeridianMeasuresAsAnywhereElse(t *testing.T) {
+	capture := func(centreLon float64) []byte {
+		const lat = 52.0
+		perMetre := 1 / (111_320 * math.Cos(lat*math.Pi/180))
+		rng := rand.New(rand.NewPCG(3, 4))
+		var b bytes.Buffer
+		for i := range 240 {
+			east := rng.NormFloat64() * 3
+			if i == 0 {
+				east = -20 // the last fix of the move that parked: off the parking's centre
+			}
+			lon := geo.WrapLongitude(centreLon + east*perMetre)
+			fmt.Fprintf(&b, `{"asset_id":"veh-1","occurred_at":%q,"lat":%.7f,"lon":%.7f}`+"\n",
+				synthStart.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), lat+rng.NormFloat64()*3/111_320, lon)
+		}
+		return b.Bytes()
+	}
+	home, seam := analyze(t, capture(13.4), Options{}), analyze(t, capture(180), Options{})
+	if home.Jitter.Runs != seam.Jitter.Runs || home.Jitter.Samples != seam.Jitter.Samples || math.Abs(home.Jitter.P95M-seam.Jitter.P95M) > 0.5 {
+		t.Errorf("the same stay measured %+v at 13.4° E, %+v on the antimeridian", home.Jitter, seam.Jitter)
+	}
+}

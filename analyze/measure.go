@@ -67,17 +67,20 @@ func (a *analyzer) stationaryEnd(at func(k int) fixPoint, start int) int {
 	within := func(lat, lon float64, k int) bool {
 		return geo.DistanceM(lat, lon, at(k).lat, at(k).lon) <= stationaryRadiusM
 	}
-	sumLat, sumLon, n := first.lat, first.lon, 1.0
+	// Longitudes are summed as offsets from the first fix's, the short way
+	// round: a stay on the antimeridian has fixes near +180 and -180.
+	sumLat, sumEast, n := first.lat, 0.0, 1.0
 	end, strays := start+1, 0
 	for end < len(a.order) {
 		if within(first.lat, first.lon, end) {
-			sumLat, sumLon, n = sumLat+at(end).lat, sumLon+at(end).lon, n+1
+			sumLat, sumEast, n = sumLat+at(end).lat, sumEast+geo.WrapLongitude(at(end).lon-first.lon), n+1
 			end++
 			continue
 		}
 		back := end
+		meanLon := geo.WrapLongitude(first.lon + sumEast/n)
 		for back < len(a.order) && back-end < maxExcursion &&
-			!within(first.lat, first.lon, back) && !within(sumLat/n, sumLon/n, back) {
+			!within(first.lat, first.lon, back) && !within(sumLat/n, meanLon, back) {
 			back++
 		}
 		if back == end || back == len(a.order) || !within(first.lat, first.lon, back) {
@@ -104,7 +107,9 @@ func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
 		return nearestRank(a.scratch, 50)
 	}
 	lat := median(func(f fixPoint) float64 { return f.lat })
-	lon := median(func(f fixPoint) float64 { return f.lon })
+	// As offsets from the run's first longitude: the short way round.
+	ref := fixes[run[0]].lon
+	lon := geo.WrapLongitude(ref + median(func(f fixPoint) float64 { return geo.WrapLongitude(f.lon - ref) }))
 	for _, i := range run {
 		a.samples = append(a.samples, geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon))
 	}
