@@ -6,6 +6,7 @@ package nmea
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -51,20 +52,50 @@ func ReadRMC(trace string) ([]Fix, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return readRMC(f, trace)
+}
+
+// readRMC reads the valid fixes of a recording. A sentence whose checksum
+// does not match was garbled on the wire, as a receiver's serial line
+// does now and then: it is skipped, as a receiver's reader would.
+func readRMC(r io.Reader, name string) ([]Fix, error) {
 	var fixes []Fix
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for line := 1; sc.Scan(); line++ {
-		fields := strings.Split(strings.TrimSpace(sc.Text()), ",")
+		sentence, ok := checked(strings.TrimSpace(sc.Text()))
+		if !ok {
+			continue
+		}
+		fields := strings.Split(sentence, ",")
 		if len(fields) < 10 || !strings.HasSuffix(fields[0], "RMC") || fields[2] != "A" {
 			continue
 		}
 		fix, err := rmcFix(fields)
 		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %v", trace, line, err)
+			return nil, fmt.Errorf("%s:%d: %v", name, line, err)
 		}
 		fixes = append(fixes, fix)
 	}
 	return fixes, sc.Err()
+}
+
+// checked returns a sentence without its checksum, and whether the
+// checksum (the XOR of the bytes between $ and *) matches; a sentence
+// without one is taken as it is.
+func checked(line string) (string, bool) {
+	star := strings.LastIndexByte(line, '*')
+	if star < 0 {
+		return line, true
+	}
+	want, err := strconv.ParseUint(line[star+1:], 16, 8)
+	if err != nil {
+		return "", false
+	}
+	var sum byte
+	for i := 1; i < star; i++ { // after the $
+		sum ^= line[i]
+	}
+	return line[:star], sum == byte(want)
 }
 
 func rmcFix(fields []string) (Fix, error) {
