@@ -147,6 +147,10 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"time format", "telemetry_dedup {\n\ttime_format iso\n}", []string{":2", "rfc3339"}},
 		{"ttl below window", "telemetry_dedup {\n\twindow 10m\n\tttl 5m\n}", []string{":3", "shorter than the window"}},
 		{"ttl below ladder", "telemetry_dedup {\n\tretry_ladder 1m 1h\n\tttl 1h\n}", []string{":3", "1h30m0s"}},
+		// An asset's track expires with the TTL: its next ping after a
+		// silence longer than that but shorter than session_idle started a
+		// new track, admitted as a new session.
+		{"ttl below session_idle", "telemetry_dedup {\n\tshape session\n\tsession_idle 2h\n\tttl 1h\n}", []string{":4", "ttl", "shorter than session_idle 2h0m0s", "at least 2h0m0s"}},
 		{"ladder of gaps", "telemetry_dedup {\n\tretry_ladder 1m 5m 1m\n}", []string{":2", "strictly increasing"}},
 		{"on_store_error", "telemetry_dedup {\n\ton_store_error maybe\n}", []string{":2", "open", "closed"}},
 		{"release_on_failure", "telemetry_dedup {\n\trelease_on_failure yes\n}", []string{":2", "on", "off"}},
@@ -751,5 +755,23 @@ func TestDeadLetteredContentTypeWithoutABodyIsRefused(t *testing.T) {
 	_, err := parse(t, "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 202 text/plain\n\t}\n}")
 	if err == nil || !strings.Contains(err.Error(), ":3") {
 		t.Errorf("dead_lettered 202 text/plain without a body: got %v, want an error at line 3", err)
+	}
+}
+
+// A session_idle longer than the TTL the ladder gives is the TTL, as a
+// window that outlasts it is: an asset's track must outlive the silence
+// that ends its session, or a ping after a shorter silence (its track
+// expired) is admitted as a new session.
+func TestASessionIdleLongerThanTheLadderIsTheTTL(t *testing.T) {
+	h, err := parse(t, "telemetry_dedup {\n\tshape session\n\tsession_idle 8h\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.policy.TTL != 8*time.Hour {
+		t.Errorf("TTL %s, want session_idle 8h0m0s (the ladder's 6h30m0s would expire a track within a session)", s.policy.TTL)
 	}
 }

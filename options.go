@@ -434,6 +434,16 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 	if err != nil {
 		return pol, "", err
 	}
+	if pol.Shape == dedup.Session && ttl < pol.SessionIdle {
+		// An asset's track lives for the TTL: one that expired within a
+		// session would admit the next ping as a new session's first.
+		if h.TTL != 0 {
+			return pol, "", &dedup.ConfigError{Option: "ttl", Problem: fmt.Sprintf(
+				"%s is shorter than session_idle %s: an asset's track would expire within a session, and its next ping "+
+					"after a shorter silence would be admitted as a new session; use at least %s", ttl, pol.SessionIdle, pol.SessionIdle)}
+		}
+		ttl, ttlFrom = pol.SessionIdle, fmt.Sprintf("session_idle, which outlasts %s", ttlFrom)
+	}
 	pol.TTL = ttl
 	pol.InFlightTimeout = orDefault(h.InFlightTimeout, dedup.DefaultInFlightTimeout)
 	if pol.InFlightTimeout >= ttl && h.InFlightTimeout == 0 {
