@@ -135,3 +135,30 @@ func TestAFailedBatchWithALatePingIsJudgedAgainAsItWas(t *testing.T) {
 		})
 	})
 }
+
+// In session, a fix outside a settled stay that reports rest is suppressed
+// as an outlier, and its device time counts toward the silence that ends
+// the session. A state change after it is accepted, and its request fails:
+// the release must put back the latest device time seen as it was before
+// that request, the outlier's included. It put back only the stay's last
+// fix, earlier: the next ping at the stay, minutes after the outlier,
+// found an idle gap and was admitted as a new session's first.
+func TestAReleaseKeepsTheTimeOfAnOutlierSeenBeforeIt(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		d := newTestDeduper(s, Session)
+		park(t, d) // the last fix at the stay 40 s in
+		if v := d.settled(t, withSpeed(offset(9*60, 30, 0), 0)); v.Decision != Suppressed {
+			t.Fatalf("a fix 30 m out reporting rest, 9 min in: %+v, want suppressed as an outlier", v)
+		}
+		c, v := d.claim(t, withState(offset(12*60, 1, 0), "ignition=true"))
+		if v.Decision != Accepted {
+			t.Fatalf("the state change: %+v", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, offset(13*60, -1, 1)); v.Decision != Suppressed {
+			t.Fatalf("a fix at the stay 4 min after the outlier: %+v, want suppressed (the same session)", v)
+		}
+	})
+}

@@ -233,13 +233,14 @@ type track struct {
 
 // trackState is what the store keeps of an asset: its track, what undoing
 // the request of the last acceptance does (so that a failed request can be
-// undone) with, for undoPrev, the track as it was before that request, and
-// the latest device time seen.
+// undone) with, for undoPrev, the track and the latest device time seen as
+// they were before that request, and the latest device time seen.
 type trackState struct {
 	track
-	prev    track
-	undo    undoKind
-	seenMax int64
+	prev        track
+	prevSeenMax int64
+	undo        undoKind
+	seenMax     int64
 }
 
 // undoKind says what releasing the last accepted ping does to the track.
@@ -441,7 +442,7 @@ func (st *trackState) droveOffAt(i int, t int64) bool {
 func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
 	switch {
 	case !sameRequest(old.last.token, f.token) || old.undo == undoSpent:
-		st.prev, st.undo = old.track, undoPrev
+		st.prev, st.prevSeenMax, st.undo = old.track, old.seenMax, undoPrev
 	case old.undo == undoNone:
 		st.undo = undoDelete // the request's first fix of the asset began the track
 	}
@@ -615,10 +616,12 @@ func (st *trackState) release(token, reported uint64) (keep bool) {
 		return false
 	}
 	st.track, st.undo = st.prev, undoSpent
-	// The latest device time seen goes back too, as far as the track
-	// tells it: the released ping raised it to its own, and its retry
-	// must find the idle gap the first attempt found (session).
-	st.seenMax = max(st.last.t, st.stay.lastT)
+	// The latest device time seen goes back too: the released ping raised
+	// it to its own, and its retry must find the idle gap the first
+	// attempt found (session). It is the one from before the request, not
+	// the one the track tells: a fix suppressed as an outlier outside the
+	// stay was seen too, and ended no session's silence.
+	st.seenMax = st.prevSeenMax
 	return true
 }
 

@@ -15,7 +15,8 @@
 -- began the track; 1 put back the track that follows; 2 keep it, a release
 -- spent the record; 3 delete it, the ping's request began the track), and
 -- the track before the last acceptance's request (CORE), present only when
--- the byte is 1.
+-- the byte is 1, followed by the seen max from before that request (i8;
+-- absent from tracks written before it was added).
 -- Seen value: 's' (suppressed), or 'p' (pending) / 'a' (settled) + token
 -- (8 bytes) + claim time ms (i8) + the time it reached Redis, Redis's clock,
 -- ms (i8; absent from values written before it was added).
@@ -332,7 +333,7 @@ local lastRequest = string.sub(cur.last.token, 1, 6)
 
 local function accept(change)
 	if lastRequest ~= string.sub(token, 1, 6) or undoFlag == 2 then
-		prevRaw, undoFlag = curRaw, 1
+		prevRaw, undoFlag = curRaw .. struct.pack('>i8', oldSeenMax), 1
 	elseif undoFlag == 0 then
 		undoFlag = 3 -- this request's first fix of the asset began the track
 	end

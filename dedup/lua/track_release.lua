@@ -30,10 +30,17 @@ local undo = string.byte(st, 9 + CORE_SIZE)
 if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 	if undo == 1 then
 		local prev = string.sub(st, 10 + CORE_SIZE, 9 + 2 * CORE_SIZE)
-		-- the latest device time seen goes back too, as far as the track
-		-- tells it: the later of its last accepted ping and last fix there
-		local p = { struct.unpack(CORE, prev) }
-		local seenMax = math.max(p[12], p[6])
+		-- the latest device time seen goes back too: as it was before the
+		-- request, kept after the track; in a track written before it was
+		-- kept, as far as the track tells it (the later of its last
+		-- accepted ping and last fix there)
+		local seenMax
+		if #st >= 17 + 2 * CORE_SIZE then
+			seenMax = struct.unpack('>i8', st, 10 + 2 * CORE_SIZE)
+		else
+			local p = { struct.unpack(CORE, prev) }
+			seenMax = math.max(p[12], p[6])
+		end
 		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2', 'KEEPTTL')
 	else -- the ping, or its request, began the track
 		redis.call('DEL', KEYS[1])
