@@ -430,19 +430,9 @@ func (h *Handler) resolvePolicy(k dedup.Keyer) (dedup.Policy, string, error) {
 	if err := pol.Check(); err != nil {
 		return pol, "", err
 	}
-	ttl, ttlFrom, err := h.ttlPolicy(k.Window).Resolve()
+	ttl, ttlFrom, err := h.ttlPolicy(k.Window, pol).Resolve()
 	if err != nil {
 		return pol, "", err
-	}
-	if pol.Shape == dedup.Session && ttl < pol.SessionIdle {
-		// An asset's track lives for the TTL: one that expired within a
-		// session would admit the next ping as a new session's first.
-		if h.TTL != 0 {
-			return pol, "", &dedup.ConfigError{Option: "ttl", Problem: fmt.Sprintf(
-				"%s is shorter than session_idle %s: an asset's track would expire within a session, and its next ping "+
-					"after a shorter silence would be admitted as a new session; use at least %s", ttl, pol.SessionIdle, pol.SessionIdle)}
-		}
-		ttl, ttlFrom = pol.SessionIdle, fmt.Sprintf("session_idle, which outlasts %s", ttlFrom)
 	}
 	pol.TTL = ttl
 	pol.InFlightTimeout = orDefault(h.InFlightTimeout, dedup.DefaultInFlightTimeout)
@@ -513,8 +503,11 @@ func (h *Handler) ttlOption() string {
 	return "window"
 }
 
-func (h *Handler) ttlPolicy(window time.Duration) dedup.TTLPolicy {
+func (h *Handler) ttlPolicy(window time.Duration, pol dedup.Policy) dedup.TTLPolicy {
 	p := dedup.TTLPolicy{Window: window, TTL: time.Duration(h.TTL)}
+	if pol.Shape == dedup.Session {
+		p.SessionIdle = pol.SessionIdle
+	}
 	if h.RetryLadder != nil {
 		p.RetryLadder = make([]time.Duration, len(h.RetryLadder))
 		for i, d := range h.RetryLadder {

@@ -196,7 +196,11 @@ func (o Options) policy(window time.Duration) dedup.Policy {
 }
 
 func (o Options) ttl(window time.Duration) (time.Duration, string, error) {
-	return dedup.TTLPolicy{Window: window, RetryLadder: o.RetryLadder, OutageMargin: o.OutageMargin}.Resolve()
+	p := dedup.TTLPolicy{Window: window, RetryLadder: o.RetryLadder, OutageMargin: o.OutageMargin}
+	if o.Shape == dedup.Session {
+		p.SessionIdle = o.SessionIdle
+	}
+	return p.Resolve()
 }
 
 // fixPoint is one ping of a known asset: its position, and the accuracy

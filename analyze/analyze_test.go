@@ -223,6 +223,12 @@ func TestAnalyzeRecommends(t *testing.T) {
 	if rep.Recommended.TTL != 2*time.Hour {
 		t.Errorf("ttl %s from ladder 1m 1h and margin 1h, want 2h", rep.Recommended.TTL)
 	}
+	// In session, the directive's TTL outlasts session_idle: so does the
+	// one recommended.
+	rep = analyze(t, testFleet.capture(), Options{Shape: dedup.Session, SessionIdle: 8 * time.Hour})
+	if rep.Recommended.TTL != 8*time.Hour {
+		t.Errorf("ttl %s with session_idle 8h, want 8h", rep.Recommended.TTL)
+	}
 }
 
 func TestAnalyzeRecommendationFallbacks(t *testing.T) {

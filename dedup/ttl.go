@@ -34,11 +34,16 @@ type TTLPolicy struct {
 	OutageMargin *time.Duration
 	// TTL, when non-zero, is used instead of ladder + margin.
 	TTL time.Duration
+	// SessionIdle, in the session shape, is the silence that ends a
+	// session; the TTL may never be shorter: an asset's track expiring
+	// within a session would admit its next ping after a shorter silence
+	// as a new session's first. Zero in the other shapes.
+	SessionIdle time.Duration
 }
 
 // Resolve returns the TTL and a sentence saying where it came from, for the
-// provisioning log. An explicit TTL shorter than the window, or shorter than
-// an explicitly given ladder + margin, is an error.
+// provisioning log. An explicit TTL shorter than the window, than
+// SessionIdle, or than an explicitly given ladder + margin, is an error.
 func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 	ladder, margin := p.RetryLadder, DefaultOutageMargin
 	if ladder == nil {
@@ -60,10 +65,14 @@ func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 	horizon := ladder[len(ladder)-1] + margin
 
 	if p.TTL == 0 {
-		if p.Window > horizon {
-			return p.Window, fmt.Sprintf("the window, which outlasts last retry %s + outage margin %s", ladder[len(ladder)-1], margin), nil
+		from := fmt.Sprintf("last retry %s + outage margin %s", ladder[len(ladder)-1], margin)
+		switch {
+		case p.SessionIdle > max(horizon, p.Window):
+			return p.SessionIdle, "session_idle, which outlasts " + from, nil
+		case p.Window > horizon:
+			return p.Window, "the window, which outlasts " + from, nil
 		}
-		return horizon, fmt.Sprintf("last retry %s + outage margin %s", ladder[len(ladder)-1], margin), nil
+		return horizon, from, nil
 	}
 	if p.TTL > maxTTL {
 		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf("%s is longer than %s; no sender retries that long", p.TTL, maxTTL)}
@@ -72,6 +81,11 @@ func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf(
 			"%s is shorter than the window %s: keys would expire while their bucket is still current and re-observations "+
 				"would be admitted; use at least the window, and preferably the sender's last retry + outage margin", p.TTL, p.Window)}
+	}
+	if p.TTL < p.SessionIdle {
+		return 0, "", &ConfigError{Option: "ttl", Problem: fmt.Sprintf(
+			"%s is shorter than session_idle %s: an asset's track would expire within a session, and its next ping "+
+				"after a shorter silence would be admitted as a new session; use at least %s", p.TTL, p.SessionIdle, p.SessionIdle)}
 	}
 	ladderGiven := p.RetryLadder != nil || p.OutageMargin != nil
 	if ladderGiven && p.TTL < horizon {

@@ -28,6 +28,9 @@ func TestTTLPolicy(t *testing.T) {
 		{"ladder of gaps, repeated", TTLPolicy{Window: DefaultWindow, RetryLadder: []time.Duration{time.Minute, time.Minute}}, 0, "retry_ladder"},
 		{"empty ladder", TTLPolicy{Window: DefaultWindow, RetryLadder: []time.Duration{}}, 0, "retry_ladder"},
 		{"negative margin", TTLPolicy{Window: DefaultWindow, OutageMargin: margin(-time.Minute)}, 0, "outage_margin"},
+		{"session_idle outlasting the ladder", TTLPolicy{Window: DefaultWindow, SessionIdle: 8 * time.Hour}, 8 * time.Hour, ""},
+		{"session_idle within the ladder", TTLPolicy{Window: DefaultWindow, SessionIdle: time.Hour}, 6*time.Hour + 30*time.Minute, ""},
+		{"ttl shorter than session_idle", TTLPolicy{Window: DefaultWindow, TTL: time.Hour, SessionIdle: 2 * time.Hour}, 0, "ttl"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
