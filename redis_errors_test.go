@@ -87,6 +87,35 @@ func TestABatchsDeadLettersWaitOneTimeoutAtMost(t *testing.T) {
 	}
 }
 
+// Dead letters go through the breaker as claims do: once its wait is over
+// a letter is its probe. They used to be skipped for as long as the
+// breaker said open, and it said so until a claim probed it: after a
+// Redis blip, a sender whose pings are all invalid (the case dead letters
+// are for) had every one rejected with a 4xx long after Redis was back,
+// which OwnTracks iOS answers by deleting the ping.
+func TestDeadLettersProbeTheBreakerOnceRedisIsBack(t *testing.T) {
+	rdb := redistest.Start(t)
+	const timeout, cooldown = 100 * time.Millisecond, 200 * time.Millisecond
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"deadprobe:","on_invalid":"dead_letter","store":{"type":"redis","url":%q,"timeout":%d,"breaker_failures":1,"breaker_cooldown":%d}}`,
+		rdb.URL(), timeout.Nanoseconds(), cooldown.Nanoseconds()))
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	rdb.Pause()
+	if res := tt.post(fmt.Sprintf(`{"asset_id":"veh-blip","occurred_at":%q,"lat":52.5,"lon":13.4}`, at), "application/json", nil); res.header.Get("X-Dedup") != "unchecked" {
+		t.Fatalf("a claim on a hung Redis: %d %s, want unchecked (the breaker opens)", res.status, res.header.Get("X-Dedup"))
+	}
+	rdb.Resume()
+	time.Sleep(3 * cooldown) // Redis answers again, and the breaker's wait is over
+	invalid := `{"asset_id":"veh-naive","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	for i := range 3 {
+		if res := tt.post(invalid, "application/json", nil); res.status != http.StatusAccepted || res.header.Get("X-Dedup") != "dead_lettered" {
+			t.Fatalf("invalid ping %d, Redis back for %v: %d %s; want 202 dead_lettered", i, 3*cooldown, res.status, res.header.Get("X-Dedup"))
+		}
+	}
+	if n := rdb.Client().XLen(context.Background(), "deadprobe:dead_letter").Val(); n != 3 {
+		t.Fatalf("stream holds %d letters, want 3", n)
+	}
+}
+
 // downStore fails every call, as a hung master does.
 type downStore struct{}
 

@@ -461,9 +461,9 @@ func (r *RedisStore) operationTimeout() time.Duration {
 func (r *RedisStore) DefaultNearCache() int { return dedup.DefaultNearCache }
 
 // DeadLetters returns a sink that appends to a Redis stream on the store's
-// server (XADD MAXLEN ~), with the store's operation timeout, skipped
-// while the store's circuit breaker is open (on a Cluster, the zone of the
-// stream's master).
+// server (XADD MAXLEN ~), with the store's operation timeout, through the
+// store's circuit breaker (on a Cluster, the zone of the stream's master):
+// skipped while it is open, and its probe once its wait is over.
 func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
 	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, maxLen: maxLen, timeout: r.timeout}
 }
@@ -483,34 +483,40 @@ type redisDeadLetters struct {
 // settlement: a sender that hangs up does not undo the record.
 func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error {
 	errs := make([]error, len(letters))
-	if d.breaker.OpenFor(d.stream) {
-		for i := range errs {
-			errs[i] = dedup.ErrBreakerOpen
+	err := d.breaker.Call(d.stream, func() error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.timeout)
+		defer cancel()
+		pipe := d.client.Pipeline()
+		cmds := make([]*redis.StringCmd, len(letters))
+		for i, l := range letters {
+			cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
+				Stream: d.stream,
+				MaxLen: d.maxLen,
+				Approx: true,
+				Values: []any{
+					"reason", l.reason,
+					"field", l.field,
+					"error", l.error,
+					"body", l.body,
+					"received_at", l.receivedAt.Format(time.RFC3339Nano),
+					"remote_addr", l.remoteAddr,
+				},
+			})
 		}
-		return errs
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.timeout)
-	defer cancel()
-	pipe := d.client.Pipeline()
-	cmds := make([]*redis.StringCmd, len(letters))
-	for i, l := range letters {
-		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: d.stream,
-			MaxLen: d.maxLen,
-			Approx: true,
-			Values: []any{
-				"reason", l.reason,
-				"field", l.field,
-				"error", l.error,
-				"body", l.body,
-				"received_at", l.receivedAt.Format(time.RFC3339Nano),
-				"remote_addr", l.remoteAddr,
-			},
-		})
-	}
-	_, _ = pipe.Exec(ctx) // each command holds its own error
-	for i, cmd := range cmds {
-		errs[i] = cmd.Err()
+		_, err := pipe.Exec(ctx) // the first command's error; each holds its own
+		for i, cmd := range cmds {
+			errs[i] = cmd.Err()
+		}
+		var reply redis.Error
+		if errors.As(err, &reply) {
+			return nil // Redis answered, refusing the letter (a key of another type, an ACL): no outage for the breaker
+		}
+		return err
+	})
+	if errors.Is(err, dedup.ErrBreakerOpen) {
+		for i := range errs {
+			errs[i] = err
+		}
 	}
 	return errs
 }

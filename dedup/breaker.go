@@ -199,6 +199,27 @@ func (b *Breaker) OpenFor(key string) bool {
 	return z != nil && z.state == BreakerOpen
 }
 
+// Call makes call, a store call on key that is no claim (a dead letter's
+// append), as the breaker makes a claim's: not made (ErrBreakerOpen) while
+// the zone of key is open, that zone's probe once its wait is over, and its
+// outcome counted there. Only skipped while open, a call that is all that
+// reaches the store would never probe it, and skip it long after it is back.
+func (b *Breaker) Call(key string, call func() error) error {
+	set := zoneSet{first: &b.one}
+	if b.zone != nil {
+		name := b.zone(key)
+		b.mu.Lock()
+		set.first = b.zoneLocked(name, b.now())
+		b.mu.Unlock()
+	}
+	if !b.letThrough(set) {
+		return ErrBreakerOpen
+	}
+	err := call()
+	b.count(set, err)
+	return err
+}
+
 // forgetIdleLocked forgets the zones no call has asked for in zoneIdle.
 // b.mu must be held.
 func (b *Breaker) forgetIdleLocked() {
