@@ -186,19 +186,6 @@ func (b *Breaker) State() BreakerState {
 	return worst
 }
 
-// OpenFor reports whether the zone of key is open: a call on it would be
-// skipped now.
-func (b *Breaker) OpenFor(key string) bool {
-	if b.zone == nil {
-		return b.State() == BreakerOpen
-	}
-	name := b.zone(key)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	z := b.zones[name]
-	return z != nil && z.state == BreakerOpen
-}
-
 // Call makes call, a store call on key that is no claim (a dead letter's
 // append), as the breaker makes a claim's: not made (ErrBreakerOpen) while
 // the zone of key is open, that zone's probe once its wait is over, and its

@@ -285,8 +285,8 @@ func TestAZoneOfAFailedOverMasterIsForgotten(t *testing.T) {
 	}
 	s.Decide(ctx, on("a"))
 	s.Decide(ctx, on("a"))
-	if b.Open() != 1 || !b.OpenFor(on("a")[0].Key()) {
-		t.Fatalf("setup: %d zones open", b.Open())
+	if _, err := s.Decide(ctx, on("a")); b.Open() != 1 || !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("setup: %d zones open, a's call: %v", b.Open(), err)
 	}
 	masterOf["a"] = "10.0.0.3:6379" // failed over to its replica
 	store.down = nil
