@@ -329,6 +329,28 @@ func TestACompressedBodyIsRefusedSayingSo(t *testing.T) {
 	}
 }
 
+// A request whose pings are in its query string and whose body is empty
+// (an OsmAnd GET) has no compressed body, whatever Content-Encoding header
+// its client library adds: its pings are read as sent.
+func TestAContentEncodingWithoutABodyRefusesNothing(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"gzipq:","preset":"osmand"}`)
+	q := fmt.Sprintf("id=veh-gzq&lat=52.5&lon=13.4&timestamp=%d", time.Now().Add(-time.Minute).Unix())
+	r := httptest.NewRequest(http.MethodGet, "/telemetry?"+q, nil)
+	r.Header.Set("Content-Encoding", "gzip")
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	forwarded := false
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		forwarded = true
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	if err := tt.h.ServeHTTP(w, r, next); err != nil || w.Code != http.StatusOK || !forwarded {
+		t.Fatalf("a GET with its pings in the query and Content-Encoding gzip: %d %q (%v), forwarded %v; want it forwarded",
+			w.Code, w.Body.String(), err, forwarded)
+	}
+}
+
 // Shadow mode forwards a batch that enforce would send back whole, and
 // counts it as enforce would: its new ping in flight with reason sent_back,
 // in the metrics and the headers. The upstream has the ping, so its claim
