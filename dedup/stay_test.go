@@ -195,28 +195,6 @@ func TestALateExcursionDoesNotHideTheReturn(t *testing.T) {
 	})
 }
 
-// A late fix at the stay stamped with the very second the asset drove off
-// (two sources, one second) is jitter of the stay it left, as one a second
-// earlier is: the departure fix that ended the stay lies away from it.
-func TestALateFixInTheDeparturesSecondIsJitter(t *testing.T) {
-	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
-		park(t, d)
-		for _, s := range []struct {
-			sec, dx float64
-			want    Decision
-		}{
-			{60, 480, Accepted}, // drives off
-			{70, 560, Accepted}, // and on: the stay is left at 60 s
-			{59, 1, Suppressed}, // late, at the stay
-			{60, 2, Suppressed}, // late, at the stay, in the departure's second
-		} {
-			if v := d.settled(t, offset(s.sec, s.dx, 0)); v.Decision != s.want {
-				t.Fatalf("%v s, %v m east: %+v, want %s", s.sec, s.dx, v, s.want)
-			}
-		}
-	})
-}
-
 // A late ping that tells the stay the asset was there earlier is accepted
 // again when its request failed and its claim was released: its retry is
 // no jitter of itself, not even after a late ping from away has filed the

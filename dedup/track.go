@@ -411,27 +411,15 @@ func (st *trackState) leave(pol *Policy, endT int64) {
 }
 
 // inPastStay reports whether f lies in a stay the asset left, by place and
-// device time, and whether it is at the very time the asset arrived there,
-// or at the time a late ping at the stay ended it (an accepted ping's time
-// either way).
+// device time, and whether it is at the very time the asset arrived there
+// or left it (an accepted ping's time either way).
 func (st *trackState) inPastStay(f fix) (in, edge bool) {
-	for i, p := range st.past {
+	for _, p := range st.past {
 		if p.startT <= f.t && f.t <= p.endT && f.distance2(p.lat, p.lon) <= max(p.radius2, f.accuracy*f.accuracy) {
-			return true, f.t == p.startT || f.t == p.endT && !st.droveOffAt(i, f.t)
+			return true, f.t == p.startT || f.t == p.endT
 		}
 	}
 	return false, false
-}
-
-// droveOffAt reports whether the stay after past[i] began at t: the asset
-// drove off to it then, and its departure fix, away from past[i], ended
-// past[i]. A fix at past[i] at that time is another fix of the same second,
-// not the ping that ended it.
-func (st *trackState) droveOffAt(i int, t int64) bool {
-	if i == 0 {
-		return st.stay.startT == t
-	}
-	return st.past[i-1].startT == t
 }
 
 // accept records an accepted fix, keeping the track as it was before the

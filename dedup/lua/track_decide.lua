@@ -243,20 +243,11 @@ local function leave(c, endT)
 	c.past[1] = { lat = c.alat, lon = c.alon, radius2 = stayRadius2(c), startT = c.startT, endT = endT }
 end
 
--- The stay after past[i] began at t: the asset drove off to it then, and
--- its departure fix, away from past[i], ended past[i] (droveOffAt).
-local function droveOffAt(c, i)
-	if i == 1 then
-		return c.startT == t
-	end
-	return c.past[i - 1].startT == t
-end
-
 local function inPastStay(c)
 	for i = 1, PAST do
 		local p = c.past[i]
 		if p.startT <= t and t <= p.endT and dist2(p.lat, p.lon) <= math.max(p.radius2, acc * acc) then
-			return true, t == p.startT or (t == p.endT and not droveOffAt(c, i))
+			return true, t == p.startT or t == p.endT
 		end
 	end
 	return false, false
