@@ -351,6 +351,32 @@ func TestAContentEncodingWithoutABodyRefusesNothing(t *testing.T) {
 	}
 }
 
+// A form request whose fields are in its query string is read from the
+// query alone (SplitForm): a compressed body beside it is never read, so
+// it refuses nothing, as an empty one does not.
+func TestAContentEncodingOfABodyTheQueryOutranksRefusesNothing(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"gzipqb:","preset":"osmand"}`)
+	q := fmt.Sprintf("id=veh-gzqb&lat=52.5&lon=13.4&timestamp=%d", time.Now().Add(-time.Minute).Unix())
+	var body bytes.Buffer
+	zw := gzip.NewWriter(&body)
+	fmt.Fprint(zw, "batt=80")
+	zw.Close()
+	r := httptest.NewRequest(http.MethodPost, "/telemetry?"+q, &body)
+	r.Header.Set("Content-Encoding", "gzip")
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	forwarded := false
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		forwarded = true
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	if err := tt.h.ServeHTTP(w, r, next); err != nil || w.Code != http.StatusOK || !forwarded {
+		t.Fatalf("a POST with its pings in the query and a gzip body: %d %q (%v), forwarded %v; want it forwarded",
+			w.Code, w.Body.String(), err, forwarded)
+	}
+}
+
 // Shadow mode forwards a batch that enforce would send back whole, and
 // counts it as enforce would: its new ping in flight with reason sent_back,
 // in the metrics and the headers. The upstream has the ping, so its claim

@@ -75,8 +75,10 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	ct := contentTypeOf(r)
 	form := h.settings.readsForm(ct)
 	body, err := readBody(r, h.settings.maxBody)
-	if err == nil && len(body) > 0 {
-		err = refuseContentEncoding(r) // an empty body is no compressed one (a GET's pings are in its query)
+	if err == nil && len(body) > 0 && !(form && r.URL.RawQuery != "") {
+		// An empty body is no compressed one (a GET's pings are in its
+		// query), and a form's query outranks its body, which is not read.
+		err = refuseContentEncoding(r)
 	}
 	if err == nil {
 		var batch ping.Batch
