@@ -329,6 +329,21 @@ func TestACompressedBodyIsRefusedSayingSo(t *testing.T) {
 	}
 }
 
+// A Content-Encoding sent as two header lines lists both codings: a gzip
+// body after an identity line is compressed, and refused saying so.
+func TestACompressedBodyAfterAnIdentityLineIsRefusedSayingSo(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"gzip2:"}`)
+	var body bytes.Buffer
+	zw := gzip.NewWriter(&body)
+	fmt.Fprintf(zw, `{"asset_id":"veh-gz2","occurred_at":%q,"lat":52.5,"lon":13.4}`, time.Now().UTC().Add(-time.Minute).Format(time.RFC3339))
+	zw.Close()
+	res := tt.post(body.String(), "application/json", http.Header{"Content-Encoding": {"identity", "gzip"}})
+	if res.status != http.StatusBadRequest || !strings.Contains(res.body, "Content-Encoding gzip") || len(tt.upstream) != 0 {
+		t.Fatalf("a gzip body under Content-Encoding identity, then gzip: %d %q, %d forwarded; want 400 naming Content-Encoding gzip",
+			res.status, res.body, len(tt.upstream))
+	}
+}
+
 // A request whose pings are in its query string and whose body is empty
 // (an OsmAnd GET) has no compressed body, whatever Content-Encoding header
 // its client library adds: its pings are read as sent.

@@ -100,8 +100,17 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 // read as sent, and none of the real senders compresses (a gzip body would
 // otherwise be refused as invalid UTF-8, which says nothing of the fix).
 func refuseContentEncoding(r *http.Request) error {
-	ce := r.Header.Get("Content-Encoding")
-	if ce == "" || strings.EqualFold(ce, "identity") {
+	// Every coding of every header line: a list ("identity, gzip"), or
+	// lines of their own, each names a coding applied to the body.
+	var ce string
+	for _, line := range r.Header.Values("Content-Encoding") {
+		for _, coding := range strings.Split(line, ",") {
+			if coding = strings.TrimSpace(coding); coding != "" && !strings.EqualFold(coding, "identity") {
+				ce = coding
+			}
+		}
+	}
+	if ce == "" {
 		return nil
 	}
 	return &ping.MalformedError{Reason: "the request body is Content-Encoding " + ce +
