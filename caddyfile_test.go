@@ -403,10 +403,12 @@ func TestStoreRedisAcceptsPlaceholders(t *testing.T) {
 
 // Every Caddyfile example in the README adapts as Caddy reads it, without a
 // warning (caddy fmt's layout included): a site block as it stands, a
-// telemetry_dedup block inside a site. The options block (its syntax, with
-// placeholders such as [<matcher>]) and the fragments of one (a store block,
-// a log block) are not Caddyfiles; any other kind of block is one the test
-// does not know how to check.
+// telemetry_dedup block inside a site, and each store block of an example
+// (the Sentinel and the Cluster one, laid out as caddy fmt would) inside a
+// telemetry_dedup block. The options and store syntax blocks (with
+// placeholders such as [<matcher>] and <host:port>) and a log fragment are
+// not Caddyfiles; any other kind of block is one the test does not know how
+// to check.
 func TestREADMECaddyfileExamplesAdapt(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -417,7 +419,16 @@ func TestREADMECaddyfileExamplesAdapt(t *testing.T) {
 		body := string(block[1])
 		first := strings.Fields(body)[0]
 		switch {
-		case strings.HasPrefix(body, "telemetry_dedup [<matcher>]"), first == "store", first == "log":
+		case strings.HasPrefix(body, "telemetry_dedup [<matcher>]"), first == "store" && strings.Contains(body, "<"), first == "log":
+			continue
+		case first == "store":
+			for _, store := range regexp.MustCompile(`(?m)^store`).Split(body, -1)[1:] {
+				site := ":8080 {\n\ttelemetry_dedup {\n\t\tstore" + strings.ReplaceAll(strings.TrimSuffix(store, "\n"), "\n", "\n\t\t") + "\n\t}\n}\n"
+				// Aligned for reading beside the syntax block, not as caddy fmt lays it out.
+				if _, warnings, err := adapter.Adapt(caddyfile.Format([]byte(site)), nil); err != nil || len(warnings) > 0 {
+					t.Errorf("README Caddyfile block %d: %v %v\n%s", i, err, warnings, site)
+				}
+			}
 			continue
 		case first == "telemetry_dedup":
 			body = ":8080 {\n\t" + strings.ReplaceAll(strings.TrimSuffix(body, "\n"), "\n", "\n\t") + "\n}\n"
