@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,6 +64,80 @@ func TestXcaddyBuildServesTheExample(t *testing.T) {
 		if res.StatusCode != want.status || res.Header.Get("X-Dedup") != want.decision || string(b) != want.body {
 			t.Fatalf("got %d X-Dedup=%q %q, want %d %q %q", res.StatusCode, res.Header.Get("X-Dedup"), b, want.status, want.decision, want.body)
 		}
+	}
+}
+
+// The README's "Two commands" transcript, ping by ping: Caddyfile.example
+// (in process, on free ports, its own key prefix) answers each curl of the
+// README with the status, X-Dedup, X-Dedup-Reason and body the README shows
+// beneath it ("..." elides the middle of a body).
+func TestTheREADMEsPingsThroughTheExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)```sh\n(NOW=.*?)```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("no README sh block starting with NOW=; update this test")
+	}
+	src, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	globals := regexp.MustCompile(`(?s)\n\{\n.*?\n\}\n`)
+	if !globals.Match(src) || !bytes.Contains(src, []byte("key_prefix dedup:")) {
+		t.Fatal("the example no longer has a global options block and key_prefix dedup:; update this test")
+	}
+	config := globals.ReplaceAllLiteralString(string(src), "\n"+caddytestGlobals)
+	config = strings.NewReplacer("8080", httpPort, "8081", strconv.Itoa(freePort(t)),
+		"key_prefix dedup:", "key_prefix "+strconv.Quote("test:"+t.Name()+":")).Replace(config)
+	caddyTester(t, config)
+	client := caddytestClient()
+
+	now := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	curl := regexp.MustCompile(`^curl -si localhost:8080(/\S+) -d '(.*)'$`)
+	shown := regexp.MustCompile(`^# HTTP/1\.1 (\d{3}) .*?X-Dedup: (\S+)(?:\s+X-Dedup-Reason: (\S+))?\s*(\{.*?\})?\s*(?:<-.*)?$`)
+	lines := strings.Split(string(block[1]), "\n")
+	pings := 0
+	for i := 0; i < len(lines); i++ {
+		m := curl.FindStringSubmatch(lines[i])
+		if m == nil {
+			continue
+		}
+		pings++
+		if i+1 >= len(lines) {
+			t.Fatalf("README: %s shows no answer", lines[i])
+		}
+		want := shown.FindStringSubmatch(lines[i+1])
+		if want == nil {
+			t.Fatalf("README: the answer to %s is not in the form this test reads: %s", lines[i], lines[i+1])
+		}
+		wantBody := want[4]
+		if i+2 < len(lines) && strings.HasPrefix(lines[i+2], "# {") {
+			wantBody = strings.TrimPrefix(lines[i+2], "# ")
+		}
+		body := strings.ReplaceAll(m[2], "'$NOW'", now)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+siteAddr+m[1], strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded") // what curl -d sends
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		got := strings.TrimSuffix(string(raw), "\n") // as curl shows it
+		bodyOK := true
+		if head, tail, elided := strings.Cut(wantBody, "..."); elided {
+			bodyOK = strings.HasPrefix(got, head) && strings.HasSuffix(got, tail) && len(got) >= len(head)+len(tail)
+		} else if wantBody != "" {
+			bodyOK = got == wantBody
+		}
+		if strconv.Itoa(res.StatusCode) != want[1] || res.Header.Get("X-Dedup") != want[2] || res.Header.Get("X-Dedup-Reason") != want[3] || !bodyOK {
+			t.Errorf("%s\ngot  %d X-Dedup=%q X-Dedup-Reason=%q %s\nREADME %s", body, res.StatusCode, res.Header.Get("X-Dedup"), res.Header.Get("X-Dedup-Reason"), got, lines[i+1])
+		}
+	}
+	if pings != 5 {
+		t.Errorf("read %d of the README's pings, want its 5; update this test", pings)
 	}
 }
 
