@@ -44,6 +44,7 @@ type extractSlot struct {
 	lat, lon, accuracy, spd atomic.Uint64 // float64 bits
 	hasSpeed                atomic.Bool
 	asset, event, state     atomic.Uint64 // a span of the bytes: offset<<32 | length
+	pathsAt                 atomic.Uint32 // assetAt<<16 | timeAt
 }
 
 // NewExtractCache returns an empty cache in front of p, which should be
@@ -87,6 +88,8 @@ func (s *extractSlot) lookup(h0, h1 uint64, body []byte) (Ping, bool) {
 		Accuracy: math.Float64frombits(s.accuracy.Load()),
 		Speed:    math.Float64frombits(s.spd.Load()), HasSpeed: s.hasSpeed.Load(),
 	}
+	at := s.pathsAt.Load()
+	p.assetAt, p.timeAt = uint16(at>>16), uint16(at)
 	return p, okA && okE && okS && s.lock.ReadValid(seq)
 }
 
@@ -116,6 +119,7 @@ func (s *extractSlot) store(h0, h1 uint64, body []byte, p Ping) {
 	s.asset.Store(asset)
 	s.event.Store(event)
 	s.state.Store(state)
+	s.pathsAt.Store(uint32(p.assetAt)<<16 | uint32(p.timeAt))
 	s.lock.Unlock(seq)
 }
 

@@ -20,6 +20,8 @@ var extractCases = []struct {
 	{"plain ping", NewParser(), `{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00Z","lat":52.52,"lon":13.40}`, true},
 	{"speed, accuracy, sub-second time", mustPreset("overland").Parser, `{"type":"Feature","geometry":{"type":"Point","coordinates":[13.40,52.52]},` +
 		`"properties":{"timestamp":"2026-08-08T12:00:00.123Z","device_id":"iphone","speed":3.5,"horizontal_accuracy":8}}`, true},
+	{"id and time at their second paths", mustPreset("traccar").Parser, `{"position":{"deviceId":7,"fixTime":"2026-08-08T12:00:00.000+00:00",` +
+		`"latitude":52.52,"longitude":13.40}}`, true},
 	{"a clock never set", NewParser(), `{"asset_id":"veh-88","occurred_at":"0001-01-01T00:00:00Z","lat":52.52,"lon":13.40}`, true},
 	{"escaped id", NewParser(), `{"asset_id":"veh-\u0038\u0038","occurred_at":"2026-08-08T12:00:00Z","lat":52.52,"lon":13.40}`, false},
 	{"owntracks event", mustPreset("owntracks").Parser, `{"_type":"location","tid":"ph","tst":1786190400,"lat":52.52,"lon":13.40,"t":"u"}`, false},

@@ -151,7 +151,7 @@ var knownRules = map[Rule]bool{
 }
 
 func isConfiguredField(p Parser, field string) bool {
-	if field == p.LatPath || field == p.LonPath || field == p.assetField() {
+	if field == p.LatPath || field == p.LonPath || field == "asset" && len(p.AssetPaths) == 0 {
 		return true
 	}
 	for _, paths := range [][]string{p.AssetPaths, p.TimePaths} {
@@ -167,7 +167,7 @@ func isConfiguredField(p Parser, field string) bool {
 // checkPing requires an accepted ping to keep every rule.
 func checkPing(t *testing.T, name string, p Parser, ping Ping, now time.Time) {
 	t.Helper()
-	if ping.Asset == "" || len(ping.Asset) > MaxAssetBytes {
+	if strings.TrimSpace(ping.Asset) == "" || len(ping.Asset) > MaxAssetBytes {
 		t.Fatalf("%s: accepted asset id of %d bytes", name, len(ping.Asset))
 	}
 	for i := 0; i < len(ping.Asset); i++ {

@@ -36,6 +36,10 @@ type Ping struct {
 	Speed float64
 	// HasSpeed reports a ping that carried a speed.
 	HasSpeed bool
+	// assetAt and timeAt are the indexes in the parser's AssetPaths and
+	// TimePaths of the paths the asset id and time were read at, so that
+	// Validate names the field the sender filled.
+	assetAt, timeAt uint16
 
 	// Event names what the ping reports besides its position (an alarm, a
 	// manual publish, a region transition); empty for a plain position. A
@@ -242,13 +246,17 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 	}
 	var ping Ping
 	if len(p.AssetPaths) > 0 {
-		if ping.Asset, err = p.asset(first(root, checks, plan.assets, p.AssetPaths)); err != nil {
+		v, at := first(root, checks, plan.assets, p.AssetPaths)
+		if ping.Asset, err = p.asset(v, p.AssetPaths[at]); err != nil {
 			return Ping{}, err
 		}
+		ping.assetAt = uint16(at)
 	}
-	if ping.Time, err = p.time(first(root, checks, plan.times, p.TimePaths)); err != nil {
+	v, at := first(root, checks, plan.times, p.TimePaths)
+	if ping.Time, err = p.time(v, p.TimePaths[at]); err != nil {
 		return Ping{}, err
 	}
+	ping.timeAt = uint16(at)
 	y, err := number(value(root, checks, plan.lat, p.LatPath), p.LatPath)
 	if err != nil {
 		return Ping{}, err
@@ -276,10 +284,7 @@ func (p Parser) Prepared() Parser {
 // are checked before anything quantises them: H3 turns a latitude of 91 into
 // a valid-looking cell that no real position maps to.
 func (p Parser) Validate(ping Ping, now time.Time) error {
-	if ping.Asset == "" {
-		return invalid(p.assetField(), RuleRequired, "the asset id is empty")
-	}
-	if err := p.checkAsset(ping.Asset); err != nil {
+	if err := p.checkAsset(ping); err != nil {
 		return err
 	}
 	if err := checkCoordinate(ping.Lat, 90, p.LatPath); err != nil {
@@ -300,11 +305,11 @@ func (p *Parser) checkPlausible(ping Ping, now time.Time) error {
 		err = invalid(p.LatPath, RuleNullIsland,
 			"position (0, 0) is what a GPS module reports before it has a fix; set null_island allow if your assets really are there")
 	case ping.Time.Sub(now) > p.MaxFuture:
-		err = invalid(p.TimePaths[0], RuleFuture,
+		err = invalid(p.timeField(ping), RuleFuture,
 			"device time %s is %s ahead of the server clock; at most %s is allowed (max_future)",
 			ping.Time.Format(time.RFC3339Nano), span(now, ping.Time), readable(p.MaxFuture))
 	case p.MaxPast > 0 && now.Sub(ping.Time) > p.MaxPast:
-		err = invalid(p.TimePaths[0], RulePast,
+		err = invalid(p.timeField(ping), RulePast,
 			"device time %s is %s behind the server clock; at most %s is allowed (max_past): is the device's clock set?",
 			ping.Time.Format(time.RFC3339Nano), span(ping.Time, now), readable(p.MaxPast))
 	default:
@@ -357,29 +362,37 @@ func checkJSON(body []byte) error {
 
 // first returns the value at the first of paths that holds one (present
 // and not null), else the first null found, else a missing value, with
-// the path it was read at (the first path for a missing value).
-func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) (gjson.Result, string) {
+// the index of the path it was read at (the first path's for a missing
+// value).
+func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) (gjson.Result, int) {
 	var null gjson.Result
-	nullPath := paths[0]
+	nullAt := 0
 	for i, path := range paths {
 		v := value(root, checks, leaves[i], path)
 		switch {
 		case v.Type != gjson.Null:
-			return v, path
+			return v, i
 		case v.Exists() && !null.Exists():
 			// null is what a serializer writes for an unset field (GeoJSON's
 			// "id": null): the next path may hold the value.
-			null, nullPath = v, path
+			null, nullAt = v, i
 		}
 	}
-	return null, nullPath
+	return null, nullAt
 }
 
-func (p *Parser) assetField() string {
-	if len(p.AssetPaths) == 0 {
+// assetField is the field ping's asset id was read at: "asset" when it
+// came from a placeholder template.
+func (p *Parser) assetField(ping Ping) string {
+	if int(ping.assetAt) >= len(p.AssetPaths) {
 		return "asset"
 	}
-	return p.AssetPaths[0]
+	return p.AssetPaths[ping.assetAt]
+}
+
+// timeField is the field ping's device time was read at.
+func (p *Parser) timeField(ping Ping) string {
+	return p.TimePaths[min(int(ping.timeAt), len(p.TimePaths)-1)]
 }
 
 // asset reads the asset id v found at path.
@@ -404,19 +417,27 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 	}
 }
 
-// checkAsset rejects an asset id that cannot be an id: longer than
-// MaxAssetBytes, or holding an ASCII control character, which would break
-// the log lines and headers it is written to. Both are RuleType: the value is
-// not of the kind an asset id is.
-func (p *Parser) checkAsset(asset string) error {
+// checkAsset rejects an asset id that cannot be an id: empty or blank
+// (RuleRequired: every sender whose id came out blank would share one
+// asset), longer than MaxAssetBytes, or holding an ASCII control character,
+// which would break the log lines and headers it is written to. The last
+// two are RuleType: the value is not of the kind an asset id is.
+func (p *Parser) checkAsset(ping Ping) error {
+	asset := ping.Asset
+	if asset == "" {
+		return invalid(p.assetField(ping), RuleRequired, "the asset id is empty")
+	}
+	if strings.TrimSpace(asset) == "" {
+		return invalid(p.assetField(ping), RuleRequired, "the asset id %q is only blanks, which name no device; send the device's id", asset)
+	}
 	if len(asset) > MaxAssetBytes {
-		return invalid(p.assetField(), RuleType,
+		return invalid(p.assetField(ping), RuleType,
 			"the asset id is %d bytes long; at most %d are allowed: send the device's short id (or a hash of a long one)",
 			len(asset), MaxAssetBytes)
 	}
 	for i := 0; i < len(asset); i++ {
 		if c := asset[i]; c < 0x20 || c == 0x7f {
-			return invalid(p.assetField(), RuleType,
+			return invalid(p.assetField(ping), RuleType,
 				"the asset id contains the control character %U at byte %d; asset ids must be printable", rune(c), i)
 		}
 	}

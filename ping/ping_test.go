@@ -166,6 +166,12 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 			"properties.id", RuleType},
 		{"null asset at the second asset path only", mustPreset("geojson").Parser, `{"geometry":{"coordinates":[2,1]},"properties":{"id":null,"time":"2026-08-08T11:59:00Z"}}`,
 			"properties.id", RuleRequired},
+		{"future time at the second time path", mustPreset("traccar").Parser, `{"position":{"deviceId":1,"fixTime":"2026-08-08T12:06:00Z","latitude":1,"longitude":2}}`,
+			"position.fixTime", RuleFuture},
+		{"past time at the second time path", mustPreset("traccar").Parser, `{"position":{"deviceId":1,"fixTime":"2025-08-07T12:00:00Z","latitude":1,"longitude":2}}`,
+			"position.fixTime", RulePast},
+		{"asset id with a newline at the second asset path", mustPreset("traccar").Parser, `{"position":{"deviceId":"veh\n88","fixTime":"2026-08-08T11:59:00Z","latitude":1,"longitude":2}}`,
+			"position.deviceId", RuleType},
 		{"boolean time", NewParser(), `{"asset_id":"a","occurred_at":true,"lat":1,"lon":2}`, "occurred_at", RuleType},
 		{"number under rfc3339", rfc, `{"asset_id":"a","occurred_at":1786190340,"lat":1,"lon":2}`, "occurred_at", RuleType},
 		{"string under unix", unix, `{"asset_id":"a","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "occurred_at", RuleType},
@@ -193,6 +199,10 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"asset id with a NUL", NewParser(), `{"asset_id":"veh\u0000","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"asset id with a tab", NewParser(), `{"asset_id":"veh\t88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"asset id with an escape sequence", NewParser(), `{"asset_id":"veh\u001b[31m","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		// An id of blanks names no device: every sender whose id came out
+		// blank would share one asset, and one's pings suppress another's.
+		{"asset id of spaces", NewParser(), `{"asset_id":"   ","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of a no-break space", NewParser(), `{"asset_id":"\u00a0","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id with DEL", NewParser(), `{"asset_id":"veh\u007f","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 	}
 	for _, tt := range tests {
