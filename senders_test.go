@@ -1,14 +1,19 @@
 package telemetrydedup
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
@@ -123,6 +128,44 @@ func TestTraccarPresetSaysHowToSendItsForwarderABody(t *testing.T) {
 		res := tableHandler(t, `{"key_prefix":"empty:",`+tt.options+`}`).post("", "", nil)
 		if res.status != http.StatusBadRequest || !strings.Contains(res.body, tt.want) {
 			t.Errorf("%s, empty body: %d %s; want 400 naming %q", tt.options, res.status, res.body, tt.want)
+		}
+	}
+}
+
+// The OwnTracks Recorder stores a location whatever its tst (recorder.c,
+// handle_message, at owntracks/recorder ae2fd29), and the apps handle a
+// refusal badly: Android re-queues a non-2xx at the head of its queue and
+// sends it again until it goes through, so every later location waits
+// behind it (MessageProcessor.sendAvailableMessages); iOS deletes it and
+// alerts the user (Connection.m). A phone whose clock runs ten minutes
+// fast writes every location ahead of the server's clock: such a location
+// goes on to the backend unkeyed, as it would without Caddy, the rule in
+// X-Dedup-Reason.
+//
+// The bodies are testdata/senders' owntracks-android/location_http_composed.json
+// (composed from owntracks/android's HttpMessageProcessorEndpoint.kt and
+// MessageLocation.kt, EPL-1.0) and owntracks-ios/location_http_composed.json
+// (composed from owntracks/ios's OwnTracking.m and Connection.m, MIT),
+// their tst written by a clock ten minutes fast.
+func TestOwnTracksLocationsFromAClockAheadReachTheBackend(t *testing.T) {
+	tester := tableHandler(t, `{"preset":"owntracks"}`)
+	ahead := time.Now().Add(10 * time.Minute).Unix()
+	for _, file := range []string{"owntracks-android/location_http_composed.json", "owntracks-ios/location_http_composed.json"} {
+		sample, err := os.ReadFile(filepath.Join("testdata", "senders", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := regexp.MustCompile(`"tst":\d+`).ReplaceAll(sample, fmt.Appendf(nil, `"tst":%d`, ahead))
+		for attempt := range 2 {
+			sent := len(tester.upstream)
+			res := tester.post(string(body), "application/json", nil)
+			if res.status != http.StatusCreated || res.header.Get("X-Dedup") != "skipped" || res.header.Get("X-Dedup-Reason") != "max_future" {
+				t.Fatalf("%s, attempt %d: %d %q %q %s; want the backend's 201, skipped for max_future",
+					file, attempt+1, res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"), res.body)
+			}
+			if len(tester.upstream) != sent+1 || !bytes.Equal(tester.upstream[sent], body) {
+				t.Fatalf("%s, attempt %d: the backend did not get the location as sent", file, attempt+1)
+			}
 		}
 	}
 }
