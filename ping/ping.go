@@ -152,7 +152,9 @@ type Parser struct {
 	// InvalidPingError: for a sender whose backend stores whatever a device
 	// reports and that cannot send it otherwise (Traccar keeps positions
 	// whatever their time; its forwarder drops a refused one, and Traccar
-	// Client retries it forever at the head of its queue).
+	// Client retries it forever at the head of its queue; the OwnTracks
+	// Recorder keeps any tst, OwnTracks Android resends a refused location
+	// at the head of its queue, and iOS deletes it).
 	PassImplausible bool
 
 	plan *parsePlan // see Prepared
