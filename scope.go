@@ -80,11 +80,11 @@ func (k keyScope) expand(repl *caddy.Replacer) (string, error) {
 	var b strings.Builder
 	for i, part := range k.parts {
 		if i > 0 {
-			host, err := expandTemplate(repl, "key_scope", hostPlaceholder)
+			host, err := k.host(repl)
 			if err != nil {
 				return "", err
 			}
-			b.WriteString(canonicalHost(host))
+			b.WriteString(host)
 		}
 		if part == "" {
 			continue
@@ -95,13 +95,25 @@ func (k keyScope) expand(repl *caddy.Replacer) (string, error) {
 		}
 		b.WriteString(v)
 	}
-	if b.Len() == 0 {
-		// A host that is nothing once canonical (".", "[]"): without this
-		// the ping would be keyed as an unscoped asset.
-		return "", &ping.InvalidPingError{Field: "key_scope", Rule: ping.RuleRequired,
-			Detail: "the key_scope template " + strings.Join(k.parts, hostPlaceholder) + " expanded to nothing for this request"}
-	}
 	return b.String(), nil
+}
+
+// host is the request's host, canonical. A host that is nothing once
+// canonical (".", "[]") is an error, as an empty placeholder is: alone in
+// the template it would key the ping as an unscoped asset, and beside
+// other text put every such request in one tenant's space.
+func (k keyScope) host(repl *caddy.Replacer) (string, error) {
+	raw, err := expandTemplate(repl, "key_scope", hostPlaceholder)
+	if err != nil {
+		return "", err
+	}
+	host := canonicalHost(raw)
+	if host == "" {
+		return "", &ping.InvalidPingError{Field: "key_scope", Rule: ping.RuleRequired,
+			Detail: fmt.Sprintf("the request's host %q names no host, and the key_scope template %s needs one; send the Host the ingest is served at",
+				raw, strings.Join(k.parts, hostPlaceholder))}
+	}
+	return host, nil
 }
 
 // canonicalHost is a host name as DNS compares it: without letter case, and

@@ -46,15 +46,18 @@ func TestKeyScopeFromTheHostIsCanonical(t *testing.T) {
 // A host that is nothing once canonical (the root ".", empty brackets) is
 // an empty scope too: with it the ping was keyed as an unscoped asset, in
 // the key space that every such request, and every unscoped handler on the
-// same store, shares.
+// same store, shares. Beside other text it would put every such request
+// in one tenant's space ("t-"), whichever host it came for.
 func TestKeyScopeOfAHostThatIsNothingIsRefused(t *testing.T) {
-	for _, host := range []string{".", ".:8443", "[]"} {
-		r := httptest.NewRequest("POST", "/telemetry", nil)
-		r.Host = host
-		got, err := parseKeyScope("{http.request.host}").expand(caddyhttp.NewTestReplacer(r))
-		var invalid *ping.InvalidPingError
-		if !errors.As(err, &invalid) || invalid.Field != "key_scope" {
-			t.Errorf("Host %q: scope %q, %v; want a 422 naming key_scope", host, got, err)
+	for _, template := range []string{"{http.request.host}", "t-{http.request.host}", "{http.request.host}/fleet"} {
+		for _, host := range []string{".", ".:8443", "[]"} {
+			r := httptest.NewRequest("POST", "/telemetry", nil)
+			r.Host = host
+			got, err := parseKeyScope(template).expand(caddyhttp.NewTestReplacer(r))
+			var invalid *ping.InvalidPingError
+			if !errors.As(err, &invalid) || invalid.Field != "key_scope" {
+				t.Errorf("%s, Host %q: scope %q, %v; want a 422 naming key_scope", template, host, got, err)
+			}
 		}
 	}
 }
