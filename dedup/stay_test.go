@@ -170,6 +170,31 @@ func TestACreepingAssetIsNeverLostTrackOf(t *testing.T) {
 	}
 }
 
+// An accuracy no location provider reports (a sentinel such as 99999, or
+// metres read in another unit) is no reading: a drive whose every fix
+// reports one is admitted every lag bound, as one that reports none, where
+// trusting it once let session suppress 54 km of driving and sliding lag
+// 4 km. An honest cell fix's 1.4 km still covers what it says.
+func TestAnAccuracyNoProviderReportsIsNoReading(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		d.settled(t, withAccuracy(offset(0, 0, 0), 99999))
+		if v := d.settled(t, withAccuracy(offset(10, 1000, 0), 1414)); v.Decision != Suppressed {
+			t.Fatalf("a cell fix 1 km out, accuracy 1414 m: %+v, want suppressed", v)
+		}
+		last := offset(0, 0, 0)
+		for i := 1; i <= 60; i++ {
+			p := withAccuracy(offset(10+10*float64(i), 150*float64(i), 0), 99999)
+			if d.settled(t, p).Decision == Accepted {
+				last = p
+				continue
+			}
+			if dist := math.Sqrt(fixOf(&Claim{Observation: Observation{Ping: p}}).distance2(last.Lat, last.Lon)); dist > LagFactor*DefaultRadius {
+				t.Fatalf("fix %d suppressed %.0f m from the last accepted one", i, dist)
+			}
+		}
+	})
+}
+
 // A late ping from away, inside the time the stay says the asset was
 // there, means it came back at some time the backend has not heard of:
 // the earliest late ping back is admitted as the return, later ones are
