@@ -66,6 +66,12 @@ const (
 	// indoors: a worse one is a Wi-Fi or cell fix, and a speed of 0 with it
 	// often no reading at all.
 	satelliteAccuracy = 100.0 // m
+	// maxAccuracy is the coarsest accuracy a location provider reports (a
+	// cell fix reports 1 to 3 km, iOS's coarsest accuracy to ask for is
+	// 3 km): a larger one is a sentinel (99999, 65535) or another unit, no
+	// uncertainty, and counts as not reported. Trusted, it let a fix lag
+	// by as much: session suppressed a 54 km drive reporting 99999.
+	maxAccuracy = 10000.0 // m
 	// anchorMemory is how many fixes the anchor averages at most, so that
 	// it follows a receiver's slow drift.
 	anchorMemory = 64
@@ -138,9 +144,10 @@ func fixOf(c *Claim) fix {
 // Android and Traccar Client send 0 when the fix has no speed, Traccar's
 // positions from cell towers carry 0), and a Wi-Fi or cell fix of a phone
 // in a moving car reports hundreds of metres: twice that would hide
-// kilometres of travel. A fix under way keeps the radius it reports.
+// kilometres of travel. A fix under way keeps the radius it reports. One
+// beyond maxAccuracy reports none.
 func uncertainty(c *Claim) float64 {
-	if c.Accuracy <= 0 {
+	if c.Accuracy <= 0 || c.Accuracy > maxAccuracy {
 		return 0
 	}
 	if c.HasSpeed && c.Speed < stillSpeed {
