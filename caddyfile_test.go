@@ -760,6 +760,18 @@ func TestRedisTLSOptionGivenTwiceIsAnError(t *testing.T) {
 	}
 }
 
+// insecure_skip_verify is a flag: a value after it must be an error, not
+// ignored, or "insecure_skip_verify false" would turn verification off.
+func TestRedisTLSInsecureSkipVerifyTakesNoValue(t *testing.T) {
+	for _, value := range []string{"false", "off", "true"} {
+		input := "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttls {\n\t\t\tinsecure_skip_verify " + value + "\n\t\t}\n\t}\n}"
+		_, err := parse(t, input)
+		if err == nil || !strings.Contains(err.Error(), ":4") || !strings.Contains(err.Error(), "remove") {
+			t.Errorf("insecure_skip_verify %s: got %v, want an error at line 4 saying to remove the value", value, err)
+		}
+	}
+}
+
 // answers { dead_lettered <status> <content type> } without a body: the
 // answer is then the JSON report, so the content type would never be sent.
 func TestDeadLetteredContentTypeWithoutABodyIsRefused(t *testing.T) {
