@@ -683,6 +683,10 @@ func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "insecure_skip_verify":
+			if d.NextArg() {
+				return d.Errf("insecure_skip_verify takes no value, got %q: it is a flag, on when written; "+
+					"remove %q, or the line to verify the server's certificate", d.Val(), d.Val())
+			}
 			r.TLS.InsecureSkipVerify = true
 		default:
 			return d.Errf("unrecognized tls option %q; use ca, cert, key, server_name or insecure_skip_verify", d.Val())
