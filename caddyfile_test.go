@@ -772,6 +772,22 @@ func TestRedisTLSInsecureSkipVerifyTakesNoValue(t *testing.T) {
 	}
 }
 
+// A stray value in the redis store's syntax (a second URL, a value after
+// cluster or tls) is an error that says what the line takes, not Caddy's
+// bare "wrong argument count".
+func TestStoreRedisStrayValuesSayWhatToWrite(t *testing.T) {
+	for _, tt := range []struct{ block, want string }{
+		{"store redis redis://a:6379 redis://b:6379", "one URL"},
+		{"store redis {\n\t\taddresses a:7000\n\t\tcluster yes\n\t}", "cluster takes no value"},
+		{"store redis redis://x {\n\t\ttls on\n\t}", "tls takes no value"},
+	} {
+		_, err := parse(t, "telemetry_dedup {\n\t"+tt.block+"\n}")
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "wrong argument count") {
+			t.Errorf("%q: got %v, want an error saying %q", tt.block, err, tt.want)
+		}
+	}
+}
+
 // answers { dead_lettered <status> <content type> } without a body: the
 // answer is then the JSON report, so the content type would never be sent.
 func TestDeadLetteredContentTypeWithoutABodyIsRefused(t *testing.T) {
