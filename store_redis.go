@@ -557,7 +557,7 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		}
 		if d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("store redis takes one URL, got %q after it; for Sentinel or Cluster list the nodes in its block: addresses <host:port>...", d.Val())
 		}
 	}
 	seen := map[string]bool{}
@@ -608,7 +608,7 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 		}
 	case "cluster":
 		if d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("cluster takes no value, got %q: it is a flag, on when written; remove %q, or the line for one server", d.Val(), d.Val())
 		}
 		r.Cluster = true
 	case "master":
@@ -656,7 +656,8 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 
 func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("tls takes no value, got %q: write tls { ... } with ca, cert, key, server_name or insecure_skip_verify in its block, "+
+			"or tls { } for the system roots", d.Val())
 	}
 	r.TLS = new(RedisTLS)
 	seen := map[string]bool{}
