@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -596,6 +597,29 @@ func TestDocsListEveryCaddyfileOption(t *testing.T) {
 	for _, name := range inBlock {
 		if !slices.Contains(caddyfileOptionNames(), name) {
 			t.Errorf("README's options block lists %s, which is no option", name)
+		}
+	}
+}
+
+// The README states the bounds the checks hold options to: an operator
+// who meets one in an error should have read it first.
+func TestREADMEStatesTheOptionsBounds(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ line, bound string }{
+		{"| `max_batch` |", strconv.Itoa(dedup.MaxClaims)},
+		{"| `near_cache` |", strconv.Itoa(dedup.MaxNearCache)},
+		{"\ttimeout       ", minRedisTimeout.String()},
+	} {
+		line := regexp.MustCompile("(?m)^" + regexp.QuoteMeta(tt.line) + ".*$").Find(readme)
+		if line == nil {
+			t.Errorf("README has no line starting %q", tt.line)
+			continue
+		}
+		if !strings.Contains(string(line), tt.bound) {
+			t.Errorf("README's line %q does not state the bound %s", line, tt.bound)
 		}
 	}
 }
