@@ -37,15 +37,20 @@ func (Admin) Routes() []caddy.AdminRoute {
 
 // stuckReport is the endpoint's answer.
 type stuckReport struct {
-	Stuck     []stuckAsset    `json:"stuck"`
+	// Stuck lists the assets that look stuck, by key_prefix.
+	Stuck []stuckAsset `json:"stuck"`
+	// Decisions are the decision totals since Caddy started.
 	Decisions []decisionCount `json:"decisions"`
 }
 
 // decisionCount is one row of caddy_telemetry_dedup_decisions_total.
 type decisionCount struct {
+	// Decision is the decision label: accepted, suppressed, rejected, ...
 	Decision string `json:"decision"`
-	Reason   string `json:"reason,omitempty"`
-	Count    uint64 `json:"count"`
+	// Reason is the reason label, if the decision has one.
+	Reason string `json:"reason,omitempty"`
+	// Count is how many pings were so decided.
+	Count uint64 `json:"count"`
 }
 
 func serveStuck(w http.ResponseWriter, r *http.Request) error {

@@ -156,12 +156,17 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 
 // elementReport is one ping of a batch in a batch's JSON answer.
 type elementReport struct {
-	Index    int            `json:"index"`
+	// Index is the ping's place in the batch, from 0.
+	Index int `json:"index"`
+	// Decision is what became of the ping.
 	Decision dedup.Decision `json:"decision"`
-	Reason   string         `json:"reason,omitempty"`
-	Field    string         `json:"field,omitempty"`
-	Rule     string         `json:"rule,omitempty"`
-	Error    string         `json:"error,omitempty"`
+	// Reason says why, for a decision that has one.
+	Reason string `json:"reason,omitempty"`
+	// Field, Rule and Error say what is wrong with a rejected or
+	// dead-lettered ping, as a single ping's answer does.
+	Field string `json:"field,omitempty"`
+	Rule  string `json:"rule,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 func reportOf(i int, e element) elementReport {
@@ -176,8 +181,11 @@ func reportOf(i int, e element) elementReport {
 
 // batchAnswer is the JSON answered when no ping of a batch goes upstream.
 type batchAnswer struct {
-	Decision dedup.Decision  `json:"decision"`
-	Error    string          `json:"error,omitempty"`
+	// Decision is the batch's, as its X-Dedup header says it.
+	Decision dedup.Decision `json:"decision"`
+	// Error says why the batch was answered here, and what to do.
+	Error string `json:"error,omitempty"`
+	// Elements are the batch's pings, in order.
 	Elements []elementReport `json:"elements"`
 }
 

@@ -156,14 +156,22 @@ then look the key up in Redis: redis-cli GET <key>, PTTL <key>.`,
 
 // keyReport is what the key command prints.
 type keyReport struct {
-	Asset    string    `json:"asset"`
-	Scope    string    `json:"scope,omitempty"`
-	Time     time.Time `json:"time"`
-	Bucket   int64     `json:"bucket"`
-	Cell     string    `json:"cell"`
-	Key      string    `json:"key"`
-	StateKey string    `json:"state_key,omitempty"`
-	SeenKey  string    `json:"seen_key,omitempty"`
+	// Asset is the ping's asset id, Scope its key scope (--scope).
+	Asset string `json:"asset"`
+	Scope string `json:"scope,omitempty"`
+	// Time is the device time read from the ping.
+	Time time.Time `json:"time"`
+	// Bucket is the device time floored to the window, in epoch seconds.
+	Bucket int64 `json:"bucket"`
+	// Cell is the H3 cell of the position, in lower-case hex.
+	Cell string `json:"cell"`
+	// Key is the ping's key in the store: with sliding or session the
+	// asset's state key, which is also the ping's key placeholder.
+	Key string `json:"key"`
+	// StateKey and SeenKey are the keys of the asset's track and of the
+	// pings seen in the ping's minute (shapes sliding and session only).
+	StateKey string `json:"state_key,omitempty"`
+	SeenKey  string `json:"seen_key,omitempty"`
 }
 
 func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {

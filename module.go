@@ -31,8 +31,11 @@ func init() {
 // jitter of a parked asset is answered 200 with X-Dedup: suppressed and
 // never reaches the backend.
 //
-// Changing window, resolution, key_prefix, key_scope or shape starts a
-// fresh key space: every key already in the store stops matching.
+// Changing key_prefix or key_scope, or shape between tumbling and sliding
+// or session, starts a fresh key space: the keys already in the store stop
+// matching, so redeliveries of pings seen before are admitted once more.
+// So does changing window or resolution in tumbling, for most keys; in
+// sliding and session they (and radius) can change and the keys stay.
 type Handler struct {
 	// Where the fields are in each JSON ping: plain dotted paths (dots for
 	// nesting and array indexes; no gjson queries or modifiers). asset and
@@ -179,7 +182,8 @@ type Handler struct {
 	// Key lifetime, instead of retry_ladder + outage_margin. It may not be
 	// shorter than window, nor than ladder + margin when either is given.
 	// Default: the last retry + outage_margin (6h30m), or window if that is
-	// longer.
+	// longer, or with shape session session_idle if that is longer still.
+	// With shape session it may not be shorter than session_idle either.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
 	// Where claims are kept: a module in the
@@ -190,7 +194,7 @@ type Handler struct {
 	// keep in process, so that duplicates of them (the repeat jitter of
 	// parked assets, exact redeliveries) are answered without a store round
 	// trip; 0 turns it off. Each key takes 64 bytes, allocated when the
-	// config loads. Default: 100000 with the redis store, off with the
+	// config loads; at most 50000000 (3.2 GB). Default: 100000 with the redis store, off with the
 	// memory store (which is in process already).
 	NearCache *int `json:"near_cache,omitempty"`
 

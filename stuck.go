@@ -39,6 +39,7 @@ func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
 
 // stuckAsset is one row of the admin endpoint.
 type stuckAsset struct {
+	// KeyPrefix is the key_prefix of the handlers that saw the asset.
 	KeyPrefix string `json:"key_prefix"`
 	// Scope is the asset's key scope (key_scope), if it has one.
 	Scope string `json:"scope,omitempty"`
