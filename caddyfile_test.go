@@ -624,6 +624,37 @@ func TestREADMEStatesTheOptionsBounds(t *testing.T) {
 	}
 }
 
+// The README lists the options a Caddyfile refuses 0 for, where JSON's 0
+// is the default: exactly those whose parser refuses 0.
+func TestREADMEListsTheOptionsThatRefuseZero(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sentence := regexp.MustCompile("(?s)a `0` \\(or\\s+less\\) for an option whose default is not `0` \\((.*?)\\) is an error").FindSubmatch(readme)
+	if sentence == nil {
+		t.Fatal("README's Options no longer says which options refuse 0")
+	}
+	var listed []string
+	for _, m := range regexp.MustCompile("`([a-z_]+)`").FindAllSubmatch(sentence[1], -1) {
+		listed = append(listed, string(m[1]))
+	}
+	var refusing []string
+	for _, o := range caddyfileOptions {
+		if !strings.HasPrefix(o.syntax, "<") {
+			continue // a choice of words, a block or a module: no number
+		}
+		d := caddyfile.NewTestDispenser(o.name + " 0")
+		d.Next()
+		if o.parse(new(Handler), d) != nil {
+			refusing = append(refusing, o.name)
+		}
+	}
+	if !slices.Equal(listed, refusing) {
+		t.Errorf("README lists %v as refusing 0; the parser refuses it for %v", listed, refusing)
+	}
+}
+
 // JSON config reaches the same checks as the Caddyfile: a negative store
 // timeout bounds nothing, and a negative count is no count (a negative pool
 // size used to panic go-redis, taking caddy run and the admin API down);
