@@ -32,7 +32,7 @@ func readmeSection(t *testing.T, title string) string {
 // column ("| `a`, `b` | what |" gives a and b).
 func firstColumn(section string) []string {
 	var names []string
-	for _, row := range regexp.MustCompile("(?m)^\\| ([^|]*) \\|").FindAllStringSubmatch(section, -1) {
+	for _, row := range regexp.MustCompile(`(?m)^\| ([^|]*) \|`).FindAllStringSubmatch(section, -1) {
 		for _, name := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(row[1], -1) {
 			names = append(names, name[1])
 		}
