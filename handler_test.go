@@ -166,6 +166,9 @@ func loadConfig(t *testing.T, config string) (*tableTester, func()) {
 type tableTester struct {
 	h        *Handler
 	upstream [][]byte
+	// upstreamStatus, if set, is what the upstream answers a body with;
+	// else it answers 201.
+	upstreamStatus func(body []byte) int
 }
 
 func tableHandler(t *testing.T, config string) *tableTester {
@@ -195,7 +198,11 @@ func (tt *tableTester) post(body, contentType string, header http.Header) respon
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		b, _ := io.ReadAll(r.Body)
 		tt.upstream = append(tt.upstream, b)
-		w.WriteHeader(http.StatusCreated)
+		status := http.StatusCreated
+		if tt.upstreamStatus != nil {
+			status = tt.upstreamStatus(b)
+		}
+		w.WriteHeader(status)
 		return nil
 	})
 	if err := tt.h.ServeHTTP(w, r, next); err != nil {
