@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -19,12 +20,23 @@ import (
 )
 
 // A store error names the fix when Redis says what is wrong: a real Redis
-// at maxmemory, or one that wants a password, as the store's calls see it
+// at maxmemory, one that wants a password, or one that refuses a script a
+// command or key the user may not use, as the store's calls see it
 // (wrapped on the way).
 func TestStoreErrorsSayWhatToDo(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client()
 	ctx := context.Background()
+	// Within a script Redis 7.0 refuses a command or key the user may not
+	// use with ERR, not NOPERM (7.2 says "ERR ACL failure in script").
+	srv.AddUser(t, "scripted", "pw")
+	if err := client.Do(ctx, "ACL", "SETUSER", "scripted", "resetkeys", "~a*", "-@all", "+eval", "+get").Err(); err != nil {
+		t.Fatal(err)
+	}
+	user := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "scripted", Password: "pw"})
+	defer user.Close()
+	scriptCommand := user.Eval(ctx, "return redis.call('TIME')", nil).Err()
+	scriptKey := user.Eval(ctx, "return redis.call('GET', 'b')", nil).Err()
 	if err := client.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +56,9 @@ func TestStoreErrorsSayWhatToDo(t *testing.T) {
 	}{
 		{"out of memory", fmt.Errorf("%w: %w", dedup.ErrReleasesOwed, oom), "maxmemory"},
 		{"no password", noauth, "set password"},
+		{"a command a script may not run", scriptCommand, "README's ACL rule"},
+		{"a key a script may not use", scriptKey, "README's ACL rule"},
+		{"Redis 7.2's refusal in a script", fmt.Errorf("decide: %w", replyError("ERR ACL failure in script: No permissions to run the 'time' command script: f826a6d8, on @user_script:50.")), "README's ACL rule"},
 		{"a timeout", fmt.Errorf("decide: %w", context.DeadlineExceeded), "within the store's timeout"},
 		{"anything else", errors.New("connection reset by peer"), ""},
 	} {
@@ -52,6 +67,14 @@ func TestStoreErrorsSayWhatToDo(t *testing.T) {
 		}
 	}
 }
+
+// replyError is an error reply of a Redis server the tests do not run.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+
+// RedisError marks replyError as a reply (redis.Error).
+func (replyError) RedisError() {}
 
 // The dead letters of a batch go to Redis in one call, bounded by one store
 // timeout, and not at all while the breaker is open: each used to wait its
