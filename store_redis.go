@@ -359,12 +359,24 @@ var redisReplyFixes = map[string]string{
 	"CLUSTERDOWN": "the Redis Cluster is down or not all its slots are served",
 }
 
+// scriptACLRefusals start the replies of a Redis that refuses a script a
+// command or key its user may not use: it says ERR there, not NOPERM
+// (7.0, then 7.2 and later).
+var scriptACLRefusals = []string{
+	"ERR The user executing the script can't",
+	"ERR ACL failure in script",
+}
+
 // storeErrorFix says what to do about a store error, if the error says
 // enough: Redis's own error replies, and a wait that timed out.
 func storeErrorFix(err error) string {
 	var reply redis.Error
 	if errors.As(err, &reply) && !errors.Is(err, redis.Nil) {
-		word, _, _ := strings.Cut(reply.Error(), " ")
+		msg := reply.Error()
+		if slices.ContainsFunc(scriptACLRefusals, func(prefix string) bool { return strings.HasPrefix(msg, prefix) }) {
+			return redisReplyFixes["NOPERM"]
+		}
+		word, _, _ := strings.Cut(msg, " ")
 		return redisReplyFixes[word]
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
