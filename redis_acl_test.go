@@ -169,14 +169,7 @@ func runEveryShapeAs(t *testing.T, store string, check redis.Cmdable) {
 			{"its retry", ping("veh-fail", 48.1), http.StatusCreated, "accepted"},
 			{"an invalid ping", ping("veh-new", 91), http.StatusAccepted, "dead_lettered"},
 		} {
-			switch step.name {
-			case "its redelivery":
-				// The first settlement of a script Redis has not loaded yet
-				// is sent again after loading it, which a claim in the same
-				// batch may overtake; well within in_flight_timeout, so an
-				// unsettled claim still answers in_flight.
-				time.Sleep(200 * time.Millisecond)
-			case "its retry":
+			if step.name == "its retry" {
 				upstreamDown = false
 			}
 			res := tt.post(step.ping, "application/json", nil)

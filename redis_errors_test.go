@@ -215,3 +215,33 @@ func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
 			first.FilterMessageSnippet("circuit breaker").Len(), second.Len()-1)
 	}
 }
+
+// Commands reach Redis in the order they were queued, also the first time
+// a script runs on a Redis that does not know it yet (a fresh one, or one
+// restarted or failed over, which forgets its scripts). A script's first
+// call used to fail NOSCRIPT and go again after loading it, behind the
+// commands queued after it: a settlement overtaken by its redelivery's
+// claim, and the redelivery was told in_flight instead of suppressed.
+func TestAScriptRedisForgotKeepsCommandsInOrder(t *testing.T) {
+	for _, shape := range []string{"sliding", "session", "tumbling"} {
+		t.Run(shape, func(t *testing.T) {
+			rdb := redistest.Start(t)
+			tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"order:","shape":%q,"near_cache":0,"store":{"type":"redis","url":%q,"timeout":1000000000}}`,
+				shape, rdb.URL()))
+			at := time.Now().UTC().Add(-time.Hour)
+			for i, when := range []string{"on a fresh Redis", "after a restart"} {
+				if i > 0 {
+					rdb.Restart()
+				}
+				body := fmt.Sprintf(`{"asset_id":"veh-%d","occurred_at":%q,"lat":52.5,"lon":13.4}`, i, at.Format(time.RFC3339))
+				if res := tt.post(body, "application/json", nil); res.status != http.StatusCreated {
+					t.Fatalf("%s: a new ping: %d %s %s", when, res.status, res.header.Get("X-Dedup"), res.body)
+				}
+				// Its settlement rides with the next batch: the redelivery's.
+				if res := tt.post(body, "application/json", nil); res.status != http.StatusOK || res.header.Get("X-Dedup") != "suppressed" {
+					t.Errorf("%s: its redelivery at once: %d %s; want 200 suppressed (its settlement queued first)", when, res.status, res.header.Get("X-Dedup"))
+				}
+			}
+		})
+	}
+}

@@ -274,6 +274,7 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 		WriteTimeout:          time.Duration(r.WriteTimeout),
 		PoolSize:              r.PoolSize,
 		ContextTimeoutEnabled: true, // the per-operation timeout must bound network waits
+		OnConnect:             dedup.LoadScripts,
 	}
 	switch {
 	case r.URL != "" && len(r.Addresses) > 0:

@@ -55,6 +55,25 @@ var (
 	trackReleaseScript = redis.NewScript(trackReleaseLua)
 )
 
+// LoadScripts loads the store's scripts on a new connection before it
+// runs anything else: set it as the client's OnConnect. Redis forgets its
+// scripts when it restarts or a replica takes over, and a script's call
+// that fails NOSCRIPT is sent again after loading it, behind the commands
+// queued after it, which then ran first (a redelivery's claim before the
+// settlement that would have suppressed it). A connection made after the
+// change loads them first. It never fails the connection: one that cannot
+// load them (a sentinel, a user without SCRIPT LOAD) still works, and the
+// resend still covers a script flushed under a live connection.
+func LoadScripts(ctx context.Context, cn *redis.Conn) error {
+	_, _ = cn.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, src := range []string{claimReleaseLua, trackDecideLua, trackSettleLua, trackReleaseLua} {
+			p.ScriptLoad(ctx, src)
+		}
+		return nil
+	})
+	return nil
+}
+
 // Decide implements Store.
 func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
 	cmds := make([]pipeline.Cmd, len(claims))
