@@ -50,8 +50,9 @@ type element struct {
 	asset string // the asset id as sent, outside any key scope
 	scope string
 	obs   dedup.Observation
-	// claim is the element's claim on the store, once it was claimed.
-	claim *dedup.Claim
+	// claims holds the element's claim on the store once it was claimed:
+	// a slice of one, of the store call's, that forward takes as it is.
+	claims []*dedup.Claim
 
 	// decision is empty while the element waits for its claim.
 	decision dedup.Decision
@@ -220,6 +221,14 @@ func (h *Handler) quantise(req *request) {
 	}
 }
 
+// claim is the element's claim on the store, or nil before it was claimed.
+func (e *element) claim() *dedup.Claim {
+	if len(e.claims) == 0 {
+		return nil
+	}
+	return e.claims[0]
+}
+
 // waiting reports an element that is a valid ping, not yet claimed.
 func (e *element) waiting() bool { return e.decision == "" && e.err == nil }
 
@@ -253,7 +262,7 @@ func (h *Handler) claim(req *request) {
 	}
 	for j, i := range at {
 		e := &req.elements[i]
-		e.claim = claims[j]
+		e.claims = claims[j : j+1 : j+1]
 		if err != nil {
 			e.decision, e.reason = h.settings.onStoreError, reasonStoreError
 			continue

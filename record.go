@@ -89,7 +89,7 @@ func (h *Handler) recordOutcome(e *element) {
 	}
 	metrics.decisions.WithLabelValues(string(e.decision), e.reason).Inc()
 	if e.claimed() {
-		h.watchForStuck(e.obs.Asset, dedup.Verdict{Decision: e.decision, Reason: dedup.Reason(e.reason)}, e.claim.At)
+		h.watchForStuck(e.obs.Asset, dedup.Verdict{Decision: e.decision, Reason: dedup.Reason(e.reason)}, e.claim().At)
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "telemetry_dedup decision"); c != nil {
 		c.Write(zap.String("decision", string(e.decision)), zap.String("reason", e.reason),
@@ -108,10 +108,10 @@ func (e *element) claimed() bool {
 
 // key is the key the element was decided on, if it reached the store.
 func (e *element) key() string {
-	if e.claim == nil {
+	if e.claim() == nil {
 		return ""
 	}
-	return e.claim.Key()
+	return e.claim().Key()
 }
 
 // outcomePlaceholders answers the handler's placeholders from a request's
@@ -183,7 +183,7 @@ func (op *outcomePlaceholders) elementPlaceholder(key string, e *element) (any, 
 	case placeholderKey:
 		return e.key(), true
 	}
-	if e.claim == nil {
+	if e.claim() == nil {
 		return nil, false
 	}
 	switch key {

@@ -79,7 +79,7 @@ func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddy
 	d, a := e.decision, &h.settings.answers
 	switch {
 	case d == dedup.Accepted:
-		return h.forward(w, r, next, d, e.reason, []*dedup.Claim{e.claim})
+		return h.forward(w, r, next, d, e.reason, e.claims)
 	case d == decisionUnchecked:
 		return h.forward(w, r, next, d, "", nil)
 	case d == decisionSkipped:
@@ -144,7 +144,7 @@ func (req *request) sendBack() {
 	req.sentBack = []*dedup.Claim{}
 	for i := range req.elements {
 		if e := &req.elements[i]; e.decision == dedup.Accepted {
-			req.sentBack = append(req.sentBack, e.claim)
+			req.sentBack = append(req.sentBack, e.claim())
 			e.decision, e.reason = c.decision(), reasonSentBack
 		}
 	}
@@ -166,7 +166,7 @@ func acceptedClaims(elements []element) []*dedup.Claim {
 	var claims []*dedup.Claim
 	for _, e := range elements {
 		if e.decision == dedup.Accepted {
-			claims = append(claims, e.claim)
+			claims = append(claims, e.claim())
 		}
 	}
 	return claims
