@@ -33,14 +33,14 @@ func (e *tooLargeError) Error() string {
 const firstRead = 4 << 10
 
 // readBody reads at most limit bytes of the body and puts them back for the
-// next handler, with a ContentLength that matches: reverse_proxy drops a body
+// next handler, read from rb, with a ContentLength that matches: reverse_proxy drops a body
 // whose ContentLength is 0, and a wrong length fails the upstream request.
 // An oversize body is put back whole, for shadow mode to forward.
 //
 // The buffer grows with what has arrived, never with what was declared: a
 // Content-Length is a claim, and 300 connections each declaring 1 MiB and
 // sending one byte must not hold 300 MiB.
-func readBody(r *http.Request, limit int64) ([]byte, error) {
+func readBody(r *http.Request, limit int64, rb *restoredBody) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, &tooLargeError{limit: limit}
 	}
@@ -63,7 +63,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
 		return nil, &tooLargeError{limit: limit}
 	}
-	restoreBody(r, body)
+	rb.restore(r, body)
 	return body, nil
 }
 
@@ -90,8 +90,13 @@ func readUpTo(body io.Reader, n int64) ([]byte, error) {
 	return buf, nil
 }
 
-func restoreBody(r *http.Request, body []byte) {
-	rb := newRestoredBody(body)
+// restoreBody puts body back as r's body.
+func restoreBody(r *http.Request, body []byte) { new(restoredBody).restore(r, body) }
+
+// restore puts body back as r's body, read from rb.
+func (rb *restoredBody) restore(r *http.Request, body []byte) {
+	rb.body = body
+	rb.Reset(body)
 	r.Body, r.GetBody = rb, rb.again
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil // a chunked request now has a known length

@@ -22,7 +22,7 @@ func TestDeclaredLengthIsNotAllocatedUpFront(t *testing.T) {
 	for range requests {
 		r := httptest.NewRequest(http.MethodPost, "/", io.LimitReader(strings.NewReader("{"), 1))
 		r.ContentLength = declared
-		if _, err := readBody(r, declared); err == nil {
+		if _, err := readBody(r, declared, new(restoredBody)); err == nil {
 			t.Fatal("a body shorter than its Content-Length was read without an error")
 		}
 	}
@@ -56,7 +56,7 @@ func TestReadBody(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tt.body))
 			r.ContentLength = tt.contentLength
-			got, err := readBody(r, tt.limit)
+			got, err := readBody(r, tt.limit, new(restoredBody))
 			if status := errorStatus(err); status != tt.status {
 				t.Fatalf("error %v (status %d), want status %d", err, status, tt.status)
 			}
@@ -69,6 +69,13 @@ func TestReadBody(t *testing.T) {
 			restored, _ := io.ReadAll(r.Body)
 			if string(restored) != tt.want || r.ContentLength != int64(len(tt.want)) {
 				t.Fatalf("restored %d bytes with ContentLength %d, want %d", len(restored), r.ContentLength, len(tt.want))
+			}
+			again, err := r.GetBody() // a proxy's retry reads it anew
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := io.ReadAll(again); string(b) != tt.want {
+				t.Fatalf("GetBody gave %d bytes, want %d", len(b), len(tt.want))
 			}
 		})
 	}
@@ -83,7 +90,7 @@ func TestRequestBodyLimitIsTheOneNamed(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat(" ", 500)))
 	r.ContentLength = -1 // chunked: request_body cannot refuse it up front
 	r.Body = maxSizeBody{http.MaxBytesReader(w, r.Body, 400)}
-	_, err := readBody(r, 1<<20)
+	_, err := readBody(r, 1<<20, new(restoredBody))
 	if status := errorStatus(err); status != http.StatusRequestEntityTooLarge {
 		t.Fatalf("error %v (status %d), want 413", err, status)
 	}

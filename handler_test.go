@@ -216,7 +216,8 @@ func (tt *tableTester) post(body, contentType string, header http.Header) respon
 func (tt *tableTester) claimInFlight(t *testing.T, body string) {
 	t.Helper()
 	repl := caddy.NewReplacer()
-	req := tt.h.normaliseBatch(pingBatch(body), repl)
+	req := new(request)
+	tt.h.normaliseBatch(req, pingBatch(body), repl)
 	tt.h.quantise(req)
 	tt.h.claim(req)
 	if req.elements[0].decision != "accepted" {

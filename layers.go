@@ -31,17 +31,18 @@ type request struct {
 	// placeholders answers for the request in its replacer, if it was the
 	// first request there (see publishPlaceholders), saving another.
 	placeholders outcomePlaceholders
+	// body is what the next handler reads the body from, saving a third.
+	body restoredBody
 }
 
-// newRequest returns the request of a batch, its elements not yet read.
-func newRequest(batch ping.Batch) *request {
-	req := &request{batch: batch}
+// setBatch makes the request that of a batch, its elements not yet read.
+func (req *request) setBatch(batch ping.Batch) {
+	req.batch = batch
 	if len(batch.Elements) == 1 {
 		req.elements = req.one[:]
 	} else {
 		req.elements = make([]element, len(batch.Elements))
 	}
-	return req
 }
 
 // element is one ping of a request and what became of it.
@@ -73,9 +74,10 @@ func (req *request) single() bool { return req.batch.Single() }
 // request that cannot be read or split is one element, rejected as a
 // whole.
 func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
+	req := new(request)
 	ct := contentTypeOf(r)
 	form := h.settings.readsForm(ct)
-	body, err := readBody(r, h.settings.maxBody)
+	body, err := readBody(r, h.settings.maxBody, &req.body)
 	if err == nil && len(body) > 0 && !(form && r.URL.RawQuery != "") {
 		// An empty body is no compressed one (a GET's pings are in its
 		// query), and a form's query outranks its body, which is not read.
@@ -84,14 +86,15 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	if err == nil {
 		var batch ping.Batch
 		if batch, err = h.split(r, ct, body, form); err == nil {
-			return h.normaliseBatch(batch, repl)
+			h.normaliseBatch(req, batch, repl)
+			return req
 		}
 	}
 	sent := body
 	if form && r.URL.RawQuery != "" {
 		sent = []byte(r.URL.RawQuery)
 	}
-	req := newRequest(ping.Batch{Framing: ping.Single, Elements: [][]byte{sent}})
+	req.setBatch(ping.Batch{Framing: ping.Single, Elements: [][]byte{sent}})
 	req.elements[0].raw = sent
 	req.elements[0].refuse(err)
 	return req
@@ -139,8 +142,9 @@ func (s *settings) readsForm(ct contentType) bool {
 	return false
 }
 
-func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *request {
-	req := newRequest(batch)
+// normaliseBatch reads and validates each ping of batch into req.
+func (h *Handler) normaliseBatch(req *request, batch ping.Batch, repl *caddy.Replacer) {
+	req.setBatch(batch)
 	extracts := h.settings.extracts
 	if batch.Framing == ping.Form {
 		extracts = h.settings.formExtracts
@@ -164,7 +168,6 @@ func (h *Handler) normaliseBatch(batch ping.Batch, repl *caddy.Replacer) *reques
 			e.obs.Ping, e.asset, e.scope = p, p.Asset, scope
 		}
 	}
-	return req
 }
 
 // skipReason says why a ping is passed on unkeyed: not a position, or,
