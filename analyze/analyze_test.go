@@ -356,7 +356,13 @@ func TestAnalyzeCountsBadLines(t *testing.T) {
 		{"\xEF\xBB\xBF" + valid, SkipMalformed, 0}, // a byte order mark, as the handler refuses it
 		{"[" + valid + "," + valid + "]", "", 2},
 		{valid + "\r", "", 0}, // CRLF line ends
-		{valid, "", 0},        // the last line has no newline
+		// a line of the OwnTracks Recorder's .rec files: its message follows
+		// the time stamp and the padded topic, each ended by a tab
+		{"2026-03-01T00:00:00Z\t*                 \t" + valid, "", 0},
+		{"2026-03-01T00:00:00Z\t" + valid, SkipMalformed, 0},           // no topic
+		{"2026-03-01 00:00:00Z\t*\t" + valid, SkipMalformed, 0},        // not the Recorder's time stamp
+		{`"2026-03-01T00:00:00Z\t*\t` + valid + `"`, SkipMalformed, 0}, // a JSON string
+		{valid, "", 0}, // the last line has no newline
 	}
 	var capture []string
 	wantLines, wantElements, wantPings, wantSkipped := 0, 0, 0, map[string]int{}
