@@ -33,7 +33,8 @@ func init() {
 		Long: `
 analyze reads a capture of pings (one request body per line: a JSON ping,
 a JSON array or the preset's wrapped batch of them, or a form-encoded ping
-with a form-reading preset or --encoding; gzip-compressed or not) and
+with a form-reading preset or --encoding; or the OwnTracks Recorder's .rec
+files; gzip-compressed or not) and
 reports, for a grid of H3 resolutions and windows, what telemetry_dedup
 would admit and suppress and why, the measured parked jitter, and the share
 of real moves one cell would swallow; then recommends a resolution, a window, the radius of the sliding
@@ -291,7 +292,9 @@ func analyzeCommand() *cobra.Command {
 JSON array of pings, or a batch wrapped as the preset's or --batch says,
 such as Overland's {"locations":[...]}, each element a ping; or a form ping
 as a query string or a whole URL with --preset osmand or --encoding form or
-auto; a file, or standard input for "-" or nothing; gzip-compressed or not)
+auto; or a line of the OwnTracks Recorder's .rec files, read as its
+message, the text after the second tab; a file, or standard input for "-"
+or nothing; gzip-compressed or not)
 and report, for a grid of H3 resolutions and windows, what telemetry_dedup
 would admit and suppress and why, the measured parked jitter (p50/p95/p99 metres), and the share of real
 moves one cell would swallow; then a recommended resolution (the finest whose cell edge stays
@@ -303,6 +306,7 @@ window) and the TTL for the retry ladder, e.g.
   caddy telemetry-dedup analyze --preset traccar capture.ndjson
   caddy telemetry-dedup analyze --preset osmand requested-urls.txt
   caddy telemetry-dedup analyze --preset overland --shape sliding bodies.ndjson.gz
+  caddy telemetry-dedup analyze --preset owntracks store/rec/jane/phone/2025-01.rec
   zstdcat pings.ndjson.zst | caddy telemetry-dedup analyze --json -`,
 		Args: cobra.MaximumNArgs(1),
 	}

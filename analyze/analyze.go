@@ -125,7 +125,8 @@ type Options struct {
 }
 
 // Analyze reads a capture of pings (one request body per line: a JSON
-// ping or batch, or, with Options.Form, a form-encoded ping; blank lines
+// ping or batch, or, with Options.Form, a form-encoded ping; or a line of
+// the OwnTracks Recorder's .rec files, read as its message; blank lines
 // ignored; gzip-compressed or not) and replays it through
 // the production Deduper for every (resolution, window) candidate, in
 // capture order, one asset at a time with fresh memory stores: the keys carry the asset, so decisions never
@@ -300,7 +301,8 @@ func (g gzipErrors) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// pings reads the pings of one line of the capture, each with the error
+// pings reads the pings of one line of the capture (of a line of the
+// OwnTracks Recorder's .rec files, of its message), each with the error
 // that keeps it from being used: a form ping when Form is set and the line
 // is not JSON (an object or an array), else the elements the Batch
 // splitter finds, each read as a JSON ping. A batch that cannot be split
@@ -309,6 +311,9 @@ func (g gzipErrors) Read(p []byte) (int, error) {
 func (a *analyzer) pings(line []byte) iter.Seq2[ping.Ping, error] {
 	return func(yield func(ping.Ping, error) bool) {
 		text := bytes.TrimSpace(line)
+		if message, ok := recorderMessage(text); ok {
+			text = message
+		}
 		if len(a.opts.Form.TimePaths) > 0 && !bytes.HasPrefix(text, []byte("{")) && !bytes.HasPrefix(text, []byte("[")) {
 			yield(a.parseForm(text))
 			return
@@ -333,6 +338,32 @@ func (a *analyzer) pings(line []byte) iter.Seq2[ping.Ping, error] {
 			}
 		}
 	}
+}
+
+// recorderStamp is the shape of the time stamp that starts each line of
+// the OwnTracks Recorder's .rec files (isotime in its util.c: the
+// message's tst, in UTC), a 0 for each digit.
+const recorderStamp = "0000-00-00T00:00:00Z"
+
+// recorderMessage returns the message of a line of the OwnTracks
+// Recorder's .rec files, which its recorder.c writes as "%s\t%-18s\t%s":
+// the time stamp, a tab, the topic below owntracks/<user>/<device> padded
+// with spaces ("*", "event", "lwt"), a tab, then the message. The message
+// is what follows the second tab; ok is false for a line that does not
+// start with the time stamp and a tab. No JSON text starts so (a number has
+// no "-" after a digit), nor does a query string or a URL.
+func recorderMessage(line []byte) (message []byte, ok bool) {
+	if len(line) <= len(recorderStamp) || line[len(recorderStamp)] != '\t' {
+		return nil, false
+	}
+	for i := range len(recorderStamp) {
+		c, want := line[i], recorderStamp[i]
+		if want == '0' && (c < '0' || c > '9') || want != '0' && c != want {
+			return nil, false
+		}
+	}
+	_, message, ok = bytes.Cut(line[len(recorderStamp)+1:], []byte{'\t'})
+	return message, ok
 }
 
 // parseForm reads a line holding a form ping: a query string, a form body
