@@ -245,3 +245,22 @@ func TestAScriptRedisForgotKeepsCommandsInOrder(t *testing.T) {
 		})
 	}
 }
+
+// A Redis that answers the startup check with an error did answer: the
+// warning says what it refused and the fix, not that it does not answer.
+func TestTheStartupWarningSaysWhatRedisRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client().ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	warnIfUnreachable(context.Background(), srv.Client(), srv.Addr(), zap.New(core)) // a new client, without the password
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("%d warnings, want 1", len(entries))
+	}
+	fix, _ := entries[0].ContextMap()["fix"].(string)
+	if strings.Contains(entries[0].Message, "does not answer") || !strings.Contains(fix, "set password") {
+		t.Fatalf("warning %q, fix %q; want what Redis refused and the fix naming password", entries[0].Message, fix)
+	}
+}

@@ -388,14 +388,25 @@ func storeErrorFix(err error) string {
 }
 
 // warnIfUnreachable tells the operator at start that Redis does not answer,
-// instead of letting the first store error in traffic be the news.
+// or refuses to (a password or ACL rule missing, with the fix), instead of
+// letting the first store error in traffic be the news.
 func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := client.Ping(ctx).Err(); err != nil && ctx.Err() == nil {
-		logger.Warn("redis store does not answer; until it does, on_store_error decides what happens to pings",
-			zap.String("redis", where), zap.Error(err))
+	err := client.Ping(ctx).Err()
+	if err == nil || ctx.Err() != nil {
+		return
 	}
+	msg := "redis store does not answer; until it does, on_store_error decides what happens to pings"
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		msg = "redis store refuses the startup check (PING); until it accepts it, on_store_error decides what happens to pings"
+	}
+	fields := []zap.Field{zap.String("redis", where), zap.Error(err)}
+	if fix := storeErrorFix(err); fix != "" {
+		fields = append(fields, zap.String("fix", fix))
+	}
+	logger.Warn(msg, fields...)
 }
 
 // describeTopology names a connection for logs, without secrets.
