@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,5 +265,131 @@ func TestTheStartupWarningSaysWhatRedisRefused(t *testing.T) {
 	fix, _ := entries[0].ContextMap()["fix"].(string)
 	if strings.Contains(entries[0].Message, "does not answer") || !strings.Contains(fix, "set password") {
 		t.Fatalf("warning %q, fix %q; want what Redis refused and the fix naming password", entries[0].Message, fix)
+	}
+}
+
+// A new connection whose loading of the scripts times out (a Redis slower
+// than read_timeout, set below the store's timeout) is not used: the
+// replies to SCRIPT LOAD still on their way were read as the answers to the
+// commands sent after them on it, each command given another's answer (a
+// claim's SET NX GET told another key's value).
+func TestALateScriptLoadLeavesNoReplyBehind(t *testing.T) {
+	rdb := redistest.Start(t)
+	relay := startScriptReplyHolder(t, rdb.Addr())
+	opts, err := (RedisStore{URL: "redis://" + relay.addr(), ReadTimeout: caddy.Duration(500 * time.Millisecond)}).options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewUniversalClient(opts)
+	defer client.Close()
+	ctx := context.Background()
+	if got, err := client.Set(ctx, "late-load:key", "v", 0).Result(); err == nil && got != "OK" {
+		t.Errorf("SET on a new connection whose SCRIPT LOAD timed out answered %q; want OK or an error", got)
+	}
+	if got, err := client.Set(ctx, "late-load:key", "v", 0).Result(); err != nil || got != "OK" {
+		t.Errorf("SET again: %q, %v; want OK", got, err)
+	}
+	if got, err := client.Get(ctx, "late-load:key").Result(); err != nil || got != "v" {
+		t.Errorf("GET after it: %q, %v; want \"v\"", got, err)
+	}
+	if relay.held.Load() == 0 {
+		t.Fatal("the relay held no reply to SCRIPT LOAD: nothing was tested")
+	}
+}
+
+// scriptReplyHolder relays to a Redis, holding the replies to the first
+// SCRIPT LOAD it sees until the client sends its next command on that
+// connection, as a Redis slower than read_timeout would.
+type scriptReplyHolder struct {
+	listener net.Listener
+	held     atomic.Int32
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func startScriptReplyHolder(t *testing.T, to string) *scriptReplyHolder {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &scriptReplyHolder{listener: l}
+	t.Cleanup(h.close)
+	go func() {
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", to)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			h.mu.Lock()
+			h.conns = append(h.conns, client, server)
+			h.mu.Unlock()
+			go h.relay(client, server)
+		}
+	}()
+	return h
+}
+
+// relay copies both ways, holding the first SCRIPT LOAD's replies.
+func (h *scriptReplyHolder) relay(client, server net.Conn) {
+	var loading atomic.Bool
+	next, done := make(chan struct{}), make(chan struct{})
+	go func() { // client to server: note SCRIPT LOAD, then the command after it
+		defer close(done)
+		defer server.Close()
+		buf := make([]byte, 64<<10)
+		released := false
+		for {
+			n, err := client.Read(buf)
+			if n > 0 {
+				if strings.Contains(strings.ToUpper(string(buf[:n])), "SCRIPT") {
+					loading.Store(true)
+				} else if loading.Load() && !released {
+					released = true
+					close(next)
+				}
+				if _, err := server.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer client.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && loading.Load() && h.held.CompareAndSwap(0, 1) {
+			select {
+			case <-next:
+			case <-done:
+			}
+		}
+		if n > 0 {
+			if _, err := client.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (h *scriptReplyHolder) addr() string { return h.listener.Addr().String() }
+
+func (h *scriptReplyHolder) close() {
+	h.listener.Close()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.Close()
 	}
 }
