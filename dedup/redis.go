@@ -61,16 +61,25 @@ var (
 // that fails NOSCRIPT is sent again after loading it, behind the commands
 // queued after it, which then ran first (a redelivery's claim before the
 // settlement that would have suppressed it). A connection made after the
-// change loads them first. It never fails the connection: one that cannot
-// load them (a sentinel, a user without SCRIPT LOAD) still works, and the
-// resend still covers a script flushed under a live connection.
+// change loads them first. Redis refusing them does not fail the
+// connection: one that cannot load them (a sentinel, a user without SCRIPT
+// LOAD) still works, and the resend still covers a script flushed under a
+// live connection. A timeout or a broken connection does, as go-redis's own
+// handshake does: replies still on their way would answer the commands
+// sent after them, each command told another's answer.
 func LoadScripts(ctx context.Context, cn *redis.Conn) error {
-	_, _ = cn.Pipelined(ctx, func(p redis.Pipeliner) error {
+	cmds, _ := cn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, src := range []string{claimReleaseLua, trackDecideLua, trackSettleLua, trackReleaseLua} {
 			p.ScriptLoad(ctx, src)
 		}
 		return nil
 	})
+	for _, cmd := range cmds {
+		var reply redis.Error
+		if err := cmd.Err(); err != nil && !errors.As(err, &reply) {
+			return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
+		}
+	}
 	return nil
 }
 
