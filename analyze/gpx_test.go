@@ -1,0 +1,76 @@
+package analyze
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// traccarGPX is a route as Traccar's web UI exports it (reports, route,
+// export GPX), written as GpxExportProvider.generate writes it
+// (src/main/java/org/traccar/reports/GpxExportProvider.java of
+// traccar/traccar at 9e5c458ad0bf44ceaddf72534bf6874787f41b6c,
+// Apache-2.0): an XMLStreamWriter's document on one line, no namespace,
+// one trk named after the device (escaped), one trkseg, and per position a
+// trkpt with lat and lon as Java's Double.toString writes them (-5.0E-4
+// below 1e-3), its altitude as ele and its fix time as DateUtil.formatDate
+// writes it (ISO_OFFSET_DATE_TIME in the server's zone: the offset, and a
+// fraction only when the milliseconds are not 0). Only the format is
+// followed; the values are invented: a van parked at the Greenwich
+// meridian for five minutes, reporting every 30 s, then driving east.
+const traccarGPX = "<?xml version='1.0' encoding='UTF-8'?>" +
+	`<gpx version="1.0"><trk><name>Van 7 &amp; trailer &lt;spare></name><trkseg>` +
+	`<trkpt lat="51.47787" lon="-5.0E-4"><ele>46.0</ele><time>2026-03-01T10:00:00+01:00</time></trkpt>` +
+	`<trkpt lat="51.477872" lon="-4.98E-4"><ele>46.2</ele><time>2026-03-01T10:00:30+01:00</time></trkpt>` +
+	`<trkpt lat="51.477866" lon="-5.03E-4"><ele>45.9</ele><time>2026-03-01T10:01:00.25+01:00</time></trkpt>` +
+	`<trkpt lat="51.477874" lon="-4.97E-4"><ele>46.1</ele><time>2026-03-01T10:01:30+01:00</time></trkpt>` +
+	`<trkpt lat="51.477869" lon="-5.01E-4"><ele>46.0</ele><time>2026-03-01T10:02:00+01:00</time></trkpt>` +
+	`<trkpt lat="51.477871" lon="-4.99E-4"><ele>46.3</ele><time>2026-03-01T10:02:30+01:00</time></trkpt>` +
+	`<trkpt lat="51.477868" lon="-5.02E-4"><ele>45.8</ele><time>2026-03-01T10:03:00+01:00</time></trkpt>` +
+	`<trkpt lat="51.477873" lon="-4.96E-4"><ele>46.0</ele><time>2026-03-01T10:03:30+01:00</time></trkpt>` +
+	`<trkpt lat="51.47787" lon="-5.0E-4"><ele>46.1</ele><time>2026-03-01T10:04:00+01:00</time></trkpt>` +
+	`<trkpt lat="51.477867" lon="-5.04E-4"><ele>46.0</ele><time>2026-03-01T10:04:30+01:00</time></trkpt>` +
+	`<trkpt lat="51.477872" lon="-4.98E-4"><ele>45.9</ele><time>2026-03-01T10:05:00+01:00</time></trkpt>` +
+	`<trkpt lat="51.47787" lon="0.0012"><ele>45.0</ele><time>2026-03-01T10:05:30+01:00</time></trkpt>` +
+	`<trkpt lat="51.47787" lon="0.0035"><ele>44.0</ele><time>2026-03-01T10:06:00+01:00</time></trkpt>` +
+	`<trkpt lat="51.47787" lon="0.0058"><ele>43.0</ele><time>2026-03-01T10:06:30+01:00</time></trkpt>` +
+	`</trkseg></trk></gpx>`
+
+// A GPX route exported from Traccar is one asset, each trkpt one of its
+// pings in document order: the document counts as one line holding its
+// track points.
+func TestAnalyzeReadsATraccarGPXExport(t *testing.T) {
+	rep := analyze(t, []byte(traccarGPX), Options{})
+	if rep.Lines != 1 || rep.Elements != 14 || rep.Pings != 14 || rep.Assets != 1 || len(rep.Skipped) != 0 {
+		t.Errorf("%d lines, %d elements, %d pings of %d assets, skipped %v; want 1 line of 14 elements, 14 pings of 1 asset",
+			rep.Lines, rep.Elements, rep.Pings, rep.Assets, rep.Skipped)
+	}
+	if rep.MedianInterval != 30*time.Second || rep.Jitter.Runs != 1 || rep.Moves.Count != 3 {
+		t.Errorf("median interval %s, %d stationary runs, %d moves; want 30s, 1, 3",
+			rep.MedianInterval, rep.Jitter.Runs, rep.Moves.Count)
+	}
+}
+
+// A point the route cannot use is skipped by why, as a line's ping would
+// be, and the first one the document could not read is named by its index
+// among the track points; other GPX writers' waypoints and route points
+// are not Traccar's, and are not read.
+func TestAnalyzeCountsBadGPXPoints(t *testing.T) {
+	gpx := "\n  <gpx version=\"1.1\" xmlns=\"http://www.topografix.com/GPX/1/1\"><wpt lat=\"1\" lon=\"1\"><time>2026-03-01T10:00:00Z</time></wpt><trk><trkseg>" +
+		`<trkpt lat="52.5" lon="13.4"><time>2026-03-01T10:00:00Z</time></trkpt>` +
+		`<trkpt lat="52.5" lon="13.4"></trkpt>` + // no time
+		`<trkpt lat="91" lon="13.4"><time>2026-03-01T10:01:00Z</time></trkpt>` +
+		`<trkpt lat="0" lon="0"><time>2026-03-01T10:01:30Z</time></trkpt>` +
+		`<trkpt lat="52.5"><time>2026-03-01T10:02:00Z</time></trkpt>` + // no lon
+		`<trkpt lat="52.5" lon="13.4"><time>2026-03-01T10:02:30Z</time></trkpt>` +
+		`</trkseg></trk></gpx>`
+	rep := analyze(t, []byte(gpx), Options{})
+	want := map[string]int{SkipMalformed: 2, "range": 1, "null_island": 1}
+	if rep.Lines != 1 || rep.Elements != 6 || rep.Pings != 2 || !reflect.DeepEqual(rep.Skipped, want) {
+		t.Errorf("%d lines, %d elements, %d pings, skipped %v; want 1, 6, 2, %v", rep.Lines, rep.Elements, rep.Pings, rep.Skipped, want)
+	}
+	if !strings.Contains(strings.Join(rep.Notes, "\n"), "track point 2 has no <time>") {
+		t.Errorf("no note names the first point without time: %q", rep.Notes)
+	}
+}
