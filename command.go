@@ -286,15 +286,16 @@ func pingArgument(arg string, stdin io.Reader) ([]byte, error) {
 
 func analyzeCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "analyze [<capture.ndjson> | -]",
+		Use:   "analyze [<capture.ndjson> | <route.gpx> | -]",
 		Short: "Recommend resolution, radius, window and TTL from a capture of your own pings",
 		Long: `Read a capture of pings (one request body per line: a JSON ping, a
 JSON array of pings, or a batch wrapped as the preset's or --batch says,
 such as Overland's {"locations":[...]}, each element a ping; or a form ping
 as a query string or a whole URL with --preset osmand or --encoding form or
 auto; or a line of the OwnTracks Recorder's .rec files, read as its
-message, the text after the second tab; a file, or standard input for "-"
-or nothing; gzip-compressed or not)
+message, the text after the second tab; or a GPX file, as Traccar's web UI
+exports a device's route, each trkpt a ping of one asset; a file, or
+standard input for "-" or nothing; gzip-compressed or not)
 and report, for a grid of H3 resolutions and windows, what telemetry_dedup
 would admit and suppress and why, the measured parked jitter (p50/p95/p99 metres), and the share of real
 moves one cell would swallow; then a recommended resolution (the finest whose cell edge stays
@@ -307,6 +308,7 @@ window) and the TTL for the retry ladder, e.g.
   caddy telemetry-dedup analyze --preset osmand requested-urls.txt
   caddy telemetry-dedup analyze --preset overland --shape sliding bodies.ndjson.gz
   caddy telemetry-dedup analyze --preset owntracks store/rec/jane/phone/2025-01.rec
+  caddy telemetry-dedup analyze route.gpx
   zstdcat pings.ndjson.zst | caddy telemetry-dedup analyze --json -`,
 		Args: cobra.MaximumNArgs(1),
 	}

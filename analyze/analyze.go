@@ -127,7 +127,8 @@ type Options struct {
 // Analyze reads a capture of pings (one request body per line: a JSON
 // ping or batch, or, with Options.Form, a form-encoded ping; or a line of
 // the OwnTracks Recorder's .rec files, read as its message; blank lines
-// ignored; gzip-compressed or not) and replays it through
+// ignored; or a GPX document, as Traccar exports a route, see readGPX;
+// gzip-compressed or not) and replays it through
 // the production Deduper for every (resolution, window) candidate, in
 // capture order, one asset at a time with fresh memory stores: the keys carry the asset, so decisions never
 // span assets. It measures the parked jitter, the report interval and the
@@ -230,6 +231,9 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 	br, err := decompressed(bufio.NewReaderSize(r, 64<<10))
 	if err != nil {
 		return nil, err
+	}
+	if isGPX(br) {
+		return a.readGPX(br)
 	}
 	lr := lineReader{r: br}
 	for {

@@ -73,4 +73,8 @@ func TestAnalyzeCountsBadGPXPoints(t *testing.T) {
 	if !strings.Contains(strings.Join(rep.Notes, "\n"), "track point 2 has no <time>") {
 		t.Errorf("no note names the first point without time: %q", rep.Notes)
 	}
+	_, err := Analyze(strings.NewReader(`<gpx><trk><trkseg><trkpt lat="1" lon="2"/></trkseg></trk></gpx>`), Options{})
+	if err == nil || !strings.Contains(err.Error(), "track point 1 has no <time>") {
+		t.Errorf("a document of which no point can be read: %v, want an error naming track point 1", err)
+	}
 }

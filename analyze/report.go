@@ -12,7 +12,8 @@ import (
 type Report struct {
 	// Shape is the window shape the candidates were replayed with.
 	Shape dedup.Shape `json:"shape"`
-	// Lines counts the non-blank lines read.
+	// Lines counts the non-blank lines read; a GPX document counts as one,
+	// holding its track points as elements.
 	Lines int `json:"lines"`
 	// Elements counts the pings the lines hold (a line holding a batch
 	// holds several): Pings plus every Skipped.
