@@ -169,3 +169,30 @@ func TestOwnTracksLocationsFromAClockAheadReachTheBackend(t *testing.T) {
 		}
 	}
 }
+
+// Fixes a clock running ahead stamped beyond max_future were refused: in a
+// batch with other records they were left out of what the backend got,
+// and lost when the app deleted the batch on the backend's
+// {"result":"ok"}; a batch of such fixes alone was 422 at every send
+// interval, the app's queue standing behind it for good. Its backends
+// store whatever time a fix has, so such fixes go on unkeyed.
+func TestOverlandFixesFromAClockAheadReachTheBackend(t *testing.T) {
+	tester := tableHandler(t, `{"preset":"overland"}`)
+	sample, err := os.ReadFile(filepath.Join("testdata", "senders", "overland", "batch_composed.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().UTC().Add(10 * time.Minute).Format(time.RFC3339)
+	body := regexp.MustCompile(`"timestamp": "[^"]+"`).ReplaceAll(sample, fmt.Appendf(nil, `"timestamp": %q`, ahead))
+	for attempt := range 2 {
+		sent := len(tester.upstream)
+		res := tester.post(string(body), "application/json", nil)
+		if res.status != http.StatusCreated || res.header.Get("X-Dedup") != "skipped" {
+			t.Fatalf("attempt %d: %d %q %q %s; want the backend's 201, skipped", attempt+1,
+				res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"), res.body)
+		}
+		if len(tester.upstream) != sent+1 || !bytes.Equal(tester.upstream[sent], body) {
+			t.Fatalf("attempt %d: the backend did not get the batch as sent", attempt+1)
+		}
+	}
+}

@@ -154,7 +154,9 @@ type Parser struct {
 	// whatever their time; its forwarder drops a refused one, and Traccar
 	// Client retries it forever at the head of its queue; the OwnTracks
 	// Recorder keeps any tst, OwnTracks Android resends a refused location
-	// at the head of its queue, and iOS deletes it).
+	// at the head of its queue, and iOS deletes it; Overland resends a
+	// batch it was refused, and deletes a fix left out of one its backend
+	// took).
 	PassImplausible bool
 
 	plan *parsePlan // see Prepared

@@ -35,7 +35,9 @@ type Preset struct {
 //   - overland: Overland's batches, {"locations":[Feature...], ...}; each
 //     Feature a ping, its visits, trip summaries and logged actions not
 //     positions. The asset is properties.device_id, which the app may
-//     leave out: take it from the request instead.
+//     leave out: take it from the request instead. A fix at (0, 0) or
+//     beyond MaxFuture or MaxPast goes on unkeyed, as its backends store
+//     it.
 //   - osmand: the OsmAnd protocol of Traccar's port 5055, as Traccar Client
 //     and OsmAnd send it: form fields (id or deviceid, lat, lon,
 //     timestamp, speed in knots, accuracy, alarm, ignition, valid, ...),
@@ -94,6 +96,9 @@ func overland() Parser {
 	// Visits, trip summaries and logged actions share the array with the
 	// fixes, often in the same second as one.
 	p.Skip = []Match{{Path: "properties.action"}, {Path: "properties.type", Values: []string{"trip"}}}
+	// Its backends store a fix whatever its time, and Overland resends a
+	// batch not answered {"result":"ok"} whole, at every send interval.
+	p.PassImplausible = true
 	return p
 }
 
