@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -392,4 +394,88 @@ func (h *scriptReplyHolder) close() {
 	for _, c := range h.conns {
 		c.Close()
 	}
+}
+
+// A link slow enough that the scripts (17 KB) take longer than the store's
+// timeout to reach Redis, while a claim (a few hundred bytes) takes a
+// fraction of it: pings are decided, not unchecked. Every new connection
+// used to load all four scripts, within the call that made it, and was
+// dropped when they were late: every new connection failed, and so did
+// every ping, while Redis was fine.
+func TestASlowLinkStillGetsDecisions(t *testing.T) {
+	rdb := redistest.Start(t)
+	relay := startSlowLink(t, rdb.Addr(), 100<<10) // 100 KB/s towards Redis: the scripts take 170 ms
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"slowlink:","shape":"sliding","store":{"type":"redis","url":"redis://%s","timeout":50000000}}`, relay))
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	var got []string
+	for i := range 10 {
+		body := fmt.Sprintf(`{"asset_id":"veh-%d","occurred_at":%q,"lat":52.5,"lon":13.4}`, i, at)
+		start := time.Now()
+		res := tt.post(body, "application/json", nil)
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("ping %d took %v", i, took)
+		}
+		got = append(got, res.header.Get("X-Dedup"))
+		time.Sleep(50 * time.Millisecond)
+	}
+	if decided := slices.Index(got, "accepted"); decided < 0 || slices.Contains(got[decided:], "unchecked") {
+		t.Fatalf("pings over a slow link to a healthy Redis: %v; want accepted, after at most the first few", got)
+	}
+}
+
+// startSlowLink relays to addr, passing what clients send at bytesPerSecond
+// (replies go at once), and returns where to connect.
+func startSlowLink(t *testing.T, addr string, bytesPerSecond int) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", addr)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, client, server)
+			mu.Unlock()
+			go func() {
+				defer server.Close()
+				buf := make([]byte, 1024)
+				for {
+					n, err := client.Read(buf)
+					if n > 0 {
+						time.Sleep(time.Duration(n) * time.Second / time.Duration(bytesPerSecond))
+						if _, err := server.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				defer client.Close()
+				_, _ = io.Copy(client, server)
+			}()
+		}
+	}()
+	return l.Addr().String()
 }
