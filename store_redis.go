@@ -353,7 +353,7 @@ var redisReplyFixes = map[string]string{
 	"OOM":         "Redis is at maxmemory and refuses writes: raise maxmemory, or let it evict keys with a TTL (maxmemory-policy volatile-ttl)",
 	"NOAUTH":      "Redis requires a password: set password (and username) in the store's block, or in the URL",
 	"WRONGPASS":   "Redis refused the username or password: check password and username in the store's block or URL",
-	"NOPERM":      "the Redis user may not run a command or key the store needs: give it the README's ACL rule (Stores): the key_prefix's keys (and dead_letter_stream's) and PING SET GET DEL PTTL PEXPIRE HGET HSET HDEL TIME EVALSHA SCRIPT|LOAD XADD; with Sentinel or Cluster also EVAL WAIT ROLE; with Cluster also CLUSTER|SLOTS COMMAND",
+	"NOPERM":      "the Redis user may not run a command or key the store needs: give it the README's ACL rule (Stores): the key_prefix's keys (and dead_letter_stream's) and PING SET GET DEL PTTL PEXPIRE HGET HSET HDEL TIME EVALSHA SCRIPT|LOAD SCRIPT|EXISTS XADD; with Sentinel or Cluster also EVAL WAIT ROLE; with Cluster also CLUSTER|SLOTS COMMAND",
 	"READONLY":    "the store is connected to a replica: point it at the master, or give master and the sentinels' addresses",
 	"LOADING":     "Redis is loading its data set after a restart; it answers once loaded",
 	"MASTERDOWN":  "the replica lost its master: see the sentinels or the master",

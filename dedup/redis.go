@@ -66,11 +66,31 @@ var (
 // LOAD) still works, and the resend still covers a script flushed under a
 // live connection. A timeout or a broken connection does, as go-redis's own
 // handshake does: replies still on their way would answer the commands
-// sent after them, each command told another's answer.
+// sent after them, each command told another's answer. It asks SCRIPT
+// EXISTS first and loads only the scripts Redis lacks.
 func LoadScripts(ctx context.Context, cn *redis.Conn) error {
+	scripts := []*redis.Script{claimReleaseScript, trackDecideScript, trackSettleScript, trackReleaseScript}
+	sources := []string{claimReleaseLua, trackDecideLua, trackSettleLua, trackReleaseLua}
+	hashes := make([]string, len(scripts))
+	for i, s := range scripts {
+		hashes[i] = s.Hash()
+	}
+	// Only those Redis lacks: 17 KB on every new connection took longer
+	// than the store's timeout on a slow link, and every connection was
+	// dropped. A load that timed out still lands, so the next one finds it.
+	known, err := cn.ScriptExists(ctx, hashes...).Result()
+	var reply redis.Error
+	if err != nil && !errors.As(err, &reply) {
+		return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
+	}
+	if len(known) != len(scripts) { // SCRIPT EXISTS refused: load them all
+		known = make([]bool, len(scripts))
+	}
 	cmds, _ := cn.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, src := range []string{claimReleaseLua, trackDecideLua, trackSettleLua, trackReleaseLua} {
-			p.ScriptLoad(ctx, src)
+		for i, src := range sources {
+			if !known[i] {
+				p.ScriptLoad(ctx, src)
+			}
 		}
 		return nil
 	})
