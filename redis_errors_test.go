@@ -479,3 +479,35 @@ func startSlowLink(t *testing.T, addr string, bytesPerSecond int) string {
 	}()
 	return l.Addr().String()
 }
+
+// A Redis that takes the connection and never answers (a host that is
+// paused, swapping or stuck in a script; a proxy in front of a dead one) is
+// the plainest case of one that does not answer, and is warned about at
+// start like one that refuses the connection. The check's own deadline
+// ending the PING is no reason for silence: with the store's client the
+// PING's read deadline and the check's timer fire at the same instant, and
+// either may win; here the PING always ends after the timer.
+func TestTheStartupWarningSaysRedisDoesNotAnswerWhenItHangs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close() // held open, never answered
+		}
+	}()
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ReadTimeout: 3 * time.Second, MaxRetries: -1})
+	defer client.Close()
+	core, logs := observer.New(zap.WarnLevel)
+	warnIfUnreachable(context.Background(), client, ln.Addr().String(), zap.New(core))
+	entries := logs.All()
+	if len(entries) != 1 || !strings.Contains(entries[0].Message, "does not answer") {
+		t.Fatalf("warnings %v; want one saying the store does not answer", entries)
+	}
+}
