@@ -391,10 +391,10 @@ func storeErrorFix(err error) string {
 // or refuses to (a password or ACL rule missing, with the fix), instead of
 // letting the first store error in traffic be the news.
 func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	check, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	err := client.Ping(ctx).Err()
-	if err == nil || ctx.Err() != nil {
+	err := client.Ping(check).Err()
+	if err == nil || ctx.Err() != nil { // the config was unloaded meanwhile
 		return
 	}
 	msg := "redis store does not answer; until it does, on_store_error decides what happens to pings"
