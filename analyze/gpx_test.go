@@ -78,3 +78,13 @@ func TestAnalyzeCountsBadGPXPoints(t *testing.T) {
 		t.Errorf("a document of which no point can be read: %v, want an error naming track point 1", err)
 	}
 }
+
+// A GPX file saved with a UTF-8 byte order mark (as Windows tools and .NET's
+// XmlWriter write it) is still a GPX document: read as lines, each would be
+// a malformed ping and the route lost without a word.
+func TestAnalyzeReadsAGPXWithAByteOrderMark(t *testing.T) {
+	rep := analyze(t, []byte("\xEF\xBB\xBF"+traccarGPX), Options{})
+	if rep.Lines != 1 || rep.Pings != 14 || len(rep.Skipped) != 0 {
+		t.Errorf("%d lines, %d pings, skipped %v; want 1 line, 14 pings, none skipped", rep.Lines, rep.Pings, rep.Skipped)
+	}
+}
