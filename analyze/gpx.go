@@ -17,12 +17,17 @@ import (
 // device's route a file, so the whole document is one asset.
 const gpxAsset = "gpx"
 
+// utf8BOM is the byte order mark some writers (Windows tools, .NET's
+// XmlWriter) put before an XML document.
+var utf8BOM = []byte("\xEF\xBB\xBF")
+
 // isGPX says whether the capture is a GPX document: its first non-space
-// bytes are an XML declaration or a gpx element, which no JSON text, query
-// string, URL or .rec line starts with.
+// bytes, after a UTF-8 byte order mark if any, are an XML declaration or a
+// gpx element, which no JSON text, query string, URL or .rec line starts
+// with.
 func isGPX(br *bufio.Reader) bool {
 	head, _ := br.Peek(br.Size())
-	head = bytes.TrimLeft(head, " \t\r\n")
+	head = bytes.TrimLeft(bytes.TrimPrefix(head, utf8BOM), " \t\r\n")
 	return bytes.HasPrefix(head, []byte("<?xml")) || bytes.HasPrefix(head, []byte("<gpx"))
 }
 
