@@ -512,4 +512,8 @@ func TestTheStartupWarningSaysRedisDoesNotAnswerWhenItHangs(t *testing.T) {
 	if len(entries) != 1 || !strings.Contains(entries[0].Message, "does not answer") {
 		t.Fatalf("warnings %v; want one saying the store does not answer", entries)
 	}
+	// The check's own bound, not the store's timeout, which it does not use.
+	if fix, _ := entries[0].ContextMap()["fix"].(string); !strings.Contains(fix, startupCheckTimeout.String()) {
+		t.Fatalf("fix %q; want it to name the check's %s", fix, startupCheckTimeout)
+	}
 }

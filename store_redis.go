@@ -387,24 +387,31 @@ func storeErrorFix(err error) string {
 	return ""
 }
 
+// startupCheckTimeout bounds the startup check of a Redis store.
+const startupCheckTimeout = 2 * time.Second
+
 // warnIfUnreachable tells the operator at start that Redis does not answer,
 // or refuses to (a password or ACL rule missing, with the fix), instead of
 // letting the first store error in traffic be the news.
 func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
-	check, cancel := context.WithTimeout(ctx, 2*time.Second)
+	check, cancel := context.WithTimeout(ctx, startupCheckTimeout)
 	defer cancel()
 	err := client.Ping(check).Err()
 	if err == nil || ctx.Err() != nil { // the config was unloaded meanwhile
 		return
 	}
 	msg := "redis store does not answer; until it does, on_store_error decides what happens to pings"
-	var reply redis.Error
-	if errors.As(err, &reply) {
-		msg = "redis store refuses the startup check (PING); until it accepts it, on_store_error decides what happens to pings"
-	}
 	fields := []zap.Field{zap.String("redis", where), zap.Error(err)}
-	if fix := storeErrorFix(err); fix != "" {
-		fields = append(fields, zap.String("fix", fix))
+	var reply redis.Error
+	switch {
+	case errors.As(err, &reply):
+		msg = "redis store refuses the startup check (PING); until it accepts it, on_store_error decides what happens to pings"
+		if fix := storeErrorFix(err); fix != "" {
+			fields = append(fields, zap.String("fix", fix))
+		}
+	case check.Err() != nil: // the PING ran out of the check's time, whatever error the wait ended in
+		fields = append(fields, zap.String("fix", "no answer within "+startupCheckTimeout.String()+
+			": is Redis reachable from here, paused or overloaded? With Sentinel, sentinels that require a password need sentinel_password"))
 	}
 	logger.Warn(msg, fields...)
 }
