@@ -72,12 +72,12 @@ func (l *Link) Dropped() int {
 }
 
 func (l *Link) serve() {
-	serveRelay(l.listener, l.to, func(replica, master net.Conn) func() {
+	serveRelay(l.listener, l.to, func(replica, master net.Conn) (up, down func()) {
 		l.mu.Lock()
 		l.conns = append(l.conns, replica, master)
 		epoch := l.cut
 		l.mu.Unlock()
-		return func() { l.relayFromMaster(master, replica, epoch) }
+		return nil, func() { l.relayFromMaster(master, replica, epoch) }
 	})
 }
 

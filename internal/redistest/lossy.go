@@ -45,19 +45,19 @@ func (p *ReplyLoser) LoseNextReply() { p.armed.Store(true) }
 func (p *ReplyLoser) Lost() int { return int(p.lost.Load()) }
 
 func (p *ReplyLoser) serve() {
-	serveRelay(p.listener, p.to, func(client, server net.Conn) func() {
+	serveRelay(p.listener, p.to, func(client, server net.Conn) (up, down func()) {
 		p.mu.Lock()
 		p.conns = append(p.conns, client, server)
 		p.mu.Unlock()
-		return func() { p.relayReplies(server, client) }
+		return nil, func() { p.relayReplies(server, client) }
 	})
 }
 
-// serveRelay accepts clients on l until it closes, dials to for each, and
-// copies what the client sends to the server as it comes. relayer, given
-// the pair, returns what relays the server's side, run on a goroutine of
-// its own.
-func serveRelay(l net.Listener, to string, relayer func(client, server net.Conn) func()) {
+// serveRelay accepts clients on l until it closes, and dials to for each.
+// pair, given the two, returns what carries the client's bytes up to the
+// server and the server's down to the client, each run on a goroutine of
+// its own; a nil up copies them as they come, then closes the server.
+func serveRelay(l net.Listener, to string, pair func(client, server net.Conn) (up, down func())) {
 	for {
 		client, err := l.Accept()
 		if err != nil {
@@ -68,9 +68,12 @@ func serveRelay(l net.Listener, to string, relayer func(client, server net.Conn)
 			client.Close()
 			continue
 		}
-		relay := relayer(client, server)
-		go func() { _, _ = io.Copy(server, client); server.Close() }()
-		go relay()
+		up, down := pair(client, server)
+		if up == nil {
+			up = func() { _, _ = io.Copy(server, client); server.Close() }
+		}
+		go up()
+		go down()
 	}
 }
 
