@@ -393,3 +393,30 @@ func portOf(s *redistest.Server) int {
 	fmt.Sscanf(s.Addr()[strings.LastIndex(s.Addr(), ":")+1:], "%d", &port)
 	return port
 }
+
+// A connection Redis refuses in its handshake (a wrong password, a user
+// without SELECT) fails every command of the batch with Redis's reply:
+// go-redis leaves a Redis error of the handshake off the commands, which
+// then read as empty answers (a tumbling claim "is not a telemetry_dedup
+// claim", a settlement done), and the log line said another application
+// was writing under the key_prefix instead of how to fix the password.
+func TestARefusedHandshakeFailsEveryCommand(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "alice", "right")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "alice", Password: "wrong", ContextTimeoutEnabled: true})
+	p := New(c)
+	t.Cleanup(func() {
+		p.Close()
+		_ = c.Close()
+	})
+	cmds := []Cmd{setNX("refused-1", "x"), setNX("refused-2", "x")}
+	err := p.Do(context.Background(), 10*time.Second, cmds)
+	if err == nil || !strings.HasPrefix(err.Error(), "WRONGPASS") {
+		t.Fatalf("a batch on a connection Redis refused the password of: Do = %v, want WRONGPASS", err)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Result.Err(); err == nil || !strings.HasPrefix(err.Error(), "WRONGPASS") {
+			t.Errorf("command %d: error %v, want WRONGPASS", i, err)
+		}
+	}
+}
