@@ -495,7 +495,15 @@ func (s *shard) exec(ctx context.Context, batch []*pipelineJob, want func(*Cmd) 
 	if n == 0 {
 		return
 	}
-	_, _ = pipe.Exec(ctx) // errors are per command
+	sent, err := pipe.Exec(ctx) // errors are per command...
+	// ...but for a Redis error reply to the connection's handshake (a wrong
+	// password, a user without SELECT), which go-redis leaves off the
+	// commands: none ran, and each would read as an empty answer.
+	if err != nil && !slices.ContainsFunc(sent, func(c redis.Cmder) bool { return c.Err() != nil }) {
+		for _, c := range sent {
+			c.SetErr(err)
+		}
+	}
 	s.roundTrips.Add(1)
 	s.commands.Add(uint64(n))
 }
