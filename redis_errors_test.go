@@ -181,6 +181,22 @@ func TestDeadLettersGoOnWhileAnotherMastersZoneIsOpen(t *testing.T) {
 	}
 }
 
+// A dead letter on a connection Redis refuses in its handshake (a wrong
+// password) is not written, and its ping must be rejected, not answered
+// 202 as dead-lettered: go-redis leaves a Redis error of the handshake off
+// the commands, and each XADD read as written.
+func TestADeadLetterOnARefusedHandshakeFails(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "alice", "right")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "alice", Password: "wrong", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	d := redisDeadLetters{client: client, breaker: dedup.NewBreaker(5, time.Second, nil), stream: "dead", maxLen: 100, timeout: time.Second}
+	errs := d.add(context.Background(), []deadLetter{{reason: "invalid", receivedAt: time.Now()}})
+	if errs[0] == nil || !strings.HasPrefix(errs[0].Error(), "WRONGPASS") {
+		t.Fatalf("a dead letter Redis refused the password of: %v, want WRONGPASS", errs[0])
+	}
+}
+
 // The lines of a Redis connection that configs share (its breaker's, its
 // reconciler's) go to the latest config's logger, and back to the one
 // before when that config goes: a reload that changes the logs takes them
