@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 func init() {
@@ -534,7 +535,7 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 				},
 			})
 		}
-		_, err := pipe.Exec(ctx) // the first command's error; each holds its own
+		err := pipeline.Exec(ctx, pipe) // the first command's error; each holds its own
 		for i, cmd := range cmds {
 			errs[i] = cmd.Err()
 		}

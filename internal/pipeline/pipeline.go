@@ -495,17 +495,24 @@ func (s *shard) exec(ctx context.Context, batch []*pipelineJob, want func(*Cmd) 
 	if n == 0 {
 		return
 	}
-	sent, err := pipe.Exec(ctx) // errors are per command...
-	// ...but for a Redis error reply to the connection's handshake (a wrong
-	// password, a user without SELECT), which go-redis leaves off the
-	// commands: none ran, and each would read as an empty answer.
+	_ = Exec(ctx, pipe) // errors are per command
+	s.roundTrips.Add(1)
+	s.commands.Add(uint64(n))
+}
+
+// Exec runs pipe's commands in one round trip and returns the first
+// failed command's error, as pipe.Exec does; each command holds its own.
+// A Redis error reply to the connection's handshake (a wrong password, a
+// user without SELECT), which go-redis leaves off the commands, is set on
+// every command: none ran, and each would read as an empty answer.
+func Exec(ctx context.Context, pipe redis.Pipeliner) error {
+	sent, err := pipe.Exec(ctx)
 	if err != nil && !slices.ContainsFunc(sent, func(c redis.Cmder) bool { return c.Err() != nil }) {
 		for _, c := range sent {
 			c.SetErr(err)
 		}
 	}
-	s.roundTrips.Add(1)
-	s.commands.Add(uint64(n))
+	return err
 }
 
 func unknownScripts(batch []*pipelineJob) []*redis.Script {
