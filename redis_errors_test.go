@@ -318,8 +318,9 @@ func TestALateScriptLoadLeavesNoReplyBehind(t *testing.T) {
 	}
 }
 
-// startScriptReplyHolder relays to a Redis, holding the replies to the
-// first SCRIPT LOAD it sees until the client sends its next command on that
+// startScriptReplyHolder relays to a Redis, holding the reply to the first
+// SCRIPT command it sees (a new connection's SCRIPT EXISTS) until the
+// client sends its next command that is no SCRIPT command on that
 // connection, as a Redis slower than read_timeout would; held counts the
 // replies it held (one at most).
 func startScriptReplyHolder(t *testing.T, to string) (addr string, held *atomic.Int32) {
