@@ -95,8 +95,7 @@ func restoreBody(r *http.Request, body []byte) { new(restoredBody).restore(r, bo
 
 // restore puts body back as r's body, read from rb.
 func (rb *restoredBody) restore(r *http.Request, body []byte) {
-	rb.body = body
-	rb.Reset(body)
+	rb.set(body)
 	r.Body, r.GetBody = rb, rb.again
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil // a chunked request now has a known length
@@ -109,16 +108,20 @@ type restoredBody struct {
 	body []byte
 }
 
-func newRestoredBody(body []byte) *restoredBody {
-	rb := &restoredBody{body: body}
+// set makes rb read body from its start.
+func (rb *restoredBody) set(body []byte) {
+	rb.body = body
 	rb.Reset(body)
-	return rb
 }
 
 // Close implements io.Closer: there is nothing to close.
 func (*restoredBody) Close() error { return nil }
 
-func (rb *restoredBody) again() (io.ReadCloser, error) { return newRestoredBody(rb.body), nil }
+func (rb *restoredBody) again() (io.ReadCloser, error) {
+	again := new(restoredBody)
+	again.set(rb.body)
+	return again, nil
+}
 
 // maxSizeError is the error of a read an earlier request_body handler
 // stopped at its max_size, naming that limit when it is below max_body.

@@ -403,9 +403,8 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	}
 	msg := "redis store does not answer; until it does, on_store_error decides what happens to pings"
 	fields := []zap.Field{zap.String("redis", where), zap.Error(err)}
-	var reply redis.Error
 	switch {
-	case errors.As(err, &reply):
+	case dedup.IsReply(err):
 		msg = "redis store refuses the startup check (PING); until it accepts it, on_store_error decides what happens to pings"
 		if fix := storeErrorFix(err); fix != "" {
 			fields = append(fields, zap.String("fix", fix))
@@ -539,8 +538,7 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 		for i, cmd := range cmds {
 			errs[i] = cmd.Err()
 		}
-		var reply redis.Error
-		if errors.As(err, &reply) {
+		if dedup.IsReply(err) {
 			return nil // Redis answered, refusing the letter (a key of another type, an ACL): no outage for the breaker
 		}
 		return err

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 // FailoverStore is a RedisStore on masters whose replicas take over when
@@ -121,15 +123,13 @@ func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims 
 	conn := g.master.Conn()
 	defer conn.Close()
 	cmds := make([]*redis.Cmd, len(g.order))
-	var role *redis.Cmd
-	_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error { // errors are per command
-		for j, i := range g.order {
-			script, keys, args := releaseCall(claims[i])
-			cmds[j] = script.Eval(ctx, p, keys, args...)
-		}
-		role = p.Do(ctx, "role")
-		return nil
-	})
+	p := conn.Pipeline()
+	for j, i := range g.order {
+		script, keys, args := releaseCall(claims[i])
+		cmds[j] = script.Eval(ctx, p, keys, args...)
+	}
+	role := p.Do(ctx, "role")
+	_ = pipeline.Exec(ctx, p) // errors are per command
 	for j, i := range g.order {
 		if released[i], err = releasedBy(cmds[j]); err != nil {
 			return false, err

@@ -53,6 +53,11 @@ var (
 	trackDecideScript  = redis.NewScript(trackDecideLua)
 	trackSettleScript  = redis.NewScript(trackSettleLua)
 	trackReleaseScript = redis.NewScript(trackReleaseLua)
+
+	// scripts are all the store's scripts, and sources their Lua, for
+	// LoadScripts.
+	scripts = []*redis.Script{claimReleaseScript, trackDecideScript, trackSettleScript, trackReleaseScript}
+	sources = []string{claimReleaseLua, trackDecideLua, trackSettleLua, trackReleaseLua}
 )
 
 // LoadScripts loads the store's scripts on a new connection before it
@@ -69,8 +74,6 @@ var (
 // sent after them, each command told another's answer. It asks SCRIPT
 // EXISTS first and loads only the scripts Redis lacks.
 func LoadScripts(ctx context.Context, cn *redis.Conn) error {
-	scripts := []*redis.Script{claimReleaseScript, trackDecideScript, trackSettleScript, trackReleaseScript}
-	sources := []string{claimReleaseLua, trackDecideLua, trackSettleLua, trackReleaseLua}
 	hashes := make([]string, len(scripts))
 	for i, s := range scripts {
 		hashes[i] = s.Hash()
@@ -79,8 +82,7 @@ func LoadScripts(ctx context.Context, cn *redis.Conn) error {
 	// than the store's timeout on a slow link, and every connection was
 	// dropped. A load that timed out still lands, so the next one finds it.
 	known, err := cn.ScriptExists(ctx, hashes...).Result()
-	var reply redis.Error
-	if err != nil && !errors.As(err, &reply) {
+	if err != nil && !IsReply(err) {
 		return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
 	}
 	if len(known) != len(scripts) { // SCRIPT EXISTS refused: load them all
@@ -89,18 +91,24 @@ func LoadScripts(ctx context.Context, cn *redis.Conn) error {
 	cmds, _ := cn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, src := range sources {
 			if !known[i] {
-				p.ScriptLoad(ctx, src)
+				p.ScriptLoad(ctx, src) // not Script.Load: in a pipeline it would take the empty answer for the script's hash
 			}
 		}
 		return nil
 	})
 	for _, cmd := range cmds {
-		var reply redis.Error
-		if err := cmd.Err(); err != nil && !errors.As(err, &reply) {
+		if err := cmd.Err(); err != nil && !IsReply(err) {
 			return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
 		}
 	}
 	return nil
+}
+
+// IsReply reports an error that is Redis's own reply (a refusal: NOPERM,
+// WRONGPASS, LOADING, ...), not a failure to get one.
+func IsReply(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply)
 }
 
 // Decide implements Store.
