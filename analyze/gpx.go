@@ -22,13 +22,14 @@ const gpxAsset = "gpx"
 var utf8BOM = []byte("\xEF\xBB\xBF")
 
 // isGPX says whether the capture is a GPX document: its first non-space
-// bytes, after a UTF-8 byte order mark if any, are an XML declaration or a
-// gpx element, which no JSON text, query string, URL or .rec line starts
-// with.
+// byte, after a UTF-8 byte order mark if any, is the '<' of XML (a
+// declaration, a comment, a doctype or the root, prefixed or not), which
+// no JSON text, query string, URL or .rec line starts with. readGPX says
+// so when the root is not gpx.
 func isGPX(br *bufio.Reader) bool {
 	head, _ := br.Peek(br.Size())
 	head = bytes.TrimLeft(bytes.TrimPrefix(head, utf8BOM), " \t\r\n")
-	return bytes.HasPrefix(head, []byte("<?xml")) || bytes.HasPrefix(head, []byte("<gpx"))
+	return bytes.HasPrefix(head, []byte("<"))
 }
 
 // gpxPoint is what a trkpt holds that a ping needs.
@@ -49,12 +50,17 @@ type gpxPoint struct {
 func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 	as := &assetFixes{name: gpxAsset}
 	d := xml.NewDecoder(r)
+	d.CharsetReader = refuseCharset
 	a.report.Lines = 1
 	points, malformed, firstBad := 0, 0, ""
 	for root := true; ; {
 		tok, err := d.Token()
 		if err == io.EOF {
 			break
+		}
+		var charset charsetError
+		if errors.As(err, &charset) {
+			return nil, charset
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reading the GPX document after track point %d: %w; give the whole file as exported", points, err)
@@ -107,6 +113,20 @@ func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 		return nil, nil
 	}
 	return []*assetFixes{as}, nil
+}
+
+// charsetError refuses a document that declares an encoding other than
+// UTF-8 (encoding/xml reads only that), saying how to convert it.
+type charsetError struct{ label string }
+
+func (e charsetError) Error() string {
+	return fmt.Sprintf("the GPX document is in %s, and analyze reads UTF-8; convert it first: iconv -f %s -t UTF-8 route.gpx > route-utf8.gpx", e.label, e.label)
+}
+
+// refuseCharset is the decoder's CharsetReader: it is asked only for an
+// encoding other than UTF-8.
+func refuseCharset(label string, _ io.Reader) (io.Reader, error) {
+	return nil, charsetError{label}
 }
 
 // ping reads the point's fields; an error says which one is missing or

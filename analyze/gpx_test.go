@@ -88,3 +88,36 @@ func TestAnalyzeReadsAGPXWithAByteOrderMark(t *testing.T) {
 		t.Errorf("%d lines, %d pings, skipped %v; want 1 line, 14 pings, none skipped", rep.Lines, rep.Pings, rep.Skipped)
 	}
 }
+
+// A GPX document is known by its opening '<', whatever comes first: a
+// comment, a doctype, or a root with a namespace prefix, as GPX writers
+// other than Traccar put them. Read as lines, the route was one malformed
+// ping.
+func TestAnalyzeReadsAGPXThatOpensWithoutADeclaration(t *testing.T) {
+	body := traccarGPX[strings.Index(traccarGPX, "<gpx"):]
+	prefixed := strings.NewReplacer("<gpx ", `<g:gpx xmlns:g="http://www.topografix.com/GPX/1/1" `, "</gpx>", "</g:gpx>",
+		"<trkpt ", "<g:trkpt ", "</trkpt>", "</g:trkpt>", "<time>", "<g:time>", "</time>", "</g:time>").Replace(body)
+	for name, doc := range map[string]string{
+		"a comment first":   "<!-- exported by hand -->\n" + body,
+		"a doctype first":   "<!DOCTYPE gpx>\n" + body,
+		"a prefixed root":   prefixed,
+		"a comment and BOM": "\xEF\xBB\xBF<!-- x -->" + body,
+	} {
+		rep := analyze(t, []byte(doc), Options{})
+		if rep.Lines != 1 || rep.Pings != 14 || len(rep.Skipped) != 0 {
+			t.Errorf("%s: %d lines, %d pings, skipped %v; want 1 line, 14 pings, none skipped", name, rep.Lines, rep.Pings, rep.Skipped)
+		}
+	}
+}
+
+// A GPX document in an encoding other than UTF-8 is refused with the
+// encoding it declares and how to convert it, not with the XML decoder's
+// word for a missing charset reader.
+func TestAnalyzeSaysHowToConvertAGPXThatIsNotUTF8(t *testing.T) {
+	doc := strings.Replace(traccarGPX, "encoding='UTF-8'", "encoding='ISO-8859-1'", 1)
+	_, err := Analyze(strings.NewReader(doc), Options{})
+	if err == nil || !strings.Contains(err.Error(), "ISO-8859-1") || !strings.Contains(err.Error(), "iconv -f ISO-8859-1 -t UTF-8") ||
+		strings.Contains(err.Error(), "as exported") {
+		t.Errorf("a GPX document in ISO-8859-1: %v, want an error naming the encoding and iconv", err)
+	}
+}
