@@ -2,6 +2,8 @@ package dedup
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -174,5 +176,44 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Tumbling admits a parked asset once per bucket for every cell its fixes
+// reach in it, and a consumer receiver's scatter reaches several cells of
+// resolution 12 (9.4 m edges): the one ping a window Sizing once promised
+// at the default resolution measured 3.28 here. Coarser cells cost less
+// and hide moves (a moving fix suppressed in a cell the asset passed
+// earlier in the bucket). The figures are README's (Sizing).
+func TestTumblingParkedCostIsWhatSizingSays(t *testing.T) {
+	for _, tc := range []struct {
+		sigma      float64
+		resolution int
+		perWindow  float64 // parked admissions per window
+		farthest   float64 // farthest suppressed moving fix from the last accepted one, m
+	}{
+		{2, 12, 2.57, 16}, {2, 11, 1.64, 51}, {2, 10, 1.26, 136},
+		{3, 12, 3.28, 23}, {3, 11, 1.86, 52}, {3, 10, 1.31, 140},
+		{5, 12, 4.80, 31}, {5, 11, 2.38, 48}, {5, 10, 1.46, 139},
+	} {
+		t.Run(fmt.Sprintf("sigma %g m, resolution %d", tc.sigma, tc.resolution), func(t *testing.T) {
+			pol := *testPolicy(Tumbling)
+			pol.TTL = 7 * time.Hour // past the simulated 6 h and its latest redelivery
+			decider := newDeduperDecider(NewMemoryStore(0), pol)
+			decider.d.Keyer.Resolution = tc.resolution
+			// A fixed start lays the buckets over the fleet the same way in every run.
+			cfg := fleetsim.Config{Assets: 20, SigmaM: tc.sigma, Start: time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)}
+			sc, err := fleetsim.Run(context.Background(), cfg, decider)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%.2f parked admissions per window, worst suppressed moving ping %.0f m away", sc.ParkedAdmissionsPerWindow, sc.MaxSuppressedMoveM)
+			if math.Abs(sc.ParkedAdmissionsPerWindow-tc.perWindow) > 0.1*tc.perWindow {
+				t.Errorf("%.2f parked admissions per window, README says %.2f", sc.ParkedAdmissionsPerWindow, tc.perWindow)
+			}
+			if math.Abs(sc.MaxSuppressedMoveM-tc.farthest) > 0.1*tc.farthest {
+				t.Errorf("a moving ping suppressed %.0f m from the last accepted one, README says %.0f m", sc.MaxSuppressedMoveM, tc.farthest)
+			}
+		})
 	}
 }
