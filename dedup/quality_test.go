@@ -100,6 +100,13 @@ func TestParkedFleetCostsAboutOneAdmissionPerWindow(t *testing.T) {
 		{"multipath on 10% of fixes, 3 to 5 sigma", fleetsim.Config{MultipathShare: 0.1, MultipathSigmasMin: 3, MultipathSigmasMax: 5}, 1.3, 1.3, false, 0},
 		{"multipath on 5% of fixes, 4 to 8 sigma", fleetsim.Config{MultipathShare: 0.05, MultipathSigmasMin: 4, MultipathSigmasMax: 8}, 1.3, 1.3, false, 0},
 		{"walking slowly, 0.3 to 1 m/s", fleetsim.Config{SpeedMin: 0.3, SpeedMax: 1}, 1.3, 1.3, false, 0},
+		// Multipath beyond the lag bound (50 to 150 m out, on 3% of the
+		// fixes) is never held: each such fix is admitted as a possible
+		// departure, and so is the fix back, since the backend last heard
+		// of the outlier. A radius whose lag bound (1.5 radii) holds them
+		// holds the receiver, at the price of that lag.
+		{"5s cadence, multipath on 3% of fixes, 50 to 150 m", fleetsim.Config{Cadence: 5 * time.Second, Duration: 3 * time.Hour, MultipathShare: 0.03, MultipathSigmasMin: 50.0 / 3, MultipathSigmasMax: 50}, 4.3, 4.0, false, 0},
+		{"5s cadence, multipath on 3% of fixes, 50 to 150 m, radius 100", fleetsim.Config{Cadence: 5 * time.Second, Duration: 3 * time.Hour, MultipathShare: 0.03, MultipathSigmasMin: 50.0 / 3, MultipathSigmasMax: 50}, 1.4, 1.3, false, 100},
 		// A poorer receiver, with a radius that holds its 4 σ outliers (32 m),
 		// as analyze recommends: the lag bound grows with the radius.
 		{"sigma 8 m, radius 40", fleetsim.Config{SigmaM: 8}, 1.3, 1.3, false, 40},
