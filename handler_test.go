@@ -246,7 +246,7 @@ func (tt *tableTester) outcome(body, contentType string, header http.Header, pin
 
 // upstreamElements splits what reached the upstream into its pings.
 func upstreamElements(body []byte) [][]byte {
-	batch, err := ping.Splitter{Max: 1000}.Split(body, !bytes.HasPrefix(body, []byte("[")) && bytes.Count(body, []byte("\n")) > 0)
+	batch, err := ping.Splitter{Max: 1000}.Split(nil, body, !bytes.HasPrefix(body, []byte("[")) && bytes.Count(body, []byte("\n")) > 0)
 	if err != nil {
 		return [][]byte{body}
 	}

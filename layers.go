@@ -26,8 +26,10 @@ type request struct {
 	// sentBack are the claims of the new pings of a batch sent back whole
 	// (it holds a ping that must come back): given back, not forwarded.
 	sentBack []*dedup.Claim
-	// one holds the element of a single ping, saving an allocation.
-	one [1]element
+	// one holds the element of a single ping, saving an allocation, and
+	// oneBytes its bytes, saving the batch another.
+	one      [1]element
+	oneBytes [1][]byte
 	// placeholders answers for the request in its replacer, if it was the
 	// first request there (see publishPlaceholders), saving another.
 	placeholders outcomePlaceholders
@@ -85,7 +87,7 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	}
 	if err == nil {
 		var batch ping.Batch
-		if batch, err = h.split(r, ct, body, form); err == nil {
+		if batch, err = h.split(r, ct, body, form, req.oneBytes[:0]); err == nil {
 			h.normaliseBatch(req, batch, repl)
 			return req
 		}
@@ -121,12 +123,13 @@ func refuseContentEncoding(r *http.Request) error {
 		"; telemetry_dedup reads the pings as sent: have the sender send them uncompressed"}
 }
 
-// split finds a request's pings: in its form fields, or in its body.
-func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool) (ping.Batch, error) {
+// split finds a request's pings: in its form fields, or in its body,
+// appended to elements.
+func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool, elements [][]byte) (ping.Batch, error) {
 	if form {
 		return ping.SplitForm(r.URL.RawQuery, body)
 	}
-	return h.settings.splitter.Split(body, ct.ndjson())
+	return h.settings.splitter.Split(elements, body, ct.ndjson())
 }
 
 // readsForm reports a request whose fields are form encoded: always with

@@ -322,7 +322,7 @@ func (a *analyzer) pings(line []byte) iter.Seq2[ping.Ping, error] {
 			yield(a.parseForm(text))
 			return
 		}
-		batch, err := a.opts.Batch.Split(text, false)
+		batch, err := a.opts.Batch.Split(nil, text, false)
 		var tooLarge *ping.BatchTooLargeError
 		switch {
 		case errors.As(err, &tooLarge):

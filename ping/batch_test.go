@@ -16,7 +16,7 @@ func TestWrappedBatchKeepsEverythingButTheLeftOutElements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := Splitter{Wrapper: "locations", Max: 10}.Split(body, false)
+	batch, err := Splitter{Wrapper: "locations", Max: 10}.Split(nil, body, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,18 +52,18 @@ func TestWrappedBatchRefusals(t *testing.T) {
 		{`{"locations":[{"a":1}]`, "not valid JSON"},
 	} {
 		var me *MalformedError
-		if _, err := s.Split([]byte(tt.body), false); !errors.As(err, &me) || !strings.Contains(me.Reason, tt.want) {
+		if _, err := s.Split(nil, []byte(tt.body), false); !errors.As(err, &me) || !strings.Contains(me.Reason, tt.want) {
 			t.Errorf("%s: got %v, want %q", tt.body, err, tt.want)
 		}
 	}
 	var tooLarge *BatchTooLargeError
-	if _, err := s.Split([]byte(`{"locations":[{},{},{}]}`), false); !errors.As(err, &tooLarge) || tooLarge.Count != 3 {
+	if _, err := s.Split(nil, []byte(`{"locations":[{},{},{}]}`), false); !errors.As(err, &tooLarge) || tooLarge.Count != 3 {
 		t.Errorf("three pings over max 2: got %v", err)
 	}
 	// An object where the array would be is a batch of one; arrays and
 	// bodies without the wrapper keep their framings.
 	for body, framing := range map[string]Framing{`{"location":{"a":1},"device_id":"x"}`: Wrapped, `[{"a":1}]`: Array} {
-		b, err := Splitter{Wrapper: "location", Max: 2}.Split([]byte(body), false)
+		b, err := Splitter{Wrapper: "location", Max: 2}.Split(nil, []byte(body), false)
 		if err != nil || b.Framing != framing || len(b.Elements) != 1 || string(b.Elements[0]) != `{"a":1}` {
 			t.Errorf("%s: got %v %q, %v", body, b.Framing, b.Elements, err)
 		}
@@ -80,7 +80,7 @@ func TestAByteOrderMarkIsRefusedWhole(t *testing.T) {
 		ndjson bool
 	}{{bom + `{"a":1}` + "\n" + `{"a":2}` + "\n", true}, {bom + `[{"a":1}]`, false}, {bom + `{"a":1}`, false}} {
 		var me *MalformedError
-		if _, err := (Splitter{Max: 10}).Split([]byte(tt.body), tt.ndjson); !errors.As(err, &me) || !strings.Contains(me.Reason, "byte order mark") {
+		if _, err := (Splitter{Max: 10}).Split(nil, []byte(tt.body), tt.ndjson); !errors.As(err, &me) || !strings.Contains(me.Reason, "byte order mark") {
 			t.Errorf("%q: got %v, want the byte order mark named", tt.body, err)
 		}
 	}
@@ -91,7 +91,45 @@ func TestAByteOrderMarkIsRefusedWhole(t *testing.T) {
 func TestAnNDJSONBatchOverMaxCountsItsPings(t *testing.T) {
 	body := strings.Repeat(`{"a":1}`+"\n", 6) + "\n\n\n"
 	var tooLarge *BatchTooLargeError
-	if _, err := (Splitter{Max: 5}).Split([]byte(body), true); !errors.As(err, &tooLarge) || tooLarge.Count != 6 {
+	if _, err := (Splitter{Max: 5}).Split(nil, []byte(body), true); !errors.As(err, &tooLarge) || tooLarge.Count != 6 {
 		t.Errorf("six lines and three blank ones over max 5: got %v, want a count of 6", err)
+	}
+}
+
+// Split appends to the caller's elements: a single ping lands in a slot
+// the caller holds (the handler's request has one, so the most common
+// request allocates no slice for it), and a batch of more grows past it
+// with every element as sent.
+func TestSplitAppendsToTheCallersElements(t *testing.T) {
+	for _, tt := range []struct {
+		wrapper, body string
+		ndjson        bool
+		want          []string
+	}{
+		{"", `{"a":1}`, false, []string{`{"a":1}`}},
+		{"", `[{"a":1}, {"a":2}]`, false, []string{`{"a":1}`, `{"a":2}`}},
+		{"", `{"a":1}` + "\n\n" + `{"a":2}` + "\n", true, []string{`{"a":1}`, `{"a":2}`}},
+		{"locations", `{"locations":{"a":1}}`, false, []string{`{"a":1}`}},
+		{"locations", `{"locations":[{"a":1},{"a":2},{"a":3}]}`, false, []string{`{"a":1}`, `{"a":2}`, `{"a":3}`}},
+	} {
+		var slot [1][]byte
+		batch, err := Splitter{Wrapper: tt.wrapper, Max: 10}.Split(slot[:0], []byte(tt.body), tt.ndjson)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.body, err)
+		}
+		var got []string
+		for _, e := range batch.Elements {
+			got = append(got, string(e))
+		}
+		if strings.Join(got, " ") != strings.Join(tt.want, " ") {
+			t.Errorf("%q: elements %q, want %q", tt.body, got, tt.want)
+		}
+		if len(tt.want) == 1 && &batch.Elements[0] != &slot[0] {
+			t.Errorf("%q: a batch of one was not put in the caller's slot", tt.body)
+		}
+	}
+	var me *MalformedError
+	if _, err := (Splitter{Max: 10}).Split(make([][]byte, 0, 1), []byte("\n \n"), true); !errors.As(err, &me) {
+		t.Errorf("an NDJSON body of blank lines: got %v, want it refused as malformed", err)
 	}
 }

@@ -135,7 +135,7 @@ func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
 				t.Fatal(err)
 			}
 			preset := mustPreset(tt.preset)
-			batch, err := Splitter{Wrapper: preset.Wrapper, Max: DefaultMaxBatch}.Split(body, false)
+			batch, err := Splitter{Wrapper: preset.Wrapper, Max: DefaultMaxBatch}.Split(nil, body, false)
 			if err != nil {
 				t.Fatal(err)
 			}
