@@ -20,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
@@ -867,5 +868,42 @@ func TestASessionIdleLongerThanTheLadderIsTheTTL(t *testing.T) {
 	}
 	if s.policy.TTL != 8*time.Hour {
 		t.Errorf("TTL %s, want session_idle 8h0m0s (the ladder's 6h30m0s would expire a track within a session)", s.policy.TTL)
+	}
+}
+
+// The README's store block states go-redis's own defaults for the timeouts
+// left out: they are what a client built from the store's settings has.
+func TestREADMEStatesTheRedisTimeoutDefaults(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stated := func(option string) string {
+		line := regexp.MustCompile(`(?m)^\t` + option + ` +(\S+)`).FindSubmatch(readme)
+		if line == nil {
+			t.Fatalf("README's store block has no %s line", option)
+		}
+		return string(line[1])
+	}
+	clientOptions := func(r RedisStore) *redis.Options {
+		opts, err := r.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := redis.NewUniversalClient(opts).(*redis.Client)
+		defer client.Close()
+		return client.Options()
+	}
+	got := clientOptions(RedisStore{URL: "redis://127.0.0.1:1/0"})
+	for option, value := range map[string]time.Duration{"dial_timeout": got.DialTimeout, "read_timeout": got.ReadTimeout} {
+		if want, err := time.ParseDuration(stated(option)); err != nil || want != value {
+			t.Errorf("README states %s %s; a client left without it has %s", option, stated(option), value)
+		}
+	}
+	if want := stated("write_timeout"); want != "<read_timeout>" {
+		t.Errorf("README states write_timeout %s; a client left without it takes its read_timeout", want)
+	}
+	if got := clientOptions(RedisStore{URL: "redis://127.0.0.1:1/0", ReadTimeout: caddy.Duration(2 * time.Second)}); got.WriteTimeout != 2*time.Second {
+		t.Errorf("read_timeout 2s alone gives write_timeout %s, not the read_timeout the README states", got.WriteTimeout)
 	}
 }
