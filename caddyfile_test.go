@@ -828,6 +828,24 @@ func TestRedisTLSInsecureSkipVerifyTakesNoValue(t *testing.T) {
 	}
 }
 
+// A tls option given without its value, or with two, says what it takes,
+// as every other option does: it used to say only "ca takes exactly one
+// value".
+func TestRedisTLSOptionWithoutItsValueSaysWhatToWrite(t *testing.T) {
+	for _, tt := range []struct{ line, want string }{
+		{"ca", "ca takes one value: ca <pem file>"},
+		{"cert a.pem b.pem", "cert takes one value: cert <pem file>"},
+		{"key", "key takes one value: key <pem file>"},
+		{"server_name", "server_name takes one value: server_name <name>"},
+	} {
+		input := "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttls {\n\t\t\t" + tt.line + "\n\t\t}\n\t}\n}"
+		_, err := parse(t, input)
+		if err == nil || !strings.Contains(err.Error(), ":4") || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("tls { %s }: got %v, want an error at line 4 saying %q", tt.line, err, tt.want)
+		}
+	}
+}
+
 // A stray value in the redis store's syntax (a second URL, a value after
 // cluster or tls) is an error that says what the line takes, not Caddy's
 // bare "wrong argument count".

@@ -686,6 +686,9 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	return nil
 }
 
+// tlsOptionSyntax is how each one-value option of the tls block is written.
+var tlsOptionSyntax = map[string]string{"ca": "<pem file>", "cert": "<pem file>", "key": "<pem file>", "server_name": "<name>"}
+
 func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Errf("tls takes no value, got %q: write tls { ... } with ca, cert, key, server_name or insecure_skip_verify in its block, "+
@@ -698,22 +701,11 @@ func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 			return d.Errf("tls %s already specified; give each option once", d.Val())
 		}
 		seen[d.Val()] = true
-		switch d.Val() {
-		case "ca":
-			if err := oneArg(d, &r.TLS.CA); err != nil {
-				return err
-			}
-		case "cert":
-			if err := oneArg(d, &r.TLS.Cert); err != nil {
-				return err
-			}
-		case "key":
-			if err := oneArg(d, &r.TLS.Key); err != nil {
-				return err
-			}
-		case "server_name":
-			if err := oneArg(d, &r.TLS.ServerName); err != nil {
-				return err
+		switch option := d.Val(); option {
+		case "ca", "cert", "key", "server_name":
+			dst := map[string]*string{"ca": &r.TLS.CA, "cert": &r.TLS.Cert, "key": &r.TLS.Key, "server_name": &r.TLS.ServerName}[option]
+			if err := oneArg(d, dst); err != nil {
+				return withSyntax(d, err, option, tlsOptionSyntax[option])
 			}
 		case "insecure_skip_verify":
 			if d.NextArg() {
