@@ -376,6 +376,27 @@ func TestAContentEncodingOfABodyNotReadRefusesNothing(t *testing.T) {
 	}
 }
 
+// With encoding form a JSON body is refused saying what to set: read as
+// form fields it was one field named after the whole body, and its ping was
+// rejected as missing the asset id it plainly held.
+func TestAJSONBodyUnderEncodingFormIsRefusedSayingSo(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"formjson:","encoding":"form","asset":["id"]}`)
+	now := time.Now().UTC().Add(-time.Minute)
+	body := fmt.Sprintf(`{"id":"veh-fj","occurred_at":%q,"lat":52.5,"lon":13.4}`, now.Format(time.RFC3339))
+	for _, contentType := range []string{"application/json", "application/x-www-form-urlencoded"} {
+		res := tt.post(body, contentType, nil)
+		if res.status != http.StatusBadRequest || res.header.Get("X-Dedup") != "rejected" || !strings.Contains(res.body, "encoding auto") ||
+			len(tt.upstream) != 0 {
+			t.Errorf("a JSON body as %s under encoding form: %d, X-Dedup %q, %q, %d forwarded; want 400 rejected saying to use encoding auto",
+				contentType, res.status, res.header.Get("X-Dedup"), res.body, len(tt.upstream))
+		}
+	}
+	form := fmt.Sprintf("id=veh-fj&occurred_at=%d&lat=52.5&lon=13.4", now.Unix())
+	if res := tt.post(form, "application/x-www-form-urlencoded", nil); res.status != http.StatusCreated {
+		t.Errorf("a form body under encoding form: %d %s; want the ping accepted", res.status, res.body)
+	}
+}
+
 // gzipped is s compressed, as a sender that gzips its bodies sends it.
 func gzipped(t *testing.T, s string) string {
 	t.Helper()

@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -127,9 +128,29 @@ func refuseContentEncoding(r *http.Request) error {
 // appended to elements.
 func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool, elements [][]byte) (ping.Batch, error) {
 	if form {
+		if err := h.settings.refuseJSONAsForm(r.URL.RawQuery, body); err != nil {
+			return ping.Batch{}, err
+		}
 		return ping.SplitForm(r.URL.RawQuery, body)
 	}
 	return h.settings.splitter.Split(elements, body, ct.ndjson())
+}
+
+// refuseJSONAsForm refuses, with encoding form, a JSON body where the form
+// fields would be read: as fields it is one field named after the whole
+// body, and its ping would be rejected as missing fields it plainly holds.
+// A form body never starts with a brace or a bracket (they are
+// percent-encoded in it). With encoding auto such a body is what the
+// preset makes of it: osmand's passes on unkeyed, as Traccar reads it.
+func (s *settings) refuseJSONAsForm(query string, body []byte) error {
+	if s.encoding != encodingForm || query != "" {
+		return nil
+	}
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
+		return nil
+	}
+	return &ping.MalformedError{Reason: "the request body is JSON, and encoding form reads form fields (the query string, or a form body): " +
+		"send JSON with Content-Type: application/json and set encoding auto, which reads it as JSON, or encoding json"}
 }
 
 // readsForm reports a request whose fields are form encoded: always with
