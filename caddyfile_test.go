@@ -173,6 +173,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"extra argument", "telemetry_dedup {\n\tlat a b\n}", []string{":2", "lat takes one value: lat <json path>"}},
 		{"gjson modifier as latitude", "telemetry_dedup {\n\tlat @this\n}", []string{":2", "lat: \"@this\" is not a plain dotted path"}},
 		{"empty time path", "telemetry_dedup {\n\ttime occurred_at \"\"\n}", []string{":2", "time: the path is empty"}},
+		{"event without its path", "telemetry_dedup {\n\tevent =u|r\n}", []string{":2", "event: the path is empty", "such as position.attributes.alarm"}},
 		{"gjson query as asset", "telemetry_dedup {\n\tasset devices.#.id\n}", []string{":2", "asset: \"devices.#.id\" is not a plain dotted path"}},
 		{"preset without argument", "telemetry_dedup {\n\tpreset\n}", []string{":2", "preset owntracks|overland|osmand|traccar|geojson"}},
 		{"max_body twice", "telemetry_dedup {\n\tmax_body 1MiB 2MiB\n}", []string{":2", "max_body <size>"}},

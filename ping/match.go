@@ -60,7 +60,7 @@ func (m Match) String() string {
 // parser follows alike, and that the duplicate-key scan walks.
 func CheckPlainPath(path string) error {
 	if path == "" {
-		return fmt.Errorf("the path is empty")
+		return fmt.Errorf("the path is empty; give a plain dotted path such as position.attributes.alarm")
 	}
 	for start := 0; ; start++ {
 		end, plain, _ := componentEnd(path, start)
