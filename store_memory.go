@@ -86,12 +86,14 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Errf("store memory takes no arguments, got %q; options go in its block", d.Val())
 	}
+	var maxKeysLine int
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "max_keys":
-			if m.MaxKeys != 0 {
-				return d.Err("max_keys already specified")
+			if maxKeysLine != 0 {
+				return d.Errf("max_keys already specified on line %d; give each option once", maxKeysLine)
 			}
+			maxKeysLine = d.Line()
 			var value string
 			if !d.AllArgs(&value) {
 				return d.Err("max_keys takes one value: max_keys <n>, e.g. max_keys 1000000")

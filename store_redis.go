@@ -592,13 +592,13 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("store redis takes one URL, got %q after it; for Sentinel or Cluster list the nodes in its block: addresses <host:port>...", d.Val())
 		}
 	}
-	seen := map[string]bool{}
+	lines := map[string]int{} // option -> the line it was first given on
 	for d.NextBlock(0) {
 		option := d.Val()
-		if seen[option] {
-			return d.Errf("%s already specified", option)
+		if line, seen := lines[option]; seen {
+			return d.Errf("%s already specified on line %d; give each option once", option, line)
 		}
-		seen[option] = true
+		lines[option] = d.Line()
 		if err := r.unmarshalOption(d, option); err != nil {
 			return withSyntax(d, err, option, redisOptionSyntax[option])
 		}
