@@ -149,7 +149,12 @@ func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 	case a.Status == 0:
 		return bodyAnswer{}, answerError(kind, "status 0 (or none) is no HTTP status; give one, such as 200")
 	case a.Status < 200 || a.Status > 299:
-		return bodyAnswer{}, answerError(kind, "status %d is not a 2xx: the sender would resend the ping, and have it %s again, forever", a.Status, kind)
+		byDefault := defaultAnswers.suppressed.status
+		if kind == "dead_lettered" {
+			byDefault = defaultAnswers.deadLettered.status
+		}
+		return bodyAnswer{}, answerError(kind, "status %d is not a 2xx: the sender would resend the ping, and have it %s again, forever; "+
+			"use a 2xx such as %d", a.Status, kind, byDefault)
 	case a.RetryAfter != 0:
 		return bodyAnswer{}, answerError(kind, "retry_after belongs to in_flight: a %s ping must not come back", kind)
 	case kind == "dead_lettered" && a.ContentType != "" && a.Body == nil:
