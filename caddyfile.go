@@ -511,13 +511,19 @@ type optionAt struct {
 	line int
 }
 
+// errorf is an error at where the option was written, in the form of the
+// dispenser's own errors.
+func (at optionAt) errorf(format string, args ...any) error {
+	return fmt.Errorf(format+", at %s:%d", append(args, at.file, at.line)...)
+}
+
 // optionError reports a semantic error at the line of the option it names,
 // in the same form as the dispenser's own errors.
 func optionError(d *caddyfile.Dispenser, lines map[string]optionAt, err error) error {
 	var ce *dedup.ConfigError
 	if errors.As(err, &ce) {
 		if at, ok := lines[ce.Option]; ok {
-			return fmt.Errorf("%w, at %s:%d", err, at.file, at.line)
+			return at.errorf("%w", err)
 		}
 	}
 	return d.WrapErr(err)

@@ -190,6 +190,10 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"redis negative timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout -1s\n\t}\n}", []string{":3", "more than 0"}},
 		{"redis timeout 0", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 0\n\t}\n}", []string{":3", "more than 0"}},
 		{"redis negative breaker_cooldown", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tbreaker_cooldown -1s\n\t}\n}", []string{":3", "more than 0"}},
+		// A conflict between the block's settings is reported at the store's
+		// line, not at the brace that closes its block.
+		{"redis db on a Cluster", "telemetry_dedup {\n\tstore redis {\n\t\taddresses a:7000 b:7000\n\t\tdb 1\n\t}\n}", []string{"at Testfile:2", "drop db"}},
+		{"redis URL and addresses", "telemetry_dedup {\n\tstore redis redis://x {\n\t\taddresses a:7000\n\t}\n}", []string{"at Testfile:2", "not both"}},
 		{"redis option twice", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 50ms\n\t\ttimeout 75ms\n\t}\n}", []string{":4", "timeout already specified on line 3; give each option once"}},
 		{"memory option twice", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys 10\n\t\tmax_keys 20\n\t}\n}", []string{":4", "max_keys already specified on line 3; give each option once"}},
 		{"memory bad max_keys", "telemetry_dedup {\n\tstore memory {\n\t\tmax_keys -1\n\t}\n}", []string{":3", "positive"}},

@@ -581,6 +581,9 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 //	}
 func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume store name
+	// The settings' conflicts are reported at the store's line: after the
+	// block the dispenser is at the brace that closes it.
+	at := optionAt{d.File(), d.Line()}
 	if d.NextArg() {
 		r.URL = d.Val()
 		if !strings.Contains(r.URL, "{") { // placeholders are checked when they are expanded, at load
@@ -604,14 +607,14 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if r.URL == "" && len(r.Addresses) == 0 {
-		return d.Err("store redis needs a URL, e.g. store redis redis://127.0.0.1:6379/0 or store redis {env.REDIS_URL}, " +
+		return at.errorf("store redis needs a URL, e.g. store redis redis://127.0.0.1:6379/0 or store redis {env.REDIS_URL}, " +
 			"or addresses in its block (with master for Sentinel, cluster for Cluster)")
 	}
-	// Check now, so the error points at the block, unless the settings wait
+	// Check now, so the error points at the store, unless the settings wait
 	// for placeholders or TLS files, which are only read at load.
 	if !r.waitsForLoad() {
 		if _, err := r.options(); err != nil {
-			return d.Err(err.Error())
+			return at.errorf("%w", err)
 		}
 	}
 	return nil
