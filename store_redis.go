@@ -77,12 +77,12 @@ type RedisStore struct {
 	// How long opening a connection may take. Default: go-redis's, 5s.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 	// How long reading a reply may take on a connection. Default:
-	// go-redis's, 3s; Timeout bounds each operation's wait anyway. Below
+	// go-redis's, 5s; Timeout bounds each operation's wait anyway. Below
 	// Timeout, a reply later than this has go-redis send the call again
 	// on a new connection, after it ran (README, Stores).
 	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
 	// How long writing a command may take on a connection. Default:
-	// go-redis's, 3s; Timeout bounds each operation's wait anyway.
+	// ReadTimeout, as go-redis does; Timeout bounds each operation's wait anyway.
 	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
 
 	// Connections per node. Default: 10 per CPU.
