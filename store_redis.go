@@ -449,7 +449,10 @@ func (r *RedisStore) drainWithin(inFlight time.Duration) *atomic.Int64 {
 // requests it started may still run: their settlements and releases need
 // the connection, and without them a failed request's retry would be
 // suppressed. So while any request uses the connection, it is let go of
-// only once none does (or drainMax has passed).
+// only once none does (or drainMax has passed), and while its reconciler
+// holds claims, only once it has settled or released them: a reload that
+// replaces the connection while Redis hangs would otherwise drop the
+// releases of the claims that land once Redis answers.
 func (r *RedisStore) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
@@ -457,7 +460,7 @@ func (r *RedisStore) Cleanup() error {
 	if r.loggers != nil {
 		r.loggers.remove(r.logger)
 	}
-	if r.users == nil || r.users.Load() == 0 || caddy.Exiting() {
+	if caddy.Exiting() || r.users == nil || r.users.Load() == 0 && r.reconciler.Len() == 0 {
 		_, err := stores.Delete(r.poolKey)
 		return err
 	}
@@ -466,11 +469,19 @@ func (r *RedisStore) Cleanup() error {
 }
 
 // drainPoll is how often a cleaned-up config looks whether the requests
-// using its connection are done.
+// using its connection are done, and then its reconciler.
 const drainPoll = 50 * time.Millisecond
 
+// deleteWhenDrained lets go of the connection once its requests are done
+// (or deadline has passed) and its reconciler holds no claim. The
+// reconciler bounds its own wait: it gives up on a claim at its TTL, and
+// its last look for a late landing comes 101.1 s after the store first
+// answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	for r.users.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(drainPoll)
+	}
+	for r.reconciler.Len() > 0 && !caddy.Exiting() {
 		time.Sleep(drainPoll)
 	}
 	if _, err := stores.Delete(r.poolKey); err != nil {

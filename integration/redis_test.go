@@ -162,3 +162,29 @@ func TestAReloadKeepsTheClientOfTheRequestsStillRunning(t *testing.T) {
 	(<-first).expect(t, http.StatusInternalServerError, "accepted")
 	post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
 }
+
+// A reload that replaces the Redis connection while Redis hangs (an
+// operator raising timeout because Redis is slow) must not abandon what the
+// old connection's reconciler still owes: the claim written during the hang
+// lands once Redis answers, and only that reconciler knows to release it.
+// Abandoned, the sender's retry is told to come back until in_flight_timeout
+// and then that the ping was delivered, which the upstream never saw.
+func TestAReloadKeepsTheReconcilerOfTheReplacedConnection(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	store := func(timeout string) string {
+		return fmt.Sprintf("store redis %s {\n\t\t\ttimeout %s\n\t\t}\n\t\ton_store_error closed\n\t\tin_flight_timeout 2s", srv.URL(), timeout)
+	}
+	tester := startCaddy(t, up, store("100ms"))
+	warmRedisConnections(t, tester.Client, srv)
+	body := ping("veh-reload-owed", base(), 52.5200087, 13.4049547)
+
+	duringHang(srv, func() {
+		post(t, tester.Client, body).expect(t, http.StatusServiceUnavailable, "unavailable")
+		tester = startCaddy(t, up, store("150ms"))
+	})
+	acceptedOnRetry(t, tester.Client, body)
+	if n := up.received(body); n != 1 {
+		t.Errorf("the upstream got the ping %d times, want once", n)
+	}
+}
