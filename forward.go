@@ -57,10 +57,17 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 // were made. An upstream that hangs past it is cut (the proxy answers 504)
 // and the claims released, in time to be finished before in_flight_timeout:
 // a claim older than that is always finished, so counting it as settled
-// loses nothing.
+// loses nothing. It is cut the same way when Caddy exits while the request
+// still runs (a grace_period shorter than the request): the process would
+// end it unfinished, its claim standing in the store as if delivered. That
+// cut's cause is a passed deadline too, so that the proxy answers 504, not
+// the 499 of a sender's hang-up, a 4xx some clients drop the ping on.
 func (h *Handler) upstreamContext(detached context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
 	// The claims of one request are made at one instant, in one store call.
-	return context.WithDeadline(detached, claims[0].At.Add(h.settings.upstreamBound))
+	bounded, cancel := context.WithDeadline(detached, claims[0].At.Add(h.settings.upstreamBound))
+	ctx, cut := context.WithCancelCause(bounded)
+	stop := context.AfterFunc(h.exiting, func() { cut(context.DeadlineExceeded) })
+	return ctx, func() { stop(); cut(nil); cancel() }
 }
 
 // undelivered reports an upstream answer (0: none) that does not show the

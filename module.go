@@ -5,6 +5,7 @@
 package telemetrydedup
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -214,8 +215,9 @@ type Handler struct {
 	// a preset). After this the claim counts as
 	// settled even if its request vanished. The upstream request is cut
 	// at in_flight_timeout less the store's timeout and 100ms after the
-	// claim, and the claim released, so that a claim this old has always
-	// been finished. Default: 30s.
+	// claim (and when Caddy exits past its grace_period), and the claim
+	// released, so that a claim this old has always been finished.
+	// Default: 30s.
 	InFlightTimeout caddy.Duration `json:"in_flight_timeout,omitempty"`
 
 	// "enforce" answers duplicates itself; "shadow" makes and records every
@@ -286,7 +288,11 @@ type Handler struct {
 	// use the store's connection, for a store that must outlive the
 	// config that cleans it up while they run (nil for any other).
 	storeUsers *atomic.Int64
-	logger     *zap.Logger
+	// exiting is cancelled when Caddy exits while this config is loaded:
+	// the upstream requests still running are cut, and their claims
+	// released, before the process ends them unfinished.
+	exiting context.Context
+	logger  *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -301,6 +307,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // derived and from what.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.exiting = exitingContext(ctx)
 	if string(h.StoreRaw) == "null" {
 		h.StoreRaw = nil // JSON's null: the default store, as when it is left out
 	}
@@ -356,6 +363,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		zap.Stringer("ttl", s.policy.TTL), zap.String("ttl_from", s.ttlFrom),
 		zap.String("store", storeName), zap.Bool("shadow", s.shadow))
 	return nil
+}
+
+// exitingContext is cancelled when the config of ctx is unloaded because
+// Caddy exits, not when a reload replaces it: Caddy cancels a config's
+// context before it cleans its modules up, so the requests cut then have
+// their claims released while the store still answers.
+func exitingContext(ctx caddy.Context) context.Context {
+	exiting, cut := context.WithCancel(context.Background())
+	context.AfterFunc(ctx, func() {
+		if caddy.Exiting() {
+			cut()
+		}
+	})
+	return exiting
 }
 
 // nearCacheSize is the near cache's size: as configured, or the store's

@@ -460,7 +460,12 @@ func (r *RedisStore) Cleanup() error {
 	if r.loggers != nil {
 		r.loggers.remove(r.logger)
 	}
-	if caddy.Exiting() || r.users == nil || r.users.Load() == 0 && r.reconciler.Len() == 0 {
+	if caddy.Exiting() {
+		// The handlers cut the requests still running as Caddy exits: wait
+		// for them to release their claims, which takes one store call.
+		r.waitForUsers(time.Now().Add(r.operationTimeout() + time.Second))
+	}
+	if caddy.Exiting() || r.users.Load() == 0 && r.reconciler.Len() == 0 {
 		_, err := stores.Delete(r.poolKey)
 		return err
 	}
@@ -478,14 +483,19 @@ const drainPoll = 50 * time.Millisecond
 // its last look for a late landing comes 101.1 s after the store first
 // answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
-	for r.users.Load() > 0 && time.Now().Before(deadline) {
-		time.Sleep(drainPoll)
-	}
+	r.waitForUsers(deadline)
 	for r.reconciler.Len() > 0 && !caddy.Exiting() {
 		time.Sleep(drainPoll)
 	}
 	if _, err := stores.Delete(r.poolKey); err != nil {
 		r.logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
+	}
+}
+
+// waitForUsers waits until no request uses the connection, or deadline.
+func (r *RedisStore) waitForUsers(deadline time.Time) {
+	for r.users.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(drainPoll)
 	}
 }
 

@@ -243,6 +243,9 @@ func serveExample(t *testing.T, caddy string) string {
 type caddyProcess struct {
 	listen string // host:port of the site
 	admin  string // host:port of the admin API
+	// stop stops Caddy as Ctrl-C or a service manager does (SIGINT, a
+	// graceful stop) and waits for it to exit.
+	stop func()
 }
 
 // runCaddy starts the built Caddy on a Caddyfile whose site listens on
@@ -266,9 +269,15 @@ func runCaddy(t *testing.T, caddy, caddyfile string, port int) caddyProcess {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var stopOnce sync.Once
+	p.stop = func() {
+		stopOnce.Do(func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			_ = cmd.Wait()
+		})
+	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
+		p.stop()
 		if t.Failed() {
 			t.Logf("caddy output:\n%s", output())
 		}

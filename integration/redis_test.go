@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -187,4 +188,73 @@ func TestAReloadKeepsTheReconcilerOfTheReplacedConnection(t *testing.T) {
 	if n := up.received(body); n != 1 {
 		t.Errorf("the upstream got the ping %d times, want once", n)
 	}
+}
+
+// Stopping Caddy (SIGINT or SIGTERM, caddy stop) with a grace_period shorter
+// than a request still waiting for its upstream ends that request with the
+// process, before its upstream answered. Its claim must not outlive it as
+// pending in Redis: the sender's retry after the restart would be told to
+// come back until in_flight_timeout, and then that the ping was delivered,
+// which the upstream never took.
+func TestAStopMidRequestLeavesNoClaimBehind(t *testing.T) {
+	caddy := buildCaddy(t)
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	port := freePort(t)
+	config := fmt.Sprintf(`{
+	auto_https off
+	grace_period 200ms
+}
+:%d {
+	telemetry_dedup /telemetry {
+		store redis %s {
+			timeout 100ms
+		}
+		in_flight_timeout 3s
+	}
+	reverse_proxy %s
+}`, port, srv.URL(), strings.TrimPrefix(up.URL, "http://"))
+	p := runCaddy(t, caddy, config, port)
+	url := "http://" + p.listen + "/telemetry"
+	body := ping("veh-stopped-mid-request", base(), 52.5200087, 13.4049547)
+	arrived, release := holdUpstream(up, http.StatusInternalServerError, "")
+	first := make(chan string, 1)
+	go func() {
+		res, err := http.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			first <- err.Error()
+			return
+		}
+		res.Body.Close()
+		first <- fmt.Sprintf("%d %s", res.StatusCode, res.Header.Get("X-Dedup"))
+	}()
+	<-arrived
+	p.stop()
+	release()
+	if got := <-first; got != "504 accepted" {
+		t.Errorf("the request cut by the stop was answered %q; want 504 accepted, as an upstream cut for hanging", got)
+	}
+	answering(up, http.StatusCreated, "", "")
+
+	runCaddy(t, caddy, config, port)
+	client := &http.Client{Timeout: 5 * time.Second}
+	var seen []int
+	for range 25 {
+		res, err := client.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusConflict && res.StatusCode < 500 {
+			if res.StatusCode != http.StatusCreated || res.Header.Get("X-Dedup") != "accepted" {
+				t.Fatalf("the retry after the restart got %d X-Dedup=%q after %v; want 201 accepted: the upstream never took the ping",
+					res.StatusCode, res.Header.Get("X-Dedup"), seen)
+			}
+			t.Logf("the retry after the restart: %v, then accepted", seen)
+			return
+		}
+		seen = append(seen, res.StatusCode)
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no final answer in 25 tries: %v", seen)
 }
