@@ -474,8 +474,12 @@ func (r *RedisStore) Cleanup() error {
 }
 
 // drainPoll is how often a cleaned-up config looks whether the requests
-// using its connection are done, and then its reconciler.
-const drainPoll = 50 * time.Millisecond
+// using its connection are done; reconcilePoll, whether its reconciler
+// is, which may take as long as an outage lasts.
+const (
+	drainPoll     = 50 * time.Millisecond
+	reconcilePoll = time.Second
+)
 
 // deleteWhenDrained lets go of the connection once its requests are done
 // (or deadline has passed) and its reconciler holds no claim. The
@@ -485,7 +489,7 @@ const drainPoll = 50 * time.Millisecond
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	r.waitForUsers(deadline)
 	for r.reconciler.Len() > 0 && !caddy.Exiting() {
-		time.Sleep(drainPoll)
+		time.Sleep(reconcilePoll)
 	}
 	if _, err := stores.Delete(r.poolKey); err != nil {
 		r.logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
