@@ -32,8 +32,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
-	detached := context.WithoutCancel(r.Context())
-	ctx, cancel := h.upstreamContext(detached, claims)
+	ctx, cancel := h.upstreamContext(r.Context(), claims)
 	defer cancel()
 	metrics.inFlight.Add(float64(len(claims))) // pings, as the decisions count them, not requests
 	defer metrics.inFlight.Sub(float64(len(claims)))
@@ -42,32 +41,49 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// reverse_proxy aborts a broken response stream with a panic. If the
 		// upstream had answered 2xx by then, it has the observation.
 		if p := recover(); p != nil {
-			h.finish(detached, claims, undelivered(rec.Status()))
+			h.finish(r.Context(), claims, undelivered(rec.Status()))
 			panic(p)
 		}
 	}()
 	err := next.ServeHTTP(rec, r.WithContext(ctx))
-	h.finish(detached, claims, err != nil || undelivered(finalStatus(rec.Status())))
+	h.finish(r.Context(), claims, err != nil || undelivered(finalStatus(rec.Status())))
 	return err
 }
 
 // upstreamContext is the context of the upstream request of claimed pings:
-// detached from the sender (the caller passes a context without the
-// sender's cancellation), and cancelled upstreamBound after the claims
-// were made. An upstream that hangs past it is cut (the proxy answers 504)
-// and the claims released, in time to be finished before in_flight_timeout:
-// a claim older than that is always finished, so counting it as settled
-// loses nothing. It is cut the same way when Caddy exits while the request
-// still runs (a grace_period shorter than the request): the process would
-// end it unfinished, its claim standing in the store as if delivered. That
-// cut's cause is a passed deadline too, so that the proxy answers 504, not
-// the 499 of a sender's hang-up, a 4xx some clients drop the ping on.
-func (h *Handler) upstreamContext(detached context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
+// the request's values without the sender's cancellation, and cancelled
+// upstreamBound after the claims were made. An upstream that hangs past it
+// is cut (the proxy answers 504) and the claims released, in time to be
+// finished before in_flight_timeout: a claim older than that is always
+// finished, so counting it as settled loses nothing. It is cut the same
+// way when Caddy exits while the request still runs (a grace_period
+// shorter than the request): the process would end it unfinished, its
+// claim standing in the store as if delivered. That cut's cause is a
+// passed deadline too, so that the proxy answers 504, not the 499 of a
+// sender's hang-up, a 4xx some clients drop the ping on.
+func (h *Handler) upstreamContext(request context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
 	// The claims of one request are made at one instant, in one store call.
-	bounded, cancel := context.WithDeadline(detached, claims[0].At.Add(h.settings.upstreamBound))
-	ctx, cut := context.WithCancelCause(bounded)
-	stop := context.AfterFunc(h.exiting, func() { cut(context.DeadlineExceeded) })
-	return ctx, func() { stop(); cut(nil); cancel() }
+	return context.WithDeadline(untilExit{h.exiting, request}, claims[0].At.Add(h.settings.upstreamBound))
+}
+
+// untilExit is the parent of an upstream request's context: the request's
+// values without the sender's cancellation, as context.WithoutCancel
+// gives them, but cancelled when Caddy exits (exiting). Its Value answers
+// the context package's lookup of the cancellation a context derives from
+// with exiting's own, so the deadline made on it joins exiting's children:
+// no goroutine and no callback a request.
+type untilExit struct {
+	context.Context // exiting: its Deadline, Done and Err
+	request         context.Context
+}
+
+// Value is exiting's, which holds nothing but its cancellation, or else
+// the request's.
+func (c untilExit) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
+	}
+	return c.request.Value(key)
 }
 
 // undelivered reports an upstream answer (0: none) that does not show the
@@ -94,7 +110,9 @@ func finalStatus(status int) int {
 // say, the reconciler takes over. The answer waits for a release (the
 // sender's retry must find the claims gone) but not for a settlement: the
 // upstream's answer is the sender's whatever becomes of it, and the store
-// has it ahead of the redelivery that answer might prompt.
+// has it ahead of the redelivery that answer might prompt. A release is
+// detached from the sender of the request (ctx): one that hung up still
+// has its claims given back.
 func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool) {
 	if !failed || !h.settings.release {
 		h.deduper.SettleLater(claims, func(err error) {
@@ -105,7 +123,7 @@ func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool
 		})
 		return
 	}
-	released, err := h.deduper.Release(ctx, claims...)
+	released, err := h.deduper.Release(context.WithoutCancel(ctx), claims...)
 	if err != nil {
 		metrics.releases.WithLabelValues(releaseError).Add(float64(len(claims)))
 		h.logger.Warn("releasing the claims of a failed request failed; the reconciler releases them once the store answers",
@@ -135,7 +153,7 @@ func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next cad
 		return err
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	ctx, cancel := h.upstreamContext(context.WithoutCancel(r.Context()), req.unsure)
+	ctx, cancel := h.upstreamContext(r.Context(), req.unsure)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {

@@ -368,12 +368,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // exitingContext is cancelled when the config of ctx is unloaded because
 // Caddy exits, not when a reload replaces it: Caddy cancels a config's
 // context before it cleans its modules up, so the requests cut then have
-// their claims released while the store still answers.
+// their claims released while the store still answers. Its cause is a
+// passed deadline, which the requests cut inherit (see upstreamContext).
 func exitingContext(ctx caddy.Context) context.Context {
-	exiting, cut := context.WithCancel(context.Background())
+	exiting, cut := context.WithCancelCause(context.Background())
 	context.AfterFunc(ctx, func() {
 		if caddy.Exiting() {
-			cut()
+			cut(context.DeadlineExceeded)
 		}
 	})
 	return exiting

@@ -155,15 +155,16 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	identity, _ := json.Marshal(resolved) // the resolved settings are the connection's identity
-	r.poolKey = "redis " + string(identity)
+	poolKey := "redis " + string(identity)
 	logger := ctx.Logger()
 	r.logger = logger
-	v, loaded, err := stores.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+	v, loaded, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 		return newRedisConnection(opts, resolved, logger), nil
 	})
 	if err != nil {
 		return err
 	}
+	r.poolKey = poolKey // Cleanup lets go of the connection only once it holds one
 	conn := v.(*redisConnection)
 	if loaded {
 		conn.loggers.add(logger)
