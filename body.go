@@ -12,10 +12,16 @@ import (
 )
 
 // tooLargeError reports a body over max_body, or over an earlier
-// request_body max_size (byMaxSize): the limit to raise is the one named.
+// request_body max_size (byMaxSize): the limit to raise is the one named,
+// and beside it what the sender can change instead, for what it sent.
 type tooLargeError struct {
 	limit     int64
 	byMaxSize bool
+	// opening is the body's first byte other than white space, if any was
+	// read: a declared length over the limit is refused unread.
+	opening byte
+	// sent is what the body held, as far as the handler can tell.
+	sent sentShape
 }
 
 func (e *tooLargeError) Error() string {
@@ -23,8 +29,46 @@ func (e *tooLargeError) Error() string {
 	if e.byMaxSize {
 		option = "request_body max_size"
 	}
-	return fmt.Sprintf("the request body is larger than %s (%s); send one ping per request or raise %s",
-		option, humanize.IBytes(uint64(e.limit)), option)
+	return fmt.Sprintf("the request body is larger than %s (%s); %s raise %s",
+		option, humanize.IBytes(uint64(e.limit)), e.sent.fix(), option)
+}
+
+// sentShape is what an oversize body held, told from the route's framing,
+// the Content-Type and the body's first byte, never from the body whole.
+type sentShape int
+
+// The shapes of an oversize body.
+const (
+	// sentUnknown is a JSON body refused unread: one ping or a batch.
+	sentUnknown sentShape = iota
+	// sentOne is one ping: a JSON object, or form fields.
+	sentOne
+	// sentBatch is a JSON array, NDJSON, or the route's batch wrapper.
+	sentBatch
+	// sentOverland is Overland's batch, which the app resends as it was
+	// until it fits.
+	sentOverland
+)
+
+// fix is what the sender can change, the words before "raise <limit>".
+func (s sentShape) fix() string {
+	switch s {
+	case sentOne:
+		return "it holds one ping: if the sender's pings are this large,"
+	case sentBatch:
+		return "send smaller batches (fewer pings per request), or"
+	case sentOverland:
+		return "Overland resends the same batch until it fits: lower its Locations per Batch setting, or"
+	}
+	return "split a batch into smaller ones, or"
+}
+
+// openingOf is the first byte of body other than white space, 0 if none.
+func openingOf(body []byte) byte {
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) > 0 {
+		return trimmed[0]
+	}
+	return 0
 }
 
 // firstRead is the buffer a body read starts with: most pings fit, and a
@@ -51,7 +95,9 @@ func readBody(r *http.Request, limit int64, rb *restoredBody) ([]byte, error) {
 	body, err := readUpTo(r.Body, want)
 	switch {
 	case err != nil && isTooLarge(err):
-		return nil, maxSizeError(err, limit)
+		tooLarge := maxSizeError(err, limit)
+		tooLarge.opening = openingOf(body)
+		return nil, tooLarge
 	case err != nil:
 		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
 	case r.ContentLength >= 0 && int64(len(body)) < r.ContentLength:
@@ -61,7 +107,7 @@ func readBody(r *http.Request, limit int64, rb *restoredBody) ([]byte, error) {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
-		return nil, &tooLargeError{limit: limit}
+		return nil, &tooLargeError{limit: limit, opening: openingOf(body)}
 	}
 	rb.restore(r, body)
 	return body, nil

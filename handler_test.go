@@ -477,3 +477,61 @@ func TestShadowRecordsAStoreOutageAsEnforceWould(t *testing.T) {
 		t.Errorf("shadow counted %s; enforce would have decided %s", counts["shadow"], counts["enforce"])
 	}
 }
+
+// A body over max_body is answered with what its sender can change, for
+// what it sent: a batch sender cannot send one ping per request, and
+// Overland, which resends the same batch until it fits, is told the
+// setting that makes it fit. A JSON body refused on its declared length
+// alone, unread, may be either.
+func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
+	padding := strings.Repeat("x", 300)
+	feature := `{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"device_id":"ov","timestamp":"2026-08-08T12:00:00Z","note":"` + padding + `"}}`
+	object := `{"asset_id":"veh-big","occurred_at":"2026-08-08T12:00:00Z","lat":52.5,"lon":13.4,"note":"` + padding + `"}`
+	for _, tc := range []struct {
+		name, options, contentType, body string
+		chunked                          bool // no Content-Length: the body is read up to the limit
+		want                             string
+	}{
+		{name: "an Overland batch", options: `"preset":"overland"`, contentType: "application/json",
+			body: `{"locations":[` + feature + `,` + feature + `]}`, want: "Overland resends the same batch until it fits: lower its Locations per Batch setting, or raise max_body"},
+		{name: "a batch under a wrapper", options: `"batch":"items"`, contentType: "application/json",
+			body: `{"items":[` + object + `,` + object + `]}`, want: "send smaller batches (fewer pings per request), or raise max_body"},
+		{name: "NDJSON", contentType: "application/x-ndjson",
+			body: object + "\n" + object + "\n", want: "send smaller batches (fewer pings per request), or raise max_body"},
+		{name: "a JSON array, read", contentType: "application/json", chunked: true,
+			body: "[" + object + "," + object + "]", want: "send smaller batches (fewer pings per request), or raise max_body"},
+		{name: "one JSON ping, read", contentType: "application/json", chunked: true,
+			body: " " + object, want: "it holds one ping: if the sender's pings are this large, raise max_body"},
+		{name: "form fields", options: `"preset":"osmand"`, contentType: "application/x-www-form-urlencoded",
+			body: "id=veh-big&lat=52.5&lon=13.4&timestamp=1786190400&note=" + padding, want: "it holds one ping: if the sender's pings are this large, raise max_body"},
+		{name: "JSON refused unread", contentType: "application/json",
+			body: "[" + object + "," + object + "]", want: "split a batch into smaller ones, or raise max_body"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			config := `{"key_prefix":"toolarge:","max_body":200`
+			if tc.options != "" {
+				config += "," + tc.options
+			}
+			tt := tableHandler(t, config+"}")
+			r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(tc.body))
+			r.Header.Set("Content-Type", tc.contentType)
+			if tc.chunked {
+				r.ContentLength = -1
+			}
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+			w := httptest.NewRecorder()
+			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+				t.Error("an oversize body reached the upstream")
+				return nil
+			})
+			if err := tt.h.ServeHTTP(w, r, next); err != nil {
+				t.Fatal(err)
+			}
+			var got errorBody
+			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusRequestEntityTooLarge ||
+				!strings.HasSuffix(got.Error, "; "+tc.want) {
+				t.Fatalf("%s over max_body: %d %s; want 413 saying %q", tc.name, w.Code, w.Body.String(), tc.want)
+			}
+		})
+	}
+}

@@ -81,6 +81,10 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	ct := contentTypeOf(r)
 	form := h.settings.readsForm(ct)
 	body, err := readBody(r, h.settings.maxBody, &req.body)
+	var tooLarge *tooLargeError
+	if errors.As(err, &tooLarge) {
+		tooLarge.sent = h.sentShape(ct, form, tooLarge.opening)
+	}
 	if err == nil && len(body) > 0 && !(form && r.URL.RawQuery != "") {
 		// An empty body is no compressed one (a GET's pings are in its
 		// query), and a form's query outranks its body, which is not read.
@@ -101,6 +105,24 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	req.elements[0].raw = sent
 	req.elements[0].refuse(err)
 	return req
+}
+
+// sentShape tells what an oversize body held, for the fix its 413 names:
+// form fields are one ping; a route that wraps its pings, NDJSON and a
+// JSON array are batches; a JSON object read up to the limit is one ping.
+func (h *Handler) sentShape(ct contentType, form bool, opening byte) sentShape {
+	wrapped := h.settings.splitter.Wrapper != ""
+	switch {
+	case form:
+		return sentOne
+	case wrapped && h.Preset == "overland":
+		return sentOverland
+	case wrapped || ct.ndjson() || opening == '[':
+		return sentBatch
+	case opening == '{':
+		return sentOne
+	}
+	return sentUnknown
 }
 
 // refuseContentEncoding refuses a compressed body: its pings cannot be
