@@ -535,3 +535,31 @@ func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 		})
 	}
 }
+
+// With preset geojson a FeatureCollection is refused naming the option that
+// reads it, batch features: read as one Feature it was refused for lacking
+// an id that each of its features holds. With that option its features are
+// pings, and a lone Feature stays one either way.
+func TestAFeatureCollectionUnderPresetGeoJSONSaysToSetBatchFeatures(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	feature := func(id string) string {
+		return fmt.Sprintf(`{"type":"Feature","id":%q,"geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"time":%q}}`, id, at)
+	}
+	collection := `{"type":"FeatureCollection","features":[` + feature("veh-fc1") + `,` + feature("veh-fc2") + `]}`
+
+	tt := tableHandler(t, `{"key_prefix":"geojsonfc:","preset":"geojson"}`)
+	res := tt.post(collection, "application/json", nil)
+	if res.status != http.StatusBadRequest || res.header.Get("X-Dedup") != "rejected" || !strings.Contains(res.body, "set batch features") ||
+		len(tt.upstream) != 0 {
+		t.Fatalf("a FeatureCollection under preset geojson: %d, X-Dedup %q, %s, %d forwarded; want 400 rejected saying to set batch features",
+			res.status, res.header.Get("X-Dedup"), res.body, len(tt.upstream))
+	}
+	if res := tt.post(feature("veh-fc0"), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("a Feature under preset geojson: %d %s; want it accepted", res.status, res.body)
+	}
+
+	batched := tableHandler(t, `{"key_prefix":"geojsonfc:batch:","preset":"geojson","batch":"features"}`)
+	if res := batched.post(collection, "application/json", nil); res.status != http.StatusCreated || res.header.Get("X-Dedup-Accepted") != "2" {
+		t.Fatalf("a FeatureCollection under preset geojson with batch features: %d %s; want both features accepted", res.status, res.body)
+	}
+}

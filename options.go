@@ -237,6 +237,7 @@ func (h *Handler) resolveFormat(s *settings) error {
 		return err
 	}
 	s.splitter.Wrapper = cmp.Or(h.Batch, preset.Wrapper)
+	s.splitter.Collection = preset.Collection
 	if h.Batch == off {
 		s.splitter.Wrapper = ""
 	}

@@ -82,6 +82,12 @@ type Splitter struct {
 	// forwarded as it came. An object there instead of an array is a batch
 	// of one.
 	Wrapper string
+	// Collection, when set and Wrapper is not, is the member a format's
+	// collection object holds its pings in (a GeoJSON FeatureCollection's
+	// features): such a body is refused, naming the batch option that
+	// reads it, where it would be read as one ping and refused for fields
+	// each of its pings holds.
+	Collection string
 	// Max bounds the pings of one batch.
 	Max int
 }
@@ -113,6 +119,9 @@ func (s Splitter) Split(elements [][]byte, body []byte, ndjson bool) (Batch, err
 		return Batch{Framing: Array, Elements: elements}, err
 	case len(start) > 0 && start[0] == '{' && s.Wrapper != "":
 		return s.splitWrapped(elements, body)
+	case len(start) > 0 && start[0] == '{' && s.Collection != "" && gjson.GetBytes(body, s.Collection).IsArray():
+		return Batch{}, &MalformedError{Reason: fmt.Sprintf(
+			"the body is a collection of pings in %q, read as one ping: set batch %s to read each as a ping", s.Collection, s.Collection)}
 	}
 	return Batch{Framing: Single, Elements: append(elements, body)}, nil
 }

@@ -133,3 +133,21 @@ func TestSplitAppendsToTheCallersElements(t *testing.T) {
 		t.Errorf("an NDJSON body of blank lines: got %v, want it refused as malformed", err)
 	}
 }
+
+// A collection object on a route without a wrapper is refused naming the
+// batch option that reads it; a lone ping, and the collection once its
+// member is the wrapper, are split as usual.
+func TestACollectionWithoutItsWrapperIsRefusedNamingIt(t *testing.T) {
+	collection := []byte(`{"type":"FeatureCollection","features":[{"id":"a"},{"id":"b"}]}`)
+	var me *MalformedError
+	if _, err := (Splitter{Collection: "features", Max: 10}).Split(nil, collection, false); !errors.As(err, &me) ||
+		!strings.Contains(me.Reason, "set batch features") {
+		t.Fatalf("a FeatureCollection without batch features: %v; want it refused naming batch features", err)
+	}
+	if batch, err := (Splitter{Collection: "features", Max: 10}).Split(nil, []byte(`{"type":"Feature","id":"a"}`), false); err != nil || batch.Framing != Single {
+		t.Fatalf("a Feature: %v, %v; want a single ping", batch.Framing, err)
+	}
+	if batch, err := (Splitter{Wrapper: "features", Collection: "features", Max: 10}).Split(nil, collection, false); err != nil || len(batch.Elements) != 2 {
+		t.Fatalf("a FeatureCollection with batch features: %v; want its two features", err)
+	}
+}

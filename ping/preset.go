@@ -16,6 +16,10 @@ type Preset struct {
 	// Wrapper is the path of the array an object body holds its pings in,
 	// if the format wraps them.
 	Wrapper string
+	// Collection is the member of a collection object that holds its
+	// pings, when the format has one that is not read unless set as the
+	// wrapper (GeoJSON's FeatureCollection); see Splitter.Collection.
+	Collection string
 }
 
 // ParsePreset returns a tracker's format; options set afterwards override
@@ -48,7 +52,8 @@ type Preset struct {
 //     Its event forwarding's bodies ({"event":...}) pass through untouched.
 //   - geojson: a GeoJSON Feature with a Point geometry ([lon, lat]), its id
 //     in "id", properties.id or properties.asset_id, and the time in
-//     properties.time or properties.timestamp.
+//     properties.time or properties.timestamp. A FeatureCollection is
+//     refused unless its features are set as the batch wrapper.
 func ParsePreset(name string) (Preset, error) {
 	switch name {
 	case "owntracks":
@@ -65,7 +70,7 @@ func ParsePreset(name string) (Preset, error) {
 		p.AssetPaths = []string{"id", "properties.id", "properties.asset_id"}
 		p.TimePaths = []string{"properties.time", "properties.timestamp"}
 		p.LatPath, p.LonPath = "geometry.coordinates.1", "geometry.coordinates.0"
-		return Preset{Parser: p}, nil
+		return Preset{Parser: p, Collection: "features"}, nil
 	}
 	return Preset{}, fmt.Errorf("unknown preset %q: use one of %v", name, Presets)
 }
