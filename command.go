@@ -252,7 +252,7 @@ func (s *settings) parseOne(body []byte, now time.Time) (ping.Ping, error) {
 	if s.encoding == encodingJSON || strings.HasPrefix(text, "{") {
 		return s.parser.Parse(body, now)
 	}
-	element, err := ping.FormLine(text)
+	element, err := s.formParser.FormLine(text)
 	if err != nil {
 		return ping.Ping{}, err
 	}

@@ -563,3 +563,25 @@ func TestAFeatureCollectionUnderPresetGeoJSONSaysToSetBatchFeatures(t *testing.T
 		t.Fatalf("a FeatureCollection under preset geojson with batch features: %d %s; want both features accepted", res.status, res.body)
 	}
 }
+
+// A form request without fields is told the fields its route reads, not
+// OsmAnd's whatever the route: a custom encoding form route names its own
+// asset, position and time fields.
+func TestAnEmptyFormRequestNamesTheRoutesOwnFields(t *testing.T) {
+	for _, tc := range []struct{ name, config, want string }{
+		{"preset osmand", `{"key_prefix":"emptyform:","preset":"osmand"}`, "send the fields as ?id=...&lat=...&lon=...&timestamp=..."},
+		{"a custom form route", `{"key_prefix":"emptyform:","encoding":"form","asset":["device"],"time":["t"],"lat":"la","lon":"lo","time_format":"unix"}`,
+			"send the fields as ?device=...&la=...&lo=...&t=..."},
+		{"an asset from a header", `{"key_prefix":"emptyform:","encoding":"form","asset":["{http.request.header.X-Device}"]}`,
+			"send the fields as ?lat=...&lon=...&occurred_at=..."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := tableHandler(t, tc.config)
+			res := tt.post("", "application/x-www-form-urlencoded", nil)
+			var got errorBody
+			if err := json.Unmarshal([]byte(res.body), &got); err != nil || res.status != http.StatusBadRequest || !strings.Contains(got.Error, tc.want) {
+				t.Fatalf("an empty form request: %d %s; want 400 saying %q", res.status, res.body, tc.want)
+			}
+		})
+	}
+}

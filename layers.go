@@ -153,7 +153,7 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 		if err := h.settings.refuseJSONAsForm(r.URL.RawQuery, body); err != nil {
 			return ping.Batch{}, err
 		}
-		return ping.SplitForm(r.URL.RawQuery, body)
+		return h.settings.formParser.SplitForm(r.URL.RawQuery, body)
 	}
 	return h.settings.splitter.Split(elements, body, ct.ndjson())
 }

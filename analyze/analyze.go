@@ -373,7 +373,7 @@ func recorderMessage(line []byte) (message []byte, ok bool) {
 // parseForm reads a line holding a form ping: a query string, a form body
 // or a whole URL.
 func (a *analyzer) parseForm(text []byte) (ping.Ping, error) {
-	element, err := ping.FormLine(string(text))
+	element, err := a.opts.Form.FormLine(string(text))
 	if err != nil {
 		return ping.Ping{}, err
 	}

@@ -14,11 +14,16 @@ import (
 // JSON object: its element is the fields as a JSON object, in their order,
 // each value a JSON number when it is written as one, true or false, or
 // else a string, so that the one parser reads every framing. A field given
-// several times is the list of its values.
-func SplitForm(query string, body []byte) (Batch, error) {
+// several times is the list of its values. A request without fields is
+// told the ones p reads.
+func (p Parser) SplitForm(query string, body []byte) (Batch, error) {
 	fields := query
 	if fields == "" {
 		fields = string(body)
+	}
+	if strings.TrimSpace(fields) == "" {
+		return Batch{}, &MalformedError{Reason: "the request has neither a query string nor a form body; " +
+			"send the fields as ?" + p.formFields() + " (use a matcher to limit which requests telemetry_dedup examines)"}
 	}
 	object, err := formObject(fields)
 	if err != nil {
@@ -27,27 +32,39 @@ func SplitForm(query string, body []byte) (Batch, error) {
 	return Batch{Framing: Form, Elements: [][]byte{object}, sent: []byte(fields)}, nil
 }
 
+// formFields is a query string of the fields p reads, the first of each
+// where there are several, with their values left out:
+// id=...&lat=...&lon=...&timestamp=... for OsmAnd's. An asset taken from
+// the request, not a field, is not among them.
+func (p Parser) formFields() string {
+	var names []string
+	if len(p.AssetPaths) > 0 {
+		names = append(names, p.AssetPaths[0])
+	}
+	names = append(names, p.LatPath, p.LonPath)
+	if len(p.TimePaths) > 0 {
+		names = append(names, p.TimePaths[0])
+	}
+	return strings.Join(names, "=...&") + "=..."
+}
+
 // FormLine reads a form ping written out on one line, as a log or a
 // capture keeps it: a query string, a form body, or the whole URL the
 // tracker requested (its query is the fields). The element is SplitForm's.
-func FormLine(line string) ([]byte, error) {
+func (p Parser) FormLine(line string) ([]byte, error) {
 	line = strings.TrimSpace(line)
 	if _, query, isURL := strings.Cut(line, "?"); isURL {
 		line = query
 	}
-	batch, err := SplitForm(line, nil)
+	batch, err := p.SplitForm(line, nil)
 	if err != nil {
 		return nil, err
 	}
 	return batch.Elements[0], nil
 }
 
-// formObject writes form fields as a JSON object.
+// formObject writes form fields, at least one, as a JSON object.
 func formObject(fields string) ([]byte, error) {
-	if strings.TrimSpace(fields) == "" {
-		return nil, &MalformedError{Reason: "the request has neither a query string nor a form body; " +
-			"send the fields as ?id=...&lat=...&lon=...&timestamp=... (use a matcher to limit which requests telemetry_dedup examines)"}
-	}
 	if strings.Contains(fields, ";") {
 		// Netty, and so Traccar, splits fields on ';' as on '&'; Go and
 		// most others do not: the two would read different fields.

@@ -21,7 +21,7 @@ func TestFormFieldsBecomeOneObject(t *testing.T) {
 		{"cell=257,02&wifi=a,-80&cell=257,03", "", `{"cell":["257,02","257,03"],"wifi":"a,-80"}`},
 		{"q=%22%5C%0A%3C", "", `{"q":"\"\\\n\u003c"}`},
 	} {
-		batch, err := SplitForm(tt.query, []byte(tt.body))
+		batch, err := osmAnd().SplitForm(tt.query, []byte(tt.body))
 		if err != nil {
 			t.Fatalf("%q %q: %v", tt.query, tt.body, err)
 		}
@@ -46,11 +46,11 @@ func TestFormFieldsThatParsersDisagreeOnAreRefused(t *testing.T) {
 		{"", "neither a query string nor a form body"},
 	} {
 		var me *MalformedError
-		if _, err := SplitForm(tt.query, nil); !errors.As(err, &me) || !strings.Contains(me.Reason, tt.want) {
+		if _, err := osmAnd().SplitForm(tt.query, nil); !errors.As(err, &me) || !strings.Contains(me.Reason, tt.want) {
 			t.Errorf("%q: got %v, want a MalformedError saying %s", tt.query, err, tt.want)
 		}
 	}
-	batch, err := SplitForm("id=1&timestamp=1700000000&lat=1&lat=91&lon=2", nil)
+	batch, err := osmAnd().SplitForm("id=1&timestamp=1700000000&lat=1&lat=91&lon=2", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -353,7 +353,7 @@ func FuzzSplitForm(f *testing.F) {
 	}
 	p := *mustPreset("osmand").Form
 	f.Fuzz(func(t *testing.T, query string) {
-		batch, err := SplitForm(query, nil)
+		batch, err := p.SplitForm(query, nil)
 		var me *MalformedError
 		if err != nil {
 			if !errors.As(err, &me) {

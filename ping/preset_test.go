@@ -217,7 +217,7 @@ func TestOsmAndValidIsReadAsTraccarReadsIt(t *testing.T) {
 	form.MaxPast = 0
 	for value, valid := range map[string]bool{"true": true, "TRUE": true, "True": true, "1": true,
 		"false": false, "False": false, "0": false, "no": false, "yes": false, "": false} {
-		batch, err := SplitForm("id=1&timestamp=1714557600&lat=52.52&lon=13.40&valid="+value, nil)
+		batch, err := form.SplitForm("id=1&timestamp=1714557600&lat=52.52&lon=13.40&valid="+value, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -222,7 +222,7 @@ func TestSenderFormFixturesReadAsTraccarReadsThem(t *testing.T) {
 				if u, err := url.Parse(line); err == nil && u.RawQuery != "" {
 					query, body = u.RawQuery, nil
 				}
-				batch, err := SplitForm(query, body)
+				batch, err := parser.SplitForm(query, body)
 				if err != nil {
 					t.Fatalf("line %d: %v", i+1, err)
 				}
