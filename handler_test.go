@@ -585,3 +585,29 @@ func TestAnEmptyFormRequestNamesTheRoutesOwnFields(t *testing.T) {
 		})
 	}
 }
+
+// A form field the route reads, given twice, is refused saying so and which
+// value each side would take: Traccar's OsmAnd decoder applies each in
+// turn, so the last counts there, where Go's url.Values.Get and most
+// others take the first. It said only that it "got an array".
+func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
+	ts := time.Now().Add(-time.Minute).Unix()
+	for _, tc := range []struct{ name, config, query, field, want string }{
+		{"preset osmand", `{"key_prefix":"twice:","preset":"osmand"}`,
+			fmt.Sprintf("id=veh-tw&timestamp=%d&lat=52.5&lat=91&lon=13.4", ts), "lat",
+			`lat: given 2 times ("52.5", "91"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+		{"a custom form route", `{"key_prefix":"twice:","encoding":"form","asset":["device"],"time":["t"],"time_format":"unix"}`,
+			fmt.Sprintf("device=a&device=b&t=%d&lat=52.5&lon=13.4", ts), "device",
+			`device: given 2 times ("a", "b"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := tableHandler(t, tc.config)
+			res := tt.post(tc.query, "application/x-www-form-urlencoded", nil)
+			var got errorBody
+			if err := json.Unmarshal([]byte(res.body), &got); err != nil || res.status != http.StatusUnprocessableEntity ||
+				got.Field != tc.field || got.Error != tc.want || len(tt.upstream) != 0 {
+				t.Fatalf("%s: %d %s, %d forwarded; want 422 on %s saying %q", tc.query, res.status, res.body, len(tt.upstream), tc.field, tc.want)
+			}
+		})
+	}
+}

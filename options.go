@@ -229,6 +229,7 @@ func (h *Handler) resolveFormat(s *settings) error {
 	if preset.Form != nil {
 		form = *preset.Form
 	}
+	form.FromForm = true
 	var err error
 	if s.parser, s.assetTemplate, err = h.applyFieldOptions(preset.Parser); err != nil {
 		return err

@@ -55,8 +55,9 @@ func TestFormFieldsThatParsersDisagreeOnAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ie *InvalidPingError
-	if _, err := mustPreset("osmand").Form.Parse(batch.Elements[0], sendersNow); !errors.As(err, &ie) || ie.Field != "lat" || ie.Rule != RuleType {
-		t.Fatalf("lat given twice: got %v, want a type error on lat", err)
+	if _, err := mustPreset("osmand").Form.Parse(batch.Elements[0], sendersNow); !errors.As(err, &ie) || ie.Field != "lat" || ie.Rule != RuleType ||
+		!strings.Contains(ie.Detail, `given 2 times ("1", "91")`) {
+		t.Fatalf("lat given twice: got %v, want a type error on lat saying it was given twice", err)
 	}
 }
 

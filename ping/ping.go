@@ -3,6 +3,7 @@ package ping
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -118,6 +119,10 @@ type Parser struct {
 	// sender to change: Traccar's forwarder sends none with its default
 	// forward.type.
 	EmptyFix string
+	// FromForm says the pings are form fields written as objects
+	// (SplitForm), where an array is a field given several times: a type
+	// error on one says so, and that parsers disagree on which counts.
+	FromForm bool
 
 	// AccuracyPath, SpeedPath and SpeedUnit say where the fix's accuracy
 	// (metres) and the reported speed are, if the format has them.
@@ -210,11 +215,40 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 	// The body is read in place, not copied; the caller must not change it
 	// while the ping is in use (see Ping.Asset).
 	json := unsafe.String(unsafe.SliceData(body), len(body))
+	var ping Ping
+	var err error
 	if len(plan.checks) > smallPlan {
-		return p.extractLarge(json, plan)
+		ping, err = p.extractLarge(json, plan)
+	} else {
+		var buf [smallPlan]keyCheck
+		ping, err = p.extract(json, plan, buf[:])
 	}
-	var buf [smallPlan]keyCheck
-	return p.extract(json, plan, buf[:])
+	if err != nil && p.FromForm {
+		err = givenSeveralTimes(json, err)
+	}
+	return ping, err
+}
+
+// givenSeveralTimes turns the type error of a form field given several
+// times, an array in its object, into one that says so: Traccar's OsmAnd
+// decoder applies each value in turn, so the last counts there, where Go's
+// url.Values.Get takes the first.
+func givenSeveralTimes(json string, err error) error {
+	var ie *InvalidPingError
+	if !errors.As(err, &ie) || ie.Rule != RuleType {
+		return err
+	}
+	v := gjson.Get(json, ie.Field)
+	if !v.IsArray() {
+		return err
+	}
+	var values []string
+	v.ForEach(func(_, e gjson.Result) bool {
+		values = append(values, strconv.Quote(e.String()))
+		return true
+	})
+	return invalid(ie.Field, RuleType, "given %d times (%s), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once",
+		len(values), strings.Join(values, ", "))
 }
 
 // The scan's steps live on the stack, in a buffer that fits the plan: the

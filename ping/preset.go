@@ -124,6 +124,7 @@ func osmAnd() Parser {
 	// default), and the old Traccar Client retries a refused one forever
 	// at the head of its queue.
 	p.PassImplausible = true
+	p.FromForm = true
 	return p
 }
 
