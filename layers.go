@@ -81,8 +81,7 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	ct := contentTypeOf(r)
 	form := h.settings.readsForm(ct)
 	body, err := readBody(r, h.settings.maxBody, &req.body)
-	var tooLarge *tooLargeError
-	if errors.As(err, &tooLarge) {
+	if tooLarge, ok := err.(*tooLargeError); ok { // readBody's own: an errors.As target would cost every request an allocation
 		tooLarge.sent = h.sentShape(ct, form, tooLarge.opening)
 	}
 	if err == nil && len(body) > 0 && !(form && r.URL.RawQuery != "") {
