@@ -50,7 +50,8 @@ type gpxPoint struct {
 func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 	as := &assetFixes{name: gpxAsset}
 	d := xml.NewDecoder(r)
-	d.CharsetReader = refuseCharset
+	var charset declaredCharset
+	d.CharsetReader = charset.reader
 	a.report.Lines = 1
 	points, malformed, firstBad := 0, 0, ""
 	for root := true; ; {
@@ -58,11 +59,10 @@ func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 		if err == io.EOF {
 			break
 		}
-		var charset charsetError
-		if errors.As(err, &charset) {
-			return nil, charset
-		}
 		if err != nil {
+			if err := charset.notUTF8(err); err != nil {
+				return nil, err
+			}
 			return nil, fmt.Errorf("reading the GPX document after track point %d: %w; give the whole file as exported", points, err)
 		}
 		start, ok := tok.(xml.StartElement)
@@ -79,6 +79,9 @@ func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 		points++
 		var pt gpxPoint
 		if err := d.DecodeElement(&pt, &start); err != nil {
+			if err := charset.notUTF8(err); err != nil {
+				return nil, err
+			}
 			return nil, fmt.Errorf("reading GPX track point %d: %w; give the whole file as exported", points, err)
 		}
 		p, err := pt.ping()
@@ -115,18 +118,29 @@ func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 	return []*assetFixes{as}, nil
 }
 
-// charsetError refuses a document that declares an encoding other than
-// UTF-8 (encoding/xml reads only that), saying how to convert it.
-type charsetError struct{ label string }
+// declaredCharset reads a document that declares an encoding other than
+// UTF-8 as UTF-8 all the same (encoding/xml reads only that): iconv
+// converts a document's bytes but leaves its declaration as it was, and
+// an ASCII document is UTF-8 whatever it declares. A byte that is not
+// UTF-8 is refused then, saying how to convert the document.
+type declaredCharset struct{ label string }
 
-func (e charsetError) Error() string {
-	return fmt.Sprintf("the GPX document is in %s, and analyze reads UTF-8; convert it first: iconv -f %s -t UTF-8 route.gpx > route-utf8.gpx", e.label, e.label)
+// reader is the decoder's CharsetReader: it is asked only for an
+// encoding other than UTF-8, and keeps the document's bytes as they are.
+func (c *declaredCharset) reader(label string, input io.Reader) (io.Reader, error) {
+	c.label = label
+	return input, nil
 }
 
-// refuseCharset is the decoder's CharsetReader: it is asked only for an
-// encoding other than UTF-8.
-func refuseCharset(label string, _ io.Reader) (io.Reader, error) {
-	return nil, charsetError{label}
+// notUTF8 says how to convert the document when err is the decoder
+// finding a byte that is not UTF-8 in one that declares another encoding;
+// else it is nil.
+func (c *declaredCharset) notUTF8(err error) error {
+	var syntax *xml.SyntaxError
+	if c.label == "" || !errors.As(err, &syntax) || syntax.Msg != "invalid UTF-8" {
+		return nil
+	}
+	return fmt.Errorf("the GPX document is in %s, and analyze reads UTF-8; convert it first: iconv -f %s -t UTF-8 route.gpx > route-utf8.gpx", c.label, c.label)
 }
 
 // ping reads the point's fields; an error says which one is missing or

@@ -110,12 +110,25 @@ func TestAnalyzeReadsAGPXThatOpensWithoutADeclaration(t *testing.T) {
 	}
 }
 
-// A GPX document in an encoding other than UTF-8 is refused with the
-// encoding it declares and how to convert it, not with the XML decoder's
-// word for a missing charset reader.
+// A GPX document that declares an encoding other than UTF-8 is read when
+// its bytes are UTF-8 anyway: as iconv leaves it after converting (iconv
+// does not rewrite the declaration, so refusing the declared encoding
+// refused the converted file again, with the same advice), or as a writer
+// of US-ASCII, or of Latin-1 text that is all ASCII, writes it. One whose
+// bytes are not is refused with the encoding it declares and how to
+// convert it, not with the XML decoder's word for invalid UTF-8.
 func TestAnalyzeSaysHowToConvertAGPXThatIsNotUTF8(t *testing.T) {
-	doc := strings.Replace(traccarGPX, "encoding='UTF-8'", "encoding='ISO-8859-1'", 1)
-	_, err := Analyze(strings.NewReader(doc), Options{})
+	for name, doc := range map[string]string{
+		"converted by iconv, still declaring ISO-8859-1": strings.NewReplacer("encoding='UTF-8'", "encoding='ISO-8859-1'", "Van 7", "Van M\u00fcller").Replace(traccarGPX),
+		"declaring US-ASCII":                             strings.Replace(traccarGPX, "encoding='UTF-8'", "encoding='us-ascii'", 1),
+	} {
+		rep := analyze(t, []byte(doc), Options{})
+		if rep.Lines != 1 || rep.Pings != 14 || len(rep.Skipped) != 0 {
+			t.Errorf("%s: %d lines, %d pings, skipped %v; want 1 line, 14 pings, none skipped", name, rep.Lines, rep.Pings, rep.Skipped)
+		}
+	}
+	latin1 := strings.NewReplacer("encoding='UTF-8'", "encoding='ISO-8859-1'", "Van 7", "Van M\xfcller").Replace(traccarGPX)
+	_, err := Analyze(strings.NewReader(latin1), Options{})
 	if err == nil || !strings.Contains(err.Error(), "ISO-8859-1") || !strings.Contains(err.Error(), "iconv -f ISO-8859-1 -t UTF-8") ||
 		strings.Contains(err.Error(), "as exported") {
 		t.Errorf("a GPX document in ISO-8859-1: %v, want an error naming the encoding and iconv", err)
