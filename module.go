@@ -288,9 +288,9 @@ type Handler struct {
 	// use the store's connection, for a store that must outlive the
 	// config that cleans it up while they run (nil for any other).
 	storeUsers *atomic.Int64
-	// exiting is cancelled when Caddy exits while this config is loaded:
-	// the upstream requests still running are cut, and their claims
-	// released, before the process ends them unfinished.
+	// exiting is cancelled when Caddy exits: the upstream requests still
+	// running are cut, and their claims released, before the process ends
+	// them unfinished.
 	exiting context.Context
 	logger  *zap.Logger
 }
@@ -365,19 +365,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// atExit is cancelled when Caddy exits, its cause a passed deadline, which
+// the requests cut inherit (see upstreamContext). It is the process's, not
+// a config's: the requests of a config a reload replaced may still run
+// when Caddy exits, and would end unfinished with their claims pending.
+var atExit, cutAtExit = context.WithCancelCause(context.Background())
+
 // exitingContext is cancelled when the config of ctx is unloaded because
 // Caddy exits, not when a reload replaces it: Caddy cancels a config's
 // context before it cleans its modules up, so the requests cut then have
-// their claims released while the store still answers. Its cause is a
-// passed deadline, which the requests cut inherit (see upstreamContext).
+// their claims released while the store still answers.
 func exitingContext(ctx caddy.Context) context.Context {
-	exiting, cut := context.WithCancelCause(context.Background())
 	context.AfterFunc(ctx, func() {
 		if caddy.Exiting() {
-			cut(context.DeadlineExceeded)
+			cutAtExit(context.DeadlineExceeded)
 		}
 	})
-	return exiting
+	return atExit
 }
 
 // nearCacheSize is the near cache's size: as configured, or the store's

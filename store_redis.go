@@ -464,7 +464,10 @@ func (r *RedisStore) Cleanup() error {
 	if caddy.Exiting() {
 		// The handlers cut the requests still running as Caddy exits: wait
 		// for them to release their claims, which takes one store call.
-		r.waitForUsers(time.Now().Add(r.operationTimeout() + time.Second))
+		// Those of a config a reload replaced count too: the connection
+		// they release on may be no current config's, and nothing else
+		// keeps the process from ending first.
+		waitForUsers(redisUsers, time.Now().Add(r.operationTimeout()+time.Second))
 	}
 	if caddy.Exiting() || r.users.Load() == 0 && r.reconciler.Len() == 0 {
 		_, err := stores.Delete(r.poolKey)
@@ -488,7 +491,7 @@ const (
 // its last look for a late landing comes 101.1 s after the store first
 // answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
-	r.waitForUsers(deadline)
+	waitForUsers(r.users.Load, deadline)
 	for r.reconciler.Len() > 0 && !caddy.Exiting() {
 		time.Sleep(reconcilePoll)
 	}
@@ -497,11 +500,22 @@ func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	}
 }
 
-// waitForUsers waits until no request uses the connection, or deadline.
-func (r *RedisStore) waitForUsers(deadline time.Time) {
-	for r.users.Load() > 0 && time.Now().Before(deadline) {
+// waitForUsers waits until users counts no request, or deadline.
+func waitForUsers(users func() int64, deadline time.Time) {
+	for users() > 0 && time.Now().Before(deadline) {
 		time.Sleep(drainPoll)
 	}
+}
+
+// redisUsers counts the requests using any Redis connection.
+func redisUsers() (n int64) {
+	stores.Range(func(_, v any) bool {
+		if c, ok := v.(*redisConnection); ok {
+			n += c.users.Load()
+		}
+		return true
+	})
+	return n
 }
 
 // Store returns the claim store.

@@ -195,66 +195,85 @@ func TestAReloadKeepsTheReconcilerOfTheReplacedConnection(t *testing.T) {
 // process, before its upstream answered. Its claim must not outlive it as
 // pending in Redis: the sender's retry after the restart would be told to
 // come back until in_flight_timeout, and then that the ping was delivered,
-// which the upstream never took.
+// which the upstream never took. A reload made while the request waits
+// (caddy reload, then a restart) changes nothing: the request belongs to
+// the replaced config, whose connection may be the new config's or its own.
 func TestAStopMidRequestLeavesNoClaimBehind(t *testing.T) {
 	caddy := buildCaddy(t)
-	srv := redistest.Start(t)
-	up := newUpstream(t)
-	port := freePort(t)
-	config := fmt.Sprintf(`{
+	for _, tc := range []struct {
+		name   string
+		reload string // the store's timeout after a reload made mid-request; "" for none
+	}{
+		{name: "no reload"},
+		{name: "after a reload that keeps the connection", reload: "100ms"},
+		{name: "after a reload that replaces the connection", reload: "150ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := newUpstream(t)
+			port := freePort(t)
+			config := func(timeout string, maxFuture int) string {
+				return fmt.Sprintf(`{
 	auto_https off
 	grace_period 200ms
 }
 :%d {
 	telemetry_dedup /telemetry {
 		store redis %s {
-			timeout 100ms
+			timeout %s
 		}
 		in_flight_timeout 3s
+		max_future %dm
 	}
 	reverse_proxy %s
-}`, port, srv.URL(), strings.TrimPrefix(up.URL, "http://"))
-	p := runCaddy(t, caddy, config, port)
-	url := "http://" + p.listen + "/telemetry"
-	body := ping("veh-stopped-mid-request", base(), 52.5200087, 13.4049547)
-	arrived, release := holdUpstream(up, http.StatusInternalServerError, "")
-	first := make(chan string, 1)
-	go func() {
-		res, err := http.Post(url, "application/json", bytes.NewReader(body))
-		if err != nil {
-			first <- err.Error()
-			return
-		}
-		res.Body.Close()
-		first <- fmt.Sprintf("%d %s", res.StatusCode, res.Header.Get("X-Dedup"))
-	}()
-	<-arrived
-	p.stop()
-	release()
-	if got := <-first; got != "504 accepted" {
-		t.Errorf("the request cut by the stop was answered %q; want 504 accepted, as an upstream cut for hanging", got)
-	}
-	answering(up, http.StatusCreated, "", "")
-
-	runCaddy(t, caddy, config, port)
-	client := &http.Client{Timeout: 5 * time.Second}
-	var seen []int
-	for range 25 {
-		res, err := client.Post(url, "application/json", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusConflict && res.StatusCode < 500 {
-			if res.StatusCode != http.StatusCreated || res.Header.Get("X-Dedup") != "accepted" {
-				t.Fatalf("the retry after the restart got %d X-Dedup=%q after %v; want 201 accepted: the upstream never took the ping",
-					res.StatusCode, res.Header.Get("X-Dedup"), seen)
+}`, port, srv.URL(), timeout, maxFuture, strings.TrimPrefix(up.URL, "http://"))
 			}
-			t.Logf("the retry after the restart: %v, then accepted", seen)
-			return
-		}
-		seen = append(seen, res.StatusCode)
-		time.Sleep(200 * time.Millisecond)
+			p := runCaddy(t, caddy, config("100ms", 5), port)
+			url := "http://" + p.listen + "/telemetry"
+			body := ping("veh-stopped-mid-request", base(), 52.5200087, 13.4049547)
+			arrived, release := holdUpstream(up, http.StatusInternalServerError, "")
+			first := make(chan string, 1)
+			go func() {
+				res, err := http.Post(url, "application/json", bytes.NewReader(body))
+				if err != nil {
+					first <- err.Error()
+					return
+				}
+				res.Body.Close()
+				first <- fmt.Sprintf("%d %s", res.StatusCode, res.Header.Get("X-Dedup"))
+			}()
+			<-arrived
+			if tc.reload != "" {
+				reload(t, p.admin, config(tc.reload, 6))
+			}
+			p.stop()
+			release()
+			if got := <-first; got != "504 accepted" {
+				t.Errorf("the request cut by the stop was answered %q; want 504 accepted, as an upstream cut for hanging", got)
+			}
+			answering(up, http.StatusCreated, "", "")
+
+			runCaddy(t, caddy, config("100ms", 5), port)
+			client := &http.Client{Timeout: 5 * time.Second}
+			var seen []int
+			for range 25 {
+				res, err := client.Post(url, "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.Body.Close()
+				if res.StatusCode != http.StatusConflict && res.StatusCode < 500 {
+					if res.StatusCode != http.StatusCreated || res.Header.Get("X-Dedup") != "accepted" {
+						t.Fatalf("the retry after the restart got %d X-Dedup=%q after %v; want 201 accepted: the upstream never took the ping",
+							res.StatusCode, res.Header.Get("X-Dedup"), seen)
+					}
+					t.Logf("the retry after the restart: %v, then accepted", seen)
+					return
+				}
+				seen = append(seen, res.StatusCode)
+				time.Sleep(200 * time.Millisecond)
+			}
+			t.Fatalf("no final answer in 25 tries: %v", seen)
+		})
 	}
-	t.Fatalf("no final answer in 25 tries: %v", seen)
 }
