@@ -3,8 +3,11 @@ package telemetrydedup
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +147,61 @@ func inFlightNow(t *testing.T) float64 {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()
+}
+
+// The upstream request of a claimed ping keeps the request's values (the
+// replacer reverse_proxy's header_up reads), outlives the sender's hang-up
+// (its claim is finished by the upstream's answer, not abandoned), and is
+// cut when Caddy exits, as a passed deadline, so that the proxy answers
+// 504 and not the 499 of a hang-up. Waiting, it costs no goroutine.
+func TestAnUpstreamRequestIsCutAtExitOnly(t *testing.T) {
+	prefix := "cut-at-exit:"
+	h := provisioned(t, &Handler{KeyPrefix: &prefix})
+	exiting, exit := context.WithCancelCause(context.Background())
+	h.exiting = exiting
+	const n = 100
+	type upstreamSaw struct {
+		replacer bool
+		cause    error
+	}
+	arrived, saw := make(chan context.Context, n), make(chan upstreamSaw, n)
+	hangUps := make([]context.CancelFunc, n)
+	at := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	before := runtime.NumGoroutine()
+	for i := range n {
+		body := fmt.Sprintf(`{"asset_id":"veh-%d","occurred_at":"%s","lat":52.52,"lon":13.40}`, i, at)
+		ctx, hangUp := context.WithCancel(context.WithValue(context.Background(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		hangUps[i] = hangUp
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/telemetry", strings.NewReader(body))
+		go h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			arrived <- r.Context()
+			<-r.Context().Done()
+			_, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			saw <- upstreamSaw{ok, context.Cause(r.Context())}
+			return caddyhttp.Error(http.StatusGatewayTimeout, context.Cause(r.Context()))
+		}))
+	}
+	upstream := make([]context.Context, 0, n)
+	for range n {
+		upstream = append(upstream, <-arrived)
+	}
+	if extra := runtime.NumGoroutine() - before - n; extra > 5 {
+		t.Errorf("%d requests waiting for the upstream run %d goroutines besides their own", n, extra)
+	}
+	for _, hangUp := range hangUps {
+		hangUp()
+	}
+	time.Sleep(50 * time.Millisecond)
+	for _, ctx := range upstream {
+		if ctx.Err() != nil {
+			t.Fatalf("the sender's hang-up cut the upstream request: %v", context.Cause(ctx))
+		}
+	}
+	exit(context.DeadlineExceeded)
+	for range n {
+		s := <-saw
+		if !s.replacer || !errors.Is(s.cause, context.DeadlineExceeded) {
+			t.Fatalf("the upstream request cut at exit: replacer %v, cause %v; want the replacer, and a passed deadline", s.replacer, s.cause)
+		}
+	}
 }
