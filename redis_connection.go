@@ -27,6 +27,13 @@ type redisConnection struct {
 	reconciler *dedup.Reconciler
 	// users counts the requests of every config that use the connection.
 	users atomic.Int64
+	// holders counts the store modules that hold the connection, one per
+	// handler of every config loaded with it: the last waits for its
+	// requests and its reconciler when it lets go (RedisStore.Cleanup).
+	holders atomic.Int64
+	// drainUntil is the latest a holder that let go before the last one
+	// waits for the requests (Unix nanoseconds): the last waits as long.
+	drainUntil atomic.Int64
 	// loggers are the loggers of the configs that use the connection.
 	loggers connectionLoggers
 }

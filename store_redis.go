@@ -99,6 +99,8 @@ type RedisStore struct {
 	poolKey    string
 	drainMax   time.Duration
 	users      *atomic.Int64
+	holders    *atomic.Int64
+	drainUntil *atomic.Int64
 	logger     *zap.Logger
 	loggers    *connectionLoggers
 	client     redis.UniversalClient
@@ -166,6 +168,8 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	r.poolKey = poolKey // Cleanup lets go of the connection only once it holds one
 	conn := v.(*redisConnection)
+	conn.holders.Add(1)
+	r.holders, r.drainUntil = &conn.holders, &conn.drainUntil
 	if loaded {
 		conn.loggers.add(logger)
 	}
@@ -449,17 +453,24 @@ func (r *RedisStore) drainWithin(inFlight time.Duration) *atomic.Int64 {
 // Caddy cleans a config up as soon as a reload has replaced it, while the
 // requests it started may still run: their settlements and releases need
 // the connection, and without them a failed request's retry would be
-// suppressed. So while any request uses the connection, it is let go of
-// only once none does (or drainMax has passed), and while its reconciler
-// holds claims, only once it has settled or released them: a reload that
-// replaces the connection while Redis hangs would otherwise drop the
-// releases of the claims that land once Redis answers.
+// suppressed. So the last store to hold the connection lets go of it only
+// once no request uses it (or drainMax has passed), and while its
+// reconciler holds claims, only once it has settled or released them: a
+// reload that replaces the connection while Redis hangs would otherwise
+// drop the releases of the claims that land once Redis answers. A store
+// that another still holds the connection with (the new config's, on a
+// reload that keeps it) lets go at once: that one waits when it goes.
 func (r *RedisStore) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
 	}
 	if r.loggers != nil {
 		r.loggers.remove(r.logger)
+	}
+	if r.holders.Add(-1) > 0 {
+		r.leaveDrain(time.Now().Add(r.drainMax))
+		_, err := stores.Delete(r.poolKey)
+		return err
 	}
 	if caddy.Exiting() {
 		// The handlers cut the requests still running as Caddy exits: wait
@@ -473,8 +484,23 @@ func (r *RedisStore) Cleanup() error {
 		_, err := stores.Delete(r.poolKey)
 		return err
 	}
-	go r.deleteWhenDrained(time.Now().Add(r.drainMax))
+	deadline := time.Now().Add(r.drainMax)
+	if left := time.Unix(0, r.drainUntil.Load()); left.After(deadline) {
+		deadline = left
+	}
+	go r.deleteWhenDrained(deadline)
 	return nil
+}
+
+// leaveDrain leaves the wait for this store's requests, until deadline at
+// the latest, to the last store to let go of the connection.
+func (r *RedisStore) leaveDrain(deadline time.Time) {
+	for {
+		was := r.drainUntil.Load()
+		if was >= deadline.UnixNano() || r.drainUntil.CompareAndSwap(was, deadline.UnixNano()) {
+			return
+		}
+	}
 }
 
 // drainPoll is how often a cleaned-up config looks whether the requests

@@ -1,0 +1,107 @@
+package telemetrydedup
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+// Reloads that keep a Redis connection while its reconciler holds a claim
+// (Redis is down) leave nothing behind each: the connection's reconciler
+// is shared with the config that replaces the old one, which waits for it
+// when it lets the connection go. The connection then stays open for the
+// reconciler, which makes the release owed once Redis answers.
+func TestReloadsDuringAnOutageLeaveNothingBehindEach(t *testing.T) {
+	srv := redistest.Start(t)
+	load := func() *RedisStore {
+		t.Helper()
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		r := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(50 * time.Millisecond)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	current := load()
+	srv.Kill()
+	owed := &dedup.Claim{Observation: dedup.Observation{Key: "outage-reloads:k"}, Policy: &dedup.Policy{Shape: dedup.Tumbling, TTL: time.Hour},
+		Token: 1, At: time.Now()}
+	current.reconciler.Hand([]*dedup.Claim{owed}, true)
+
+	settled := func() int { // the startup checks of the configs loaded end
+		time.Sleep(time.Second)
+		return runtime.NumGoroutine()
+	}
+	before := settled()
+	const reloads = 20
+	for range reloads {
+		next := load()
+		if err := current.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+		current = next
+	}
+	if grown := settled() - before; grown >= reloads/2 {
+		t.Errorf("%d reloads during an outage left %d goroutines more", reloads, grown)
+	}
+	if err := current.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := stores.References(current.poolKey); !ok || n != 1 {
+		t.Fatalf("the last config let go of a connection whose reconciler owes a release: held %d times (%v), want once, until it is done", n, ok)
+	}
+	srv.Restart()
+	for deadline := time.Now().Add(10 * time.Second); current.reconciler.Unanswered() > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release owed was not made 10 s after Redis answered")
+		}
+	}
+}
+
+// A config that lets go of a connection another still holds leaves its
+// requests' drain to that one, with its own bound: the requests of a
+// config with a longer in_flight_timeout (a reload lowered it) keep the
+// connection until they are done, however short the last config's bound.
+func TestTheLastHolderDrainsForTheLongestInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	load := func(inFlight time.Duration) *RedisStore {
+		t.Helper()
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		r := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(50 * time.Millisecond)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.drainWithin(inFlight)
+		return r
+	}
+	old := load(time.Minute)
+	old.users.Add(1) // a request of the old config, which may run a minute
+	current := load(0)
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := current.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // past the last config's own bound, its timeout + 1 s
+	if _, ok := stores.References(current.poolKey); !ok {
+		t.Fatal("the connection closed while a request of the config with the longer in_flight_timeout still ran")
+	}
+	old.users.Add(-1)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, ok := stores.References(current.poolKey); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection is still open 5 s after its last request ended")
+		}
+	}
+}
