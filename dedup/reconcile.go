@@ -422,7 +422,7 @@ func (r *Reconciler) work() {
 	for i, jobs := range [][]*reconcileJob{releases, settles} {
 		for len(jobs) > 0 {
 			n := nextBatch(jobs)
-			if retry, err := r.attempt(context.Background(), jobs[:n]); err != nil {
+			if retry, _, err := r.attempt(context.Background(), jobs[:n]); err != nil {
 				// The store is failing: the rest waits out the failed
 				// batch's backoff too, rather than each batch its own
 				// timeout now, one after another, while every call that
@@ -557,11 +557,11 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
 	for len(owed) > 0 {
 		n := nextBatch(owed)
-		if _, err := r.attempt(ctx, owed[:n]); err != nil {
+		if _, failed, err := r.attempt(ctx, owed[:n]); err != nil {
 			for _, j := range owed[n:] {
 				r.requeue(j)
 			}
-			p.failed = keysOf(owed)
+			p.failed = keysOf(append(failed, owed[n:]...))
 			return err
 		}
 		owed = owed[n:]
@@ -606,38 +606,47 @@ func nextBatch(jobs []*reconcileJob) int {
 
 // attempt makes one store call for jobs, all releases or all settlements,
 // and reschedules or finishes each by its answer. It returns the store's
-// error, if the call failed, and when the first of them is tried again:
-// once a job is back on the queue, only r.mu may read it.
-func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry time.Time, err error) {
+// error, if the call failed, the jobs it failed for (all of them, unless
+// Redis answered some of the releases: ReleaseError), and when the first
+// of those is tried again: once a job is back on the queue, only r.mu may
+// read it.
+func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry time.Time, failed []*reconcileJob, err error) {
 	var claims []*Claim
 	for _, j := range jobs {
 		claims = append(claims, j.claims...)
 	}
-	var released []bool
+	var released, refused []bool
 	if jobs[0].release {
 		released, err = r.store.Release(ctx, claims)
+		if partial, ok := errors.AsType[*ReleaseError](err); ok {
+			released, refused = partial.Released, partial.Failed
+		}
 	} else {
 		err = WaitSettled(ctx, r.store, claims)
 	}
 	now := time.Now()
-	for i, j := range jobs {
+	at := 0
+	for _, j := range jobs {
 		j.postponed = false
-		if err != nil {
+		from, to := at, at+len(j.claims)
+		at = to
+		if err != nil && (refused == nil || slices.Contains(refused[from:to], true)) {
 			j.failures++
 			j.due = now.Add(min(reconcileFirstRetry<<min(j.failures-1, 16), reconcileMaxRetry))
-			if i == 0 {
+			if len(failed) == 0 {
 				retry = j.due
 			}
+			failed = append(failed, j)
 			r.requeue(j)
 			continue
 		}
 		var mine []bool
 		if j.release {
-			mine, released = released[:len(j.claims)], released[len(j.claims):]
+			mine = released[from:to]
 		}
 		r.answered(j, mine, now)
 	}
-	return retry, err
+	return retry, failed, err
 }
 
 // answered records a store's answer to one pass over j: the first answer

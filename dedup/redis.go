@@ -267,7 +267,7 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 		cmds[j] = pipeline.EvalSha(script, keys, args...)
 	}
 	if err := s.do(ctx, cmds); err != nil {
-		return nil, err
+		return nil, partialRelease(err, order, cmds)
 	}
 	released := make([]bool, len(claims))
 	for j, i := range order {
@@ -277,6 +277,48 @@ func (s *RedisStore) Release(ctx context.Context, claims []*Claim) ([]bool, erro
 		}
 	}
 	return released, nil
+}
+
+// ReleaseError is a Release that Redis refused for some of its claims and
+// answered for the others: on a Cluster, the claims on a slot that is
+// migrating (TRYAGAIN) fail while the other slots' releases are made. The
+// Reconciler counts each claim by its own answer, so that a call on a
+// key whose release went through is not failed for another's.
+type ReleaseError struct {
+	// Err is the first refusal.
+	Err error
+	// Released is, per claim, whether its release undid anything, and
+	// Failed whether Redis refused it or did not answer it.
+	Released, Failed []bool
+}
+
+// Error is the first refusal's.
+func (e *ReleaseError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the first refusal.
+func (e *ReleaseError) Unwrap() error { return e.Err }
+
+// partialRelease is err, the failure of the release commands cmds (sent in
+// order), as a ReleaseError telling which were made if Redis answered
+// them: only a reply means every command has its result; after a timeout
+// the results may still be on their way.
+func partialRelease(err error, order []int, cmds []pipeline.Cmd) error {
+	if !IsReply(err) {
+		return err
+	}
+	e := &ReleaseError{Err: err, Released: make([]bool, len(order)), Failed: make([]bool, len(order))}
+	for j, i := range order {
+		cmd, ok := cmds[j].Result.(*redis.Cmd)
+		if !ok { // never sent: its caller's time was up
+			e.Failed[i] = true
+			continue
+		}
+		var cerr error
+		if e.Released[i], cerr = releasedBy(cmd); cerr != nil {
+			e.Failed[i] = true
+		}
+	}
+	return e
 }
 
 // releaseCall is the script that releases c, with its keys and arguments.

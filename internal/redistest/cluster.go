@@ -113,28 +113,7 @@ func (c *Cluster) nodeFor(ctx context.Context, key string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	shards, err := c.client.ClusterShards(ctx).Result()
-	if err != nil {
-		return nil, err
-	}
-	for _, sh := range shards {
-		if !servesSlot(sh, slot) {
-			continue
-		}
-		for _, m := range sh.Nodes {
-			if m.Role != "master" {
-				continue
-			}
-			addr := net.JoinHostPort(m.IP, strconv.FormatInt(m.Port, 10))
-			for _, n := range c.nodes {
-				if n.Addr() == addr {
-					return n, nil
-				}
-			}
-			return nil, fmt.Errorf("slot %d is served by %s, which is not one of %v", slot, addr, c.Addrs())
-		}
-	}
-	return nil, fmt.Errorf("slot %d is not served by any node", slot)
+	return c.ownerOf(ctx, slot)
 }
 
 // servesSlot reports whether the shard holds the slot.
@@ -210,4 +189,95 @@ func (c *Cluster) writeToEveryMaster(ctx context.Context) error {
 		hit[n] = true
 	}
 	return nil
+}
+
+// MigrateSlot moves slot to the master to, as redis-cli --cluster reshard
+// does, while the cluster keeps serving it: the slot is marked IMPORTING on
+// to and MIGRATING on its owner, its keys go over one MIGRATE ... KEYS at a
+// time with pause after each (so that commands meet the slot half moved),
+// and every master is then told the slot is to's. A slot already on to is
+// left alone.
+func (c *Cluster) MigrateSlot(slot int64, to *Server, pause time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	from, err := c.ownerOf(ctx, slot)
+	if err != nil || from == to {
+		return err
+	}
+	fc, tc := redis.NewClient(from.options()), redis.NewClient(to.options())
+	defer fc.Close()
+	defer tc.Close()
+	fromID, err := fc.ClusterMyID(ctx).Result()
+	if err != nil {
+		return err
+	}
+	toID, err := tc.ClusterMyID(ctx).Result()
+	if err != nil {
+		return err
+	}
+	s := strconv.FormatInt(slot, 10)
+	if err := tc.Do(ctx, "CLUSTER", "SETSLOT", s, "IMPORTING", fromID).Err(); err != nil {
+		return fmt.Errorf("SETSLOT %s IMPORTING on %s: %w", s, to.Addr(), err)
+	}
+	if err := fc.Do(ctx, "CLUSTER", "SETSLOT", s, "MIGRATING", toID).Err(); err != nil {
+		return fmt.Errorf("SETSLOT %s MIGRATING on %s: %w", s, from.Addr(), err)
+	}
+	for {
+		keys, err := fc.ClusterGetKeysInSlot(ctx, int(slot), 10).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		for _, key := range keys {
+			if err := fc.Do(ctx, "MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", key).Err(); err != nil {
+				return fmt.Errorf("MIGRATE %s from %s to %s: %w", key, from.Addr(), to.Addr(), err)
+			}
+			time.Sleep(pause)
+		}
+	}
+	// The new owner first, as redis-cli does: it then answers for the slot
+	// before the old one sends MOVED there.
+	order := []*Server{to, from}
+	for _, n := range c.nodes {
+		if n != to && n != from {
+			order = append(order, n)
+		}
+	}
+	for _, n := range order {
+		nc := redis.NewClient(n.options())
+		err := nc.Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", toID).Err()
+		_ = nc.Close()
+		if err != nil {
+			return fmt.Errorf("SETSLOT %s NODE on %s: %w", s, n.Addr(), err)
+		}
+	}
+	return nil
+}
+
+// ownerOf returns the master that serves slot, according to the cluster.
+func (c *Cluster) ownerOf(ctx context.Context, slot int64) (*Server, error) {
+	shards, err := c.client.ClusterShards(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, sh := range shards {
+		if !servesSlot(sh, slot) {
+			continue
+		}
+		for _, m := range sh.Nodes {
+			if m.Role != "master" {
+				continue
+			}
+			addr := net.JoinHostPort(m.IP, strconv.FormatInt(m.Port, 10))
+			for _, n := range c.nodes {
+				if n.Addr() == addr {
+					return n, nil
+				}
+			}
+			return nil, fmt.Errorf("slot %d is served by %s, which is not one of %v", slot, addr, c.Addrs())
+		}
+	}
+	return nil, fmt.Errorf("slot %d is not served by any node", slot)
 }
