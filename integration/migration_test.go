@@ -29,7 +29,16 @@ import (
 // migration is over (a config without near cache asks Redis itself), no
 // key left on the old master, and no ping of the master's other slots
 // answered unchecked (its breaker zone stayed closed).
+//
+// .ci/run runs it without -race: go-redis v9.23 has a data race of its own
+// during a migration (a per-node batch whose first command gets TRYAGAIN is
+// queued again whole, and a command of it that got ASK is queued for the
+// new owner too, so two goroutines write its result), which the race
+// detector reports in about one run in five.
 func TestASlotMigrationUnderLoadLosesAndRepeatsNothing(t *testing.T) {
+	if raceDetector {
+		t.Skip("go-redis v9.23 races with itself on a batch resent after TRYAGAIN; .ci/run runs this test without -race")
+	}
 	cluster := redistest.StartCluster(t, 3)
 	for _, shape := range []string{"tumbling", "sliding", "session"} {
 		t.Run(shape, func(t *testing.T) { migrateUnderLoad(t, cluster, shape) })
