@@ -76,10 +76,10 @@ func initMetrics() {
 	metrics.breakerTransitions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("breaker_transitions_total",
 		"Circuit breaker transitions, by the state entered (open, half_open, closed).")), []string{"to"})
 	metrics.roundTrips = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_round_trips_total",
-		"Pipelines sent to Redis: the commands of concurrent requests and of a batch share one round trip.")),
+		"Pipelines Redis answered: the commands of concurrent requests and of a batch share one round trip.")),
 		func() float64 { return float64(sumStoreStats().roundTrips) })
 	metrics.commands = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("redis_commands_total",
-		"Commands sent to Redis, in redis_round_trips_total round trips.")),
+		"Commands Redis answered, in redis_round_trips_total round trips.")),
 		func() float64 { return float64(sumStoreStats().commands) })
 	metrics.nearCacheLookups = prometheus.NewCounterVec(prometheus.CounterOpts(opts("near_cache_lookups_total",
 		"Near cache lookups, by result: a hit is a duplicate answered without a store round trip.")), []string{"result"})

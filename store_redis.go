@@ -411,7 +411,7 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	msg := "redis store does not answer; until it does, on_store_error decides what happens to pings"
 	fields := []zap.Field{zap.String("redis", where), zap.Error(err)}
 	switch {
-	case dedup.IsReply(err):
+	case pipeline.IsReply(err):
 		msg = "redis store refuses the startup check (PING); until it accepts it, on_store_error decides what happens to pings"
 		if fix := storeErrorFix(err); fix != "" {
 			fields = append(fields, zap.String("fix", fix))
@@ -606,7 +606,7 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 		for i, cmd := range cmds {
 			errs[i] = cmd.Err()
 		}
-		if dedup.IsReply(err) {
+		if pipeline.IsReply(err) {
 			return nil // Redis answered, refusing the letter (a key of another type, an ACL): no outage for the breaker
 		}
 		return err

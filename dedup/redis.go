@@ -82,7 +82,7 @@ func LoadScripts(ctx context.Context, cn *redis.Conn) error {
 	// than the store's timeout on a slow link, and every connection was
 	// dropped. A load that timed out still lands, so the next one finds it.
 	known, err := cn.ScriptExists(ctx, hashes...).Result()
-	if err != nil && !IsReply(err) {
+	if err != nil && !pipeline.IsReply(err) {
 		return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
 	}
 	if len(known) != len(scripts) { // SCRIPT EXISTS refused: load them all
@@ -97,18 +97,11 @@ func LoadScripts(ctx context.Context, cn *redis.Conn) error {
 		return nil
 	})
 	for _, cmd := range cmds {
-		if err := cmd.Err(); err != nil && !IsReply(err) {
+		if err := cmd.Err(); err != nil && !pipeline.IsReply(err) {
 			return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
 		}
 	}
 	return nil
-}
-
-// IsReply reports an error that is Redis's own reply (a refusal: NOPERM,
-// WRONGPASS, LOADING, ...), not a failure to get one.
-func IsReply(err error) bool {
-	var reply redis.Error
-	return errors.As(err, &reply)
 }
 
 // Decide implements Store.
@@ -303,7 +296,7 @@ func (e *ReleaseError) Unwrap() error { return e.Err }
 // them: only a reply means every command has its result; after a timeout
 // the results may still be on their way.
 func partialRelease(err error, order []int, cmds []pipeline.Cmd) error {
-	if !IsReply(err) {
+	if !pipeline.IsReply(err) {
 		return err
 	}
 	e := &ReleaseError{Err: err, Released: make([]bool, len(order)), Failed: make([]bool, len(order))}

@@ -143,7 +143,7 @@ func newShard(client redis.UniversalClient) *shard {
 	return s
 }
 
-// RoundTrips returns how many pipelines were sent, and how many commands
+// RoundTrips returns how many pipelines Redis answered, and how many commands
 // they carried, since the Pipeline was made.
 func (p *Pipeline) RoundTrips() (roundTrips, commands uint64) {
 	p.mu.Lock()
@@ -495,9 +495,20 @@ func (s *shard) exec(ctx context.Context, batch []*pipelineJob, want func(*Cmd) 
 	if n == 0 {
 		return
 	}
-	_ = Exec(ctx, pipe) // errors are per command
-	s.roundTrips.Add(1)
-	s.commands.Add(uint64(n))
+	if err := Exec(ctx, pipe); err == nil || IsReply(err) { // a round trip Redis answered; errors are per command
+		s.roundTrips.Add(1)
+		s.commands.Add(uint64(n))
+	}
+}
+
+// IsReply reports an error that is Redis's own reply (a refusal: NOPERM,
+// WRONGPASS, LOADING, ...), not a failure to get one (a dial refused, a
+// connection lost). Only a pipeline Redis answered counts as a round trip:
+// the attempts of an outage, or of a replaced connection's reconciler on a
+// Redis that is gone, are none.
+func IsReply(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply)
 }
 
 // Exec runs pipe's commands in one round trip and returns the first

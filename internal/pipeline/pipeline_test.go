@@ -420,3 +420,38 @@ func TestARefusedHandshakeFailsEveryCommand(t *testing.T) {
 		}
 	}
 }
+
+// A round trip is one Redis answered: attempts on a connection that never
+// reaches it (a Redis that is gone, as a stopped test's or one down in an
+// outage) count none, nor do their commands. A Redis error reply is an
+// answer.
+func TestRoundTripsCountOnlyWhatRedisAnswered(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	p := New(c)
+	t.Cleanup(func() {
+		p.Close()
+		_ = c.Close()
+	})
+	wrongType := Cmd{Key: "a-string", Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder {
+		return p.LPush(ctx, "a-string", "x")
+	}}
+	if err := p.Do(context.Background(), 10*time.Second, []Cmd{setNX("a-string", "v")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Do(context.Background(), 10*time.Second, []Cmd{wrongType}); err == nil {
+		t.Fatal("LPUSH on a string succeeded")
+	}
+	if rt, n := p.RoundTrips(); rt != 2 || n != 2 {
+		t.Fatalf("two calls Redis answered, one with an error: %d round trips, %d commands; want 2, 2", rt, n)
+	}
+	srv.Kill()
+	for i := range 3 {
+		if err := p.Do(context.Background(), 10*time.Second, []Cmd{setNX(fmt.Sprintf("gone-%d", i), "v")}); err == nil {
+			t.Fatal("a call to a Redis that is gone succeeded")
+		}
+	}
+	if rt, n := p.RoundTrips(); rt != 2 || n != 2 {
+		t.Fatalf("after three calls to a Redis that is gone: %d round trips, %d commands; want still 2, 2", rt, n)
+	}
+}
