@@ -1,7 +1,6 @@
 package telemetrydedup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -167,7 +166,7 @@ func (s *settings) refuseJSONAsForm(query string, body []byte) error {
 	if s.encoding != encodingForm || query != "" {
 		return nil
 	}
-	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
+	if opening := openingOf(body); opening != '{' && opening != '[' {
 		return nil
 	}
 	return &ping.MalformedError{Reason: "the request body is JSON, and encoding form reads form fields (the query string, or a form body): " +

@@ -19,16 +19,7 @@ import (
 // reconciler, which makes the release owed once Redis answers.
 func TestReloadsDuringAnOutageLeaveNothingBehindEach(t *testing.T) {
 	srv := redistest.Start(t)
-	load := func() *RedisStore {
-		t.Helper()
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		t.Cleanup(cancel)
-		r := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(50 * time.Millisecond)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	load := func() *RedisStore { return provisionRedisStore(t, srv.URL()) }
 	current := load()
 	srv.Kill()
 	owed := &dedup.Claim{Observation: dedup.Observation{Key: "outage-reloads:k"}, Policy: &dedup.Policy{Shape: dedup.Tumbling, TTL: time.Hour},
@@ -72,13 +63,7 @@ func TestReloadsDuringAnOutageLeaveNothingBehindEach(t *testing.T) {
 func TestTheLastHolderDrainsForTheLongestInFlight(t *testing.T) {
 	srv := redistest.Start(t)
 	load := func(inFlight time.Duration) *RedisStore {
-		t.Helper()
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		t.Cleanup(cancel)
-		r := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(50 * time.Millisecond)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
+		r := provisionRedisStore(t, srv.URL())
 		r.drainWithin(inFlight)
 		return r
 	}
@@ -104,4 +89,18 @@ func TestTheLastHolderDrainsForTheLongestInFlight(t *testing.T) {
 			t.Fatal("the connection is still open 5 s after its last request ended")
 		}
 	}
+}
+
+// provisionRedisStore loads a Redis store on url as a config would, with
+// a store timeout of 50 ms, its config's context cancelled when the test
+// ends.
+func provisionRedisStore(t *testing.T, url string) *RedisStore {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	r := &RedisStore{URL: url, Timeout: caddy.Duration(50 * time.Millisecond)}
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
