@@ -115,13 +115,21 @@ func (a *answers) writeInFlight(w http.ResponseWriter, reason string) {
 	})
 }
 
-func writeUnavailable(w http.ResponseWriter) {
+// writeUnavailable asks the sender to come back: the store could not judge
+// the ping, or, for a ping that cannot be keyed (rej), keep its dead letter.
+func writeUnavailable(w http.ResponseWriter, rej *rejection) {
 	w.Header().Set(headerDecision, string(decisionUnavailable))
 	w.Header().Set("Retry-After", unavailableRetryAfter)
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{
+	body := errorBody{
 		Decision: decisionUnavailable,
 		Error:    "the deduplication store is unavailable and on_store_error is closed; retry later",
-	})
+	}
+	if rej != nil {
+		body = rej.body
+		body.Decision = decisionUnavailable
+		body.Error += "; the dead-letter stream could not be written, so the ping is not kept: retry later"
+	}
+	writeJSON(w, http.StatusServiceUnavailable, body)
 }
 
 func writeRejection(w http.ResponseWriter, r rejection) {
@@ -208,8 +216,14 @@ func (a *answers) writeBatchRetry(w http.ResponseWriter, decision dedup.Decision
 		return
 	}
 	w.Header().Set("Retry-After", unavailableRetryAfter)
-	writeJSON(w, http.StatusServiceUnavailable, batchAnswerOf(decision,
-		"the deduplication store is unavailable and on_store_error is closed; retry the batch later", elements))
+	msg := "the deduplication store is unavailable and on_store_error is closed; retry the batch later"
+	for _, e := range elements {
+		if e.decision == decisionUnavailable && e.rejection != nil {
+			msg = "the dead-letter stream could not be written, so the pings of this batch that cannot be keyed are not kept: retry the batch later"
+			break
+		}
+	}
+	writeJSON(w, http.StatusServiceUnavailable, batchAnswerOf(decision, msg, elements))
 }
 
 // writeBatchAnswered answers a batch none of whose pings goes upstream:

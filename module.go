@@ -228,7 +228,9 @@ type Handler struct {
 
 	// What to do with a ping that is malformed or invalid: "reject" answers
 	// 400 or 422; "dead_letter" appends it to a Redis stream (on the redis
-	// store's server) and answers 202. Default: reject.
+	// store's server) and answers 202, or, when the stream cannot be
+	// written, 503 so that the sender sends it again rather than dropping
+	// it on a 4xx. Default: reject.
 	OnInvalid string `json:"on_invalid,omitempty"`
 
 	// The Redis stream dead-lettered pings go to (on_invalid dead_letter

@@ -43,7 +43,9 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	// are dead-lettered then, once, not now and again. Shadow mode forwards
 	// it, so it never comes back.
 	if h.deadLetters != nil && (req.sentBack == nil || h.settings.shadow) {
-		h.deadLetter(r, req.elements)
+		if !h.deadLetter(r, req.elements) && req.sentBack == nil {
+			req.sendBack() // a ping whose letter failed must come back, and its batch with it
+		}
 	}
 	for i := range req.elements {
 		h.recordOutcome(&req.elements[i])
@@ -52,9 +54,14 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 }
 
 // deadLetter keeps the request's pings that cannot be keyed, all in one
-// store call; a ping whose letter could not be written is rejected, as if
-// dead-lettering were off.
-func (h *Handler) deadLetter(r *http.Request, elements []element) {
+// store call, and reports whether every letter was written. A ping whose
+// letter could not be written is unavailable, answered as the store's
+// outage is with on_store_error closed (503 and Retry-After), so that its
+// sender keeps it and sends it again: its 4xx made OwnTracks iOS delete it
+// and Traccar's forwarder drop it, the loss dead-lettering is there to
+// prevent, at every Redis blip. Shadow mode forwards it anyway, and
+// reports it as it would have been rejected.
+func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool) {
 	var letters []deadLetter
 	var letterOf []*element
 	for i := range elements {
@@ -64,19 +71,24 @@ func (h *Handler) deadLetter(r *http.Request, elements []element) {
 		}
 	}
 	if len(letters) == 0 {
-		return
+		return true
 	}
 	var failed error
 	for i, err := range h.deadLetters.add(r.Context(), letters) {
-		if err != nil {
+		switch {
+		case err == nil:
+			letterOf[i].decision = decisionDeadLettered
+		case !h.settings.shadow:
+			letterOf[i].decision, letterOf[i].reason = decisionUnavailable, reasonStoreError
 			failed = err
-			continue
+		default:
+			failed = err
 		}
-		letterOf[i].decision = decisionDeadLettered
 	}
 	if failed != nil && !errors.Is(failed, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.storeErrors.log("dead-lettering invalid pings failed; rejecting them instead", failed)
+		h.storeErrors.log("dead-lettering invalid pings failed; they are answered 503, to be sent again once the stream can be written", failed)
 	}
+	return failed == nil
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone

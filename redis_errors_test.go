@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -107,8 +108,8 @@ func TestABatchsDeadLettersWaitOneTimeoutAtMost(t *testing.T) {
 	for _, when := range []string{"breaker closed", "breaker open"} { // breaker_failures 1: the first call opens it
 		start := time.Now()
 		res := tt.post(batch, "application/x-ndjson", nil)
-		if took := time.Since(start); took > 10*timeout || res.status != http.StatusUnprocessableEntity {
-			t.Fatalf("%s, Redis hung: 40 invalid pings answered %d after %v; want 422 (not kept, rejected) within about one timeout (%v)",
+		if took := time.Since(start); took > 10*timeout || res.status != http.StatusServiceUnavailable {
+			t.Fatalf("%s, Redis hung: 40 invalid pings answered %d after %v; want 503 (not kept: to be sent again) within about one timeout (%v)",
 				when, res.status, took, timeout)
 		}
 	}
@@ -455,5 +456,73 @@ func TestTheStartupWarningSaysRedisDoesNotAnswerWhenItHangs(t *testing.T) {
 	// The check's own bound, not the store's timeout, which it does not use.
 	if fix, _ := entries[0].ContextMap()["fix"].(string); !strings.Contains(fix, startupCheckTimeout.String()) {
 		t.Fatalf("fix %q; want it to name the check's %s", fix, startupCheckTimeout)
+	}
+}
+
+// A batch holding a ping whose dead letter cannot be written (here an ACL
+// that refuses XADD, which claims do not use) is sent back whole, as one
+// holding a ping the store could not judge: none of it goes upstream, its
+// new pings' claims are given back, and the invalid ping is answered as it
+// is alone, unavailable. Its new pings went upstream and the invalid one
+// was dropped with them: Overland deletes a batch its backend took.
+func TestABatchWithALetterThatCannotBeWrittenComesBackWhole(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "noxadd", "pw")
+	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
+		t.Fatal(err)
+	}
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"deadacl:","on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
+		"redis://noxadd:pw@"+srv.Addr()+"/0"))
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	valid := fmt.Sprintf(`{"asset_id":"veh-acl","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+	naive := `{"asset_id":"veh-acl","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+
+	res := tt.post(valid+"\n"+naive+"\n", "application/x-ndjson", nil)
+	if res.status != http.StatusServiceUnavailable || res.header.Get("X-Dedup") != "unavailable" || res.header.Get("Retry-After") != "5" {
+		t.Fatalf("a batch whose letter failed: %d %s Retry-After %q %s; want 503 unavailable, Retry-After: 5",
+			res.status, res.header.Get("X-Dedup"), res.header.Get("Retry-After"), res.body)
+	}
+	if len(tt.upstream) != 0 {
+		t.Fatalf("the upstream got %q; want nothing until the batch comes back", tt.upstream)
+	}
+	var answer batchAnswer
+	if err := json.Unmarshal([]byte(res.body), &answer); err != nil || len(answer.Elements) != 2 {
+		t.Fatalf("answer %s: %v", res.body, err)
+	}
+	if e := answer.Elements; e[0].Decision != decisionUnavailable || e[0].Reason != reasonSentBack ||
+		e[1].Decision != decisionUnavailable || e[1].Rule != "timezone" {
+		t.Fatalf("elements %+v; want the new ping sent back, the naive one unavailable naming its rule", e)
+	}
+	// The new ping's claim was given back: alone, it is new.
+	if res := tt.post(valid, "application/json", nil); res.status != http.StatusCreated || res.header.Get("X-Dedup") != "accepted" {
+		t.Fatalf("the batch's new ping alone afterwards: %d %s; want 201 accepted", res.status, res.header.Get("X-Dedup"))
+	}
+}
+
+// With the store down and failing open, a batch's valid pings would go
+// upstream unchecked; beside an invalid one whose dead letter cannot be
+// written either, the batch is sent back whole and they are sent back
+// with it, labelled so, not counted unchecked for a forward that never
+// happened.
+func TestAnOutageSendsBackABatchWithAnInvalidPingWhole(t *testing.T) {
+	rdb := redistest.Start(t)
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"deadopen:","on_invalid":"dead_letter","store":{"type":"redis","url":%q,"timeout":%d}}`,
+		rdb.URL(), (50*time.Millisecond).Nanoseconds()))
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	valid := fmt.Sprintf(`{"asset_id":"veh-open","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+	naive := `{"asset_id":"veh-open","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	rdb.Pause()
+	res := tt.post(valid+"\n"+naive+"\n", "application/x-ndjson", nil)
+	rdb.Resume()
+	if res.status != http.StatusServiceUnavailable || res.header.Get("X-Dedup") != "unavailable" || len(tt.upstream) != 0 {
+		t.Fatalf("Redis hung, failing open: %d %s, upstream got %d; want 503 unavailable and nothing upstream",
+			res.status, res.header.Get("X-Dedup"), len(tt.upstream))
+	}
+	var answer batchAnswer
+	if err := json.Unmarshal([]byte(res.body), &answer); err != nil || len(answer.Elements) != 2 {
+		t.Fatalf("answer %s: %v", res.body, err)
+	}
+	if e := answer.Elements; e[0].Decision != decisionUnavailable || e[0].Reason != reasonSentBack || e[1].Rule != "timezone" {
+		t.Fatalf("elements %+v; want the valid ping sent back, the naive one naming its rule", e)
 	}
 }

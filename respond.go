@@ -91,7 +91,7 @@ func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddy
 	case d == dedup.InFlight:
 		a.writeInFlight(w, e.reason)
 	case d == decisionUnavailable:
-		writeUnavailable(w)
+		writeUnavailable(w, e.rejection)
 	case d == decisionDeadLettered:
 		a.writeDeadLettered(w, *e.rejection)
 	default:
@@ -128,10 +128,11 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 }
 
 // sendBack marks a batch that holds a ping that must come back later (in
-// flight, or not judged): the whole batch must, so it keeps nothing of it.
-// Its new pings get the batch's decision, in_flight or unavailable, with
-// reasonSentBack, and their claims are to be given back: none is counted
-// accepted each time the batch comes back before it gets through. Shadow
+// flight, not judged, or not kept as a dead letter): the whole batch must,
+// so it keeps nothing of it. Its new and unchecked pings get the batch's
+// decision, in_flight or unavailable, with reasonSentBack, and the new
+// ones' claims are to be given back: none is counted accepted (or
+// unchecked) each time the batch comes back before it gets through. Shadow
 // mode marks it too, to record what enforce would, and forwards it.
 func (req *request) sendBack() {
 	if req.single() {
@@ -143,8 +144,11 @@ func (req *request) sendBack() {
 	}
 	req.sentBack = []*dedup.Claim{}
 	for i := range req.elements {
-		if e := &req.elements[i]; e.decision == dedup.Accepted {
+		switch e := &req.elements[i]; e.decision {
+		case dedup.Accepted:
 			req.sentBack = append(req.sentBack, e.claim())
+			e.decision, e.reason = c.decision(), reasonSentBack
+		case decisionUnchecked: // not forwarded either: it has no claim to give back
 			e.decision, e.reason = c.decision(), reasonSentBack
 		}
 	}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -204,6 +205,43 @@ func TestDeadLettersAreDeliveredForTheApps(t *testing.T) {
 	res.expectReason(t, http.StatusAccepted, "dead_lettered", "required")
 	if ownTracksAndroid(res) != delivered || ownTracksIOS(res) != delivered || res.body != "[]" {
 		t.Fatalf("dead letter answered %d %q: Android %s", res.status, res.body, ownTracksAndroid(res))
+	}
+}
+
+// A ping whose dead letter cannot be written (Redis hung) is asked to come
+// back, as the store's outage asks a valid ping to with on_store_error
+// closed: every app keeps a 503 and sends it again, and once Redis answers
+// the ping is kept. It was rejected with its 4xx, which OwnTracks iOS
+// answers by deleting the location and alerting the user: the loss
+// dead-lettering is there to prevent, at every Redis blip.
+func TestADeadLetterThatCannotBeWrittenComesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := startCaddy(t, up, redisOptions(srv, "preset owntracks\n\t\ton_invalid dead_letter\n\t\tdead_letter_stream test:dlq-blip"))
+	// Without a tid the location has no identity.
+	invalid := fmt.Appendf(nil, `{"_type":"location","tst":%d,"lat":48.85,"lon":2.29}`, time.Now().Unix())
+	postOT := func() response { return send(t, tester.Client, http.MethodPost, "", "application/json", invalid) }
+
+	srv.Pause()
+	res := postOT()
+	srv.Resume()
+	res.expect(t, http.StatusServiceUnavailable, "unavailable")
+	if !strings.Contains(res.body, `"field":"tid","rule":"required"`) {
+		t.Errorf("503 body %s does not say what is wrong with the ping", res.body)
+	}
+	if a, i := ownTracksAndroid(res), ownTracksIOS(res); a != retried || i != retried || !retryAfterAtLeastOne(res) {
+		t.Fatalf("Redis hung: answered %d, Retry-After %q: Android %s, iOS %s; both must send it again, not at once",
+			res.status, res.header.Get("Retry-After"), a, i)
+	}
+
+	// The app's retry, once Redis answers (and the breaker lets it try).
+	deadline := time.Now().Add(5 * time.Second)
+	for res = postOT(); res.status != http.StatusAccepted && time.Now().Before(deadline); res = postOT() {
+		time.Sleep(100 * time.Millisecond)
+	}
+	res.expectReason(t, http.StatusAccepted, "dead_lettered", "required")
+	if n := srv.Client().XLen(context.Background(), "test:dlq-blip").Val(); n != 1 || up.count() != 0 {
+		t.Fatalf("the stream holds %d letters and the upstream saw %d requests; want the ping kept once, nothing forwarded", n, up.count())
 	}
 }
 
