@@ -227,11 +227,18 @@ func (a *answers) writeBatchRetry(w http.ResponseWriter, decision dedup.Decision
 }
 
 // writeBatchAnswered answers a batch none of whose pings goes upstream:
-// duplicates only, or duplicates beside pings that cannot be keyed.
+// duplicates only, or duplicates beside pings that cannot be keyed. A
+// batch that holds a duplicate is answered as delivered, as a batch with a
+// new ping is by its upstream, its rejected pings left out (they are in
+// X-Dedup-Rejections): it is often the resend of one that went upstream
+// partial and whose answer the sender never got, and a 4xx for it made
+// Overland, which resends a batch until it is told "ok", resend it
+// forever. Only a batch of nothing but pings that cannot be keyed is
+// refused.
 func (a *answers) writeBatchAnswered(w http.ResponseWriter, decision dedup.Decision, c elementCounts, elements []element) {
 	w.Header().Set(headerDecision, string(decision))
 	switch {
-	case c.rejected > c.deadLettered:
+	case c.rejected > c.deadLettered && c.suppressed == 0:
 		writeJSON(w, rejectedBatchStatus(elements), batchAnswerOf(decision,
 			"no ping of this batch is new, and some cannot be keyed: see elements", elements))
 	case c.deadLettered > 0 && a.deadLettered.hasBody:

@@ -102,26 +102,44 @@ func TestBatchesForwardOnlyTheNewElements(t *testing.T) {
 	}
 }
 
-func TestBatchOfOnlyInvalidAndDuplicatesIsAnsweredPerElement(t *testing.T) {
+// A batch of duplicates beside pings that cannot be keyed is answered as
+// delivered, as one of new pings beside them is by its upstream: the
+// rejected pings are left out, named in X-Dedup-Rejections. Only a batch
+// of nothing but such pings is refused, per element.
+func TestBatchOfInvalidPingsAndDuplicatesIsDelivered(t *testing.T) {
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "")
 	known := string(ping("veh-k", base(), 52.5200087, 13.4049547))
 	post(t, tester.Client, []byte(known)).expect(t, http.StatusCreated, "accepted")
-	res := postBatch(t, tester.Client, "application/json", []byte(`[`+known+`,{"asset_id":"x","occurred_at":"`+
-		base().Format(time.RFC3339)+`","lat":91,"lon":1},"not a ping"]`))
-	res.expect(t, http.StatusUnprocessableEntity, "partial")
+	invalid := `{"asset_id":"x","occurred_at":"` + base().Format(time.RFC3339) + `","lat":91,"lon":1}`
+	res := postBatch(t, tester.Client, "application/json", []byte(`[`+known+`,`+invalid+`,"not a ping"]`))
+	res.expect(t, http.StatusOK, "partial")
+	var rejections []struct {
+		Index                 int
+		Decision, Field, Rule string
+	}
+	if err := json.Unmarshal([]byte(res.header.Get("X-Dedup-Rejections")), &rejections); err != nil || len(rejections) != 2 {
+		t.Fatalf("X-Dedup-Rejections %q: %v", res.header.Get("X-Dedup-Rejections"), err)
+	}
+	if r := rejections; r[0].Index != 1 || r[0].Field != "lat" || r[0].Rule != "range" || r[1].Index != 2 || r[1].Rule != "malformed" {
+		t.Fatalf("rejections %+v", r)
+	}
+	if res.header.Get("X-Dedup-Suppressed") != "1" || res.header.Get("X-Dedup-Rejected") != "2" {
+		t.Fatalf("counts: suppressed %s, rejected %s", res.header.Get("X-Dedup-Suppressed"), res.header.Get("X-Dedup-Rejected"))
+	}
+
+	res = postBatch(t, tester.Client, "application/json", []byte(`[`+invalid+`,"not a ping"]`))
+	res.expect(t, http.StatusUnprocessableEntity, "rejected")
 	var answer struct {
 		Elements []struct {
 			Index                         int
 			Decision, Reason, Field, Rule string
 		}
 	}
-	if err := json.Unmarshal([]byte(res.body), &answer); err != nil || len(answer.Elements) != 3 {
+	if err := json.Unmarshal([]byte(res.body), &answer); err != nil || len(answer.Elements) != 2 {
 		t.Fatalf("answer %s: %v", res.body, err)
 	}
-	e := answer.Elements
-	if e[0].Decision != "suppressed" || e[0].Reason != "redelivery" || e[1].Field != "lat" || e[1].Rule != "range" ||
-		e[2].Decision != "rejected" || e[2].Rule != "malformed" {
+	if e := answer.Elements; e[0].Field != "lat" || e[0].Rule != "range" || e[1].Decision != "rejected" || e[1].Rule != "malformed" {
 		t.Fatalf("elements %+v", e)
 	}
 	if up.count() != 1 {

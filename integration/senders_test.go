@@ -307,6 +307,38 @@ func TestOverlandTakesTheAnswersAsMeant(t *testing.T) {
 	}
 }
 
+// Overland resends a batch whose answer it never got (the phone lost its
+// signal while waiting). One that went through partial, its new fixes
+// upstream and an invalid one left out, comes back as duplicates beside
+// that invalid fix: it is answered as delivered, as it was the first
+// time, not with a 422 that the app resends at every send interval,
+// forever, the oldest points of its queue, holding back all behind them.
+func TestOverlandsResendOfAPartialBatchIsDelivered(t *testing.T) {
+	up := newUpstream(t)
+	answering(up, http.StatusOK, "application/json", `{"result":"ok"}`)
+	tester := startCaddy(t, up, "preset overland")
+	at := base()
+	fix := overlandFeature(at, -122.6764971, 45.5230622, "phone1")
+	// Queued before the user cleared the device id: the app then leaves it out.
+	anonymous := strings.Replace(overlandFeature(at.Add(10*time.Second), -122.6771, 45.5236, ""), `,"device_id":""`, "", 1)
+	batch := []byte(`{"locations":[` + fix + `,` + anonymous + `]}`)
+
+	first := send(t, tester.Client, http.MethodPost, "", "application/json", batch)
+	first.expect(t, http.StatusOK, "partial")
+	if overland(first, false) != delivered || up.count() != 1 {
+		t.Fatalf("the first delivery answered %d %q, upstream count %d", first.status, first.body, up.count())
+	}
+	again := send(t, tester.Client, http.MethodPost, "", "application/json", batch)
+	again.expect(t, http.StatusOK, "partial")
+	if off, on := overland(again, false), overland(again, true); off != delivered || on != delivered || up.count() != 1 {
+		t.Fatalf("its resend answered %d %q: Overland %s it (2xx successful off), %s it (on); upstream count %d; want it delivered, once",
+			again.status, again.body, off, on, up.count())
+	}
+	if r := again.header.Get("X-Dedup-Rejections"); !strings.Contains(r, `"index":1`) || !strings.Contains(r, `"rule":"required"`) {
+		t.Fatalf("X-Dedup-Rejections %q does not name the fix left out", r)
+	}
+}
+
 // Overland may leave device_id out: the identity then comes from the
 // request, here a query parameter of the receiver URL the app was given.
 // Overland's OwnTracks mode reads every answer as Overland does: the
