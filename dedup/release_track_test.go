@@ -162,3 +162,96 @@ func TestAReleaseKeepsTheTimeOfAnOutlierSeenBeforeIt(t *testing.T) {
 		}
 	})
 }
+
+// Overland uploads a parked phone's queue as one batch, the first ping of
+// a new session (25 min after the last) and fifteen more at the stay,
+// one a minute; the backend answers 503 and the batch is retried. The
+// release put back the latest device time seen as it was before the
+// batch, so that the retried first ping finds the idle gap again; but the
+// batch's suppressed pings, later than it, were forgotten with it, and the
+// retry finds them as redeliveries that judge nothing. The next upload, a
+// minute after the batch's last ping, found a 16 minute silence and was
+// admitted as a new session's first: a parked asset admitted again inside
+// its session, once for every failed batch.
+func TestAFailedBatchKeepsTheTimeOfItsSuppressedPings(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		d := newTestDeduper(s, Session)
+		park(t, d)
+		batch := []ping.Ping{offset(25*60, 1, 1)}
+		for m := 26; m <= 40; m++ {
+			batch = append(batch, offset(float64(m*60), float64(m%5)-2, float64(m%3)-1))
+		}
+		failAndRetry(t, d, batch)
+		if v := d.settled(t, offset(41*60, 2, -1)); v.Decision != Suppressed {
+			t.Fatalf("the next ping at the stay, a minute after the batch's last: %+v, want suppressed (the same session)", v)
+		}
+	})
+}
+
+// The first ping of a new session fails upstream and is released, and its
+// sender drops it (an OwnTracks iOS message answered 4xx, a Traccar
+// forwarder without forward.retry.enable); a ping sent meanwhile was
+// suppressed inside the session it opened. The time of that ping is held
+// only for the released ping's retry: without it, the backend never
+// heard the asset came back, and the next ping after the silence must
+// open the session again, as it did before.
+func TestADroppedFirstPingOfASessionIsReopenedByTheNextPing(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		d := newTestDeduper(s, Session)
+		park(t, d)
+		c, v := d.claim(t, offset(25*60, 1, 1))
+		if v.Decision != Accepted {
+			t.Fatalf("the first ping of a new session: %+v", v)
+		}
+		if v := d.settled(t, offset(25*60+30, -1, 2)); v.Decision != Suppressed {
+			t.Fatalf("a ping 30 s later, while the first is in flight: %+v, want suppressed", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, offset(26*60, 2, 0)); v.Decision != Accepted {
+			t.Fatalf("the next ping, the first never retried: %+v, want accepted (the backend never heard of the session)", v)
+		}
+	})
+}
+
+// failAndRetry claims batch as one request, releases what it accepted as
+// a failed request is, claims it again and settles the retry: the retry
+// must accept what the first attempt accepted, and find the rest as
+// redeliveries.
+func failAndRetry(t *testing.T, d *testDeduper, batch []ping.Ping) {
+	t.Helper()
+	obs := make([]Observation, len(batch))
+	for i, p := range batch {
+		obs[i] = d.Observe(p)
+	}
+	claims, first, err := d.ClaimAll(t.Context(), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted []*Claim
+	for i, v := range first {
+		if v.Decision == Accepted {
+			accepted = append(accepted, claims[i])
+		}
+	}
+	if _, err := d.Release(t.Context(), accepted...); err != nil {
+		t.Fatal(err)
+	}
+	claims, retry, err := d.ClaimAll(t.Context(), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted = accepted[:0]
+	for i, v := range retry {
+		if v.Decision != first[i].Decision {
+			t.Errorf("ping %d of the retried batch: %+v, want %s as the first attempt", i, v, first[i].Decision)
+		}
+		if v.Decision == Accepted {
+			accepted = append(accepted, claims[i])
+		}
+	}
+	if err := d.Settle(t.Context(), accepted...); err != nil {
+		t.Fatal(err)
+	}
+}

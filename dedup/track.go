@@ -241,13 +241,23 @@ type track struct {
 // trackState is what the store keeps of an asset: its track, what undoing
 // the request of the last acceptance does (so that a failed request can be
 // undone) with, for undoPrev, the track and the latest device time seen as
-// they were before that request, and the latest device time seen.
+// they were before that request, the latest device time seen, and the
+// latest device time a release forgot (held).
 type trackState struct {
 	track
 	prev        track
 	prevSeenMax int64
 	undo        undoKind
 	seenMax     int64
+	// held is the latest device time of the pings seen after a released
+	// one, which its release took out of seenMax so that the released
+	// ping's retry finds the silence before it again (session). Negative
+	// until a ping no later than it is accepted again (the retry, as a
+	// rule): only then does a ping after it count its silence from it. A
+	// ping that never comes back leaves the backend without the session
+	// it opened, and the next ping after the silence opens one again. 0
+	// when nothing is held, and again once a ping later than it is judged.
+	held int64
 }
 
 // undoKind says what releasing the last accepted ping does to the track.
@@ -307,6 +317,12 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 	next := *st
 	next.seenMax = max(st.seenMax, f.t)
 	v := next.judge(st, f, c.Policy)
+	switch {
+	case f.t > max(st.held, -st.held):
+		next.held = 0 // seenMax is past it
+	case st.held < 0 && v.Decision == Accepted && f.t >= st.last.t:
+		next.held = -st.held // the released ping's retry, or what replaced it
+	}
 	if v.Decision == Accepted {
 		return v, &next, pending
 	}
@@ -325,7 +341,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	if f.t < st.last.t {
 		return st.judgeLate(f, pol)
 	}
-	newSession := pol.Shape == Session && f.t-old.seenMax > pol.SessionIdle.Microseconds()
+	newSession := pol.Shape == Session && f.t-old.silenceFrom(f) > pol.SessionIdle.Microseconds()
 	// A fix identical to the last accepted one reached here only because
 	// its seen entry is gone: its claim was released (after a later one of
 	// another request, so the undo found it no longer last) or expired.
@@ -404,6 +420,16 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 		st.stay.startT = st.stay.lastT
 	}
 	return accepted
+}
+
+// silenceFrom is the device time a silence before f starts from (session):
+// the latest seen, or a later one a release forgot once the released ping
+// was accepted again (see held), when f is after it.
+func (st *trackState) silenceFrom(f fix) int64 {
+	if st.held > 0 && f.t > st.held {
+		return max(st.seenMax, st.held)
+	}
+	return st.seenMax
 }
 
 // leave remembers the stay the asset is leaving, if it was settled, from
@@ -610,13 +636,21 @@ func (st *trackState) release(token, reported uint64) (keep bool) {
 	if st.undo != undoPrev {
 		return false
 	}
-	st.track, st.undo = st.prev, undoSpent
 	// The latest device time seen goes back too: the released ping raised
 	// it to its own, and its retry must find the idle gap the first
 	// attempt found (session). It is the one from before the request, not
 	// the one the track tells: a fix suppressed as an outlier outside the
-	// stay was seen too, and ended no session's silence.
-	st.seenMax = st.prevSeenMax
+	// stay was seen too, and ended no session's silence. What was seen
+	// after the released ping is held, for the pings after it once the
+	// retry is back: a failed batch's suppressed pings come back as
+	// redeliveries, which judge nothing, and the next upload found a
+	// silence since the retried ping and opened a new session.
+	held := max(st.held, -st.held)
+	if st.seenMax > st.last.t {
+		held = max(held, st.seenMax)
+	}
+	st.track, st.undo = st.prev, undoSpent
+	st.seenMax, st.held = st.prevSeenMax, -held
 	return true
 }
 

@@ -16,7 +16,9 @@
 -- spent the record; 3 delete it, the ping's request began the track), and
 -- the track before the last acceptance's request (CORE), present only when
 -- the byte is 1, followed by the seen max from before that request (i8;
--- absent from tracks written before it was added).
+-- absent from tracks written before it was added); then, only when a
+-- release holds one, the latest device time it forgot (i8, trackState.held
+-- in Go: negative until the released ping's retry is accepted).
 -- Seen value: 's' (suppressed), or 'p' (pending) / 'a' (settled) + token
 -- (8 bytes) + claim time ms (i8) + the time it reached Redis, Redis's clock,
 -- ms (i8; absent from values written before it was added).
@@ -318,7 +320,15 @@ local oldSeenMax = struct.unpack('>i8', raw)
 local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
 local cur = decode(curRaw, 1)
 local undoFlag = string.byte(raw, 9 + CORE_SIZE)
-local prevRaw = string.sub(raw, 10 + CORE_SIZE)
+local prevRaw, held = '', 0
+if undoFlag == 1 then
+	prevRaw = string.sub(raw, 10 + CORE_SIZE, 17 + 2 * CORE_SIZE)
+	if #raw >= 25 + 2 * CORE_SIZE then
+		held = struct.unpack('>i8', raw, 18 + 2 * CORE_SIZE)
+	end
+elseif #raw >= 17 + CORE_SIZE then
+	held = struct.unpack('>i8', raw, 10 + CORE_SIZE)
+end
 -- the request of the last accepted ping: a claim token's first 6 bytes
 local lastRequest = string.sub(cur.last.token, 1, 6)
 
@@ -337,7 +347,13 @@ local function judge()
 	if t < cur.last.t then
 		return judgeLate(cur)
 	end
-	local newSession = shape == 'session' and t - oldSeenMax > idle
+	-- the silence before the fix: from the latest seen, or from a later
+	-- time a release forgot, once its ping was accepted again (held)
+	local silence = oldSeenMax
+	if held > 0 and t > held then
+		silence = math.max(oldSeenMax, held)
+	end
+	local newSession = shape == 'session' and t - silence > idle
 	-- A fix identical to the last accepted one whose seen entry is gone
 	-- (released after a later claim, or expired).
 	local forced = event == 1 or changesState(cur) or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
@@ -370,10 +386,19 @@ local function judge()
 	return 'accepted', ''
 end
 
+local lastT = cur.last.t
 local decision, why = judge()
 local undo = string.char(undoFlag)
 if undoFlag == 1 then
 	undo = undo .. prevRaw
+end
+if t > math.abs(held) then
+	held = 0 -- the seen max is past it
+elseif held < 0 and decision == 'accepted' and t >= lastT then
+	held = -held -- the released ping's retry, or what replaced it
+end
+if held ~= 0 then
+	undo = undo .. struct.pack('>i8', held)
 end
 redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. undo, 'PX', ttl)
 remember(decision)

@@ -41,7 +41,21 @@ if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 			local p = { struct.unpack(CORE, prev) }
 			seenMax = math.max(p[12], p[6])
 		end
-		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2', 'KEEPTTL')
+		-- what was seen after the released ping is held, for the pings
+		-- after it once the retry is back (trackState.held)
+		local held = 0
+		if #st >= 25 + 2 * CORE_SIZE then
+			held = math.abs(struct.unpack('>i8', st, 18 + 2 * CORE_SIZE))
+		end
+		local seen = struct.unpack('>i8', st)
+		if seen > fields[12] then
+			held = math.max(held, seen)
+		end
+		local tail = ''
+		if held ~= 0 then
+			tail = struct.pack('>i8', -held)
+		end
+		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2' .. tail, 'KEEPTTL')
 	else -- the ping, or its request, began the track
 		redis.call('DEL', KEYS[1])
 	end
