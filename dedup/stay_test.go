@@ -684,3 +684,79 @@ func TestAReleasePutsBackTheLastAccuracy(t *testing.T) {
 		}
 	})
 }
+
+// Traccar Client reports every 30 s; its phone, parked, loses the network
+// at 25 min and queues what it records. At 41 min 40 s, 6 km on, the
+// network is back and a requested position (send now, SOS, a push
+// request) skips the queue; then the queue flushes, oldest first. Its
+// parked part lies at the stay the backend has known since 0, at times
+// the stay covers: it is jitter there. The first queued ping was judged
+// against the live ping's place, 6 km off, not against the stay's last
+// accepted ping: taken for a ping from away, it ended the stay at its
+// time, and each next queued ping, just past that end, ended it again:
+// all ten were admitted, one by one. The queued drive must still be
+// admitted, from the departure on: it fills the backend's gap.
+func TestABacklogOvertakenByALivePingIsJitterAtItsStay(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		var live, parked, drive []ping.Ping
+		for s := 0; s < 1800; s += 30 {
+			p := withSpeed(offset(float64(s), float64(s/30%5)-2, float64(s/30%3)-1), 0)
+			if s < 1500 {
+				live = append(live, p)
+			} else {
+				parked = append(parked, p)
+			}
+		}
+		for s := 1800; s < 2500; s += 30 {
+			drive = append(drive, withSpeed(offset(float64(s), 8+10*float64(s-1800), 0), 10))
+		}
+		for _, p := range live {
+			d.settled(t, p)
+		}
+		if v := d.settled(t, withSpeed(offset(2500, 7008, 0), 10)); v.Decision != Accepted {
+			t.Fatalf("the requested position: %+v", v)
+		}
+		for _, p := range append(parked, drive...) {
+			v := d.settled(t, p)
+			want := Accepted
+			if !p.HasSpeed || p.Speed == 0 {
+				want = Suppressed
+			}
+			if v.Decision != want {
+				t.Errorf("queued ping at %v: %+v, want %s", p.Time.Sub(articleBase), v, want)
+			}
+		}
+	})
+}
+
+// The edge rule goes by device time alone: a late ping at the very time a
+// stay the asset left ended is taken for the departure's released retry.
+// From one sender that is all it can be. With two sources on one asset,
+// a fix the second stamped in the departure's second, at the stay,
+// delivered after the track moved on, is admitted: one extra admission per
+// departure, no more than a fix of it one second later costs (past the
+// stay's end), while its fixes inside the stay's time are suppressed.
+func TestASecondSourcesFixInTheDeparturesSecondCostsOneAdmission(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, withSpeed(offset(60, 5, 0), 4)); v.Decision != Accepted {
+			t.Fatalf("the departure, by speed: %+v", v)
+		}
+		for s := 90.0; s <= 180; s += 30 {
+			d.settled(t, withSpeed(offset(s, 5+4*(s-60), 0), 4))
+		}
+		for _, tc := range []struct {
+			p    ping.Ping
+			want Decision
+		}{
+			{offset(30, 2, 1), Suppressed},  // inside the stay's time
+			{offset(59, -1, 2), Suppressed}, // its last second
+			{offset(60, 1, -2), Accepted},   // the departure's second: the edge
+			{offset(61, 2, 2), Accepted},    // past the stay's end
+		} {
+			if v := d.settled(t, tc.p); v.Decision != tc.want {
+				t.Errorf("the second source's fix at %v, delivered late: %+v, want %s", tc.p.Time.Sub(articleBase), v, tc.want)
+			}
+		}
+	})
+}

@@ -348,7 +348,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	// The backend may never have had it.
 	forced := f.event || f.changesState(st.state) || newSession || f.samePlaceAndTime(st.last)
 	switch {
-	case st.holds(f, pol):
+	case st.holds(f, pol, st.last):
 		// Back from an excursion too far to be an outlier: a real move.
 		returned := st.hasCand && !st.outlier
 		if st.hasCand && st.outlier {
@@ -397,7 +397,14 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 			// batch is released: the track keeps the stay it ended.
 			return accepted
 		}
-		atStay := st.stay.n >= settledFixes && st.holds(f, pol)
+		// Against the stay's last accepted ping, not the last accepted
+		// one: that is later than f, and may be a departure kilometres
+		// off (a live ping that overtook an offline queue). Judged
+		// against it, a queued ping at the stay was taken for one from
+		// away and ended the stay at its time, and each next queued ping,
+		// just past that end, ended it again: a parked backlog was
+		// admitted one ping at a time.
+		atStay := st.stay.n >= settledFixes && st.holds(f, pol, st.ref)
 		if atStay && f.t > st.stay.startT || inPast {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 		}
@@ -475,17 +482,18 @@ func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
 // holds reports whether f is at the stay: within the radius of the anchor
 // (or of the fix's own uncertainty, which is no evidence of a move), not
 // reporting a speed of travel away from a settled stay, and close enough to
-// the last accepted ping, whatever it was, that the backend's picture stays
-// true: a suppressed fix of an asset under way never lies farther than
-// LagFactor radii from it.
-func (st *trackState) holds(f fix, pol *Policy) bool {
+// last, the accepted ping the backend last heard of before f (the last
+// accepted ping, whatever it was; for a late ping, the stay's), that the
+// backend's picture stays true: a suppressed fix of an asset under way
+// never lies farther than LagFactor radii from it.
+func (st *trackState) holds(f fix, pol *Policy, last trackPoint) bool {
 	if f.moving && st.stay.n >= settledFixes {
 		return false
 	}
 	if f.distance2(st.stay.lat, st.stay.lon) > st.radius2(f, pol) {
 		return false
 	}
-	return f.distance2(st.last.lat, st.last.lon) <= st.lag2(f, pol)
+	return f.distance2(last.lat, last.lon) <= st.lag2(f, pol)
 }
 
 // radius2 is the square of the stay's radius for f: the stay's own

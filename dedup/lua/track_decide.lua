@@ -177,14 +177,16 @@ local function lag2(c)
 	return l2
 end
 
-local function holds(c)
+-- last: the accepted ping the backend last heard of before the fix (the
+-- last accepted one; for a late ping, the stay's)
+local function holds(c, last)
 	if moving == 1 and c.n >= SETTLED then
 		return false
 	end
 	if dist2(c.alat, c.alon) > radius2(c) then
 		return false
 	end
-	return dist2(c.last.lat, c.last.lon) <= lag2(c)
+	return dist2(last.lat, last.lon) <= lag2(c)
 end
 
 local function reach(c)
@@ -294,7 +296,9 @@ local function judgeLate(c)
 			-- and retried.
 			return 'accepted', ''
 		end
-		local atStay = c.n >= SETTLED and holds(c)
+		-- against the stay's last accepted ping: the last accepted one is
+		-- later, and may be a departure far off (see track.go)
+		local atStay = c.n >= SETTLED and holds(c, c.ref)
 		if (atStay and t > c.startT) or inPast then
 			return 'suppressed', reason(c)
 		end
@@ -357,7 +361,7 @@ local function judge()
 	-- A fix identical to the last accepted one whose seen entry is gone
 	-- (released after a later claim, or expired).
 	local forced = event == 1 or changesState(cur) or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
-	if holds(cur) then
+	if holds(cur, cur.last) then
 		-- Back from an excursion too far to be an outlier: a real move.
 		local returned = cur.hasCand and not cur.outlier
 		if cur.hasCand and cur.outlier then
