@@ -59,8 +59,8 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 // outage is with on_store_error closed (503 and Retry-After), so that its
 // sender keeps it and sends it again: its 4xx made OwnTracks iOS delete it
 // and Traccar's forwarder drop it, the loss dead-lettering is there to
-// prevent, at every Redis blip. Shadow mode forwards it anyway, and
-// reports it as it would have been rejected.
+// prevent, at every Redis blip. Shadow mode counts and places it so too,
+// as it does every decision enforce makes, and forwards it.
 func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool) {
 	var letters []deadLetter
 	var letterOf []*element
@@ -75,15 +75,12 @@ func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool)
 	}
 	var failed error
 	for i, err := range h.deadLetters.add(r.Context(), letters) {
-		switch {
-		case err == nil:
-			letterOf[i].decision = decisionDeadLettered
-		case !h.settings.shadow:
+		if err != nil {
 			letterOf[i].decision, letterOf[i].reason = decisionUnavailable, reasonStoreError
 			failed = err
-		default:
-			failed = err
+			continue
 		}
+		letterOf[i].decision = decisionDeadLettered
 	}
 	if failed != nil && !errors.Is(failed, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
 		h.storeErrors.log("dead-lettering invalid pings failed; they are answered 503, to be sent again once the stream can be written", failed)

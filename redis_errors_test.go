@@ -526,3 +526,43 @@ func TestAnOutageSendsBackABatchWithAnInvalidPingWhole(t *testing.T) {
 		t.Fatalf("elements %+v; want the valid ping sent back, the naive one naming its rule", e)
 	}
 }
+
+// Shadow mode counts and places a ping whose dead letter cannot be written
+// as enforce answers it, unavailable with reason store_error, and a batch
+// holding one as enforce sends it back, its new ping unavailable with
+// reason sent_back; it forwards them all the same, the lone ping still
+// saying would_reject. It counted them rejected and accepted, so an
+// operator trying shadow mode before enforcing saw no 503 coming.
+func TestShadowRecordsALetterThatCannotBeWrittenAsEnforceWould(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "noxadd", "pw")
+	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	naive := `{"asset_id":"veh-shl","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	counts := map[string]string{}
+	for _, mode := range []string{"enforce", "shadow"} {
+		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadowletter:%s:","mode":%q,"on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
+			mode, mode, "redis://noxadd:pw@"+srv.Addr()+"/0"))
+		valid := fmt.Sprintf(`{"asset_id":"veh-shl-%s","occurred_at":%q,"lat":52.5,"lon":13.4}`, mode, at)
+
+		before := decisionCountsNow()
+		one := tt.post(naive, "application/json", nil)
+		batch := tt.post(valid+"\n"+naive+"\n", "application/x-ndjson", nil)
+		counts[mode] = fmt.Sprintf("%v, batch X-Dedup-Accepted %s", decisionCountsNow().since(before), batch.header.Get("X-Dedup-Accepted"))
+		if mode == "enforce" {
+			continue
+		}
+		if len(tt.upstream) != 2 || one.header.Get("X-Dedup") != "would_reject" || one.header.Get("X-Dedup-Reason") != "timezone" {
+			t.Fatalf("shadow: %d requests forwarded, the lone ping's X-Dedup %q (%q); want both forwarded, would_reject (timezone)",
+				len(tt.upstream), one.header.Get("X-Dedup"), one.header.Get("X-Dedup-Reason"))
+		}
+	}
+	if want := `{"unavailable/sent_back":1,"unavailable/store_error":2}, batch X-Dedup-Accepted 0`; counts["enforce"] != want {
+		t.Fatalf("enforce counted %s; want %s", counts["enforce"], want)
+	}
+	if counts["shadow"] != counts["enforce"] {
+		t.Errorf("shadow counted %s; enforce %s", counts["shadow"], counts["enforce"])
+	}
+}

@@ -84,6 +84,11 @@ func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddy
 		return h.forward(w, r, next, d, "", nil)
 	case d == decisionSkipped:
 		return h.forward(w, r, next, d, e.reason, nil)
+	case h.settings.shadow && e.rejection != nil:
+		// Rejected, dead-lettered, or its letter failed (counted
+		// unavailable, as enforce answers it): it cannot be keyed, and says
+		// which rule it broke.
+		return h.forward(w, r, next, decisionWouldReject, e.rejection.reason(), nil)
 	case h.settings.shadow:
 		return h.forward(w, r, next, shadowDecision(d), e.reason, nil)
 	case d == dedup.Suppressed:
