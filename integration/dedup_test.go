@@ -103,7 +103,7 @@ func TestPlaceholdersReachTheUpstream(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, h.Get(k), v)
 		}
 	}
-	if key := h.Get("X-Dedup-Key"); !strings.HasPrefix(key, "test:"+t.Name()+":") || len(key) != len("test:"+t.Name()+":")+32 {
+	if key := h.Get("X-Dedup-Key"); !strings.HasPrefix(key, keyPrefix(t)) || len(key) != len(keyPrefix(t))+32 {
 		t.Errorf("X-Dedup-Key = %q, want the prefix and 32 hex digits", key)
 	}
 }

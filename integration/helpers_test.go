@@ -143,7 +143,7 @@ func (u *upstream) received(body []byte) int {
 
 // startCaddy loads a Caddyfile whose site serves /telemetry through
 // telemetry_dedup (with the given options) in front of up. Each test gets
-// its own key_prefix: the memory store outlives a config load.
+// its own key_prefix (keyPrefix): the memory store outlives a config load.
 func startCaddy(t *testing.T, up *upstream, options string) *caddytest.Tester {
 	t.Helper()
 	return caddyTester(t, fmt.Sprintf(caddytestGlobals+`
@@ -160,7 +160,44 @@ http://localhost:{$TD_TEST_HTTP_PORT} {
 		header_up X-Dedup-Decision {http.telemetry_dedup.decision}
 		header_up X-Dedup-Why {http.telemetry_dedup.reason}
 	}
-}`, "test:"+t.Name()+":", options, strings.TrimPrefix(up.URL, "http://")))
+}`, keyPrefix(t), options, strings.TrimPrefix(up.URL, "http://")))
+}
+
+// keyPrefixes remembers the key_prefix of each running test, and how many
+// runs of each test name there have been.
+var keyPrefixes struct {
+	sync.Mutex
+	of   map[*testing.T]string
+	runs map[string]int
+}
+
+// keyPrefix is the key_prefix of this run of the test, the same however
+// often the test loads a config: "test:<name>:", or "test:<name>#<run>:"
+// from a test's second run in the process on. Caddy's memory store
+// outlives every config load, and a test's name alone was not its own
+// across runs: under -count=2 the second run found the first run's keys,
+// and its first pings were answered suppressed instead of accepted.
+func keyPrefix(t *testing.T) string {
+	keyPrefixes.Lock()
+	defer keyPrefixes.Unlock()
+	if p, ok := keyPrefixes.of[t]; ok {
+		return p
+	}
+	if keyPrefixes.of == nil {
+		keyPrefixes.of, keyPrefixes.runs = map[*testing.T]string{}, map[string]int{}
+	}
+	keyPrefixes.runs[t.Name()]++
+	p := "test:" + t.Name() + ":"
+	if n := keyPrefixes.runs[t.Name()]; n > 1 {
+		p = fmt.Sprintf("test:%s#%d:", t.Name(), n)
+	}
+	keyPrefixes.of[t] = p
+	t.Cleanup(func() {
+		keyPrefixes.Lock()
+		defer keyPrefixes.Unlock()
+		delete(keyPrefixes.of, t)
+	})
+	return p
 }
 
 // caddytestClient is an HTTP client for caddytest's Caddy, which dials

@@ -184,7 +184,7 @@ func TestStuckAssetsAreListed(t *testing.T) {
 	}
 	var mine []string
 	for _, s := range report.Stuck {
-		if s.KeyPrefix == "test:"+t.Name()+":" {
+		if s.KeyPrefix == keyPrefix(t) {
 			mine = append(mine, s.Asset)
 			if s.Asset == "veh-cached-fix" && (s.Ratio != 1 || s.Pings != 71 || s.LastReason != "redelivery") { // counted from its first copy
 				t.Errorf("stuck entry %+v", s)

@@ -59,7 +59,7 @@ func migrateUnderLoad(t *testing.T, cluster *redistest.Cluster, shape string) {
 	const assets, pings = 12, 12
 	from, to := cluster.Nodes()[0], cluster.Nodes()[1]
 	ctx := context.Background()
-	keyer := dedup.Keyer{Window: dedup.DefaultWindow, Resolution: dedup.DefaultResolution, Prefix: "test:" + t.Name() + ":"}
+	keyer := dedup.Keyer{Window: dedup.DefaultWindow, Resolution: dedup.DefaultResolution, Prefix: keyPrefix(t)}
 	at := base()
 
 	// Movers: the first six assets on the master the slots leave (in
