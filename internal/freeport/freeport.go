@@ -14,8 +14,9 @@ import (
 var handedOut sync.Map
 
 // Pick returns a free loopback port that it has not returned before in this
-// process. Another process may still take it before it is bound: a caller
-// that can, retries with another.
+// process, nor has any other live process that picks through this package
+// (see claim). Another process may still take it before it is bound: a
+// caller that can, retries with another.
 func Pick() (int, error) {
 	for {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -24,7 +25,7 @@ func Pick() (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if _, taken := handedOut.LoadOrStore(port, true); !taken {
+		if _, taken := handedOut.LoadOrStore(port, true); !taken && claim(port) {
 			return port, nil
 		}
 	}
