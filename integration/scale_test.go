@@ -243,7 +243,9 @@ func TestReloadsUnderLoad(t *testing.T) {
 }
 :%d {
 	telemetry_dedup /telemetry {
-		store redis %s
+		store redis %s {
+			timeout 1s
+		}
 		max_future %dm
 	}
 	reverse_proxy %s
@@ -269,9 +271,11 @@ func TestReloadsUnderLoad(t *testing.T) {
 		t.Errorf("only %d deliveries; the load did not run", l.delivered.Load())
 	}
 	// Whatever the reloads did to connections, every observation reached the
-	// upstream exactly once.
+	// upstream exactly once. The store's timeout is long enough that a CPU
+	// the rest of the suite starves does not fail a claim open (unchecked,
+	// forwarded: a duplicate by design, which is not what this test is about).
 	if dup := l.upstreamCounts(t, up); dup != 0 {
-		t.Errorf("%d observations reached the upstream more than once", dup)
+		t.Errorf("%d observations reached the upstream more than once; the final answers were %v", dup, l.decisions)
 	}
 	if opened >= 20 {
 		t.Errorf("Redis accepted %d new connections over 20 reloads; the client must be reused", opened)
