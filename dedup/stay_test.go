@@ -760,3 +760,31 @@ func TestASecondSourcesFixInTheDeparturesSecondCostsOneAdmission(t *testing.T) {
 		}
 	})
 }
+
+// TestALateExcursionDoesNotHideTheReturn with the newest ping far off, a
+// departure not yet settled: a late ping judged against the stay's last
+// accepted fix (not the departure, kilometres off) is at the stay by
+// place. After a late ping from away had ended the stay at its time, the
+// stay started again at its latest fix, earlier than that away ping, so
+// the late ping back, later than both, was taken for jitter: the backend
+// heard the asset leave and never come back before the departure. The
+// earliest late ping back after the excursion is the return.
+func TestALateExcursionBeforeADepartureDoesNotHideTheReturn(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		for _, s := range []struct {
+			p    ping.Ping
+			want Decision
+		}{
+			{withSpeed(offset(1800, 6000, 0), 10), Accepted}, // the newest first, 6 km on
+			{offset(600, 1, 0), Suppressed},                  // late, at the stay before the excursion
+			{offset(1200, 500, 0), Accepted},                 // late, away
+			{offset(1500, 0, 0), Accepted},                   // late, back: the return
+			{offset(1600, 1, 0), Suppressed},                 // late, back after the return
+		} {
+			if v := d.settled(t, s.p); v.Decision != s.want {
+				t.Fatalf("%v, %v: %+v, want %s", s.p.Time.Sub(articleBase), s.p.Lon, v, s.want)
+			}
+		}
+	})
+}

@@ -422,9 +422,16 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 		// after the stay's start, at f or before, and came back at a time
 		// the backend has not heard of. The stay until f is remembered as
 		// one it left, and the current one starts at its latest fix: the
-		// earliest late ping back after f is admitted as the return.
+		// earliest late ping back after f is admitted as the return. With
+		// a departure pending (hasCand), the stay's latest fix may be
+		// earlier than f: nothing places the asset at the stay after f, up
+		// to the departure, and a stay started before f took the late
+		// ping back, after f, for jitter.
 		st.leave(pol, f.t)
 		st.stay.startT = st.stay.lastT
+		if st.stay.lastT <= f.t {
+			st.stay.startT = st.last.t
+		}
 	}
 	return accepted
 }

@@ -314,6 +314,10 @@ local function judgeLate(c)
 		-- it left, and the earliest late ping back is the return.
 		leave(c, t)
 		c.startT = c.lastT
+		if c.lastT <= t then
+			-- a departure pending since the stay's latest fix (see track.go)
+			c.startT = c.last.t
+		end
 	end
 	return 'accepted', ''
 end
