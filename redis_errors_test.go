@@ -466,13 +466,8 @@ func TestTheStartupWarningSaysRedisDoesNotAnswerWhenItHangs(t *testing.T) {
 // is alone, unavailable. Its new pings went upstream and the invalid one
 // was dropped with them: Overland deletes a batch its backend took.
 func TestABatchWithALetterThatCannotBeWrittenComesBackWhole(t *testing.T) {
-	srv := redistest.Start(t)
-	srv.AddUser(t, "noxadd", "pw")
-	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
-		t.Fatal(err)
-	}
 	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"deadacl:","on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
-		"redis://noxadd:pw@"+srv.Addr()+"/0"))
+		urlWithoutXADD(t)))
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
 	valid := fmt.Sprintf(`{"asset_id":"veh-acl","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
 	naive := `{"asset_id":"veh-acl","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
@@ -534,17 +529,13 @@ func TestAnOutageSendsBackABatchWithAnInvalidPingWhole(t *testing.T) {
 // saying would_reject. It counted them rejected and accepted, so an
 // operator trying shadow mode before enforcing saw no 503 coming.
 func TestShadowRecordsALetterThatCannotBeWrittenAsEnforceWould(t *testing.T) {
-	srv := redistest.Start(t)
-	srv.AddUser(t, "noxadd", "pw")
-	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
-		t.Fatal(err)
-	}
+	redisURL := urlWithoutXADD(t)
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
 	naive := `{"asset_id":"veh-shl","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
 	counts := map[string]string{}
 	for _, mode := range []string{"enforce", "shadow"} {
 		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadowletter:%s:","mode":%q,"on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
-			mode, mode, "redis://noxadd:pw@"+srv.Addr()+"/0"))
+			mode, mode, redisURL))
 		valid := fmt.Sprintf(`{"asset_id":"veh-shl-%s","occurred_at":%q,"lat":52.5,"lon":13.4}`, mode, at)
 
 		before := decisionCountsNow()
@@ -565,4 +556,17 @@ func TestShadowRecordsALetterThatCannotBeWrittenAsEnforceWould(t *testing.T) {
 	if counts["shadow"] != counts["enforce"] {
 		t.Errorf("shadow counted %s; enforce %s", counts["shadow"], counts["enforce"])
 	}
+}
+
+// urlWithoutXADD starts a Redis server and returns the URL of a user that
+// may run every command but XADD: claims work, dead letters cannot be
+// written, as behind an ACL that forgot the stream.
+func urlWithoutXADD(t *testing.T) string {
+	t.Helper()
+	srv := redistest.Start(t)
+	srv.AddUser(t, "noxadd", "pw")
+	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return "redis://noxadd:pw@" + srv.Addr() + "/0"
 }
