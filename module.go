@@ -349,6 +349,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.deduper = &dedup.Deduper{Store: claims, Keyer: s.keyer, Policy: s.policy}
 	if s.deadLetterInvalid {
 		h.deadLetters = mod.(deadLetterer).DeadLetters(s.deadLetterStream, s.deadLetterMaxLen)
+		if c, ok := mod.(deadLetterChecker); ok {
+			if err := c.checkDeadLetterStream(ctx, s.deadLetterStream); err != nil {
+				return err
+			}
+		}
 	}
 	if rs, ok := mod.(reconciling); ok {
 		h.reconciler = rs.Reconciler()

@@ -460,14 +460,17 @@ func TestTheStartupWarningSaysRedisDoesNotAnswerWhenItHangs(t *testing.T) {
 }
 
 // A batch holding a ping whose dead letter cannot be written (here an ACL
-// that refuses XADD, which claims do not use) is sent back whole, as one
+// that refuses XADD, which claims do not use, taken away after the load,
+// which refuses one from the start) is sent back whole, as one
 // holding a ping the store could not judge: none of it goes upstream, its
 // new pings' claims are given back, and the invalid ping is answered as it
 // is alone, unavailable. Its new pings went upstream and the invalid one
 // was dropped with them: Overland deletes a batch its backend took.
 func TestABatchWithALetterThatCannotBeWrittenComesBackWhole(t *testing.T) {
+	redisURL, takeXADD := urlWithoutXADD(t)
 	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"deadacl:","on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
-		urlWithoutXADD(t)))
+		redisURL))
+	takeXADD()
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
 	valid := fmt.Sprintf(`{"asset_id":"veh-acl","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
 	naive := `{"asset_id":"veh-acl","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
@@ -529,13 +532,18 @@ func TestAnOutageSendsBackABatchWithAnInvalidPingWhole(t *testing.T) {
 // saying would_reject. It counted them rejected and accepted, so an
 // operator trying shadow mode before enforcing saw no 503 coming.
 func TestShadowRecordsALetterThatCannotBeWrittenAsEnforceWould(t *testing.T) {
-	redisURL := urlWithoutXADD(t)
+	redisURL, takeXADD := urlWithoutXADD(t)
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
 	naive := `{"asset_id":"veh-shl","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
 	counts := map[string]string{}
+	handlers := map[string]*tableTester{}
 	for _, mode := range []string{"enforce", "shadow"} {
-		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadowletter:%s:","mode":%q,"on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
+		handlers[mode] = tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadowletter:%s:","mode":%q,"on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
 			mode, mode, redisURL))
+	}
+	takeXADD()
+	for _, mode := range []string{"enforce", "shadow"} {
+		tt := handlers[mode]
 		valid := fmt.Sprintf(`{"asset_id":"veh-shl-%s","occurred_at":%q,"lat":52.5,"lon":13.4}`, mode, at)
 
 		before := decisionCountsNow()
@@ -559,14 +567,18 @@ func TestShadowRecordsALetterThatCannotBeWrittenAsEnforceWould(t *testing.T) {
 }
 
 // urlWithoutXADD starts a Redis server and returns the URL of a user that
-// may run every command but XADD: claims work, dead letters cannot be
-// written, as behind an ACL that forgot the stream.
-func urlWithoutXADD(t *testing.T) string {
+// may run every command, and takeXADD, which takes XADD from it: claims
+// work, dead letters cannot be written, as behind an ACL that forgot the
+// stream. It is taken after the load, which refuses a user that may not
+// write the stream (TestAUserThatMayNotXADDToTheStreamFailsTheLoad), as an
+// operator changing the ACL while Caddy runs does.
+func urlWithoutXADD(t *testing.T) (url string, takeXADD func()) {
 	t.Helper()
 	srv := redistest.Start(t)
 	srv.AddUser(t, "noxadd", "pw")
-	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
-		t.Fatal(err)
+	return "redis://noxadd:pw@" + srv.Addr() + "/0", func() {
+		if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noxadd", "-xadd").Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return "redis://noxadd:pw@" + srv.Addr() + "/0"
 }

@@ -108,6 +108,7 @@ type RedisStore struct {
 	breaker    *dedup.Breaker
 	reconciler *dedup.Reconciler
 	timeout    time.Duration
+	username   string // the data nodes' ACL user, the URL's or Username; "" for the default user
 }
 
 // RedisTLS configures TLS to Redis. Placeholders are expanded in every field.
@@ -138,7 +139,9 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 // Provision takes the shared client for these connection settings, creating
 // it if no config holds one yet. It does no network I/O: an unreachable
 // Redis at start is a runtime condition for on_store_error, not a reason to
-// refuse the config.
+// refuse the config. (With on_invalid dead_letter the handler then checks
+// the stream, which refuses only a config Redis says can never work:
+// checkDeadLetterStream.)
 func (r *RedisStore) Provision(ctx caddy.Context) error {
 	if err := r.checkNumbers(); err != nil {
 		return err
@@ -179,6 +182,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.timeout = r.operationTimeout()
 	r.store, r.breaker = conn.store, conn.breaker
 	r.reconciler = conn.reconciler
+	r.username = opts.Username
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
 	return nil
@@ -361,7 +365,7 @@ var redisReplyFixes = map[string]string{
 	"OOM":         "Redis is at maxmemory and refuses writes: raise maxmemory, or let it evict keys with a TTL (maxmemory-policy volatile-ttl)",
 	"NOAUTH":      "Redis requires a password: set password (and username) in the store's block, or in the URL",
 	"WRONGPASS":   "Redis refused the username or password: check password and username in the store's block or URL",
-	"NOPERM":      "the Redis user may not run a command or key the store needs: give it the README's ACL rule (Stores): the key_prefix's keys (and dead_letter_stream's) and PING SET GET DEL PTTL PEXPIRE HGET HSET HDEL TIME EVALSHA SCRIPT|LOAD SCRIPT|EXISTS XADD; with Sentinel or Cluster also EVAL WAIT ROLE; with Cluster also CLUSTER|SLOTS COMMAND",
+	"NOPERM":      "the Redis user may not run a command or key the store needs: give it the README's ACL rule (Stores): the key_prefix's keys (and dead_letter_stream's) and PING SET GET DEL PTTL PEXPIRE HGET HSET HDEL TIME EVALSHA SCRIPT|LOAD SCRIPT|EXISTS XADD TYPE; with Sentinel or Cluster also EVAL WAIT ROLE; with Cluster also CLUSTER|SLOTS COMMAND",
 	"READONLY":    "the store is connected to a replica: point it at the master, or give master and the sentinels' addresses",
 	"LOADING":     "Redis is loading its data set after a restart; it answers once loaded",
 	"MASTERDOWN":  "the replica lost its master: see the sentinels or the master",
@@ -379,6 +383,9 @@ var scriptACLRefusals = []string{
 // storeErrorFix says what to do about a store error, if the error says
 // enough: Redis's own error replies, and a wait that timed out.
 func storeErrorFix(err error) string {
+	if refusal := (*deadLetterRefusal)(nil); errors.As(err, &refusal) {
+		return refusal.fix()
+	}
 	var reply redis.Error
 	if errors.As(err, &reply) && !errors.Is(err, redis.Nil) {
 		msg := reply.Error()
@@ -564,7 +571,53 @@ func (r *RedisStore) DefaultNearCache() int { return dedup.DefaultNearCache }
 // store's circuit breaker (on a Cluster, the zone of the stream's master):
 // skipped while it is open, and its probe once its wait is over.
 func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
-	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, maxLen: maxLen, timeout: r.timeout}
+	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, user: r.username, maxLen: maxLen, timeout: r.timeout}
+}
+
+// checkDeadLetterStream refuses, at load, a dead-letter stream Redis says
+// no letter can ever be written to: its key holds another type (XADD would
+// answer WRONGTYPE), or the store's user may not XADD to it (NOPERM). Every
+// invalid ping would be answered 503 forever, and a sender that keeps its
+// queue in order (Overland) stall behind it. The user's right is tried
+// with an XADD that writes nothing, whoever the user is: Redis checks the
+// ACL before it refuses the ID 0-0, which it does before it looks at the
+// key, and NOMKSTREAM creates none. ACL DRYRUN would need a right the
+// README's rule does not give, and a refusal of it in ACL LOG at every
+// load. A user without TYPE (an older README rule) has its type check
+// skipped. A Redis that does not answer within the startup check's time
+// is warned about and the config loads, as the store's own startup check
+// does: an outage at start is on_store_error's.
+func (r *RedisStore) checkDeadLetterStream(ctx context.Context, stream string) error {
+	check, cancel := context.WithTimeout(ctx, startupCheckTimeout)
+	defer cancel()
+	kind, err := r.client.Type(check, stream).Result()
+	if err == nil && kind != "none" && kind != "stream" {
+		return &dedup.ConfigError{Option: "dead_letter_stream", Problem: fmt.Sprintf(
+			"the key %q holds a %s, not a stream, so no dead letter can be written to it (XADD answers WRONGTYPE) "+
+				"and every invalid ping would be answered 503 forever: name another key with dead_letter_stream, "+
+				"or delete this one (redis-cli DEL %s) if nothing needs what it holds", stream, kind, stream)}
+	}
+	if err == nil || pipeline.IsReply(err) { // a TYPE refused leaves the type unchecked, not the right to write
+		err = r.client.Do(check, "XADD", stream, "NOMKSTREAM", "0-0", "reason", "check").Err()
+		if refusesXADD(err, "NOPERM") {
+			user := cmp.Or(r.username, "default")
+			return &dedup.ConfigError{Option: "dead_letter_stream", Problem: fmt.Sprintf(
+				"the Redis user %s may not XADD to the key %q (%v), so no dead letter can be written "+
+					"and every invalid ping would be answered 503 forever: %s", user, stream, err, grantXADD(user, stream))}
+		}
+	}
+	if err != nil && !pipeline.IsReply(err) && ctx.Err() == nil {
+		r.logger.Warn("dead_letter_stream not checked: the redis store does not answer within "+startupCheckTimeout.String()+
+			"; if its key holds another type or the user may not XADD to it, invalid pings are answered 503 and the store-error log says why",
+			zap.String("dead_letter_stream", stream), zap.Error(err))
+	}
+	return nil
+}
+
+// grantXADD says how to let user write dead letters to stream.
+func grantXADD(user, stream string) string {
+	return fmt.Sprintf("grant it (ACL SETUSER %s +xadd ~%s, on every data server; README, Stores), "+
+		"or name a key under its key patterns with dead_letter_stream", user, stream)
 }
 
 // redisDeadLetters appends dead letters to a Redis stream.
@@ -572,8 +625,59 @@ type redisDeadLetters struct {
 	client  redis.UniversalClient
 	breaker *dedup.Breaker
 	stream  string
+	user    string // the ACL user, for the fix of a refusal; "" for the default user
 	maxLen  int64
 	timeout time.Duration
+}
+
+// deadLetterRefusal is a letter Redis refused because of the config: the
+// stream's key holds another type (WRONGTYPE) or the user may not write it
+// (NOPERM). Retries will not write it, unlike an outage's: its fix says
+// what to change.
+type deadLetterRefusal struct {
+	err          error
+	stream, user string
+}
+
+func (e *deadLetterRefusal) Error() string { return e.err.Error() }
+func (e *deadLetterRefusal) Unwrap() error { return e.err }
+
+// fix says what to change: the store-error log line's fix.
+func (e *deadLetterRefusal) fix() string {
+	const problem = "a configuration problem that retries will not fix: every invalid ping is answered 503 until it is changed; "
+	if strings.HasPrefix(e.err.Error(), "WRONGTYPE") {
+		return problem + fmt.Sprintf("the key %q holds another type than a stream: name another key with dead_letter_stream, "+
+			"or delete this one (redis-cli DEL %s) if nothing needs what it holds", e.stream, e.stream)
+	}
+	user := cmp.Or(e.user, "default")
+	return problem + fmt.Sprintf("the Redis user %s may not XADD to the key %q: ", user, e.stream) + grantXADD(user, e.stream)
+}
+
+// refusal wraps err as a deadLetterRefusal if Redis refused the letter
+// because of the config.
+func (d redisDeadLetters) refusal(err error) error {
+	if err == nil { // before anything escapes: no allocation for a letter written
+		return nil
+	}
+	if refusesXADD(err, "WRONGTYPE") || refusesXADD(err, "NOPERM") {
+		return &deadLetterRefusal{err: err, stream: d.stream, user: d.user}
+	}
+	return err
+}
+
+// refusesXADD reports Redis's reply refusing an XADD, starting with word:
+// WRONGTYPE, or NOPERM for XADD or its key ("... to run the 'xadd'
+// command", "... to access one of the keys" in 7.0, "... a key" later).
+// A NOPERM for another command is the connection's handshake (SELECT
+// without +select), which pipeline.Exec sets on every command: granting
+// XADD would not fix it.
+func refusesXADD(err error, word string) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) || !strings.HasPrefix(reply.Error(), word+" ") {
+		return false
+	}
+	msg := reply.Error()
+	return word != "NOPERM" || !strings.Contains(msg, "run the '") || strings.Contains(msg, "run the 'xadd'")
 }
 
 // add appends a request's letters in one pipeline, within one timeout: a
@@ -604,7 +708,7 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 		}
 		err := pipeline.Exec(ctx, pipe) // the first command's error; each holds its own
 		for i, cmd := range cmds {
-			errs[i] = cmd.Err()
+			errs[i] = d.refusal(cmd.Err())
 		}
 		if pipeline.IsReply(err) {
 			return nil // Redis answered, refusing the letter (a key of another type, an ACL): no outage for the breaker
