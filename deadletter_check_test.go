@@ -38,12 +38,24 @@ func deadLetterConfig(url, stream string) string {
 		stream, url)
 }
 
+// checkStream runs the load's check of stream on the Redis store of url,
+// as the handler does beside the load, and returns what it found.
+func checkStream(t *testing.T, url, stream string) error {
+	t.Helper()
+	if _, err := loadHandler(t, deadLetterConfig(url, stream)); err != nil {
+		t.Fatalf("dead_letter_stream %s: the load failed: %v; a Redis that answers must not fail it", stream, err)
+	}
+	return provisionRedisStore(t, url).checkDeadLetterStream(context.Background(), stream)
+}
+
 // A dead_letter_stream whose key holds another type than a stream can
 // never be written (XADD answers WRONGTYPE): every invalid ping would be
 // answered 503 forever and a sender's queue stall behind it, with only the
-// store-error log saying why. The load fails instead, naming the key, what
-// it holds, and the fix; a stream, or no key yet, loads.
-func TestADeadLetterStreamOfAnotherTypeFailsTheLoad(t *testing.T) {
+// store-error log of the first one saying why. The load says so at once,
+// naming the key, what it holds, and the fix, without failing (Provision
+// does no network I/O that can fail the config); a stream, or no key yet,
+// is fine.
+func TestADeadLetterStreamOfAnotherTypeIsReportedAtLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	c := srv.Client()
@@ -54,9 +66,9 @@ func TestADeadLetterStreamOfAnotherTypeFailsTheLoad(t *testing.T) {
 	for _, tt := range []struct{ stream, holds string }{
 		{"dlq:string", "string"}, {"dlq:hash", "hash"}, {"dlq:list", "list"},
 	} {
-		_, err := loadHandler(t, deadLetterConfig(srv.URL(), tt.stream))
+		err := checkStream(t, srv.URL(), tt.stream)
 		if err == nil {
-			t.Errorf("dead_letter_stream %s holding a %s: loaded; want the load to fail", tt.stream, tt.holds)
+			t.Errorf("dead_letter_stream %s holding a %s: nothing reported", tt.stream, tt.holds)
 			continue
 		}
 		for _, want := range []string{"dead_letter_stream", tt.stream, "holds a " + tt.holds, "DEL " + tt.stream} {
@@ -66,18 +78,18 @@ func TestADeadLetterStreamOfAnotherTypeFailsTheLoad(t *testing.T) {
 		}
 	}
 	for _, stream := range []string{"dlq:stream", "dlq:none"} {
-		if _, err := loadHandler(t, deadLetterConfig(srv.URL(), stream)); err != nil {
-			t.Errorf("dead_letter_stream %s: %v; want it to load", stream, err)
+		if err := checkStream(t, srv.URL(), stream); err != nil {
+			t.Errorf("dead_letter_stream %s: %v; want nothing reported", stream, err)
 		}
 	}
 }
 
 // A Redis user that may not XADD to the stream (the command taken away, or
 // the key outside its key patterns) can never write a dead letter either:
-// the load fails naming the user, the key and the fix. The check writes
-// nothing: a user that may XADD (even without TYPE) loads, and neither
-// creates the stream nor adds to one that exists.
-func TestAUserThatMayNotXADDToTheStreamFailsTheLoad(t *testing.T) {
+// the load reports it naming the user, the key and the fix. The check
+// writes nothing: a user that may XADD (even without TYPE) has nothing
+// reported, and neither creates the stream nor adds to one that exists.
+func TestAUserThatMayNotXADDToTheStreamIsReportedAtLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	for user, rule := range map[string][]any{
@@ -91,9 +103,9 @@ func TestAUserThatMayNotXADDToTheStreamFailsTheLoad(t *testing.T) {
 		}
 	}
 	for _, user := range []string{"noxadd", "elsewhere"} {
-		_, err := loadHandler(t, deadLetterConfig("redis://"+user+":pw@"+srv.Addr()+"/0", "dlq:acl"))
+		err := checkStream(t, "redis://"+user+":pw@"+srv.Addr()+"/0", "dlq:acl")
 		if err == nil {
-			t.Errorf("user %s: loaded; want the load to fail", user)
+			t.Errorf("user %s: nothing reported", user)
 			continue
 		}
 		for _, want := range []string{"dead_letter_stream", `"dlq:acl"`, user, "XADD", "ACL SETUSER " + user + " +xadd ~dlq:acl"} {
@@ -104,8 +116,8 @@ func TestAUserThatMayNotXADDToTheStreamFailsTheLoad(t *testing.T) {
 	}
 	srv.Client().XAdd(ctx, &redis.XAddArgs{Stream: "dlq:kept", Values: []any{"f", "v"}})
 	for _, stream := range []string{"dlq:acl", "dlq:kept"} {
-		if _, err := loadHandler(t, deadLetterConfig("redis://notype:pw@"+srv.Addr()+"/0", stream)); err != nil {
-			t.Errorf("a user that may XADD to %s but not run TYPE: %v; want it to load", stream, err)
+		if err := checkStream(t, "redis://notype:pw@"+srv.Addr()+"/0", stream); err != nil {
+			t.Errorf("a user that may XADD to %s but not run TYPE: %v; want nothing reported", stream, err)
 		}
 	}
 	// A user without SELECT on a db other than 0 is refused the handshake
@@ -115,14 +127,33 @@ func TestAUserThatMayNotXADDToTheStreamFailsTheLoad(t *testing.T) {
 	if err := srv.Client().Do(ctx, "ACL", "SETUSER", "noselect", "-select").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadHandler(t, deadLetterConfig("redis://noselect:pw@"+srv.Addr()+"/1", "dlq:acl")); err != nil {
-		t.Errorf("a user without SELECT on db 1: %v; want it to load, the handshake's refusal left to the startup warning", err)
+	if err := checkStream(t, "redis://noselect:pw@"+srv.Addr()+"/1", "dlq:acl"); err != nil {
+		t.Errorf("a user without SELECT on db 1: %v; want nothing reported, the handshake's refusal left to the startup warning", err)
 	}
 	if n := srv.Client().Exists(ctx, "dlq:acl").Val(); n != 0 {
 		t.Errorf("the check created the stream it checked")
 	}
 	if n := srv.Client().XLen(ctx, "dlq:kept").Val(); n != 1 {
 		t.Errorf("the check left %d entries in a stream that held 1", n)
+	}
+}
+
+// What the check finds is logged as an error, with the stream, for the
+// operator to see at load rather than at the first invalid ping.
+func TestAnUnwritableStreamIsLoggedAsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Client().Set(context.Background(), "dlq:taken", "x", 0)
+	core, logs := observer.New(zap.ErrorLevel)
+	h := &Handler{logger: zap.New(core)}
+	h.reportUnwritableStream(context.Background(), provisionRedisStore(t, srv.URL()), "dlq:taken")
+	entries := logs.All()
+	if len(entries) != 1 || entries[0].ContextMap()["dead_letter_stream"] != "dlq:taken" ||
+		!strings.Contains(fmt.Sprint(entries[0].ContextMap()["error"]), "holds a string") {
+		t.Fatalf("logged %v; want one error naming the stream and what its key holds", logs.All())
+	}
+	h.reportUnwritableStream(context.Background(), provisionRedisStore(t, srv.URL()), "dlq:free")
+	if n := logs.Len(); n != 1 {
+		t.Errorf("a stream that can be written: %d errors logged, want none more", n-1)
 	}
 }
 

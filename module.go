@@ -350,9 +350,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if s.deadLetterInvalid {
 		h.deadLetters = mod.(deadLetterer).DeadLetters(s.deadLetterStream, s.deadLetterMaxLen)
 		if c, ok := mod.(deadLetterChecker); ok {
-			if err := c.checkDeadLetterStream(ctx, s.deadLetterStream); err != nil {
-				return err
-			}
+			go h.reportUnwritableStream(ctx, c, s.deadLetterStream)
 		}
 	}
 	if rs, ok := mod.(reconciling); ok {
@@ -389,6 +387,18 @@ func exitingContext(ctx caddy.Context) context.Context {
 		}
 	})
 	return atExit
+}
+
+// reportUnwritableStream logs, as an error, a dead-letter stream that Redis
+// says can never be written. It does not fail the load (Provision does no
+// network I/O that can fail the config, and an outage at start is
+// on_store_error's), and it runs beside the load, as the store's own
+// startup check does, so that a hung Redis delays no reload.
+func (h *Handler) reportUnwritableStream(ctx context.Context, c deadLetterChecker, stream string) {
+	if err := c.checkDeadLetterStream(ctx, stream); err != nil {
+		h.logger.Error("dead_letter_stream can never be written: every ping that cannot be keyed is answered 503 until it is fixed",
+			zap.String("dead_letter_stream", stream), zap.Error(err))
+	}
 }
 
 // nearCacheSize is the near cache's size: as configured, or the store's

@@ -569,9 +569,9 @@ func TestShadowRecordsALetterThatCannotBeWrittenAsEnforceWould(t *testing.T) {
 // urlWithoutXADD starts a Redis server and returns the URL of a user that
 // may run every command, and takeXADD, which takes XADD from it: claims
 // work, dead letters cannot be written, as behind an ACL that forgot the
-// stream. It is taken after the load, which refuses a user that may not
-// write the stream (TestAUserThatMayNotXADDToTheStreamFailsTheLoad), as an
-// operator changing the ACL while Caddy runs does.
+// stream. It is taken after the load, as an operator changing the ACL
+// while Caddy runs does: at load it would be reported already
+// (TestAUserThatMayNotXADDToTheStreamIsReportedAtLoad).
 func urlWithoutXADD(t *testing.T) (url string, takeXADD func()) {
 	t.Helper()
 	srv := redistest.Start(t)

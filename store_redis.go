@@ -140,7 +140,7 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 // it if no config holds one yet. It does no network I/O: an unreachable
 // Redis at start is a runtime condition for on_store_error, not a reason to
 // refuse the config. (With on_invalid dead_letter the handler then checks
-// the stream, which refuses only a config Redis says can never work:
+// the stream beside the load, and logs a config Redis says can never work:
 // checkDeadLetterStream.)
 func (r *RedisStore) Provision(ctx caddy.Context) error {
 	if err := r.checkNumbers(); err != nil {
@@ -574,7 +574,7 @@ func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
 	return redisDeadLetters{client: r.client, breaker: r.breaker, stream: stream, user: r.username, maxLen: maxLen, timeout: r.timeout}
 }
 
-// checkDeadLetterStream refuses, at load, a dead-letter stream Redis says
+// checkDeadLetterStream tells, at load, a dead-letter stream Redis says
 // no letter can ever be written to: its key holds another type (XADD would
 // answer WRONGTYPE), or the store's user may not XADD to it (NOPERM). Every
 // invalid ping would be answered 503 forever, and a sender that keeps its
