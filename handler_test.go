@@ -586,19 +586,25 @@ func TestAnEmptyFormRequestNamesTheRoutesOwnFields(t *testing.T) {
 	}
 }
 
-// A form field the route reads, given twice, is refused saying so and which
-// value each side would take: Traccar's OsmAnd decoder applies each in
-// turn, so the last counts there, where Go's url.Values.Get and most
-// others take the first. It said only that it "got an array".
+// A form field the route reads, given twice, follows one rule whether the
+// ping needs it or not. With different values it is refused saying so and
+// which value each side would take: Traccar's OsmAnd decoder applies each
+// in turn, so the last counts there, where Go's url.Values.Get and most
+// others take the first. With the same value (a URL template that names a
+// field twice) it is that value, as every parser reads it: a position
+// given twice was refused, and a speed given twice was read as none.
 func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 	ts := time.Now().Add(-time.Minute).Unix()
 	for _, tc := range []struct{ name, config, query, field, want string }{
 		{"preset osmand", `{"key_prefix":"twice:","preset":"osmand"}`,
 			fmt.Sprintf("id=veh-tw&timestamp=%d&lat=52.5&lat=91&lon=13.4", ts), "lat",
-			`lat: given 2 times ("52.5", "91"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+			`lat: given 2 times with different values ("52.5", "91"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+		{"an optional field", `{"key_prefix":"twice:","preset":"osmand"}`,
+			fmt.Sprintf("id=veh-tw&timestamp=%d&lat=52.5&lon=13.4&speed=12&speed=0", ts), "speed",
+			`speed: given 2 times with different values ("12", "0"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
 		{"a custom form route", `{"key_prefix":"twice:","encoding":"form","asset":["device"],"time":["t"],"time_format":"unix"}`,
 			fmt.Sprintf("device=a&device=b&t=%d&lat=52.5&lon=13.4", ts), "device",
-			`device: given 2 times ("a", "b"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+			`device: given 2 times with different values ("a", "b"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := tableHandler(t, tc.config)
@@ -610,4 +616,13 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 			}
 		})
 	}
+	t.Run("the same value twice", func(t *testing.T) {
+		tt := tableHandler(t, `{"key_prefix":"twice:same:","preset":"osmand"}`)
+		query := fmt.Sprintf("id=veh-same&timestamp=%d&lat=52.5&lat=52.5&lon=13.4&speed=12&speed=12", ts)
+		if res := tt.post(query, "application/x-www-form-urlencoded", nil); res.header.Get("X-Dedup") != "accepted" || len(tt.upstream) != 1 ||
+			string(tt.upstream[0]) != query {
+			t.Fatalf("%s: %d %s, X-Dedup %q, %d forwarded; want it accepted and forwarded as it came", query, res.status, res.body,
+				res.header.Get("X-Dedup"), len(tt.upstream))
+		}
+	})
 }

@@ -14,8 +14,8 @@ import (
 // JSON object: its element is the fields as a JSON object, in their order,
 // each value a JSON number when it is written as one, true or false, or
 // else a string, so that the one parser reads every framing. A field given
-// several times is the list of its values. A request without fields is
-// told the ones p reads.
+// several times is its value if they are all the same, else the list of its
+// values. A request without fields is told the ones p reads.
 func (p Parser) SplitForm(query string, body []byte) (Batch, error) {
 	fields := query
 	if fields == "" {
@@ -101,12 +101,14 @@ func formObject(fields string) ([]byte, error) {
 		}
 		out = append(appendJSONString(out, key), ':')
 		vs := values[key]
-		if len(vs) == 1 {
+		if allSame(vs) {
+			// Every parser reads a field repeated with one value as that
+			// value, Traccar's last and Go's first alike.
 			out = appendFormValue(out, vs[0])
 			continue
 		}
-		// A field given several times (OsmAnd's cell and wifi) is a list;
-		// one that must be a single value then names itself in the error.
+		// A field given several values (OsmAnd's cell and wifi) is a list;
+		// one the parser reads then names itself in the error.
 		out = append(out, '[')
 		for j, v := range vs {
 			if j > 0 {
@@ -117,6 +119,15 @@ func formObject(fields string) ([]byte, error) {
 		out = append(out, ']')
 	}
 	return append(out, '}'), nil
+}
+
+func allSame(values []string) bool {
+	for _, v := range values[1:] {
+		if v != values[0] {
+			return false
+		}
+	}
+	return true
 }
 
 // appendFormValue writes a form value as a JSON number when it is written

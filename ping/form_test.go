@@ -9,7 +9,8 @@ import (
 
 // Form fields become one JSON object, in their order: numbers as written
 // stay numbers (an id keeps its text), true and false are booleans, the
-// rest strings, and a field given several times the list of its values.
+// rest strings, and a field given several times the list of its values,
+// or its value when they are all the same.
 func TestFormFieldsBecomeOneObject(t *testing.T) {
 	for _, tt := range []struct{ query, body, want string }{
 		{"id=0123&lat=52.52&lon=-13.4e0&valid=true&alarm=alert%20message&bearing=.5&name=a+b", "",
@@ -19,6 +20,7 @@ func TestFormFieldsBecomeOneObject(t *testing.T) {
 		{"id=1&lat=1", "id=2&lat=2", `{"id":1,"lat":1}`},
 		{"", "id=2&lat=2&&empty=&flag", `{"id":2,"lat":2,"empty":"","flag":""}`},
 		{"cell=257,02&wifi=a,-80&cell=257,03", "", `{"cell":["257,02","257,03"],"wifi":"a,-80"}`},
+		{"speed=1&id=1&speed=1", "", `{"speed":1,"id":1}`},
 		{"q=%22%5C%0A%3C", "", `{"q":"\"\\\n\u003c"}`},
 	} {
 		batch, err := osmAnd().SplitForm(tt.query, []byte(tt.body))
@@ -36,8 +38,7 @@ func TestFormFieldsBecomeOneObject(t *testing.T) {
 
 // What parsers would read differently, or not at all, is refused with a
 // reason: a ';' (a separator to Traccar, not to Go), a broken escape,
-// invalid UTF-8, nothing at all. A position field given twice names
-// itself.
+// invalid UTF-8, nothing at all.
 func TestFormFieldsThatParsersDisagreeOnAreRefused(t *testing.T) {
 	for _, tt := range []struct{ query, want string }{
 		{"id=1;lat=91&lat=1", "';'"},
@@ -50,14 +51,59 @@ func TestFormFieldsThatParsersDisagreeOnAreRefused(t *testing.T) {
 			t.Errorf("%q: got %v, want a MalformedError saying %s", tt.query, err, tt.want)
 		}
 	}
-	batch, err := osmAnd().SplitForm("id=1&timestamp=1700000000&lat=1&lat=91&lon=2", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ie *InvalidPingError
-	if _, err := mustPreset("osmand").Form.Parse(batch.Elements[0], sendersNow); !errors.As(err, &ie) || ie.Field != "lat" || ie.Rule != RuleType ||
-		!strings.Contains(ie.Detail, `given 2 times ("1", "91")`) {
-		t.Fatalf("lat given twice: got %v, want a type error on lat saying it was given twice", err)
+}
+
+// A field the parser reads, given several times, follows one rule whether
+// the ping needs it or not: the same value throughout is that value, as
+// every parser reads it; different values are a type error naming the
+// field, since Traccar's decoder takes the last and Go's the first. Before,
+// a required field was refused even when its values agreed, and an
+// optional one read as not reported: a speed, an alarm or a valid flag
+// given twice was lost, or made the fix go unkeyed.
+func TestAFormFieldGivenSeveralTimesFollowsOneRule(t *testing.T) {
+	const fix = "id=veh&timestamp=1786190400&lat=52.5&lon=13.4"
+	for _, tt := range []struct {
+		name, query string
+		check       func(Ping) bool
+		conflict    string // the field refused, if any
+	}{
+		{"required, agreeing", "id=veh&timestamp=1786190400&lat=52.5&lat=52.5&lon=13.4",
+			func(p Ping) bool { return p.Lat == 52.5 }, ""},
+		{"speed, agreeing", fix + "&speed=10&speed=10",
+			func(p Ping) bool { return p.HasSpeed && p.Speed > 5.14 && p.Speed < 5.15 }, ""},
+		{"accuracy, agreeing", fix + "&accuracy=5&accuracy=5",
+			func(p Ping) bool { return p.Accuracy == 5 }, ""},
+		{"event, agreeing", fix + "&alarm=sos&alarm=sos",
+			func(p Ping) bool { return p.Event == "alarm=sos" }, ""},
+		{"state, agreeing", fix + "&ignition=true&ignition=true",
+			func(p Ping) bool { return p.State == "ignition=true" }, ""},
+		{"valid, agreeing", fix + "&valid=1&valid=1",
+			func(p Ping) bool { return p.Asset == "veh" }, ""},
+		{"required, differing", "id=veh&timestamp=1786190400&lat=52.5&lat=91&lon=13.4", nil, "lat"},
+		{"asset, differing", "id=a&id=b&timestamp=1786190400&lat=52.5&lon=13.4", nil, "id"},
+		{"speed, differing", fix + "&speed=10&speed=0", nil, "speed"},
+		{"accuracy, differing", fix + "&accuracy=5&accuracy=500", nil, "accuracy"},
+		{"event, differing", fix + "&alarm=sos&alarm=lowBattery", nil, "alarm"},
+		{"state, differing", fix + "&ignition=true&ignition=false", nil, "ignition"},
+		{"valid, differing", fix + "&valid=true&valid=false", nil, "valid"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			batch, err := osmAnd().SplitForm(tt.query, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := mustPreset("osmand").Form.Parse(batch.Elements[0], sendersNow)
+			if tt.conflict == "" {
+				if err != nil || !tt.check(got) {
+					t.Fatalf("%s: got %+v, %v; want the value it was given", tt.query, got, err)
+				}
+				return
+			}
+			var ie *InvalidPingError
+			if !errors.As(err, &ie) || ie.Field != tt.conflict || ie.Rule != RuleType || !strings.Contains(ie.Detail, "given 2 times with different values (") {
+				t.Fatalf("%s: got %+v, %v; want a type error on %s saying it was given twice", tt.query, got, err, tt.conflict)
+			}
+		})
 	}
 }
 

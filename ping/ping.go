@@ -120,8 +120,9 @@ type Parser struct {
 	// forward.type.
 	EmptyFix string
 	// FromForm says the pings are form fields written as objects
-	// (SplitForm), where an array is a field given several times: a type
-	// error on one says so, and that parsers disagree on which counts.
+	// (SplitForm), where an array is a field given several different
+	// values: one the parser reads is a type error that says so, and that
+	// parsers disagree on which counts.
 	FromForm bool
 
 	// AccuracyPath, SpeedPath and SpeedUnit say where the fix's accuracy
@@ -223,32 +224,31 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 		var buf [smallPlan]keyCheck
 		ping, err = p.extract(json, plan, buf[:])
 	}
-	if err != nil && p.FromForm {
-		err = givenSeveralTimes(json, err)
-	}
 	return ping, err
 }
 
-// givenSeveralTimes turns the type error of a form field given several
-// times, an array in its object, into one that says so: Traccar's OsmAnd
-// decoder applies each value in turn, so the last counts there, where Go's
-// url.Values.Get takes the first.
-func givenSeveralTimes(json string, err error) error {
-	var ie *InvalidPingError
-	if !errors.As(err, &ie) || ie.Rule != RuleType {
-		return err
+// givenSeveralTimes refuses a form field the parser reads, required or
+// not, that was given several different values (SplitForm writes them as a
+// list): Traccar's OsmAnd decoder applies each value in turn, so the last
+// counts there, where Go's url.Values.Get takes the first, and the ping
+// would be judged as one thing and stored as another. Read as not
+// reported instead, a speed or an alarm would be lost, and a valid flag
+// would make the fix go unkeyed.
+func givenSeveralTimes(root gjson.Result, checks []keyCheck, plan *parsePlan) error {
+	for _, r := range plan.read {
+		v := value(root, checks, r.leaf, r.path)
+		if !v.IsArray() {
+			continue
+		}
+		var values []string
+		v.ForEach(func(_, e gjson.Result) bool {
+			values = append(values, strconv.Quote(e.String()))
+			return true
+		})
+		return invalid(r.path, RuleType, "given %d times with different values (%s), and parsers disagree on which counts "+
+			"(Traccar's the last, Go's the first): send it once", len(values), strings.Join(values, ", "))
 	}
-	v := gjson.Get(json, ie.Field)
-	if !v.IsArray() {
-		return err
-	}
-	var values []string
-	v.ForEach(func(_, e gjson.Result) bool {
-		values = append(values, strconv.Quote(e.String()))
-		return true
-	})
-	return invalid(ie.Field, RuleType, "given %d times (%s), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once",
-		len(values), strings.Join(values, ", "))
+	return nil
 }
 
 // The scan's steps live on the stack, in a buffer that fits the plan: the
@@ -276,6 +276,11 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 		return Ping{}, err
 	}
 	root := gjson.Parse(json)
+	if p.FromForm {
+		if err := givenSeveralTimes(root, checks, plan); err != nil {
+			return Ping{}, err
+		}
+	}
 	if p.KindPath != "" && value(root, checks, plan.kind, p.KindPath).String() != p.Kind {
 		return Ping{}, ErrNotAPing
 	}

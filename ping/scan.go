@@ -142,7 +142,14 @@ type parsePlan struct {
 	// gjson looks it up.
 	assets, times  []int
 	lat, lon, kind int
-	fields         []int // the leaves of Parser.fieldPaths, in its order
+	fields         []int      // the leaves of Parser.fieldPaths, in its order
+	read           []pathLeaf // every path the parser reads, with its leaf
+}
+
+// pathLeaf is a configured path and the index in checks of its last step.
+type pathLeaf struct {
+	path string
+	leaf int
 }
 
 func (p *Parser) makePlan() *parsePlan {
@@ -159,6 +166,11 @@ func (p *Parser) makePlan() *parsePlan {
 	}
 	for _, path := range p.fieldPaths() {
 		plan.fields = append(plan.fields, leafOf(checks, path))
+	}
+	for _, path := range p.paths() {
+		if path != "" {
+			plan.read = append(plan.read, pathLeaf{path, leafOf(checks, path)})
+		}
 	}
 	return plan
 }
