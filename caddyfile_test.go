@@ -619,6 +619,7 @@ func TestREADMEStatesTheOptionsBounds(t *testing.T) {
 	for _, tt := range []struct{ line, bound string }{
 		{"| `max_batch` |", strconv.Itoa(dedup.MaxClaims)},
 		{"| `near_cache` |", strconv.Itoa(dedup.MaxNearCache)},
+		{"| `max_body` |", "at least `" + strconv.Itoa(ownTracksMinBody>>10) + "KiB`"},
 		{"\ttimeout       ", minRedisTimeout.String()},
 	} {
 		line := regexp.MustCompile("(?m)^" + regexp.QuoteMeta(tt.line) + ".*$").Find(readme)

@@ -159,6 +159,9 @@ func (h *Handler) resolve() (settings, error) {
 		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a number of bytes such as 1048576 (1 MiB)", h.MaxBody)}
 	}
 	s.maxBody = cmp.Or(h.MaxBody, defaultMaxBody)
+	if err := checkMaxBody(h.Preset, s.maxBody); err != nil {
+		return s, err
+	}
 	if h.MaxBatch < 0 {
 		return s, &dedup.ConfigError{Option: "max_batch", Problem: fmt.Sprintf("%d is negative; use a number of pings such as 1000", h.MaxBatch)}
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/dustin/go-humanize"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
@@ -90,6 +91,31 @@ var presetAnswers = map[string]answers{
 	// Traccar's forwarder takes any 2xx, and retries a failure only with
 	// forward.retry.enable.
 	"traccar": {suppressed: defaultAnswers.suppressed, deadLettered: defaultAnswers.deadLettered, inFlight: retryLater},
+}
+
+// ownTracksMinBody is the smallest max_body every OwnTracks message fits.
+// The apps post each message whole, one a request, and the largest are not
+// locations, which pass through untouched but are read first: an iOS card,
+// a 192×192 PNG in base64 that is at most about 197 KB
+// (CreateCardTVC.swift), a location with a photo (AttachPhotoTVC.swift), and
+// Android's waypoints export, about 100 bytes a region
+// (LocationProcessor.publishWaypointsMessage). Android re-queues a refused
+// message at the head of its queue for good (MessageProcessor.kt), so a
+// 413 for one stops every later location of the phone.
+const ownTracksMinBody = 256 << 10
+
+// checkMaxBody refuses a max_body that the preset's client would meet a
+// 413 with for a message it cannot make smaller.
+func checkMaxBody(preset string, maxBody int64) error {
+	if preset != "owntracks" || maxBody >= ownTracksMinBody {
+		return nil
+	}
+	return &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf(
+		"%d bytes is below the %d (%s) that OwnTracks' largest messages need: an iOS card's photo, a location with a photo, "+
+			"Android's list of regions. They pass through untouched but are read first, and OwnTracks Android resends a "+
+			"refused message forever at the head of its queue, so one 413 would stop every later location of the phone; "+
+			"use at least %s, or leave max_body at its default",
+		maxBody, ownTracksMinBody, humanize.IBytes(ownTracksMinBody), humanize.IBytes(ownTracksMinBody))}
 }
 
 // retryLater is the in-flight answer every client of the presets retries.

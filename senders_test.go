@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -194,5 +195,47 @@ func TestOverlandFixesFromAClockAheadReachTheBackend(t *testing.T) {
 		if len(tester.upstream) != sent+1 || !bytes.Equal(tester.upstream[sent], body) {
 			t.Fatalf("attempt %d: the backend did not get the batch as sent", attempt+1)
 		}
+	}
+}
+
+// OwnTracks posts each message whole, one a request, and its largest are
+// not locations: an iOS card, whose face is a 192×192 PNG in base64 (up to
+// about 197 KB; CreateCardTVC.swift:71-80, SettingsTVC.swift:836-857 at
+// owntracks/ios 285f915), a location with a photo (AttachPhotoTVC.swift:51-59),
+// Android's waypoints export, about 100 bytes a region
+// (LocationProcessor.kt:248-266 at owntracks/android 25c27be). They pass
+// through untouched, but are read first, within max_body, and Android
+// re-queues a refused message at the head of its queue for good
+// (MessageProcessor.kt:262-315): one 413 stopped every later location of
+// the phone, and iOS deleted the card with an alert. A max_body they do not
+// fit is refused at load, saying so; at the floor the largest card goes
+// through.
+func TestOwnTracksNeedsAMaxBodyItsLargestMessagesFit(t *testing.T) {
+	for _, tt := range []struct{ config, want string }{
+		{`{"preset":"owntracks","max_body":65536}`, "max_body: 65536 bytes is below the 262144 (256 KiB) that OwnTracks' largest messages need"},
+		{`{"preset":"owntracks","max_body":262143}`, "max_body: 262143 bytes is below the 262144"},
+		{`{"preset":"owntracks","max_body":262144}`, ""},
+		{`{"preset":"owntracks"}`, ""},
+		{`{"preset":"overland","max_body":65536}`, ""}, // its batch size is the app's setting, which the 413 names
+		{`{"max_body":65536}`, ""},
+	} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.resolve()
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%s: got %v, want %q", tt.config, err, tt.want)
+		}
+	}
+
+	tester := tableHandler(t, `{"key_prefix":"owntracks-card:","preset":"owntracks","max_body":262144}`)
+	// The largest PNG of 192×192 RGBA: every pixel stored, a filter byte a
+	// row, and the chunks around them.
+	face := make([]byte, 192*192*4+192+1024)
+	card := fmt.Sprintf(`{"_type":"card","face":%q,"name":"Jane Doe"}`, base64.StdEncoding.EncodeToString(face))
+	res := tester.post(card, "application/json", nil)
+	if res.status != http.StatusCreated || len(tester.upstream) != 1 || string(tester.upstream[0]) != card {
+		t.Fatalf("a %d-byte card at max_body 256KiB: %d %s, %d forwarded; want it forwarded as sent", len(card), res.status, res.body, len(tester.upstream))
 	}
 }
