@@ -48,6 +48,9 @@ const (
 	// sentOverland is Overland's batch, which the app resends as it was
 	// until it fits.
 	sentOverland
+	// sentOwnTracks is an OwnTracks message, which the apps post whole,
+	// one a request, and which need not be a location at all.
+	sentOwnTracks
 )
 
 // fix is what the sender can change, the words before "raise <limit>".
@@ -59,6 +62,9 @@ func (s sentShape) fix() string {
 		return "send smaller batches (fewer pings per request), or"
 	case sentOverland:
 		return "Overland resends the same batch until it fits: lower its Locations per Batch setting, or"
+	case sentOwnTracks:
+		return "OwnTracks posts each message whole, one a request (a card or a location with a photo, a list of regions), " +
+			"and Android resends a refused one forever at the head of its queue:"
 	}
 	return "split a batch into smaller ones, or"
 }

@@ -536,6 +536,55 @@ func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 	}
 }
 
+// OwnTracks posts one message a request, never a batch, and cannot make one
+// smaller: a card with its photo, a list of regions. Its 413 said to split
+// a batch (a message refused on its declared length) or that the body held
+// one ping (one read up to the limit, a card being no ping). It says what
+// is large and what a refusal costs, for max_body and for a request_body
+// max_size in front, which the load-time floor cannot see.
+func TestATooLargeOwnTracksMessageSaysItCannotBeMadeSmaller(t *testing.T) {
+	card := `{"_type":"card","face":"` + strings.Repeat("A", 300<<10) + `","name":"Jane Doe"}`
+	const want = "OwnTracks posts each message whole, one a request (a card or a location with a photo, a list of regions), " +
+		"and Android resends a refused one forever at the head of its queue:"
+	for _, tc := range []struct {
+		name    string
+		maxBody int64
+		maxSize int64 // of a request_body in front; 0 for none
+		chunked bool
+		option  string
+	}{
+		{name: "refused on its declared length", maxBody: 256 << 10, option: "raise max_body"},
+		{name: "read up to max_body", maxBody: 256 << 10, chunked: true, option: "raise max_body"},
+		{name: "stopped by request_body", maxBody: 1 << 20, maxSize: 64 << 10, option: "raise request_body max_size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"toolarge:owntracks:","preset":"owntracks","max_body":%d}`, tc.maxBody))
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/owntracks", strings.NewReader(card))
+			r.Header.Set("Content-Type", "application/json")
+			if tc.chunked {
+				r.ContentLength = -1
+			}
+			if tc.maxSize > 0 {
+				r.Body = maxSizeBody{http.MaxBytesReader(w, r.Body, tc.maxSize)}
+			}
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+				t.Error("an oversize body reached the upstream")
+				return nil
+			})
+			if err := tt.h.ServeHTTP(w, r, next); err != nil {
+				t.Fatal(err)
+			}
+			var got errorBody
+			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusRequestEntityTooLarge ||
+				!strings.HasSuffix(got.Error, "; "+want+" "+tc.option) {
+				t.Fatalf("%d %s; want 413 saying %q", w.Code, w.Body.String(), want+" "+tc.option)
+			}
+		})
+	}
+}
+
 // With preset geojson a FeatureCollection is refused naming the option that
 // reads it, batch features: read as one Feature it was refused for lacking
 // an id that each of its features holds. With that option its features are

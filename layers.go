@@ -107,7 +107,9 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 
 // sentShape tells what an oversize body held, for the fix its 413 names:
 // form fields are one ping; a route that wraps its pings, NDJSON and a
-// JSON array are batches; a JSON object read up to the limit is one ping.
+// JSON array are batches; anything else the OwnTracks apps post, read or
+// not, is one of their messages; a JSON object read up to the limit is one
+// ping.
 func (h *Handler) sentShape(ct contentType, form bool, opening byte) sentShape {
 	wrapped := h.settings.splitter.Wrapper != ""
 	switch {
@@ -117,6 +119,8 @@ func (h *Handler) sentShape(ct contentType, form bool, opening byte) sentShape {
 		return sentOverland
 	case wrapped || ct.ndjson() || opening == '[':
 		return sentBatch
+	case h.Preset == "owntracks":
+		return sentOwnTracks
 	case opening == '{':
 		return sentOne
 	}
