@@ -218,7 +218,7 @@ func (a *answers) writeBatchRetry(w http.ResponseWriter, decision dedup.Decision
 	w.Header().Set("Retry-After", unavailableRetryAfter)
 	msg := "the deduplication store is unavailable and on_store_error is closed; retry the batch later"
 	for _, e := range elements {
-		if e.decision == decisionUnavailable && e.rejection != nil {
+		if e.decision == decisionUnavailable && e.rejection != nil && e.reason == reasonStoreError { // its letter failed, not merely sent back unwritten
 			msg = "the dead-letter stream could not be written, so the pings of this batch that cannot be keyed are not kept: retry the batch later"
 			break
 		}

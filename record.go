@@ -39,18 +39,38 @@ const (
 // request's placeholders.
 func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	req.sendBack()
-	// A batch sent back whole comes back with its invalid pings too: they
-	// are dead-lettered then, once, not now and again. Shadow mode forwards
-	// it, so it never comes back.
-	if h.deadLetters != nil && (req.sentBack == nil || h.settings.shadow) {
-		if !h.deadLetter(r, req.elements) && req.sentBack == nil {
-			req.sendBack() // a ping whose letter failed must come back, and its batch with it
-		}
+	if h.deadLetters != nil {
+		h.keepInvalid(r, req)
 	}
 	for i := range req.elements {
 		h.recordOutcome(&req.elements[i])
 	}
 	publishPlaceholders(repl, req, &h.deduper.Keyer)
+}
+
+// keepInvalid dead-letters the request's pings that cannot be keyed. A
+// batch sent back whole comes back with them: they are dead-lettered then,
+// once, and until then sent back with it as its new pings are, not counted
+// rejected at each return, which made an outage that sends batches back
+// look like a flood of invalid pings. Shadow mode forwards such a batch,
+// so it never comes back: their letters are written now, and counted as
+// enforce counts them.
+func (h *Handler) keepInvalid(r *http.Request, req *request) {
+	if req.sentBack == nil {
+		if !h.deadLetter(r, req.elements) {
+			req.sendBack() // a ping whose letter failed must come back, and its batch with it
+		}
+		return
+	}
+	decision := countElements(req.elements).decision()
+	if h.settings.shadow {
+		h.deadLetter(r, req.elements)
+	}
+	for i := range req.elements {
+		if e := &req.elements[i]; e.deadLetterable() {
+			e.decision, e.reason = decision, reasonSentBack
+		}
+	}
 }
 
 // deadLetter keeps the request's pings that cannot be keyed, all in one
@@ -65,7 +85,7 @@ func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool)
 	var letters []deadLetter
 	var letterOf []*element
 	for i := range elements {
-		if e := &elements[i]; e.err == nil && e.rejection != nil && e.rejection.deadLetterable() {
+		if e := &elements[i]; e.deadLetterable() {
 			letters = append(letters, newDeadLetter(r, e.raw, e.rejection))
 			letterOf = append(letterOf, e)
 		}
@@ -106,8 +126,18 @@ func (h *Handler) recordOutcome(e *element) {
 	}
 }
 
-// claimed reports an element the store decided.
+// deadLetterable reports an element that cannot be keyed and goes to the
+// dead-letter stream with on_invalid dead_letter.
+func (e *element) deadLetterable() bool {
+	return e.err == nil && e.rejection != nil && e.rejection.deadLetterable()
+}
+
+// claimed reports an element the store decided. An invalid ping sent back
+// with its batch has the batch's decision, but no claim.
 func (e *element) claimed() bool {
+	if e.claim() == nil {
+		return false
+	}
 	switch e.decision {
 	case dedup.Accepted, dedup.Suppressed, dedup.InFlight:
 		return true

@@ -2,6 +2,8 @@ package telemetrydedup
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +15,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/uber/h3-go/v4"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 // The placeholders say what became of the request, read after the handler
@@ -92,5 +97,75 @@ func TestPlaceholdersFollowTheLastHandler(t *testing.T) {
 	want := h3.LatLngToCell(h3.NewLatLng(52.5200087, 13.4049547), resolution).String()
 	if got := repl.ReplaceKnown("{http.telemetry_dedup.cell}", ""); got != want {
 		t.Errorf("cell = %q, want %q (the second handler's, at resolution %d)", got, want, resolution)
+	}
+}
+
+// A batch sent back whole (a ping of it still in flight, or the store down
+// with on_store_error closed) comes back with its invalid pings: with
+// on_invalid dead_letter they are dead-lettered once it gets through, and
+// until then sent back with it, as its new pings are. Enforce counted them
+// rejected at every return, so an outage looked like a flood of bad pings
+// to an operator alerting on rejections, while shadow mode, which forwards
+// the batch and writes their letters at once, counted them dead_lettered
+// (or, the store down, unavailable/store_error). Both modes count them
+// sent back now, and the answer still names the rule each broke.
+func TestInvalidPingsOfABatchSentBackWholeAreSentBackWithIt(t *testing.T) {
+	rdb := redistest.Start(t)
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	held := fmt.Sprintf(`{"asset_id":"veh-held","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+	fresh := fmt.Sprintf(`{"asset_id":"veh-new","occurred_at":%q,"lat":48.1,"lon":11.6}`, at)
+	naive := `{"asset_id":"veh-naive","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	for _, tt := range []struct {
+		name    string
+		options string
+		inFlight,
+		batch []string
+		counts   string // in both modes
+		decision dedup.Decision
+		error    string           // the enforce answer's
+		letters  map[string]int64 // written, by mode
+	}{
+		{"a ping in flight", fmt.Sprintf(`"store":{"type":"redis","url":%q}`, rdb.URL()), []string{held}, []string{fresh, held, naive},
+			`{"in_flight/redelivery":1,"in_flight/sent_back":2}`, dedup.InFlight, "still being processed",
+			map[string]int64{"enforce": 0, "shadow": 1}},
+		{"the store down, failing closed", `"on_store_error":"closed","store":{"type":"redis","url":"redis://127.0.0.1:1/0","timeout":20000000,"breaker_failures":1000}`,
+			nil, []string{fresh, naive},
+			`{"unavailable/sent_back":1,"unavailable/store_error":1}`, decisionUnavailable, "on_store_error is closed", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			counts := map[string]string{}
+			for _, mode := range []string{"enforce", "shadow"} {
+				prefix := fmt.Sprintf("sentback-invalid:%s:%s:", strings.ReplaceAll(tt.name, " ", "-"), mode)
+				h := tableHandler(t, fmt.Sprintf(`{"key_prefix":%q,"mode":%q,"on_invalid":"dead_letter",%s}`, prefix, mode, tt.options))
+				for _, b := range tt.inFlight {
+					h.claimInFlight(t, b)
+				}
+				before := decisionCountsNow()
+				res := h.post(strings.Join(tt.batch, "\n")+"\n", "application/x-ndjson", nil)
+				counts[mode] = decisionCountsNow().since(before).String()
+				if n := rdb.Client().XLen(context.Background(), prefix+"dead_letter").Val(); n != tt.letters[mode] {
+					t.Errorf("%s: %d letters written, want %d", mode, n, tt.letters[mode])
+				}
+				if mode == "shadow" {
+					continue
+				}
+				var answer batchAnswer
+				if err := json.Unmarshal([]byte(res.body), &answer); err != nil || len(answer.Elements) != len(tt.batch) {
+					t.Fatalf("enforce answered %d %s: %v", res.status, res.body, err)
+				}
+				naive := answer.Elements[len(tt.batch)-1]
+				if naive.Decision != tt.decision || naive.Rule != "timezone" || !strings.Contains(answer.Error, tt.error) ||
+					res.header.Get("X-Dedup-Rejected") != "0" {
+					t.Errorf("enforce answered %s (X-Dedup-Rejected %s); want the naive ping %s naming its rule, the error saying %q, none rejected",
+						res.body, res.header.Get("X-Dedup-Rejected"), tt.decision, tt.error)
+				}
+			}
+			if counts["enforce"] != tt.counts {
+				t.Errorf("enforce counted %s; want %s", counts["enforce"], tt.counts)
+			}
+			if counts["shadow"] != counts["enforce"] {
+				t.Errorf("shadow counted %s; enforce %s", counts["shadow"], counts["enforce"])
+			}
+		})
 	}
 }

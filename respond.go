@@ -137,8 +137,10 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 // so it keeps nothing of it. Its new and unchecked pings get the batch's
 // decision, in_flight or unavailable, with reasonSentBack, and the new
 // ones' claims are to be given back: none is counted accepted (or
-// unchecked) each time the batch comes back before it gets through. Shadow
-// mode marks it too, to record what enforce would, and forwards it.
+// unchecked) each time the batch comes back before it gets through (its
+// invalid pings, with on_invalid dead_letter, are sent back too:
+// keepInvalid). Shadow mode marks it too, to record what enforce would,
+// and forwards it.
 func (req *request) sendBack() {
 	if req.single() {
 		return
