@@ -306,7 +306,7 @@ func (h *Handler) claim(req *request) {
 	}
 	claims, verdicts, err := h.deduper.ClaimAll(ctx, batch)
 	if err != nil && !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.storeErrors.log("dedup store unavailable; applying on_store_error", err)
+		h.storeErrors.log(h.settings.claimFailedLine(), err)
 	}
 	if dedup.MayHaveWritten(err) {
 		req.unsure = claims
@@ -320,6 +320,22 @@ func (h *Handler) claim(req *request) {
 		}
 		e.decision, e.reason = verdicts[j].Decision, string(verdicts[j].Reason)
 	}
+}
+
+// claimFailedLine is the store-error line of claims the store could not
+// answer: what the senders of their pings got, which on_store_error
+// decides in enforce mode and shadow mode only records.
+func (s *settings) claimFailedLine() string {
+	switch {
+	case s.shadow && s.onStoreError == decisionUnavailable:
+		return "dedup store unavailable; shadow mode forwarded the pings it could not judge all the same, recorded unavailable: " +
+			"enforce would have answered them 503 (on_store_error closed)"
+	case s.shadow:
+		return "dedup store unavailable; shadow mode forwarded the pings it could not judge unchecked, as enforce does (on_store_error open)"
+	case s.onStoreError == decisionUnavailable:
+		return "dedup store unavailable; the pings it could not judge are answered 503, for their senders to send them again (on_store_error closed)"
+	}
+	return "dedup store unavailable; the pings it could not judge go upstream unchecked, their duplicates with them (on_store_error open)"
 }
 
 // contentType is a request's media type as sent, without its parameters.

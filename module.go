@@ -285,7 +285,10 @@ type Handler struct {
 	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
-	storeErrors *throttledLog
+	// storeErrors and letterErrors log the store's failures, each at most
+	// once per storeErrorLogEvery: a letter's failure on its own line, or
+	// in an outage the claims' line would hide the 503s of invalid pings.
+	storeErrors, letterErrors *throttledLog
 	// storeUsers counts the requests in this handler and any other that
 	// use the store's connection, for a store that must outlive the
 	// config that cleans it up while they run (nil for any other).
@@ -324,6 +327,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		s.formExtracts = ping.NewExtractCache(s.formParser)
 	}
 	h.storeErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.letterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
 	}

@@ -103,9 +103,20 @@ func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool)
 		letterOf[i].decision = decisionDeadLettered
 	}
 	if failed != nil && !errors.Is(failed, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.storeErrors.log("dead-lettering invalid pings failed; they are answered 503, to be sent again once the stream can be written", failed)
+		h.letterErrors.log(h.settings.letterFailedLine(), failed)
 	}
 	return failed == nil
+}
+
+// letterFailedLine is the store-error line of dead letters that could not
+// be written: what the senders of their pings got.
+func (s *settings) letterFailedLine() string {
+	if s.shadow {
+		return "dead-lettering invalid pings failed; shadow mode forwarded them all the same, recorded unavailable: " +
+			"enforce would have answered them 503, and sent a batch holding one back whole"
+	}
+	return "dead-lettering invalid pings failed; they are answered 503, and a batch holding one is sent back whole, " +
+		"for their senders to send them again until the stream can be written"
 }
 
 // recordOutcome records one ping's outcome, the same whether it came alone

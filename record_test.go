@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/uber/h3-go/v4"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
@@ -167,5 +169,74 @@ func TestInvalidPingsOfABatchSentBackWholeAreSentBackWithIt(t *testing.T) {
 				t.Errorf("shadow counted %s; enforce %s", counts["shadow"], counts["enforce"])
 			}
 		})
+	}
+}
+
+// The store-error line says what the senders of the pings the store could
+// not judge, or whose dead letters it could not write, got: 503 to send
+// them again, or the upstream's answer, unchecked; in shadow mode always
+// the upstream's answer, what enforce would have done only recorded. It
+// said "applying on_store_error" and "answered 503" in shadow mode too,
+// where no sender got a 503 (and so did the fix of a letter Redis refused);
+// and in an outage the claims' line held back
+// the dead letters' (one line per 10 s for both), so a batch answered 503
+// for its invalid ping was logged as gone upstream unchecked.
+func TestTheStoreErrorLineSaysWhatTheSendersGot(t *testing.T) {
+	withoutXADD, takeXADD := urlWithoutXADD(t)
+	down := `{"type":"redis","url":"redis://127.0.0.1:1/0","timeout":20000000,"breaker_failures":1000}`
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	valid := fmt.Sprintf(`{"asset_id":"veh-line","occurred_at":%q,"lat":52.5,"lon":13.4}`, at)
+	naive := `{"asset_id":"veh-line","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	cases := []struct {
+		name, options, ping string
+		status              int // what the sender got
+		says                []string
+	}{
+		{"enforce, failing open", `"store":` + down, valid, http.StatusCreated,
+			[]string{"go upstream unchecked", "on_store_error open"}},
+		{"enforce, failing closed", `"on_store_error":"closed","store":` + down, valid, http.StatusServiceUnavailable,
+			[]string{"answered 503", "on_store_error closed"}},
+		{"shadow, failing open", `"mode":"shadow","store":` + down, valid, http.StatusCreated,
+			[]string{"shadow mode forwarded", "unchecked"}},
+		{"shadow, failing closed", `"mode":"shadow","on_store_error":"closed","store":` + down, valid, http.StatusCreated,
+			[]string{"shadow mode forwarded", "recorded unavailable", "on_store_error closed"}},
+		{"enforce, failing open, a batch with an invalid ping", `"on_invalid":"dead_letter","store":` + down, valid + "\n" + naive + "\n",
+			http.StatusServiceUnavailable, []string{"go upstream unchecked", "answered 503", "sent back whole"}},
+		{"enforce, a dead letter", fmt.Sprintf(`"on_invalid":"dead_letter","store":{"type":"redis","url":%q}`, withoutXADD), naive,
+			http.StatusServiceUnavailable, []string{"answered 503"}},
+		{"shadow, a dead letter", fmt.Sprintf(`"mode":"shadow","on_invalid":"dead_letter","store":{"type":"redis","url":%q}`, withoutXADD), naive,
+			http.StatusCreated, []string{"shadow mode forwarded", "recorded unavailable"}},
+	}
+	handlers := make([]*tableTester, len(cases))
+	for i, tt := range cases {
+		handlers[i] = tableHandler(t, fmt.Sprintf(`{"key_prefix":"storeline:%d:",%s}`, i, tt.options))
+	}
+	takeXADD() // after the load, which would report it
+	for i, tt := range cases {
+		core, logs := observer.New(zap.WarnLevel)
+		h := handlers[i].h
+		h.storeErrors.logger, h.letterErrors.logger = zap.New(core), zap.New(core) // each throttled as provisioned
+		contentType := "application/json"
+		if strings.Contains(tt.ping, "\n") {
+			contentType = "application/x-ndjson"
+		}
+		res := handlers[i].post(tt.ping, contentType, nil)
+		var lines []string
+		for _, e := range logs.All() {
+			fix, _ := e.ContextMap()["fix"].(string)
+			lines = append(lines, e.Message, fix)
+		}
+		said := strings.Join(lines, "\n")
+		if res.status != tt.status {
+			t.Errorf("%s: answered %d, want %d", tt.name, res.status, tt.status)
+		}
+		for _, want := range tt.says {
+			if !strings.Contains(said, want) {
+				t.Errorf("%s: the sender got %d, and the log says %q; want it to say %q", tt.name, res.status, said, want)
+			}
+		}
+		if tt.status != http.StatusServiceUnavailable && strings.Contains(said, "answered 503") {
+			t.Errorf("%s: the sender got %d, and the log says %q", tt.name, res.status, said)
+		}
 	}
 }

@@ -237,6 +237,37 @@ func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
 	}
 }
 
+// The breaker's line is the connection's, and the handlers that share the
+// connection may differ: enforce or shadow mode, failing open or closed,
+// dead-lettering or not. It says what each does while Redis is skipped; it
+// said "applying on_store_error", which shadow mode only records: its
+// senders get the upstream's answer.
+func TestTheBreakerLineSaysWhatShadowModeDoes(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newRedisConnection(opts, r, zap.New(core))
+	defer c.Destruct()
+	tt := tableHandler(t, `{"key_prefix":"breaker-line:"}`)
+	d := *tt.h.deduper
+	d.Store = c.store
+	if _, _, err := d.Claim(context.Background(), d.Observe(ping.Ping{Asset: "veh-89", Time: time.Now().Add(-time.Minute), Lat: 52.52, Lon: 13.40})); err == nil {
+		t.Fatal("a claim on a Redis that is down succeeded")
+	}
+	opened := logs.FilterMessageSnippet("circuit breaker opened").All()
+	if len(opened) != 1 {
+		t.Fatalf("%d lines saying the breaker opened, want 1", len(opened))
+	}
+	for _, want := range []string{"on_store_error", "503", "shadow mode forwards"} {
+		if !strings.Contains(opened[0].Message, want) {
+			t.Errorf("the breaker's line %q; want it to say %q", opened[0].Message, want)
+		}
+	}
+}
+
 // Commands reach Redis in the order they were queued, also the first time
 // a script runs on a Redis that does not know it yet (a fresh one, or one
 // restarted or failed over, which forgets its scripts). A script's first

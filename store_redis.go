@@ -644,7 +644,9 @@ func (e *deadLetterRefusal) Unwrap() error { return e.err }
 
 // fix says what to change: the store-error log line's fix.
 func (e *deadLetterRefusal) fix() string {
-	const problem = "a configuration problem that retries will not fix: every invalid ping is answered 503 until it is changed; "
+	// The line it goes with says what the pings' senders got, which the
+	// handler's mode decides.
+	const problem = "a configuration problem that retries will not fix: no dead letter is written until it is changed; "
 	if strings.HasPrefix(e.err.Error(), "WRONGTYPE") {
 		return problem + fmt.Sprintf("the key %q holds another type than a stream: name another key with dead_letter_stream, "+
 			"or delete this one (redis-cli DEL %s) if nothing needs what it holds", e.stream, e.stream)
