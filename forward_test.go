@@ -57,7 +57,7 @@ func TestUnsureClaimsFollowTheRequestsOutcome(t *testing.T) {
 			store := dedup.NewMemoryStore(0)
 			outcomes := make(chan dedup.ReconcileOutcome, 10)
 			h.reconciler = dedup.NewReconciler(store, 0, func(o dedup.ReconcileOutcome, _ int) { outcomes <- o })
-			t.Cleanup(h.reconciler.Close)
+			t.Cleanup(func() { h.reconciler.Close() })
 			h.deduper.Store = landedButTimedOut{store}
 
 			body := `{"asset_id":"veh-1","occurred_at":"` + time.Now().Add(-time.Minute).UTC().Format(time.RFC3339) + `","lat":52.52,"lon":13.40}`

@@ -36,6 +36,11 @@ type redisConnection struct {
 	drainUntil atomic.Int64
 	// loggers are the loggers of the configs that use the connection.
 	loggers connectionLoggers
+	// closing is set while the reconciler closes: Destruct logs the claims
+	// it drops then, by kind, rather than the reporter's line for a full
+	// queue.
+	closing atomic.Bool
+	where   string // the topology, for log lines
 }
 
 // connectionLoggers are the loggers of the configs sharing a connection,
@@ -73,7 +78,7 @@ func (l *connectionLoggers) current() *zap.Logger {
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
 	where := describeTopology(r)
-	c := &redisConnection{}
+	c := &redisConnection{where: where}
 	c.loggers.add(logger)
 	// On a Cluster the breaker has a zone per master (see Breaker.ZoneBy),
 	// and its log lines name the master; its address is the zone.
@@ -115,7 +120,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// retries during an outage must not reopen a breaker whose probe is on
 	// its way, and it must reach Redis as soon as Redis answers. Its own
 	// releases need no replica's word: it repeats each at its confirmations.
-	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(c.loggers.current, where))
+	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(c.loggers.current, where, &c.closing))
 	c.store = breaker.Guard(store)
 	if failsOver(client, r) {
 		c.store = breaker.Guard(dedup.NewFailoverStore(store, client, c.reconciler.Confirm))
@@ -137,8 +142,9 @@ func failsOver(client redis.UniversalClient, r RedisStore) bool {
 
 // reconcileReporter counts what the reconciler did and logs what an
 // operator must know: claims it could not take or gave up on, which stand
-// until in_flight_timeout and then count as settled.
-func reconcileReporter(logger func() *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
+// until in_flight_timeout and then count as settled. Those dropped while
+// closing it leaves to Destruct's line.
+func reconcileReporter(logger func() *zap.Logger, where string, closing *atomic.Bool) func(dedup.ReconcileOutcome, int) {
 	var dropped, unconfirmed throttledLog
 	dropped.every, unconfirmed.every = storeErrorLogEvery, storeErrorLogEvery
 	return func(outcome dedup.ReconcileOutcome, n int) {
@@ -150,6 +156,9 @@ func reconcileReporter(logger func() *zap.Logger, where string) func(dedup.Recon
 				"if the master fails over now, the retries of their observations may be suppressed",
 				fmt.Errorf("%d claims %s", n, outcome))
 		case dedup.ReconcileDropped, dedup.ReconcileExpired:
+			if outcome == dedup.ReconcileDropped && closing.Load() {
+				return
+			}
 			dropped.logTo(logger().With(zap.String("redis", where)), "claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
 				"and the retries of the observations whose requests failed may be suppressed",
 				fmt.Errorf("%d claims %s", n, outcome))
@@ -161,11 +170,32 @@ func reconcileReporter(logger func() *zap.Logger, where string) func(dedup.Recon
 	}
 }
 
+// Destruct closes the connection. The pipeline first sends the
+// settlements of the last requests, and hands those that fail to the
+// reconciler, whose last pass then goes through the pipeline too.
 func (c *redisConnection) Destruct() error {
-	c.pipeline.Close()   // first: the settlements of the last requests are still on their way
-	c.reconciler.Close() // then: its goroutine calls through the client
+	c.pipeline.Flush()
+	c.closing.Store(true)
+	left := c.reconciler.Close()
+	c.closing.Store(false)
+	c.pipeline.Close()
+	c.logUnreconciled(left)
 	retire(c)
 	return c.client.Close()
+}
+
+// logUnreconciled warns of the claims the reconciler gave up on as the
+// connection closed (Caddy's exit, or a reload while Redis was down), and
+// what their senders meet until they end.
+func (c *redisConnection) logUnreconciled(left dedup.Unreconciled) {
+	if left.Releases+left.Settlements == 0 {
+		return
+	}
+	c.loggers.current().Warn("closing the Redis connection while Redis did not answer: claims it holds could not be released or settled, "+
+		"and stand as pending until in_flight_timeout, then as delivered until their TTL ends: "+
+		"the retries of the failed requests' pings (releases) are told to come back and then that they were delivered, "+
+		"the redeliveries of the others (settlements) to come back",
+		zap.String("redis", c.where), zap.Int("releases", left.Releases), zap.Int("settlements", left.Settlements))
 }
 
 func (c *redisConnection) stats() storeStats {

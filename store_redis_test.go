@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
@@ -89,6 +91,82 @@ func TestTheLastHolderDrainsForTheLongestInFlight(t *testing.T) {
 			t.Fatal("the connection is still open 5 s after its last request ended")
 		}
 	}
+}
+
+// Closing a Redis connection (Caddy's exit, or the last config using it
+// unloaded) gives its reconciler one last try. A Redis that came back
+// (restarted with its data) has the release owed made, through the
+// pipeline the connection closes only after it: the sender's retry after
+// the restart is accepted, not told to come back and then that its ping
+// was delivered. A Redis still hung holds the close a few store timeouts,
+// and the log says how many releases and settlements were given up on and
+// what their senders will meet.
+func TestClosingARedisConnectionTriesWhatItOwesOnce(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		timeout  time.Duration
+		comeBack bool
+		warned   map[string]int64 // the warning's counts, nil for none
+	}{
+		{name: "Redis came back", timeout: 50 * time.Millisecond, comeBack: true},
+		{name: "Redis still hung", timeout: 500 * time.Millisecond, warned: map[string]int64{"releases": 1, "settlements": 1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
+			core, logs := observer.New(zap.WarnLevel)
+			r := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(tt.timeout)}
+			opts, err := r.options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newRedisConnection(opts, r, zap.New(core))
+			failed, delivered := ownedClaim("closing:failed", 1), ownedClaim("closing:delivered", 2)
+			if v, err := c.store.Decide(context.Background(), []*dedup.Claim{failed, delivered}); err != nil || v[0].Decision != dedup.Accepted || v[1].Decision != dedup.Accepted {
+				t.Fatalf("the claims: %v %v", v, err)
+			}
+
+			if tt.comeBack {
+				srv.Kill()
+			} else {
+				srv.Pause()
+			}
+			c.reconciler.Hand([]*dedup.Claim{failed}, true)
+			c.reconciler.Hand([]*dedup.Claim{delivered}, false)
+			if tt.comeBack {
+				time.Sleep(1600 * time.Millisecond) // the reconciler's tries, refused, back off to 1.6 s apart
+				srv.Restart()
+			}
+			began := time.Now()
+			if err := c.Destruct(); err != nil {
+				t.Fatal(err)
+			}
+			if took := time.Since(began); took > 4*tt.timeout+time.Second {
+				t.Errorf("closing took %v, with a store timeout of %v", took, tt.timeout)
+			}
+			warnings := logs.FilterMessageSnippet("closing the Redis connection").All()
+			if len(warnings) != min(len(tt.warned), 1) || logs.Len() != len(warnings) {
+				t.Fatalf("%d warnings, %d of them of the claims given up on; want %d", logs.Len(), len(warnings), min(len(tt.warned), 1))
+			}
+			for field, want := range tt.warned {
+				if got := warnings[0].ContextMap()[field]; got != want {
+					t.Errorf("the warning says %s=%v, want %d", field, got, want)
+				}
+			}
+			if !tt.comeBack {
+				srv.Kill()
+				return
+			}
+			if n := srv.Client().Exists(context.Background(), failed.Key()).Val(); n != 0 {
+				t.Errorf("the failed request's claim is still in Redis: its retry would be told to come back, then that it was delivered")
+			}
+		})
+	}
+}
+
+// ownedClaim is a tumbling claim on key, made now with token.
+func ownedClaim(key string, token uint64) *dedup.Claim {
+	return &dedup.Claim{Observation: dedup.Observation{Key: key}, Token: token, At: time.Now(),
+		Policy: &dedup.Policy{Shape: dedup.Tumbling, TTL: time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}}
 }
 
 // provisionRedisStore loads a Redis store on url as a config would, with

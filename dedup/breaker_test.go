@@ -356,7 +356,7 @@ func TestAHungMastersOwedReleasesOpenNoHealthyZone(t *testing.T) {
 		})
 	store := &zonedStore{down: map[string]bool{"b": true}}
 	r := NewReconciler(store, 0, nil)
-	t.Cleanup(r.Close)
+	t.Cleanup(func() { r.Close() })
 	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
 	s := b.Guard(store)
 	claim := func(asset string, token uint64) *Claim {

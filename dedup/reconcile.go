@@ -34,6 +34,12 @@ const (
 // reconcileBatch is about how many claims one store call carries.
 const reconcileBatch = 256
 
+// reconcileLastPass bounds Close's last pass over the claims it holds: an
+// exit or a reload must not wait long on a Redis that answers slowly. One
+// that does not answer at all holds it one store timeout (or this, if
+// shorter): the pass stops at its first failed call.
+const reconcileLastPass = 2 * time.Second
+
 // The gaps between confirmations are no longer than DefaultInFlightTimeout,
 // so that with it every claim landing in the first minute meets one before
 // it could count as settled.
@@ -121,8 +127,12 @@ type Reconciler struct {
 	confirming int
 	closed     bool
 	wake       chan struct{}
-	stop       chan struct{}
-	stopped    chan struct{}
+	// running is run's, and stop cancels it: a store call of run's that
+	// waits gives up (one sending its own batch waits out the store's
+	// timeout), and Close's last pass, bounded, tries again.
+	running context.Context
+	stop    context.CancelFunc
+	stopped chan struct{}
 }
 
 // reconcileJob is one request's claims and what to do with them.
@@ -164,8 +174,9 @@ func newReconciler(store Store, capacity int, report func(ReconcileOutcome, int)
 	}
 	r := &Reconciler{
 		store: store, capacity: capacity, report: report, confirm: confirm,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
+		wake: make(chan struct{}, 1), stopped: make(chan struct{}),
 	}
+	r.running, r.stop = context.WithCancel(context.Background())
 	go r.run()
 	return r
 }
@@ -346,29 +357,61 @@ func (r *Reconciler) Len() int {
 // (Len also counts those kept a while to catch a late landing).
 func (r *Reconciler) Unanswered() int { return int(r.unanswered.Load()) }
 
-// Close stops the Reconciler; the claims still waiting for the store's
-// first answer are counted dropped, the confirmations not yet done
-// unconfirmed.
-func (r *Reconciler) Close() {
+// Unreconciled counts the claims Close gave up on because the store never
+// answered them. Each, if it landed, stands as pending until
+// in_flight_timeout, and then as settled until its TTL ends.
+type Unreconciled struct {
+	// Releases: claims of requests that failed, whose senders' retries
+	// are told to come back and then that they were delivered, though the
+	// upstream never took them.
+	Releases int
+	// Settlements: claims of requests that went through, whose
+	// redeliveries are told to come back until in_flight_timeout.
+	Settlements int
+}
+
+// Close stops the Reconciler. Once a store call on its way has ended, it
+// makes one last pass over every claim it holds, their backoff ignored (a
+// Redis that came back just before an exit or a reload answers it),
+// releases first, within reconcileLastPass: a Redis that does not answer
+// holds it two store timeouts at most. It counts the claims the store
+// still never answered as dropped, and returns them; the confirmations
+// not yet done it counts as unconfirmed.
+func (r *Reconciler) Close() Unreconciled {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
-		return
+		return Unreconciled{}
 	}
 	r.closed = true
 	r.mu.Unlock()
-	close(r.stop)
+	r.stop()
 	<-r.stopped
 	r.working.Lock() // a pass on its way answers its jobs first
 	defer r.working.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), reconcileLastPass)
+	r.workOn(ctx, func(*reconcileJob) bool { return true })
+	cancel()
 	r.mu.Lock()
-	left, unconfirmed := int(r.unanswered.Swap(0)), r.confirming
+	var left Unreconciled
+	for _, j := range r.jobs {
+		switch {
+		case j.answers > 0:
+		case j.release:
+			left.Releases += len(j.claims)
+		default:
+			left.Settlements += len(j.claims)
+		}
+	}
+	unconfirmed := r.confirming
 	r.jobs, r.claims, r.confirming = nil, 0, 0
+	r.unanswered.Store(0)
 	r.owed.Store(0)
 	clear(r.owedKeys)
 	r.mu.Unlock()
-	r.count(ReconcileDropped, left)
+	r.count(ReconcileDropped, left.Releases+left.Settlements)
 	r.count(ReconcileUnconfirmed, unconfirmed)
+	return left
 }
 
 func (r *Reconciler) run() {
@@ -378,12 +421,12 @@ func (r *Reconciler) run() {
 	for {
 		timer.Reset(r.untilNext())
 		select {
-		case <-r.stop:
+		case <-r.running.Done():
 			return
 		case <-r.wake:
 		case <-timer.C:
 		}
-		r.work()
+		r.work(r.running)
 	}
 }
 
@@ -399,14 +442,20 @@ func (r *Reconciler) untilNext() time.Duration {
 	return next
 }
 
-// work does every job that is due, the releases in one store call and the
-// settlements in another.
-func (r *Reconciler) work() {
+// work does every job that is due.
+func (r *Reconciler) work(ctx context.Context) {
 	r.working.Lock()
 	defer r.working.Unlock()
 	now := time.Now()
+	r.workOn(ctx, func(j *reconcileJob) bool { return !j.due.After(now) })
+}
+
+// workOn does the jobs that match, the releases in one store call and the
+// settlements in another. r.working must be held.
+func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool) {
+	now := time.Now()
 	r.mu.Lock()
-	due := r.takeLocked(func(j *reconcileJob) bool { return !j.due.After(now) })
+	due := r.takeLocked(match)
 	r.mu.Unlock()
 
 	var releases, settles []*reconcileJob
@@ -422,7 +471,7 @@ func (r *Reconciler) work() {
 	for i, jobs := range [][]*reconcileJob{releases, settles} {
 		for len(jobs) > 0 {
 			n := nextBatch(jobs)
-			if retry, _, err := r.attempt(context.Background(), jobs[:n]); err != nil {
+			if retry, _, err := r.attempt(ctx, jobs[:n]); err != nil {
 				// The store is failing: the rest waits out the failed
 				// batch's backoff too, rather than each batch its own
 				// timeout now, one after another, while every call that

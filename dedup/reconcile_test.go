@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,7 +41,7 @@ func testReconciler(t *testing.T, s Store, capacity int, confirm ...time.Duratio
 	t.Helper()
 	o := &outcomes{}
 	r := newReconciler(s, capacity, o.report, confirm)
-	t.Cleanup(r.Close)
+	t.Cleanup(func() { r.Close() })
 	return r, o
 }
 
@@ -865,6 +866,93 @@ func TestCloseCountsTheConfirmationsItAbandons(t *testing.T) {
 	if o.String() != "map[unconfirmed:1]" {
 		t.Errorf("a confirmation abandoned by Close counted nowhere (outcomes %s)", o)
 	}
+}
+
+// Close makes one last pass over the claims it holds, their backoff
+// ignored, within a bound. A Redis that came back (restarted with its
+// data) just before Caddy exits has the release of a failed request's
+// claim made, and its sender's retry after the restart is accepted, rather
+// than told to come back and then that the ping was delivered; a delivered
+// ping's redelivery is suppressed. A Redis still hung holds Close no
+// longer than a call on its way and one more call, each its timeout, and
+// what it never answered is counted dropped and returned by kind, for the
+// log.
+func TestCloseMakesALastPass(t *testing.T) {
+	elsewhere := parked
+	elsewhere.Asset = "veh-89"
+	for _, tt := range []struct {
+		name     string
+		timeout  time.Duration // the store's
+		comeBack bool          // Redis restarts before Close
+		outcomes string
+		left     Unreconciled
+	}{
+		{name: "Redis came back", timeout: 50 * time.Millisecond, comeBack: true, outcomes: "map[released:1 settled:1]"},
+		{name: "Redis still hung", timeout: time.Second, outcomes: "map[dropped:2]", left: Unreconciled{Releases: 1, Settlements: 1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
+			redisStore := newRedisStore(t, srv)
+			redisStore.timeout = tt.timeout
+			store := &failureCounter{Store: redisStore}
+			pol := testPolicy(Tumbling)
+			failed, delivered := claimOf(pol, parked, 1, time.Now()), claimOf(pol, elsewhere, 2, time.Now())
+			for _, c := range []*Claim{failed, delivered} {
+				if v := decide(t, store, c); v.Decision != Accepted {
+					t.Fatalf("claim %d: %v", c.Token, v)
+				}
+			}
+
+			if tt.comeBack {
+				srv.Kill()
+			} else {
+				srv.Pause()
+			}
+			r, o := testReconciler(t, store, 0)
+			r.Hand([]*Claim{failed}, true)
+			r.Hand([]*Claim{delivered}, false)
+			if tt.comeBack {
+				for deadline := time.Now().Add(10 * time.Second); store.failed.Load() < 5; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d releases failed while Redis was down, want 5", store.failed.Load())
+					}
+				}
+				srv.Restart() // the next try is 1.6 s away
+			}
+			began := time.Now()
+			left := r.Close()
+			if took := time.Since(began); took > 2*tt.timeout+time.Second {
+				t.Errorf("Close took %v, with a store timeout of %v", took, tt.timeout)
+			}
+			if got := o.String(); got != tt.outcomes || left != tt.left {
+				t.Fatalf("outcomes %s, left %+v; want %s, %+v", got, left, tt.outcomes, tt.left)
+			}
+			if !tt.comeBack {
+				srv.Kill()
+				return
+			}
+			if v := decide(t, store, claimOf(pol, parked, 3, time.Now())); v.Decision != Accepted {
+				t.Errorf("the failed request's retry: %v, want accepted", v)
+			}
+			if v := decide(t, store, claimOf(pol, elsewhere, 4, time.Now())); v != suppressed(Redelivery) {
+				t.Errorf("the delivered ping's redelivery: %v, want suppressed", v)
+			}
+		})
+	}
+}
+
+// failureCounter counts the releases of its store that failed.
+type failureCounter struct {
+	Store
+	failed atomic.Int32
+}
+
+func (f *failureCounter) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	released, err := f.Store.Release(ctx, claims)
+	if err != nil {
+		f.failed.Add(1)
+	}
+	return released, err
 }
 
 // hungMasterGuarded is a reconciler and a breaker that releases what is

@@ -326,33 +326,49 @@ func (s *shard) enqueue(job *pipelineJob, closing bool) (lead bool) {
 	return lead
 }
 
+// Flush sends what is queued and waits until it has been answered: the
+// callbacks of the commands queued by Go before it have run.
+func (p *Pipeline) Flush() { p.eachShard(func(s *shard) { s.flush(false) }) }
+
 // Close sends what is queued, waits until it has been answered, and stops
 // the pipeline's goroutines; commands queued later are answered ErrClosed.
 // It does not close the client.
 func (p *Pipeline) Close() {
 	p.mu.Lock()
 	p.closed = true
+	p.mu.Unlock()
+	p.eachShard((*shard).close)
+}
+
+// eachShard runs f on every shard, side by side: a hung master's flush
+// holds up no other.
+func (p *Pipeline) eachShard(f func(*shard)) {
+	p.mu.Lock()
 	shards := slices.Collect(maps.Values(p.shards))
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, s := range shards {
-		wg.Go(s.close) // side by side: a hung master's flush holds up no other
+		wg.Go(func() { f(s) })
 	}
 	wg.Wait()
 }
 
-func (s *shard) close() {
-	// A job with no commands, queued last: once it is answered, so is
-	// everything queued before it.
+// flush queues a job with no commands, the shard's last if closing, and
+// waits for its answer: once it is answered, so is everything queued
+// before it. It reports whether the shard was still open.
+func (s *shard) flush(closing bool) bool {
 	last := &pipelineJob{deadline: time.Now().Add(time.Hour), answered: make(chan error, 1)}
-	if s.enqueue(last, true) {
+	if s.enqueue(last, closing) {
 		s.wake <- struct{}{}
 	}
-	if errors.Is(<-last.answered, ErrClosed) {
-		return // closed before
+	return !errors.Is(<-last.answered, ErrClosed)
+}
+
+func (s *shard) close() {
+	if s.flush(true) {
+		close(s.stop)
+		<-s.done
 	}
-	close(s.stop)
-	<-s.done
 }
 
 // timers are stopped timers, for Do to wait with.
