@@ -40,7 +40,8 @@ type redisConnection struct {
 	// it drops then, by kind, rather than the reporter's line for a full
 	// queue.
 	closing atomic.Bool
-	where   string // the topology, for log lines
+	where   string        // the topology, for log lines
+	timeout time.Duration // each store call's
 }
 
 // connectionLoggers are the loggers of the configs sharing a connection,
@@ -78,7 +79,7 @@ func (l *connectionLoggers) current() *zap.Logger {
 
 func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.Logger) *redisConnection {
 	where := describeTopology(r)
-	c := &redisConnection{where: where}
+	c := &redisConnection{where: where, timeout: r.operationTimeout()}
 	c.loggers.add(logger)
 	// On a Cluster the breaker has a zone per master (see Breaker.ZoneBy),
 	// and its log lines name the master; its address is the zone.

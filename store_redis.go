@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(RedisStore{})
+	caddy.OnExit(finishRedisAtExit)
 }
 
 // RedisStore keeps claims in Redis 7 or later: one server, a Sentinel-managed
@@ -495,6 +497,7 @@ func (r *RedisStore) Cleanup() error {
 	if left := time.Unix(0, r.drainUntil.Load()); left.After(deadline) {
 		deadline = left
 	}
+	draining.Add(1)
 	go r.deleteWhenDrained(deadline)
 	return nil
 }
@@ -524,6 +527,7 @@ const (
 // its last look for a late landing comes 101.1 s after the store first
 // answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
+	defer draining.Done()
 	waitForUsers(r.users.Load, deadline)
 	for r.reconciler.Len() > 0 && !caddy.Exiting() {
 		time.Sleep(reconcilePoll)
@@ -538,6 +542,44 @@ func waitForUsers(users func() int64, deadline time.Time) {
 	for users() > 0 && time.Now().Before(deadline) {
 		time.Sleep(drainPoll)
 	}
+}
+
+// draining counts the Redis connections no config holds any more that
+// wait for their requests and their reconciler (deleteWhenDrained).
+var draining sync.WaitGroup
+
+// finishRedisAtExit holds Caddy's exit for what the cleanups of the
+// configs loaded do not wait for: the requests of a config a reload
+// replaced, on a Redis connection no config loaded uses (the new one has
+// the memory store, or not the module), and that connection's closing,
+// the reconciler's last pass. Without it the process ended with their
+// claims pending. A config without the module cuts nothing as Caddy
+// exits: this cuts them too. It waits a few store timeouts at most.
+func finishRedisAtExit(context.Context) {
+	cutAtExit(context.DeadlineExceeded)
+	timeout := longestRedisTimeout()
+	waitForUsers(redisUsers, time.Now().Add(timeout+time.Second))
+	closed := make(chan struct{})
+	go func() {
+		draining.Wait()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(4*timeout + 2*time.Second): // a flush, the reconciler's last pass (two calls, 2 s at most), the pipeline's close
+	}
+}
+
+// longestRedisTimeout is the longest store timeout of the Redis
+// connections open.
+func longestRedisTimeout() (longest time.Duration) {
+	stores.Range(func(_, v any) bool {
+		if c, ok := v.(*redisConnection); ok {
+			longest = max(longest, c.timeout)
+		}
+		return true
+	})
+	return longest
 }
 
 // redisUsers counts the requests using any Redis connection.

@@ -197,38 +197,46 @@ func TestAReloadKeepsTheReconcilerOfTheReplacedConnection(t *testing.T) {
 // come back until in_flight_timeout, and then that the ping was delivered,
 // which the upstream never took. A reload made while the request waits
 // (caddy reload, then a restart) changes nothing: the request belongs to
-// the replaced config, whose connection may be the new config's or its own.
+// the replaced config, whose connection may be the new config's or its own,
+// also when the new config uses Redis nowhere, or not the module at all.
 func TestAStopMidRequestLeavesNoClaimBehind(t *testing.T) {
 	caddy := buildCaddy(t)
 	for _, tc := range []struct {
 		name   string
-		reload string // the store's timeout after a reload made mid-request; "" for none
+		reload string // the store after a reload made mid-request: "" for no reload, "-" for a config without the module
 	}{
 		{name: "no reload"},
-		{name: "after a reload that keeps the connection", reload: "100ms"},
-		{name: "after a reload that replaces the connection", reload: "150ms"},
+		{name: "after a reload that keeps the connection", reload: "redis 100ms"},
+		{name: "after a reload that replaces the connection", reload: "redis 150ms"},
+		{name: "after a reload to the memory store", reload: "memory"},
+		{name: "after a reload without the module", reload: "-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			up := newUpstream(t)
 			port := freePort(t)
-			config := func(timeout string, maxFuture int) string {
+			config := func(store string, maxFuture int) string {
+				if timeout, ok := strings.CutPrefix(store, "redis "); ok {
+					store = fmt.Sprintf("redis %s {\n\t\t\ttimeout %s\n\t\t}", srv.URL(), timeout)
+				}
+				module := fmt.Sprintf(`telemetry_dedup /telemetry {
+		store %s
+		in_flight_timeout 3s
+		max_future %dm
+	}`, store, maxFuture)
+				if store == "-" {
+					module = ""
+				}
 				return fmt.Sprintf(`{
 	auto_https off
 	grace_period 200ms
 }
 :%d {
-	telemetry_dedup /telemetry {
-		store redis %s {
-			timeout %s
-		}
-		in_flight_timeout 3s
-		max_future %dm
-	}
+	%s
 	reverse_proxy %s
-}`, port, srv.URL(), timeout, maxFuture, strings.TrimPrefix(up.URL, "http://"))
+}`, port, module, strings.TrimPrefix(up.URL, "http://"))
 			}
-			p := runCaddy(t, caddy, config("100ms", 5), port)
+			p := runCaddy(t, caddy, config("redis 100ms", 5), port)
 			url := "http://" + p.listen + "/telemetry"
 			body := ping("veh-stopped-mid-request", base(), 52.5200087, 13.4049547)
 			arrived, release := holdUpstream(up, http.StatusInternalServerError, "")
@@ -253,7 +261,7 @@ func TestAStopMidRequestLeavesNoClaimBehind(t *testing.T) {
 			}
 			answering(up, http.StatusCreated, "", "")
 
-			runCaddy(t, caddy, config("100ms", 5), port)
+			runCaddy(t, caddy, config("redis 100ms", 5), port)
 			client := &http.Client{Timeout: 5 * time.Second}
 			var seen []int
 			for range 25 {
@@ -275,5 +283,60 @@ func TestAStopMidRequestLeavesNoClaimBehind(t *testing.T) {
 			}
 			t.Fatalf("no final answer in 25 tries: %v", seen)
 		})
+	}
+}
+
+// A reload that leaves a Redis connection to no config (the new one has
+// the memory store) keeps it open while its reconciler owes releases. When
+// Caddy then exits, the reconciler's last pass must be made before the
+// process ends: a Redis back (restarted with its data) just before the
+// exit gets the release of the claim of a request whose upstream failed
+// while Redis was down, and the sender's retry after the restart is
+// accepted, not told to come back and then that its ping was delivered.
+func TestAnExitWaitsForAConnectionNoConfigUses(t *testing.T) {
+	caddy := buildCaddy(t)
+	srv := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
+	up := newUpstream(t)
+	port := freePort(t)
+	config := func(store string) string {
+		return fmt.Sprintf(`{
+	auto_https off
+}
+:%d {
+	telemetry_dedup /telemetry {
+		store %s
+	}
+	reverse_proxy %s
+}`, port, store, strings.TrimPrefix(up.URL, "http://"))
+	}
+	onRedis := fmt.Sprintf("redis %s {\n\t\t\ttimeout 100ms\n\t\t}", srv.URL())
+	send := func(body []byte) string {
+		res, err := http.Post("http://127.0.0.1:"+strconv.Itoa(port)+"/telemetry", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return err.Error()
+		}
+		res.Body.Close()
+		return fmt.Sprintf("%d %s", res.StatusCode, res.Header.Get("X-Dedup"))
+	}
+	p := runCaddy(t, caddy, config(onRedis), port)
+	body := ping("veh-owed-at-exit", base(), 52.5200087, 13.4049547)
+	arrived, release := holdUpstream(up, http.StatusInternalServerError, "")
+	first := make(chan string, 1)
+	go func() { first <- send(body) }()
+	<-arrived
+	srv.Kill() // the claim is on disk; its release is refused
+	release()
+	if got := <-first; got != "500 accepted" {
+		t.Fatalf("the request whose upstream failed: %q, want 500 accepted", got)
+	}
+	reload(t, p.admin, config("memory"))
+	time.Sleep(1600 * time.Millisecond) // the reconciler's tries, refused, back off to 1.6 s apart
+	srv.Restart()
+	p.stop()
+
+	answering(up, http.StatusCreated, "", "")
+	runCaddy(t, caddy, config(onRedis), port)
+	if got := send(body); got != "201 accepted" {
+		t.Errorf("the retry after the restart: %q, want 201 accepted: the upstream never took the ping", got)
 	}
 }
