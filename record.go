@@ -57,14 +57,14 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 // enforce counts them.
 func (h *Handler) keepInvalid(r *http.Request, req *request) {
 	if req.sentBack == nil {
-		if !h.deadLetter(r, req.elements) {
+		if !h.deadLetter(r, req.elements, h.settings.letterFailedLine()) {
 			req.sendBack() // a ping whose letter failed must come back, and its batch with it
 		}
 		return
 	}
 	decision := countElements(req.elements).decision()
 	if h.settings.shadow {
-		h.deadLetter(r, req.elements)
+		h.deadLetter(r, req.elements, sentBackLetterFailedLine)
 	}
 	for i := range req.elements {
 		if e := &req.elements[i]; e.deadLetterable() {
@@ -80,8 +80,9 @@ func (h *Handler) keepInvalid(r *http.Request, req *request) {
 // sender keeps it and sends it again: its 4xx made OwnTracks iOS delete it
 // and Traccar's forwarder drop it, the loss dead-lettering is there to
 // prevent, at every Redis blip. Shadow mode counts and places it so too,
-// as it does every decision enforce makes, and forwards it.
-func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool) {
+// as it does every decision enforce makes, and forwards it. A failure is
+// logged with failedLine, which says what the senders got.
+func (h *Handler) deadLetter(r *http.Request, elements []element, failedLine string) (written bool) {
 	var letters []deadLetter
 	var letterOf []*element
 	for i := range elements {
@@ -103,7 +104,7 @@ func (h *Handler) deadLetter(r *http.Request, elements []element) (written bool)
 		letterOf[i].decision = decisionDeadLettered
 	}
 	if failed != nil && !errors.Is(failed, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.letterErrors.log(h.settings.letterFailedLine(), failed)
+		h.letterErrors.log(failedLine, failed)
 	}
 	return failed == nil
 }
@@ -118,6 +119,14 @@ func (s *settings) letterFailedLine() string {
 	return "dead-lettering invalid pings failed; they are answered 503, and a batch holding one is sent back whole, " +
 		"for their senders to send them again until the stream can be written"
 }
+
+// sentBackLetterFailedLine is the store-error line of the dead letters
+// shadow mode writes for a batch that enforce sends back whole, which
+// enforce writes only when the batch comes back: their pings are counted
+// sent_back as enforce counts them, not unavailable.
+const sentBackLetterFailedLine = "dead-lettering the invalid pings of a batch failed; shadow mode forwarded the batch all the same, " +
+	"so the upstream has them but the stream does not, and recorded them sent_back, as enforce would: " +
+	"it sends such a batch back whole and writes their letters when it comes back"
 
 // recordOutcome records one ping's outcome, the same whether it came alone
 // or in a batch: the decision is counted with its reason, the stuck-asset

@@ -240,3 +240,45 @@ func TestTheStoreErrorLineSaysWhatTheSendersGot(t *testing.T) {
 		}
 	}
 }
+
+// In shadow mode a batch that enforce would send back whole (a ping of it
+// still in flight) is forwarded, and its invalid pings' letters are
+// written at once, counted sent_back as enforce counts them. When those
+// letters failed, the line said shadow mode had "recorded unavailable" and
+// that enforce "would have answered them 503", neither of which happened:
+// they were recorded sent_back, and enforce sends such a batch back without
+// trying its letters. The line says what was recorded, and that the
+// upstream has the pings the stream does not.
+func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
+	redisURL, takeXADD := urlWithoutXADD(t)
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"shadow-sentback-line:","mode":"shadow","on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
+		redisURL))
+	takeXADD() // after the load, which would report it
+	held := fmt.Sprintf(`{"asset_id":"veh-held-line","occurred_at":%q,"lat":52.5,"lon":13.4}`, time.Now().UTC().Add(-time.Hour).Format(time.RFC3339))
+	naive := `{"asset_id":"veh-naive-line","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	tt.claimInFlight(t, held)
+	core, logs := observer.New(zap.WarnLevel)
+	tt.h.letterErrors.logger = zap.New(core)
+
+	before := decisionCountsNow()
+	res := tt.post(held+"\n"+naive+"\n", "application/x-ndjson", nil)
+	counts := decisionCountsNow().since(before).String()
+	if want := `{"in_flight/redelivery":1,"in_flight/sent_back":1}`; counts != want || len(tt.upstream) != 1 {
+		t.Fatalf("shadow answered %d, forwarded %d requests, counted %s; want it forwarded, counted %s", res.status, len(tt.upstream), counts, want)
+	}
+	lines := logs.FilterMessageSnippet("dead-lettering").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d dead-letter lines (%v); want 1", len(lines), logs.All())
+	}
+	said := lines[0].Message
+	for _, want := range []string{"shadow mode forwarded", "the upstream has them", "recorded them sent_back"} {
+		if !strings.Contains(said, want) {
+			t.Errorf("the line %q; want it to say %q", said, want)
+		}
+	}
+	for _, wrong := range []string{"recorded unavailable", "503"} {
+		if strings.Contains(said, wrong) {
+			t.Errorf("the line %q says %q; the pings were recorded sent_back, and enforce tries no letter of a batch it sends back", said, wrong)
+		}
+	}
+}
