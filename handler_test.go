@@ -651,6 +651,10 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 		{"an optional field", `{"key_prefix":"twice:","preset":"osmand"}`,
 			fmt.Sprintf("id=veh-tw&timestamp=%d&lat=52.5&lon=13.4&speed=12&speed=0", ts), "speed",
 			`speed: given 2 times with different values ("12", "0"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+		{"id and deviceid", `{"key_prefix":"twice:","preset":"osmand"}`,
+			fmt.Sprintf("id=veh-a&deviceid=veh-b&timestamp=%d&lat=52.5&lon=13.4", ts), "id",
+			`id: given as both id ("veh-a") and deviceid ("veh-b"), two names of the asset id, and parsers disagree on which counts ` +
+				`(Traccar's the one given last, here id): send one`},
 		{"a custom form route", `{"key_prefix":"twice:","encoding":"form","asset":["device"],"time":["t"],"time_format":"unix"}`,
 			fmt.Sprintf("device=a&device=b&t=%d&lat=52.5&lon=13.4", ts), "device",
 			`device: given 2 times with different values ("a", "b"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
@@ -665,6 +669,16 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 			}
 		})
 	}
+	t.Run("an asset option's paths are tried in order", func(t *testing.T) {
+		tt := tableHandler(t, `{"key_prefix":"twice:paths:","preset":"osmand","asset":["id","deviceid"]}`)
+		fix := fmt.Sprintf("&timestamp=%d&lat=52.5&lon=13.4", ts)
+		for _, tc := range []struct{ query, want string }{{"id=veh-a&deviceid=veh-b" + fix, "accepted"}, {"id=veh-a" + fix, "suppressed"}} {
+			if res := tt.post(tc.query, "application/x-www-form-urlencoded", nil); res.header.Get("X-Dedup") != tc.want {
+				t.Fatalf("%s: %d %s, X-Dedup %q; want %s, keyed as veh-a, the first path the operator named", tc.query, res.status, res.body,
+					res.header.Get("X-Dedup"), tc.want)
+			}
+		}
+	})
 	t.Run("the same value twice", func(t *testing.T) {
 		tt := tableHandler(t, `{"key_prefix":"twice:same:","preset":"osmand"}`)
 		query := fmt.Sprintf("id=veh-same&timestamp=%d&lat=52.5&lat=52.5&lon=13.4&speed=12&speed=12", ts)

@@ -286,6 +286,9 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 		}
 		p.AssetPaths = h.Asset
 	}
+	if len(h.Asset) > 0 {
+		p.AssetAliases = false // the operator's paths are tried in order
+	}
 	if len(h.Time) > 0 {
 		p.TimePaths = h.Time
 	}

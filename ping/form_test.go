@@ -36,6 +36,40 @@ func TestFormFieldsBecomeOneObject(t *testing.T) {
 	}
 }
 
+// OsmAnd's id and deviceid are two names of the asset id, and Traccar's
+// decoder applies each in turn, so the one given last counts there: given
+// together with different values, the ping is refused naming both, as a
+// field given twice is. It was keyed by id, so id=a&deviceid=b was judged
+// as device a's ping and stored by Traccar as device b's.
+func TestIDAndDeviceIDNameOneAssetID(t *testing.T) {
+	const fix = "&timestamp=1786190400&lat=52.5&lon=13.4"
+	for _, tt := range []struct{ query, asset, conflict string }{
+		{"id=veh" + fix, "veh", ""},
+		{"deviceid=veh" + fix, "veh", ""},
+		{"id=veh&deviceid=veh" + fix, "veh", ""},
+		{"id=4711&deviceid=4711" + fix, "4711", ""},
+		{"id=a&deviceid=b" + fix, "", `given as both id ("a") and deviceid ("b")`},
+		{"deviceid=b" + fix + "&id=a", "", `given as both id ("a") and deviceid ("b")`},
+		{"id=4711&deviceid=04711" + fix, "", `given as both id ("4711") and deviceid ("04711")`},
+	} {
+		batch, err := osmAnd().SplitForm(tt.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := mustPreset("osmand").Form.Parse(batch.Elements[0], sendersNow)
+		if tt.conflict == "" {
+			if err != nil || got.Asset != tt.asset {
+				t.Errorf("%s: got %q, %v; want the asset %q", tt.query, got.Asset, err, tt.asset)
+			}
+			continue
+		}
+		var ie *InvalidPingError
+		if !errors.As(err, &ie) || ie.Field != "id" || ie.Rule != RuleType || !strings.Contains(ie.Detail, tt.conflict) {
+			t.Errorf("%s: got %q, %v; want a type error on id saying it was %s", tt.query, got.Asset, err, tt.conflict)
+		}
+	}
+}
+
 // What parsers would read differently, or not at all, is refused with a
 // reason: a ';' (a separator to Traccar, not to Go), a broken escape,
 // invalid UTF-8, nothing at all.

@@ -124,6 +124,12 @@ type Parser struct {
 	// values: one the parser reads is a type error that says so, and that
 	// parsers disagree on which counts.
 	FromForm bool
+	// AssetAliases says the AssetPaths name one field, as OsmAnd's id and
+	// deviceid do, rather than places tried in order: Traccar's decoder
+	// applies each in turn, so the one given last counts there, where the
+	// first path counts here. A ping that gives them different values is
+	// refused, as a field given twice with different values is.
+	AssetAliases bool
 
 	// AccuracyPath, SpeedPath and SpeedUnit say where the fix's accuracy
 	// (metres) and the reported speed are, if the format has them.
@@ -251,6 +257,28 @@ func givenSeveralTimes(root gjson.Result, checks []keyCheck, plan *parsePlan) er
 	return nil
 }
 
+// aliasesAgree refuses a ping that gives the names of its asset id
+// (AssetAliases) different values: id=a&deviceid=b was keyed as a and
+// stored by Traccar as b, so one device's pings were judged against
+// another's.
+func (p *Parser) aliasesAgree(root gjson.Result, checks []keyCheck, plan *parsePlan) error {
+	given := -1
+	var v0 gjson.Result
+	for i, path := range p.AssetPaths {
+		v := value(root, checks, plan.assets[i], path)
+		switch {
+		case !v.Exists():
+		case given < 0:
+			given, v0 = i, v
+		case v.Raw != v0.Raw:
+			return invalid(p.AssetPaths[given], RuleType, "given as both %s (%s) and %s (%s), two names of the asset id, "+
+				"and parsers disagree on which counts (Traccar's the one given last, here %s): send one",
+				p.AssetPaths[given], strconv.Quote(v0.String()), path, strconv.Quote(v.String()), p.AssetPaths[given])
+		}
+	}
+	return nil
+}
+
 // The scan's steps live on the stack, in a buffer that fits the plan: the
 // presets with events and states need more steps than the plain formats.
 // The large buffer has a frame of its own, entered only by the plans that
@@ -289,6 +317,11 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 	}
 	var ping Ping
 	if len(p.AssetPaths) > 0 {
+		if p.AssetAliases {
+			if err := p.aliasesAgree(root, checks, plan); err != nil {
+				return Ping{}, err
+			}
+		}
 		v, at := first(root, checks, plan.assets, p.AssetPaths)
 		if ping.Asset, err = p.asset(v, p.AssetPaths[at]); err != nil {
 			return Ping{}, err

@@ -116,6 +116,7 @@ func overland() Parser {
 func osmAnd() Parser {
 	p := NewParser()
 	p.AssetPaths, p.TimePaths = []string{"id", "deviceid"}, []string{"timestamp"}
+	p.AssetAliases = true
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "accuracy", "speed", Knots
 	p.Events = []Match{{Path: "alarm"}}
 	p.States = []string{"ignition", "driverUniqueId"}
