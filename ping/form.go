@@ -3,6 +3,8 @@ package ping
 import (
 	"encoding/json"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -14,8 +16,9 @@ import (
 // JSON object: its element is the fields as a JSON object, in their order,
 // each value a JSON number when it is written as one, true or false, or
 // else a string, so that the one parser reads every framing. A field given
-// several times is its value if they are all the same, else the list of its
-// values. A request without fields is told the ones p reads.
+// several times is its value if they are all the same (for one p reads as
+// a number, the same number however written), else the list of its values.
+// A request without fields is told the ones p reads.
 func (p Parser) SplitForm(query string, body []byte) (Batch, error) {
 	fields := query
 	if fields == "" {
@@ -25,11 +28,20 @@ func (p Parser) SplitForm(query string, body []byte) (Batch, error) {
 		return Batch{}, &MalformedError{Reason: "the request has neither a query string nor a form body; " +
 			"send the fields as ?" + p.formFields() + " (use a matcher to limit which requests telemetry_dedup examines)"}
 	}
-	object, err := formObject(fields)
+	object, err := formObject(fields, p.numberFields())
 	if err != nil {
 		return Batch{}, err
 	}
 	return Batch{Framing: Form, Elements: [][]byte{object}, sent: []byte(fields)}, nil
+}
+
+// numberFields are the fields p reads as numbers, where a value given
+// again as another spelling of the same number (52.5 and 52.50, 12 and
+// 12.0) is the same value to every parser, Traccar's Double.parseDouble
+// and Go's strconv.ParseFloat alike. An id or a time is no such field:
+// 4711 and 4711.0 are two devices to Traccar.
+func (p Parser) numberFields() []string {
+	return []string{p.LatPath, p.LonPath, p.AccuracyPath, p.SpeedPath}
 }
 
 // formFields is a query string of the fields p reads, the first of each
@@ -63,8 +75,9 @@ func (p Parser) FormLine(line string) ([]byte, error) {
 	return batch.Elements[0], nil
 }
 
-// formObject writes form fields, at least one, as a JSON object.
-func formObject(fields string) ([]byte, error) {
+// formObject writes form fields, at least one, as a JSON object; numbers
+// are the fields read as numbers.
+func formObject(fields string, numbers []string) ([]byte, error) {
 	if strings.Contains(fields, ";") {
 		// Netty, and so Traccar, splits fields on ';' as on '&'; Go and
 		// most others do not: the two would read different fields.
@@ -101,7 +114,7 @@ func formObject(fields string) ([]byte, error) {
 		}
 		out = append(appendJSONString(out, key), ':')
 		vs := values[key]
-		if allSame(vs) {
+		if allSame(vs) || slices.Contains(numbers, key) && sameNumber(vs) {
 			// Every parser reads a field repeated with one value as that
 			// value, Traccar's last and Go's first alike.
 			out = appendFormValue(out, vs[0])
@@ -124,6 +137,21 @@ func formObject(fields string) ([]byte, error) {
 func allSame(values []string) bool {
 	for _, v := range values[1:] {
 		if v != values[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// sameNumber reports values that are all JSON numbers, and the same
+// number however written.
+func sameNumber(values []string) bool {
+	first, err := strconv.ParseFloat(values[0], 64)
+	if err != nil || !isJSONNumber(values[0]) {
+		return false
+	}
+	for _, v := range values[1:] {
+		if f, err := strconv.ParseFloat(v, 64); err != nil || f != first || !isJSONNumber(v) {
 			return false
 		}
 	}

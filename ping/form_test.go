@@ -21,6 +21,8 @@ func TestFormFieldsBecomeOneObject(t *testing.T) {
 		{"", "id=2&lat=2&&empty=&flag", `{"id":2,"lat":2,"empty":"","flag":""}`},
 		{"cell=257,02&wifi=a,-80&cell=257,03", "", `{"cell":["257,02","257,03"],"wifi":"a,-80"}`},
 		{"speed=1&id=1&speed=1", "", `{"speed":1,"id":1}`},
+		{"lat=52.5&id=1&lat=52.50&id=1.0&speed=12&speed=1.2e1&accuracy=5&accuracy=05", "",
+			`{"lat":52.5,"id":[1,1.0],"speed":12,"accuracy":[5,"05"]}`},
 		{"q=%22%5C%0A%3C", "", `{"q":"\"\\\n\u003c"}`},
 	} {
 		batch, err := osmAnd().SplitForm(tt.query, []byte(tt.body))
@@ -89,7 +91,9 @@ func TestFormFieldsThatParsersDisagreeOnAreRefused(t *testing.T) {
 
 // A field the parser reads, given several times, follows one rule whether
 // the ping needs it or not: the same value throughout is that value, as
-// every parser reads it; different values are a type error naming the
+// every parser reads it (for a field read as a number, the same number
+// however written; an id or a time is compared as written, as Traccar
+// does); different values are a type error naming the
 // field, since Traccar's decoder takes the last and Go's the first. Before,
 // a required field was refused even when its values agreed, and an
 // optional one read as not reported: a speed, an alarm or a valid flag
@@ -113,6 +117,12 @@ func TestAFormFieldGivenSeveralTimesFollowsOneRule(t *testing.T) {
 			func(p Ping) bool { return p.State == "ignition=true" }, ""},
 		{"valid, agreeing", fix + "&valid=1&valid=1",
 			func(p Ping) bool { return p.Asset == "veh" }, ""},
+		{"required, the same number written twice", "id=veh&timestamp=1786190400&lat=52.5&lat=52.50&lon=13.4",
+			func(p Ping) bool { return p.Lat == 52.5 }, ""},
+		{"speed, the same number written twice", fix + "&speed=10&speed=10.0",
+			func(p Ping) bool { return p.HasSpeed && p.Speed > 5.14 && p.Speed < 5.15 }, ""},
+		{"asset, the same number written twice", "id=4711&id=4711.0&timestamp=1786190400&lat=52.5&lon=13.4", nil, "id"},
+		{"time, the same number written twice", "id=veh&timestamp=1786190400&timestamp=1786190400.0&lat=52.5&lon=13.4", nil, "timestamp"},
 		{"required, differing", "id=veh&timestamp=1786190400&lat=52.5&lat=91&lon=13.4", nil, "lat"},
 		{"asset, differing", "id=a&id=b&timestamp=1786190400&lat=52.5&lon=13.4", nil, "id"},
 		{"speed, differing", fix + "&speed=10&speed=0", nil, "speed"},
