@@ -669,6 +669,15 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a request without a fix goes on as it came", func(t *testing.T) {
+		tt := tableHandler(t, `{"key_prefix":"twice:nofix:","preset":"osmand"}`)
+		query := "id=veh-cell&timestamp=1786190400&cell=257,02,1,2&speed=0&speed=0.5&cell=257,02,1,3"
+		if res := tt.post(query, "application/x-www-form-urlencoded", nil); res.header.Get("X-Dedup") != "skipped" || len(tt.upstream) != 1 ||
+			string(tt.upstream[0]) != query {
+			t.Fatalf("%s: %d %s, X-Dedup %q, %d forwarded; want it skipped and forwarded as it came", query, res.status, res.body,
+				res.header.Get("X-Dedup"), len(tt.upstream))
+		}
+	})
 	t.Run("an asset option's paths are tried in order", func(t *testing.T) {
 		tt := tableHandler(t, `{"key_prefix":"twice:paths:","preset":"osmand","asset":["id","deviceid"]}`)
 		fix := fmt.Sprintf("&timestamp=%d&lat=52.5&lon=13.4", ts)

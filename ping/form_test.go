@@ -38,6 +38,38 @@ func TestFormFieldsBecomeOneObject(t *testing.T) {
 	}
 }
 
+// A form request that carries no fix to key (no lat: a cell or Wi-Fi
+// report; no timestamp: Traccar takes its own clock) goes on as it came,
+// whatever it repeats: nothing of it is judged, so no parser's reading of
+// a repeated field can differ from the judgement. It was refused, and
+// Traccar Client resends a refusal forever. A valid flag given two values
+// still is: it decides the skip itself.
+func TestARequestWithoutAFixGoesOnWhateverItRepeats(t *testing.T) {
+	for _, tt := range []struct {
+		query    string
+		conflict string // the field refused, if any
+	}{
+		{"id=a&id=b&timestamp=1786190400&cell=257,02,1,2&cell=257,02,1,3", ""},
+		{"id=veh&lat=52.5&lon=13.4&speed=1&speed=2", ""},
+		{"id=veh&lat=52.5&lat=52.6&lon=13.4", ""},
+		{"id=veh&timestamp=1786190400&lat=52.5&lon=13.4&valid=false&alarm=sos&alarm=low", ""},
+		{"id=veh&timestamp=1786190400&lat=52.5&lon=13.4&valid=true&valid=false", "valid"},
+	} {
+		batch, err := osmAnd().SplitForm(tt.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = mustPreset("osmand").Form.Parse(batch.Elements[0], sendersNow)
+		var ie *InvalidPingError
+		switch {
+		case tt.conflict == "" && !errors.Is(err, ErrNotAPing):
+			t.Errorf("%s: got %v; want it passed on as not a ping", tt.query, err)
+		case tt.conflict != "" && (!errors.As(err, &ie) || ie.Field != tt.conflict):
+			t.Errorf("%s: got %v; want a type error on %s", tt.query, err, tt.conflict)
+		}
+	}
+}
+
 // OsmAnd's id and deviceid are two names of the asset id, and Traccar's
 // decoder applies each in turn, so the one given last counts there: given
 // together with different values, the ping is refused naming both, as a

@@ -240,8 +240,8 @@ func (p Parser) Extract(body []byte) (Ping, error) {
 // would be judged as one thing and stored as another. Read as not
 // reported instead, a speed or an alarm would be lost, and a valid flag
 // would make the fix go unkeyed.
-func givenSeveralTimes(root gjson.Result, checks []keyCheck, plan *parsePlan) error {
-	for _, r := range plan.read {
+func givenSeveralTimes(root gjson.Result, checks []keyCheck, read []pathLeaf) error {
+	for _, r := range read {
 		v := value(root, checks, r.leaf, r.path)
 		if !v.IsArray() {
 			continue
@@ -304,8 +304,10 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 		return Ping{}, err
 	}
 	root := gjson.Parse(json)
+	// A list cannot decide a skip; a body skipped is not read any further,
+	// and goes on as it came, whatever else it repeats.
 	if p.FromForm {
-		if err := givenSeveralTimes(root, checks, plan); err != nil {
+		if err := givenSeveralTimes(root, checks, plan.read[:plan.deciding]); err != nil {
 			return Ping{}, err
 		}
 	}
@@ -314,6 +316,11 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 	}
 	if p.skipped(root, checks, plan) {
 		return Ping{}, ErrNotAPing
+	}
+	if p.FromForm {
+		if err := givenSeveralTimes(root, checks, plan.read[plan.deciding:]); err != nil {
+			return Ping{}, err
+		}
 	}
 	var ping Ping
 	if len(p.AssetPaths) > 0 {

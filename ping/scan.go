@@ -142,8 +142,12 @@ type parsePlan struct {
 	// gjson looks it up.
 	assets, times  []int
 	lat, lon, kind int
-	fields         []int      // the leaves of Parser.fieldPaths, in its order
-	read           []pathLeaf // every path the parser reads, with its leaf
+	fields         []int // the leaves of Parser.fieldPaths, in its order
+	// read is every path the parser reads, with its leaf: first the
+	// deciding ones, which decide whether the body is a ping at all (the
+	// kind, and the skips that compare a value), then the rest.
+	read     []pathLeaf
+	deciding int
 }
 
 // pathLeaf is a configured path and the index in checks of its last step.
@@ -167,12 +171,32 @@ func (p *Parser) makePlan() *parsePlan {
 	for _, path := range p.fieldPaths() {
 		plan.fields = append(plan.fields, leafOf(checks, path))
 	}
+	for _, path := range p.decidingPaths() {
+		plan.read = append(plan.read, pathLeaf{path, leafOf(checks, path)})
+	}
+	plan.deciding = len(plan.read)
 	for _, path := range p.paths() {
 		if path != "" {
 			plan.read = append(plan.read, pathLeaf{path, leafOf(checks, path)})
 		}
 	}
 	return plan
+}
+
+// decidingPaths are the paths whose values decide whether a body is a ping:
+// the kind, and the skips that compare a value (a field's mere presence
+// decides as well when it holds a list).
+func (p *Parser) decidingPaths() []string {
+	var paths []string
+	if p.KindPath != "" {
+		paths = append(paths, p.KindPath)
+	}
+	for _, m := range p.Skip {
+		if !m.Absent {
+			paths = append(paths, m.Path)
+		}
+	}
+	return paths
 }
 
 func (p *Parser) paths() []string {
