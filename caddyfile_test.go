@@ -223,6 +223,10 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"stuck_ratio 0", "telemetry_dedup {\n\tstuck_ratio 0\n}", []string{":2", "more than 0", "0.95"}},
 		{"stuck_after within the window", "telemetry_dedup {\n\twindow 5m\n\tstuck_after 1m\n}", []string{":3", "not longer than the window", "15m"}},
 		{"unknown preset", "telemetry_dedup {\n\tpreset teltonika\n}", []string{":2", "owntracks"}},
+		// The floor is new: an operator upgrading with a lower max_body is
+		// told the line, and the fix as the Caddyfile writes it.
+		{"max_body below OwnTracks' largest messages", "telemetry_dedup {\n\tpreset owntracks\n\tmax_body 64KiB\n}",
+			[]string{":3", "65536 bytes is below", "set max_body 256KiB or more (262144 in JSON)"}},
 		{"unknown crs", "telemetry_dedup {\n\tcrs EPSG:27700\n}", []string{":2", "EPSG:3857"}},
 		{"mode", "telemetry_dedup {\n\tmode dry-run\n}", []string{":2", "enforce", "shadow"}},
 		{"on_invalid", "telemetry_dedup {\n\ton_invalid drop\n}", []string{":2", "reject", "dead_letter"}},

@@ -114,8 +114,8 @@ func checkMaxBody(preset string, maxBody int64) error {
 		"%d bytes is below the %d (%s) that OwnTracks' largest messages need: an iOS card's photo, a location with a photo, "+
 			"Android's list of regions. They pass through untouched but are read first, and OwnTracks Android resends a "+
 			"refused message forever at the head of its queue, so one 413 would stop every later location of the phone; "+
-			"use at least %s, or leave max_body at its default",
-		maxBody, ownTracksMinBody, humanize.IBytes(ownTracksMinBody), humanize.IBytes(ownTracksMinBody))}
+			"set max_body %dKiB or more (%d in JSON), or leave it out for the default %dMiB",
+		maxBody, ownTracksMinBody, humanize.IBytes(ownTracksMinBody), ownTracksMinBody>>10, ownTracksMinBody, defaultMaxBody>>20)}
 }
 
 // retryLater is the in-flight answer every client of the presets retries.

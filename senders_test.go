@@ -228,6 +228,10 @@ func TestOwnTracksNeedsAMaxBodyItsLargestMessagesFit(t *testing.T) {
 			t.Errorf("%s: got %v, want %q", tt.config, err, tt.want)
 		}
 	}
+	// The fix the error names, as the Caddyfile writes it, loads.
+	if _, err := parse(t, "telemetry_dedup {\n\tpreset owntracks\n\tmax_body 256KiB\n}"); err != nil {
+		t.Errorf("max_body 256KiB under preset owntracks: %v", err)
+	}
 
 	tester := tableHandler(t, `{"key_prefix":"owntracks-card:","preset":"owntracks","max_body":262144}`)
 	// The largest PNG of 192×192 RGBA: every pixel stored, a filter byte a
