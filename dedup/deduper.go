@@ -37,6 +37,11 @@ type Claim struct {
 	// cache remembers.
 	holder record
 	held   bool
+	// undoable is, after a track shape suppressed the claim, whether its
+	// seen entry is flagUndoable: its redeliveries must reach the store,
+	// which may fold the ping into the track again, and a near cache must
+	// not answer them.
+	undoable bool
 }
 
 // Key is the key the decision was made on: the observation key in

@@ -122,6 +122,7 @@ func (m *MemoryStore) decideTrack(c *Claim, now int64) Verdict {
 		put(m, m.tracks, kindTrack, stateKey, *next, c.Policy.TTL, now)
 	}
 	if record != nil {
+		c.undoable = record.flag == flagUndoable
 		put(m, m.seen, kindSeen, seenKey, *record, c.Policy.TTL, now)
 	}
 	return v
@@ -196,7 +197,7 @@ func (m *MemoryStore) releaseTumbling(c *Claim, now int64) bool {
 func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 	released := false
 	seenKey := m.keys.seen(c)
-	if v, ok := live(m.seen, seenKey, now); ok && v.flag != flagSuppressed && v.token == c.Token {
+	if v, ok := live(m.seen, seenKey, now); ok && (v.flag == flagPending || v.flag == flagSettled) && v.token == c.Token {
 		delete(m.seen, seenKey)
 		released = true
 	}

@@ -87,10 +87,12 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 			// A settled holder (tumbling), or the settled ping a track
 			// shape's redelivery found: cached as long as its key lives.
 			n.remember(c, c.holder)
-		case c.Policy.Shape != Tumbling && v.Reason != Redelivery:
-			// A fresh suppression is final. A redelivery that found no
-			// settled ping may have met a pending one merely past the
-			// in-flight timeout, or a suppressed one of unknown age.
+		case c.Policy.Shape != Tumbling && v.Reason != Redelivery && !c.undoable:
+			// A fresh suppression is final, unless a release of its own
+			// request may take it out of the track: the store then folds
+			// it in again when the retry redelivers it. A redelivery that
+			// found no settled ping may have met a pending one merely past
+			// the in-flight timeout, or a suppressed one of unknown age.
 			n.remember(c, newRecord(c))
 		}
 	}

@@ -138,13 +138,13 @@ func TestNearCacheAnswersFinalRedeliveriesOfTheTrackShapes(t *testing.T) {
 			n := newNearCached(t)
 			ctx := context.Background()
 			pol := testPolicy(shape)
-			first := claimOf(pol, parked, 1, articleBase)
+			first := claimOf(pol, parked, 1<<16, articleBase)
 			decide(t, n, first)
 			if err := settleOne(ctx, n, first); err != nil {
 				t.Fatal(err)
 			}
 			jitter := at(20*time.Second, 52.5200410, 13.4049920)
-			if v := decide(t, n, claimOf(pol, jitter, 2, articleBase)); v.Decision != Suppressed {
+			if v := decide(t, n, claimOf(pol, jitter, 2<<16, articleBase)); v.Decision != Suppressed { // another request
 				t.Fatalf("jitter: %+v", v)
 			}
 			before, hits := n.roundTrips(), n.hits

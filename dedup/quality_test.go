@@ -224,3 +224,65 @@ func TestTumblingParkedCostIsWhatSizingSays(t *testing.T) {
 		})
 	}
 }
+
+// failingDecider makes each batch fail once, as an upstream answering 503
+// does: the claims it accepted are released, and the sender retries it.
+type failingDecider struct{ *deduperDecider }
+
+func (f failingDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([]bool, error) {
+	if len(del.Pings) > 1 {
+		d := f.d
+		d.Now = func() time.Time { return del.Arrival }
+		obs := make([]Observation, len(del.Pings))
+		for i, p := range del.Pings {
+			obs[i] = d.Keyer.Observe(ping.Ping{Asset: p.Asset, Time: p.Time, Lat: p.Lat, Lon: p.Lon,
+				Accuracy: p.Accuracy, Speed: p.Speed, HasSpeed: p.HasSpeed})
+		}
+		claims, verdicts, err := d.ClaimAll(ctx, obs)
+		if err != nil {
+			return nil, err
+		}
+		var failed []*Claim
+		for i, v := range verdicts {
+			if v.Decision == Accepted {
+				failed = append(failed, claims[i])
+			}
+		}
+		if _, err := d.Release(ctx, failed...); err != nil {
+			return nil, err
+		}
+	}
+	return f.deduperDecider.Deliver(ctx, del)
+}
+
+// Overland uploads a phone's offline hours (a fix a second, speed and
+// accuracy reported) in batches of 100, and the backend answers each
+// batch 503 once. Every retry must be judged as its first attempt was,
+// and the fleet scored as if no batch had failed. The retries suppressed
+// about 500 moving fixes the first attempts had accepted (and the backend
+// never got), leaving 190 moving fixes suppressed beyond 40 m, up to 60 m,
+// from the backend's last fix of the asset: a retry finds the batch's
+// suppressed fixes as redeliveries, and they folded nothing into its stays
+// (see refold).
+func TestAFleetWhoseBatchesEachFailOnceIsScoredAsIfNoneFailed(t *testing.T) {
+	cfg := fleetsim.Config{Assets: 20, Cadence: time.Second, SigmaM: 5, Duration: 2 * time.Hour, ReportSpeed: true, ReportAccuracy: true,
+		OfflineShare: 1, OfflineMin: 20 * time.Minute, MaxBatch: 100}
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			pol := *testPolicy(shape)
+			pol.TTL = 3 * time.Hour
+			want, err := fleetsim.Run(context.Background(), cfg, newDeduperDecider(NewMemoryStore(0), pol))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := fleetsim.Run(context.Background(), cfg, failingDecider{newDeduperDecider(NewMemoryStore(0), pol)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d pings in %d batches: %d accepted, %d lost moves", got.Pings, got.Batches, got.Accepted, got.LostMoves)
+			if got != want {
+				t.Errorf("every batch failing once: %+v\nnone failing: %+v", got, want)
+			}
+		})
+	}
+}

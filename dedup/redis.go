@@ -201,16 +201,21 @@ func trackDecideCmd(c *Claim) pipeline.Cmd {
 
 // trackVerdict reads the decision script's answer: the verdict and, for a
 // redelivery of a settled ping, that ping's claim time (8 bytes), which
-// makes the seen entry c's holder.
+// makes the seen entry c's holder, or for a suppression flagged
+// flagUndoable that flag.
 func trackVerdict(c *Claim, cmd *redis.Cmd) (Verdict, error) {
 	res, err := cmd.StringSlice()
 	if err != nil {
 		return Verdict{}, err
 	}
-	if len(res) < 2 || len(res) > 3 || (len(res) == 3 && len(res[2]) != 8) {
+	if len(res) < 2 || len(res) > 3 || (len(res) == 3 && len(res[2]) != 8 && res[2] != string(flagUndoable)) {
 		return Verdict{}, fmt.Errorf("track script answered %q", res)
 	}
-	if len(res) == 3 {
+	switch {
+	case len(res) < 3:
+	case res[2] == string(flagUndoable):
+		c.undoable = true
+	default:
 		c.held, c.holder = true, record{claimedMs: int64(binary.BigEndian.Uint64([]byte(res[2]))), settled: true}
 	}
 	return Verdict{Decision: Decision(res[0]), Reason: Reason(res[1])}, nil

@@ -3,6 +3,7 @@ package dedup
 import (
 	"testing"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
@@ -254,4 +255,60 @@ func failAndRetry(t *testing.T, d *testDeduper, batch []ping.Ping) {
 	if err := d.Settle(t.Context(), accepted...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Overland in a car crossing a car park at 5 m/s, a fix a second, uploads
+// fifteen of them as one batch and the backend answers 503. The first
+// attempt admitted every third fix: a stay of three fixes forms at each
+// accepted one, and the next fix, reporting travel, leaves it. The retry
+// found the batch's suppressed fixes as redeliveries, which judged
+// nothing, so its stays held one fix where they had held three: a fix
+// reporting travel 15 m on was jitter of such a stay, and the retry
+// suppressed fixes the first attempt had accepted (and the backend never
+// got). The backend last heard of the asset 40 m behind it, beyond the
+// lag bound. A redelivery of a fix its request suppressed after
+// accepting one is judged again when the release took it out of the
+// track, and the retry is judged as the batch was.
+// With store redis a near cache answers, in process, the redeliveries of
+// suppressed pings: not those of such a batch, which must reach Redis.
+func TestARetriedBatchOfADriveIsJudgedAsItWas(t *testing.T) {
+	retriedDrive := func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		var drive []ping.Ping
+		for i := 1; i <= 15; i++ {
+			drive = append(drive, withSpeed(offset(60+float64(i), 5*float64(i), 0), 5))
+		}
+		failAndRetry(t, d, drive)
+	}
+	eachTrackShape(t, retriedDrive)
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape)+"/redis with a near cache", func(t *testing.T) {
+			retriedDrive(t, newTestDeduper(NewNearCache(newRedisStore(t, redistest.Start(t)), 1000, nil), shape))
+		})
+	}
+}
+
+// A parked phone's Overland batch holds its arrival at a new place and
+// four minutes parked there; the backend answers 503 and the batch is
+// retried. The next upload begins with the phone setting off at 3 m/s:
+// reported by its speed 12 m from where it stood, a departure from a stay
+// of three fixes or more is admitted at once, however close. The retry's
+// stay held only the fixes the retry accepted, the arrival's one, and the
+// departure was suppressed as jitter of it twice, the backend hearing of
+// it 42 m on.
+func TestADepartureByItsSpeedAfterARetriedBatchIsAdmittedAtOnce(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		var batch []ping.Ping
+		for i := 1; i <= 12; i++ { // the drive, 50 m a fix
+			batch = append(batch, withSpeed(offset(60+5*float64(i), 50*float64(i), 0), 10))
+		}
+		for i := 1; i <= 48; i++ { // parked 600 m on, 5 s a fix, jitter of a few metres
+			batch = append(batch, withSpeed(offset(120+5*float64(i), 600+float64(i%7)-3, float64(i%5)-2), 0))
+		}
+		failAndRetry(t, d, batch)
+		if v := d.settled(t, withSpeed(offset(365, 612, 0), 3)); v.Decision != Accepted {
+			t.Fatalf("setting off at 3 m/s, 12 m from the stay of 48 fixes: %+v, want accepted at once", v)
+		}
+	})
 }

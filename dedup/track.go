@@ -278,9 +278,15 @@ const (
 	undoDelete
 )
 
+// flagUndoable marks, in the seen set, a ping suppressed after an
+// acceptance of its own request: a release of that request puts back the
+// track from before it, without what the ping added (see refold). Any
+// other suppressed ping is flagSuppressed.
+const flagUndoable byte = 'u'
+
 // seenValue is what the seen set holds for one ping.
 type seenValue struct {
-	flag      byte // flagPending, flagSettled or flagSuppressed
+	flag      byte // flagPending, flagSettled, flagSuppressed or flagUndoable
 	token     uint64
 	claimedMs int64
 }
@@ -307,26 +313,64 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 		if inFlight(seen.flag == flagPending, seen.claimedMs, c) {
 			return Verdict{Decision: InFlight, Reason: Redelivery}, nil, nil
 		}
+		if seen.flag == flagUndoable && st != nil {
+			return suppressed(Redelivery), st.refold(fixOf(c), c.Policy), nil
+		}
 		return suppressed(Redelivery), nil, nil
 	}
 	f := fixOf(c)
-	pending := &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
 	if st == nil {
-		return accepted, newTrackState(f), pending
+		return accepted, newTrackState(f), &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
 	}
+	v, next := st.next(f, c.Policy)
+	switch {
+	case v.Decision == Accepted:
+		return v, next, &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
+	case sameRequest(next.last.token, f.token):
+		return v, next, &seenValue{flag: flagUndoable}
+	default:
+		return v, next, &seenValue{flag: flagSuppressed}
+	}
+}
+
+// next judges f and returns the verdict and the state that follows.
+func (st *trackState) next(f fix, pol *Policy) (Verdict, *trackState) {
 	next := *st
 	next.seenMax = max(st.seenMax, f.t)
-	v := next.judge(st, f, c.Policy)
+	v := next.judge(st, f, pol)
 	switch {
 	case f.t > max(st.held, -st.held):
 		next.held = 0 // seenMax is past it
 	case st.held < 0 && v.Decision == Accepted && f.t >= st.last.t:
 		next.held = -st.held // the released ping's retry, or what replaced it
 	}
-	if v.Decision == Accepted {
-		return v, &next, pending
+	return v, &next
+}
+
+// refold judges again a redelivery of a ping suppressed after an
+// acceptance of its own request (flagUndoable), when the track no longer
+// holds it: a release put back the track from before the request, and
+// nothing seen since reached the ping's device time. It returns the state
+// to store, nil to leave it. A failed batch's retry finds its suppressed
+// pings as redeliveries; judged again in their place, among the retried
+// pings the batch accepted, they add to the stay what they added the
+// first time, and the retry is judged as the batch was. Without them a
+// stay begun in the batch held only the fixes the retry accepted: the
+// retried drive of a car at 5 m/s, a fix a second, lost three of the five
+// fixes its first attempt accepted, each judged jitter of a stay of one
+// fix, and a departure by speed from where the batch parked was
+// suppressed. The ping is not judged again while a released ping's
+// retry is awaited (held): a ping after it, found first, would hide the
+// idle gap or the move the retry must find. Only a suppression counts:
+// the ping was told it is a redelivery whatever the track says now.
+func (st *trackState) refold(f fix, pol *Policy) *trackState {
+	if f.t <= st.seenMax || st.held < 0 {
+		return nil
 	}
-	return v, &next, &seenValue{flag: flagSuppressed}
+	if v, next := st.next(f, pol); v.Decision == Suppressed {
+		return next
+	}
+	return nil
 }
 
 func newTrackState(f fix) *trackState {

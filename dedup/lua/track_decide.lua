@@ -19,9 +19,13 @@
 -- absent from tracks written before it was added); then, only when a
 -- release holds one, the latest device time it forgot (i8, trackState.held
 -- in Go: negative until the released ping's retry is accepted).
--- Seen value: 's' (suppressed), or 'p' (pending) / 'a' (settled) + token
--- (8 bytes) + claim time ms (i8) + the time it reached Redis, Redis's clock,
--- ms (i8; absent from values written before it was added).
+-- Seen value: 's' (suppressed), 'u' (suppressed after an acceptance of its
+-- own request, flagUndoable in Go: a redelivery may fold it in again), or
+-- 'p' (pending) / 'a' (settled) + token (8 bytes) + claim time ms (i8) +
+-- the time it reached Redis, Redis's clock, ms (i8; absent from values
+-- written before it was added).
+-- Answer: the decision and reason, and for a redelivery of a settled ping
+-- its claim time (8 bytes), for a suppression flagged 'u' the 'u'.
 
 -- device time µs, lat, lon, bucket, token, metres per degree of longitude
 -- and of latitude, accuracy m, moving, at rest, still, event, state print,
@@ -74,7 +78,10 @@ if seen then
 		-- answer for it
 		return { 'suppressed', 'redelivery', string.sub(seen, 10, 17) }
 	end
-	return { 'suppressed', 'redelivery' }
+	if seen ~= 'u' then
+		return { 'suppressed', 'redelivery' }
+	end
+	-- 'u': judged again below if the track lost it (refold in track.go)
 end
 
 local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, still, event, statep, radius = struct.unpack(FIX, ARGV[1])
@@ -94,11 +101,11 @@ local function encode(c)
 		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT, c.outlier2)
 end
 
-local function remember(decision)
+local function remember(decision, flag)
 	if decision == 'accepted' then
 		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()))
 	else
-		redis.call('HSET', KEYS[2], ARGV[2], 's')
+		redis.call('HSET', KEYS[2], ARGV[2], flag)
 	end
 	redis.call('PEXPIRE', KEYS[2], ttl)
 end
@@ -108,6 +115,9 @@ end
 -- closure of each as the script reaches it, on every call.
 local raw = redis.call('GET', KEYS[1])
 if not raw then
+	if seen then
+		return { 'suppressed', 'redelivery' }
+	end
 	local none = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
 	local c = { alat = lat, alon = lon, spread2 = 0, outlier2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
 		hasCand = false, outlier = false, lastAcc = acc, state = statep, past = { none, none, none } }
@@ -325,8 +335,6 @@ end
 -- Only the current track is decoded: the undo record is carried as it is,
 -- or replaced by the current track as it came in.
 local oldSeenMax = struct.unpack('>i8', raw)
-local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
-local cur = decode(curRaw, 1)
 local undoFlag = string.byte(raw, 9 + CORE_SIZE)
 local prevRaw, held = '', 0
 if undoFlag == 1 then
@@ -337,6 +345,14 @@ if undoFlag == 1 then
 elseif #raw >= 17 + CORE_SIZE then
 	held = struct.unpack('>i8', raw, 10 + CORE_SIZE)
 end
+-- A redelivery flagged 'u' is judged again only if the track lost it (a
+-- release put back the track from before its request, and nothing seen
+-- since reached its time) and no released ping's retry is awaited.
+if seen and (t <= oldSeenMax or held < 0) then
+	return { 'suppressed', 'redelivery' }
+end
+local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
+local cur = decode(curRaw, 1)
 -- the request of the last accepted ping: a claim token's first 6 bytes
 local lastRequest = string.sub(cur.last.token, 1, 6)
 
@@ -396,6 +412,9 @@ end
 
 local lastT = cur.last.t
 local decision, why = judge()
+if seen and decision ~= 'suppressed' then
+	return { 'suppressed', 'redelivery' } -- told so whatever the track says now
+end
 local undo = string.char(undoFlag)
 if undoFlag == 1 then
 	undo = undo .. prevRaw
@@ -409,5 +428,14 @@ if held ~= 0 then
 	undo = undo .. struct.pack('>i8', held)
 end
 redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. undo, 'PX', ttl)
-remember(decision)
+if seen then
+	return { 'suppressed', 'redelivery' } -- folded in again; its entry stays
+end
+if decision == 'suppressed' and string.sub(cur.last.token, 1, 6) == string.sub(token, 1, 6) then
+	-- suppressed after an acceptance of its own request: a redelivery may
+	-- fold it in again, and a near cache must not answer for it
+	remember(decision, 'u')
+	return { decision, why, 'u' }
+end
+remember(decision, 's')
 return { decision, why }
