@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -727,6 +728,46 @@ func TestABacklogOvertakenByALivePingIsJitterAtItsStay(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The same queue from a phone parked indoors: Traccar Client reports an
+// accuracy of 30 m and a speed of 0, and a queued fix lies 70 m from the
+// stay's last accepted one, inside the stay. Two fixes that uncertain may
+// lie as far apart as both uncertainties together (85 m here): sent
+// before the requested position, it is jitter. Sent after it, it was
+// judged with the requested position's accuracy (5 m, a satellite fix
+// under way) in place of the stay's fix's, a bound of 60 m: admitted, it
+// ended the stay at its time, and the next queued fix was admitted as the
+// asset's return. The late fix is judged against the stay's last
+// accepted fix, its place and its accuracy.
+func TestALateStillFixIsJudgedWithTheAccuracyOfTheStaysLastFix(t *testing.T) {
+	indoors := func(sec, dx float64) ping.Ping { return withSpeed(withAccuracy(offset(sec, dx, 0), 30), 0) }
+	queue := []ping.Ping{indoors(210, 5), indoors(240, 50), indoors(270, 6)}
+	requested := withAccuracy(withSpeed(offset(290, 150, 0), 10), 5)
+	for _, order := range []struct {
+		name  string
+		pings []ping.Ping
+	}{
+		{"the queue first", append(slices.Clone(queue), requested)},
+		{"the requested position first", append([]ping.Ping{requested}, queue...)},
+	} {
+		t.Run(order.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				d.settled(t, indoors(0, -20))
+				for s := 30; s <= 180; s += 30 {
+					if v := d.settled(t, indoors(float64(s), float64(s/30%5)+3)); v.Decision != Suppressed {
+						t.Fatalf("jitter at %d s: %+v", s, v)
+					}
+				}
+				for _, p := range order.pings {
+					v := d.settled(t, p)
+					if p.Speed == 0 && v.Decision != Suppressed {
+						t.Errorf("queued fix at %v: %+v, want suppressed (jitter at the stay)", p.Time.Sub(articleBase), v)
+					}
+				}
+			})
+		})
+	}
 }
 
 // The edge rule goes by device time alone: a late ping at the very time a

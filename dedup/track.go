@@ -233,9 +233,11 @@ type track struct {
 	hasCand, outlier bool
 	// lastAccuracy is last's uncertainty, m (0 when unknown). It has the
 	// place of a session start a track once kept and never read: read as a
-	// number of metres, that is 0.
-	lastAccuracy float64
-	state        uint64
+	// number of metres, that is 0. refAccuracy is ref's: a late ping is
+	// judged against ref, which is not last while a departure is pending or
+	// after an outlier (see judgeLate).
+	lastAccuracy, refAccuracy float64
+	state                     uint64
 }
 
 // trackState is what the store keeps of an asset: its track, what undoing
@@ -376,7 +378,7 @@ func (st *trackState) refold(f fix, pol *Policy) *trackState {
 func newTrackState(f fix) *trackState {
 	st := &trackState{seenMax: f.t}
 	st.stay = stay{lat: f.lat, lon: f.lon, n: 1, startT: f.t, lastT: f.t}
-	st.ref, st.last, st.lastAccuracy, st.state = f.trackPoint, f.trackPoint, f.accuracy, f.state
+	st.ref, st.last, st.lastAccuracy, st.refAccuracy, st.state = f.trackPoint, f.trackPoint, f.accuracy, f.accuracy, f.state
 	return st
 }
 
@@ -392,7 +394,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	// The backend may never have had it.
 	forced := f.event || f.changesState(st.state) || newSession || f.samePlaceAndTime(st.last)
 	switch {
-	case st.holds(f, pol, st.last):
+	case st.holds(f, pol, st.last, st.lastAccuracy):
 		// Back from an excursion too far to be an outlier: a real move.
 		returned := st.hasCand && !st.outlier
 		if st.hasCand && st.outlier {
@@ -403,13 +405,15 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 		if !forced && !returned && st.withinWindow(f, pol) {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 		}
-		st.accept(old, f, func(t *track) { t.ref, t.last, t.hasCand = f.trackPoint, f.trackPoint, false })
+		st.accept(old, f, func(t *track) {
+			t.ref, t.refAccuracy, t.last, t.hasCand = f.trackPoint, f.accuracy, f.trackPoint, false
+		})
 	case st.hasCand:
 		// The asset is neither at its stay nor back: it left for where the
 		// last accepted ping was. Judge f at that new stay.
 		st.leave(pol, st.last.t)
 		st.stay = stay{lat: st.last.lat, lon: st.last.lon, n: 1, startT: st.last.t, lastT: st.last.t}
-		st.ref, st.hasCand = st.last, false
+		st.ref, st.refAccuracy, st.hasCand = st.last, st.lastAccuracy, false
 		return st.judge(old, f, pol)
 	case !forced && st.outlierAtRest(f, pol):
 		st.learnOutlier(f.distance2(st.stay.lat, st.stay.lon))
@@ -441,14 +445,18 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 			// batch is released: the track keeps the stay it ended.
 			return accepted
 		}
-		// Against the stay's last accepted ping, not the last accepted
-		// one: that is later than f, and may be a departure kilometres
-		// off (a live ping that overtook an offline queue). Judged
-		// against it, a queued ping at the stay was taken for one from
-		// away and ended the stay at its time, and each next queued ping,
-		// just past that end, ended it again: a parked backlog was
-		// admitted one ping at a time.
-		atStay := st.stay.n >= settledFixes && st.holds(f, pol, st.ref)
+		// Against the stay's last accepted ping, its place and its
+		// accuracy, not the last accepted one's: that is later than f,
+		// and may be a departure kilometres off (a live ping that
+		// overtook an offline queue). Judged against it, a queued ping at
+		// the stay was taken for one from away and ended the stay at its
+		// time, and each next queued ping, just past that end, ended it
+		// again: a parked backlog was admitted one ping at a time. With
+		// the departure's accuracy (a satellite fix under way, 5 m) a
+		// still fix of a phone parked indoors lost the margin of the
+		// stay's fix as uncertain as itself, and was admitted, and the
+		// next queued fix as the return.
+		atStay := st.stay.n >= settledFixes && st.holds(f, pol, st.ref, st.refAccuracy)
 		if atStay && f.t > st.stay.startT || inPast {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 		}
@@ -534,17 +542,18 @@ func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
 // (or of the fix's own uncertainty, which is no evidence of a move), not
 // reporting a speed of travel away from a settled stay, and close enough to
 // last, the accepted ping the backend last heard of before f (the last
-// accepted ping, whatever it was; for a late ping, the stay's), that the
-// backend's picture stays true: a suppressed fix of an asset under way
-// never lies farther than LagFactor radii from it.
-func (st *trackState) holds(f fix, pol *Policy, last trackPoint) bool {
+// accepted ping, whatever it was; for a late ping, the stay's), whose
+// uncertainty is lastAccuracy, that the backend's picture stays true: a
+// suppressed fix of an asset under way never lies farther than LagFactor
+// radii from it.
+func (st *trackState) holds(f fix, pol *Policy, last trackPoint, lastAccuracy float64) bool {
 	if f.moving && st.stay.n >= settledFixes {
 		return false
 	}
 	if f.distance2(st.stay.lat, st.stay.lon) > st.radius2(f, pol) {
 		return false
 	}
-	return f.distance2(last.lat, last.lon) <= st.lag2(f, pol)
+	return f.distance2(last.lat, last.lon) <= lag2(f, pol, lastAccuracy)
 }
 
 // radius2 is the square of the stay's radius for f: the stay's own
@@ -562,12 +571,13 @@ func (st *trackState) stayRadius2(pol *Policy) float64 {
 	return max(r2, pol.Radius*pol.Radius)
 }
 
-// lag2 is the square of how far from the last accepted ping a suppressed
-// fix may lie: LagFactor radii, or the fix's own uncertainty. A satellite
-// fix standing still may also lie as far as two fixes as uncertain as it,
-// or as the last accepted one if that was better, together (in quadrature,
-// as independent errors add), up to restMargin beyond its own: at most √2
-// times its own uncertainty. Two fixes of a phone parked indoors lie
+// lag2 is the square of how far from the last accepted ping, whose
+// uncertainty is lastAccuracy, a suppressed fix may lie: LagFactor radii,
+// or the fix's own uncertainty. A satellite fix standing still may also
+// lie as far as two fixes as uncertain as it, or as the last accepted one
+// if that was better, together (in quadrature, as independent errors
+// add), up to restMargin beyond its own: at most √2 times its own
+// uncertainty. Two fixes of a phone parked indoors lie
 // farther apart than either's radius about one time in ten, far more than
 // once a window (a rule on this fix's uncertainty alone admitted 6 a
 // window at a 10 s cadence, σ 30 m). A poor last fix (a network fix)
@@ -576,11 +586,11 @@ func (st *trackState) stayRadius2(pol *Policy) float64 {
 // creeping fix over 0.5 m/s and a network fix (worse than 100 m) keep the
 // bound they had. The squares are rounded apart, as Lua rounds them: a
 // fused multiply-add would round once, and disagree by an ulp.
-func (st *trackState) lag2(f fix, pol *Policy) float64 {
+func lag2(f fix, pol *Policy, lastAccuracy float64) float64 {
 	lag := max(LagFactor*pol.Radius, f.accuracy)
 	lag2 := lag * lag
 	if f.still {
-		other := min(st.lastAccuracy, f.accuracy)
+		other := min(lastAccuracy, f.accuracy)
 		both2 := float64(f.accuracy*f.accuracy) + float64(other*other)
 		capped := f.accuracy + restMargin
 		lag2 = max(lag2, min(both2, capped*capped))
@@ -595,7 +605,7 @@ func (st *trackState) lag2(f fix, pol *Policy) float64 {
 // the last accepted ping that suppressing it keeps the backend's picture
 // true. Such a fix is jitter: a receiver's outlier.
 func (st *trackState) outlierAtRest(f fix, pol *Policy) bool {
-	if f.moving || st.stay.n < settledFixes || f.distance2(st.last.lat, st.last.lon) > st.lag2(f, pol) {
+	if f.moving || st.stay.n < settledFixes || f.distance2(st.last.lat, st.last.lon) > lag2(f, pol, st.lastAccuracy) {
 		return false
 	}
 	if f.atRest {

@@ -17,8 +17,13 @@
 -- the track before the last acceptance's request (CORE), present only when
 -- the byte is 1, followed by the seen max from before that request (i8;
 -- absent from tracks written before it was added); then, only when a
--- release holds one, the latest device time it forgot (i8, trackState.held
--- in Go: negative until the released ping's retry is accepted).
+-- release holds one or what follows is there, the latest device time it
+-- forgot (i8, trackState.held in Go: negative until the released ping's
+-- retry is accepted; 0 when none); then, only when the uncertainty of the
+-- stay's last accepted ping is not the last accepted one's in the current
+-- track or the undo record, that uncertainty (d, track.refAccuracy in Go)
+-- of the current track and, with an undo record, of that. Absent, it is
+-- the last accepted ping's.
 -- Seen value: 's' (suppressed), 'u' (suppressed after an acceptance of its
 -- own request, flagUndoable in Go: a redelivery may fold it in again), or
 -- 'p' (pending) / 'a' (settled) + token (8 bytes) + claim time ms (i8) +
@@ -43,6 +48,8 @@ local FIX = '>i8ddi8c8dddBBBBc8d'
 local PAST = 3
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d'
 local CORE_SIZE = 273 -- struct.size(CORE)
+-- where the last accepted ping's uncertainty starts in a CORE
+local LAST_ACC_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8B')
 
 -- the constants of track.go
 local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2, MARGIN2, REST_MARGIN = 1.5, 4, 4, 70, 64, 3, 10.24, 1.5625, 50
@@ -120,7 +127,7 @@ if not raw then
 	end
 	local none = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
 	local c = { alat = lat, alon = lon, spread2 = 0, outlier2 = 0, n = 1, startT = t, lastT = t, ref = fixpoint, last = fixpoint,
-		hasCand = false, outlier = false, lastAcc = acc, state = statep, past = { none, none, none } }
+		hasCand = false, outlier = false, lastAcc = acc, refAcc = acc, state = statep, past = { none, none, none } }
 	redis.call('SET', KEYS[1], struct.pack('>i8', t) .. encode(c) .. '\0', 'PX', ttl)
 	remember('accepted')
 	return { 'accepted', '' }
@@ -176,27 +183,28 @@ local function radius2(c)
 	return math.max(stayRadius2(c), acc * acc)
 end
 
-local function lag2(c)
+-- lastAcc: the uncertainty of the accepted ping the fix is judged against
+local function lag2(lastAcc)
 	local lag = math.max(LAG * radius, acc)
 	local l2 = lag * lag
 	if still == 1 then
 		local capped = acc + REST_MARGIN
-		local other = math.min(c.lastAcc, acc)
+		local other = math.min(lastAcc, acc)
 		l2 = math.max(l2, math.min(acc * acc + other * other, capped * capped))
 	end
 	return l2
 end
 
 -- last: the accepted ping the backend last heard of before the fix (the
--- last accepted one; for a late ping, the stay's)
-local function holds(c, last)
+-- last accepted one; for a late ping, the stay's), lastAcc its uncertainty
+local function holds(c, last, lastAcc)
 	if moving == 1 and c.n >= SETTLED then
 		return false
 	end
 	if dist2(c.alat, c.alon) > radius2(c) then
 		return false
 	end
-	return dist2(last.lat, last.lon) <= lag2(c)
+	return dist2(last.lat, last.lon) <= lag2(lastAcc)
 end
 
 local function reach(c)
@@ -205,7 +213,7 @@ local function reach(c)
 end
 
 local function outlierAtRest(c)
-	if moving == 1 or c.n < SETTLED or dist2(c.last.lat, c.last.lon) > lag2(c) then
+	if moving == 1 or c.n < SETTLED or dist2(c.last.lat, c.last.lon) > lag2(c.lastAcc) then
 		return false
 	end
 	if atRest == 1 then
@@ -306,9 +314,10 @@ local function judgeLate(c)
 			-- and retried.
 			return 'accepted', ''
 		end
-		-- against the stay's last accepted ping: the last accepted one is
-		-- later, and may be a departure far off (see track.go)
-		local atStay = c.n >= SETTLED and holds(c, c.ref)
+		-- against the stay's last accepted ping, its place and its
+		-- uncertainty: the last accepted one is later, and may be a
+		-- departure far off (see track.go)
+		local atStay = c.n >= SETTLED and holds(c, c.ref, c.refAcc)
 		if (atStay and t > c.startT) or inPast then
 			return 'suppressed', reason(c)
 		end
@@ -345,6 +354,19 @@ if undoFlag == 1 then
 elseif #raw >= 17 + CORE_SIZE then
 	held = struct.unpack('>i8', raw, 10 + CORE_SIZE)
 end
+-- the uncertainties of the stays' last accepted pings, after held; nil:
+-- as the track's last accepted ping's
+local refAcc, prevRefAcc
+local refAt = 18 + CORE_SIZE
+if undoFlag == 1 then
+	refAt = 26 + 2 * CORE_SIZE
+end
+if #raw >= refAt + 7 then
+	refAcc = struct.unpack('>d', raw, refAt)
+	if undoFlag == 1 then
+		prevRefAcc = struct.unpack('>d', raw, refAt + 8)
+	end
+end
 -- A redelivery flagged 'u' is judged again only if the track lost it (a
 -- release put back the track from before its request, and nothing seen
 -- since reached its time) and no released ping's retry is awaited.
@@ -353,12 +375,14 @@ if seen and (t <= oldSeenMax or held < 0) then
 end
 local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
 local cur = decode(curRaw, 1)
+cur.refAcc = refAcc or cur.lastAcc
+local refAccIn = cur.refAcc
 -- the request of the last accepted ping: a claim token's first 6 bytes
 local lastRequest = string.sub(cur.last.token, 1, 6)
 
 local function accept(change)
 	if lastRequest ~= string.sub(token, 1, 6) or undoFlag == 2 then
-		prevRaw, undoFlag = curRaw .. struct.pack('>i8', oldSeenMax), 1
+		prevRaw, prevRefAcc, undoFlag = curRaw .. struct.pack('>i8', oldSeenMax), refAccIn, 1
 	elseif undoFlag == 0 then
 		undoFlag = 3 -- this request's first fix of the asset began the track
 	end
@@ -381,7 +405,7 @@ local function judge()
 	-- A fix identical to the last accepted one whose seen entry is gone
 	-- (released after a later claim, or expired).
 	local forced = event == 1 or changesState(cur) or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
-	if holds(cur, cur.last) then
+	if holds(cur, cur.last, cur.lastAcc) then
 		-- Back from an excursion too far to be an outlier: a real move.
 		local returned = cur.hasCand and not cur.outlier
 		if cur.hasCand and cur.outlier then
@@ -391,7 +415,7 @@ local function judge()
 		if not forced and not returned and (shape ~= 'sliding' or t - cur.ref.t < window) then
 			return 'suppressed', reason(cur)
 		end
-		accept(function(c) c.ref, c.last, c.hasCand = fixpoint, fixpoint, false end)
+		accept(function(c) c.ref, c.refAcc, c.last, c.hasCand = fixpoint, acc, fixpoint, false end)
 		return 'accepted', ''
 	elseif cur.hasCand then
 		-- The asset left for where the last accepted ping was: judge the
@@ -399,7 +423,7 @@ local function judge()
 		leave(cur, cur.last.t)
 		cur.alat, cur.alon, cur.spread2, cur.outlier2, cur.n = cur.last.lat, cur.last.lon, 0, 0, 1
 		cur.startT, cur.lastT = cur.last.t, cur.last.t
-		cur.ref, cur.hasCand = cur.last, false
+		cur.ref, cur.refAcc, cur.hasCand = cur.last, cur.lastAcc, false
 		return judge()
 	elseif not forced and outlierAtRest(cur) then
 		learnOutlier(cur, dist2(cur.alat, cur.alon))
@@ -424,8 +448,19 @@ if t > math.abs(held) then
 elseif held < 0 and decision == 'accepted' and t >= lastT then
 	held = -held -- the released ping's retry, or what replaced it
 end
-if held ~= 0 then
-	undo = undo .. struct.pack('>i8', held)
+-- the stays' last accepted pings' uncertainties, when one is not the
+-- track's last accepted ping's
+local prevLastAcc = undoFlag == 1 and struct.unpack('>d', prevRaw, LAST_ACC_AT)
+prevRefAcc = prevRefAcc or prevLastAcc
+local refTail = ''
+if cur.refAcc ~= cur.lastAcc or prevRefAcc ~= prevLastAcc then
+	refTail = struct.pack('>d', cur.refAcc)
+	if undoFlag == 1 then
+		refTail = refTail .. struct.pack('>d', prevRefAcc)
+	end
+end
+if held ~= 0 or refTail ~= '' then
+	undo = undo .. struct.pack('>i8', held) .. refTail
 end
 redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. undo, 'PX', ttl)
 if seen then

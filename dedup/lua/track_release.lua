@@ -10,6 +10,8 @@ local CORE_SIZE = 273
 -- where the state print starts in the track: after the seen max (8 bytes)
 -- and the fields of CORE before it
 local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bd')
+-- where the last accepted ping's uncertainty starts in a CORE
+local LAST_ACC_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8B')
 local NOHALF = string.rep('\0', 4)
 
 local released = 0
@@ -51,9 +53,18 @@ if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 		if seen > fields[12] then
 			held = math.max(held, seen)
 		end
+		-- and the uncertainty of its stay's last accepted ping, if the track
+		-- keeps it (see track_decide.lua): when it is not its last's
+		local refTail = ''
+		if #st >= 41 + 2 * CORE_SIZE then
+			local refAcc = struct.unpack('>d', st, 34 + 2 * CORE_SIZE)
+			if refAcc ~= struct.unpack('>d', prev, LAST_ACC_AT) then
+				refTail = struct.pack('>d', refAcc)
+			end
+		end
 		local tail = ''
-		if held ~= 0 then
-			tail = struct.pack('>i8', -held)
+		if held ~= 0 or refTail ~= '' then
+			tail = struct.pack('>i8', -held) .. refTail
 		end
 		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2' .. tail, 'KEEPTTL')
 	else -- the ping, or its request, began the track
