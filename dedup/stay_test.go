@@ -770,6 +770,45 @@ func TestALateStillFixIsJudgedWithTheAccuracyOfTheStaysLastFix(t *testing.T) {
 	}
 }
 
+// The queue of TestABacklogOvertakenByALivePingIsJitterAtItsStay, after
+// a stay the asset left earlier: parked at A, a drive to B, parked at B,
+// then offline, the drive on queued and a requested position far off
+// sent first. The queue's drive, late and reporting travel, ends the stay
+// at B once, at its first ping: the stay the asset keeps meanwhile starts
+// at the requested position, after the whole queue. Had each ping of the
+// drive ended it again, its copies would have pushed A out of the three
+// stays remembered, and a position from A that Traccar's forwarder
+// retries after newer ones (forward.retry.enable) would be admitted,
+// not jitter there.
+func TestAQueuedDriveEndsTheStayOnce(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d) // A, 0 to 40 s
+		for s := 60.0; s <= 300; s += 30 {
+			d.settled(t, offset(s, float64(int(s)%3)-1, 1))
+		}
+		for s := 310.0; s <= 400; s += 10 { // to B, 900 m east
+			d.settled(t, withSpeed(offset(s, 10*(s-310), 0), 10))
+		}
+		for s := 410.0; s < 1500; s += 30 {
+			d.settled(t, withSpeed(offset(s, 900+float64(int(s)%5)-2, float64(int(s)%3)-1), 0))
+		}
+		if v := d.settled(t, withSpeed(offset(2500, 7900, 0), 10)); v.Decision != Accepted {
+			t.Fatalf("the requested position: %+v", v)
+		}
+		for s := 1500.0; s < 1800; s += 30 {
+			d.settled(t, withSpeed(offset(s, 900+float64(int(s)%5)-2, 0), 0))
+		}
+		for s := 1800.0; s < 2500; s += 30 {
+			if v := d.settled(t, withSpeed(offset(s, 908+10*(s-1800), 0), 10)); v.Decision != Accepted {
+				t.Fatalf("queued drive at %v s: %+v, want accepted", s, v)
+			}
+		}
+		if v := d.settled(t, offset(200, 2, -1)); v.Decision != Suppressed {
+			t.Fatalf("a position from A, retried late: %+v, want suppressed (jitter at a stay the asset left)", v)
+		}
+	})
+}
+
 // The edge rule goes by device time alone: a late ping at the very time a
 // stay the asset left ended is taken for the departure's released retry.
 // From one sender that is all it can be. With two sources on one asset,
