@@ -654,7 +654,7 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 		{"id and deviceid", `{"key_prefix":"twice:","preset":"osmand"}`,
 			fmt.Sprintf("id=veh-a&deviceid=veh-b&timestamp=%d&lat=52.5&lon=13.4", ts), "id",
 			`id: given as both id ("veh-a") and deviceid ("veh-b"), two names of the asset id, and parsers disagree on which counts ` +
-				`(Traccar's the one given last, here id): send one`},
+				`(Traccar's the one given last, here deviceid): send one`},
 		{"a custom form route", `{"key_prefix":"twice:","encoding":"form","asset":["device"],"time":["t"],"time_format":"unix"}`,
 			fmt.Sprintf("device=a&device=b&t=%d&lat=52.5&lon=13.4", ts), "device",
 			`device: given 2 times with different values ("a", "b"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},

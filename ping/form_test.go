@@ -73,8 +73,10 @@ func TestARequestWithoutAFixGoesOnWhateverItRepeats(t *testing.T) {
 // OsmAnd's id and deviceid are two names of the asset id, and Traccar's
 // decoder applies each in turn, so the one given last counts there: given
 // together with different values, the ping is refused naming both, as a
-// field given twice is. It was keyed by id, so id=a&deviceid=b was judged
-// as device a's ping and stored by Traccar as device b's.
+// field given twice is, and the error names the one Traccar keeps: the
+// later in the query (it said id whatever the order, where Traccar keeps
+// deviceid=b of id=a&deviceid=b). It was keyed by id, so id=a&deviceid=b
+// was judged as device a's ping and stored by Traccar as device b's.
 func TestIDAndDeviceIDNameOneAssetID(t *testing.T) {
 	const fix = "&timestamp=1786190400&lat=52.5&lon=13.4"
 	for _, tt := range []struct{ query, asset, conflict string }{
@@ -82,9 +84,9 @@ func TestIDAndDeviceIDNameOneAssetID(t *testing.T) {
 		{"deviceid=veh" + fix, "veh", ""},
 		{"id=veh&deviceid=veh" + fix, "veh", ""},
 		{"id=4711&deviceid=4711" + fix, "4711", ""},
-		{"id=a&deviceid=b" + fix, "", `given as both id ("a") and deviceid ("b")`},
-		{"deviceid=b" + fix + "&id=a", "", `given as both id ("a") and deviceid ("b")`},
-		{"id=4711&deviceid=04711" + fix, "", `given as both id ("4711") and deviceid ("04711")`},
+		{"id=a&deviceid=b" + fix, "", `given as both id ("a") and deviceid ("b"), two names of the asset id, and parsers disagree on which counts (Traccar's the one given last, here deviceid)`},
+		{"deviceid=b" + fix + "&id=a", "", `given as both id ("a") and deviceid ("b"), two names of the asset id, and parsers disagree on which counts (Traccar's the one given last, here id)`},
+		{"id=4711&deviceid=04711" + fix, "", `given as both id ("4711") and deviceid ("04711"), two names of the asset id, and parsers disagree on which counts (Traccar's the one given last, here deviceid)`},
 	} {
 		batch, err := osmAnd().SplitForm(tt.query, nil)
 		if err != nil {

@@ -273,10 +273,21 @@ func (p *Parser) aliasesAgree(root gjson.Result, checks []keyCheck, plan *parseP
 		case v.Raw != v0.Raw:
 			return invalid(p.AssetPaths[given], RuleType, "given as both %s (%s) and %s (%s), two names of the asset id, "+
 				"and parsers disagree on which counts (Traccar's the one given last, here %s): send one",
-				p.AssetPaths[given], strconv.Quote(v0.String()), path, strconv.Quote(v.String()), p.AssetPaths[given])
+				p.AssetPaths[given], strconv.Quote(v0.String()), path, strconv.Quote(v.String()),
+				givenLast(root, p.AssetPaths[given], path))
 		}
 	}
 	return nil
+}
+
+// givenLast is whichever of paths a and b comes later in the body: a form
+// body's fields are in the order of their first appearance, the order in
+// which Traccar's decoder applies them, so the later one is what it keeps.
+func givenLast(root gjson.Result, a, b string) string {
+	if root.Get(b).Index > root.Get(a).Index {
+		return b
+	}
+	return a
 }
 
 // The scan's steps live on the stack, in a buffer that fits the plan: the
