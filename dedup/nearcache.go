@@ -23,8 +23,11 @@ const nearCacheMargin = time.Second
 // never suppresses a ping whose key could still be given back. A claim that
 // is merely older than the in-flight timeout is not cached: its request may
 // still fail late and release it. In the track shapes, a seen ping is final
-// once settled or once suppressed; any other ping there depends on the
-// asset's state, which only the store holds, and passes through. An entry
+// once settled, or once suppressed unless the asset's last accepted ping
+// was one of its own request's (Claim.undoable: a release of that request
+// takes it out of the track, and the store folds it in again when the
+// retry redelivers it); any other ping there depends on the asset's state,
+// which only the store holds, and passes through. An entry
 // lives until the key's own expiry, minus a margin, and the cache is
 // bounded: it takes 64 bytes a key, allocated at once, and holds nothing
 // the garbage collector scans (see nearTable).
