@@ -770,6 +770,40 @@ func TestALateStillFixIsJudgedWithTheAccuracyOfTheStaysLastFix(t *testing.T) {
 	}
 }
 
+// The indoor phone of TestALateStillFixIsJudgedWithTheAccuracyOfTheStaysLastFix,
+// its requested position first, and then its next live position, farther
+// on, which the backend answers 503: the release puts back the track from
+// before it, and with it the accuracy of the stay's last fix, which Redis
+// keeps beside the undo record while it differs from the requested
+// position's. Put back as the requested position's (5 m), the queued fix
+// 70 m from the stay's fix would be admitted, and the next as the return.
+func TestAReleaseKeepsTheAccuracyOfTheStaysLastFix(t *testing.T) {
+	indoors := func(sec, dx float64) ping.Ping { return withSpeed(withAccuracy(offset(sec, dx, 0), 30), 0) }
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		d.settled(t, indoors(0, -20))
+		for s := 30; s <= 180; s += 30 {
+			if v := d.settled(t, indoors(float64(s), float64(s/30%5)+3)); v.Decision != Suppressed {
+				t.Fatalf("jitter at %d s: %+v", s, v)
+			}
+		}
+		if v := d.settled(t, withAccuracy(withSpeed(offset(290, 150, 0), 10), 5)); v.Decision != Accepted {
+			t.Fatalf("the requested position: %+v", v)
+		}
+		c, v := d.claim(t, withAccuracy(withSpeed(offset(300, 250, 0), 10), 5))
+		if v.Decision != Accepted {
+			t.Fatalf("the next live position: %+v", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		for _, p := range []ping.Ping{indoors(210, 5), indoors(240, 50), indoors(270, 6)} {
+			if v := d.settled(t, p); v.Decision != Suppressed {
+				t.Errorf("queued fix at %v: %+v, want suppressed (jitter at the stay)", p.Time.Sub(articleBase), v)
+			}
+		}
+	})
+}
+
 // The queue of TestABacklogOvertakenByALivePingIsJitterAtItsStay, after
 // a stay the asset left earlier: parked at A, a drive to B, parked at B,
 // then offline, the drive on queued and a requested position far off
