@@ -312,3 +312,63 @@ func TestADepartureByItsSpeedAfterARetriedBatchIsAdmittedAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// An asset reported by two sources: its app's batch, a fix 30 m from where
+// it was parked (no speed reported) and one 4 m beyond it standing still,
+// suppressed as jitter of that new place, fails and is released; the
+// second fix comes alone from the other source before the batch's retry.
+// It must wait for the retry (see refold). Judged against the track from
+// before the batch, it was an outlier at rest of the parked stay, which
+// learnt it and widened to 37.5 m: the retried first fix was jitter of the
+// stay, and the backend, which got neither attempt, never heard the asset
+// had moved. Whether the batch ends with the suppressed fix or with one
+// accepted after it, driving off: a batch whose last fix was accepted
+// left no time held by its release (held), and the fix alone was judged.
+func TestABatchsPingAloneBeforeItsRetryWaitsForTheRetry(t *testing.T) {
+	moved, still := offset(60, 30, 0), withSpeed(offset(65, 34, 0), 0)
+	for _, tc := range []struct {
+		name  string
+		batch []ping.Ping
+	}{
+		{"ending with the suppressed fix", []ping.Ping{moved, still}},
+		{"ending with a fix accepted after it", []ping.Ping{moved, still, withSpeed(offset(70, 80, 0), 5)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d)
+				obs := make([]Observation, len(tc.batch))
+				for i, p := range tc.batch {
+					obs[i] = d.Observe(p)
+				}
+				claims, first, err := d.ClaimAll(t.Context(), obs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if first[0].Decision != Accepted || first[1].Decision != Suppressed {
+					t.Fatalf("the batch: %+v, want the fix 30 m on accepted, the one beyond it suppressed", first)
+				}
+				var accepted []*Claim
+				for i, v := range first {
+					if v.Decision == Accepted {
+						accepted = append(accepted, claims[i])
+					}
+				}
+				if _, err := d.Release(t.Context(), accepted...); err != nil {
+					t.Fatal(err)
+				}
+				if v := d.settled(t, still); v != suppressed(Redelivery) {
+					t.Fatalf("the fix beyond it, alone: %+v, want suppressed as a redelivery", v)
+				}
+				_, retry, err := d.ClaimAll(t.Context(), obs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range retry {
+					if v.Decision != first[i].Decision {
+						t.Errorf("fix %d of the retried batch: %+v, want %s as the first attempt", i, v, first[i].Decision)
+					}
+				}
+			})
+		})
+	}
+}

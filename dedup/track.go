@@ -362,11 +362,15 @@ func (st *trackState) next(f fix, pol *Policy) (Verdict, *trackState) {
 // fixes its first attempt accepted, each judged jitter of a stay of one
 // fix, and a departure by speed from where the batch parked was
 // suppressed. The ping is not judged again while a released ping's
-// retry is awaited (held): a ping after it, found first, would hide the
-// idle gap or the move the retry must find. Only a suppression counts:
-// the ping was told it is a redelivery whatever the track says now.
+// retry is awaited, that is while the release's undo record is spent
+// (nothing accepted since), however the batch ended: the ping, found
+// before the acceptance that preceded it in the batch, would be judged
+// without it, and could hide the idle gap or the move its retry must find
+// (an outlier at rest of the stay before, learnt, widened the stay to
+// hold the retried departure). Only a suppression counts: the ping was
+// told it is a redelivery whatever the track says now.
 func (st *trackState) refold(f fix, pol *Policy) *trackState {
-	if f.t <= st.seenMax || st.held < 0 {
+	if f.t <= st.seenMax || st.undo == undoSpent {
 		return nil
 	}
 	if v, next := st.next(f, pol); v.Decision == Suppressed {

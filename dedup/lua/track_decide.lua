@@ -369,8 +369,9 @@ if #raw >= refAt + 7 then
 end
 -- A redelivery flagged 'u' is judged again only if the track lost it (a
 -- release put back the track from before its request, and nothing seen
--- since reached its time) and no released ping's retry is awaited.
-if seen and (t <= oldSeenMax or held < 0) then
+-- since reached its time) and no released ping's retry is awaited (the
+-- release spent the undo record, and nothing was accepted since).
+if seen and (t <= oldSeenMax or undoFlag == 2) then
 	return { 'suppressed', 'redelivery' }
 end
 local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
