@@ -256,8 +256,12 @@ func TestAStopMidRequestLeavesNoClaimBehind(t *testing.T) {
 			}
 			p.stop()
 			release()
-			if got := <-first; got != "504 accepted" {
-				t.Errorf("the request cut by the stop was answered %q; want 504 accepted, as an upstream cut for hanging", got)
+			// The cut request's 504 is written by Caddy's server after the
+			// handler returns, and the process may end first: then the
+			// sender sees the connection close, which every client retries
+			// as it retries a 504. Never a 499, which some clients drop.
+			if got := <-first; got != "504 accepted" && !strings.HasSuffix(got, ": EOF") {
+				t.Errorf("the request cut by the stop was answered %q; want 504 accepted, as an upstream cut for hanging (or the connection closed by the exit)", got)
 			}
 			answering(up, http.StatusCreated, "", "")
 
