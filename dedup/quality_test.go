@@ -242,13 +242,7 @@ func (f failingDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([]b
 		if err != nil {
 			return nil, err
 		}
-		var failed []*Claim
-		for i, v := range verdicts {
-			if v.Decision == Accepted {
-				failed = append(failed, claims[i])
-			}
-		}
-		if _, err := d.Release(ctx, failed...); err != nil {
+		if _, err := d.Release(ctx, acceptedOf(claims, verdicts)...); err != nil {
 			return nil, err
 		}
 	}

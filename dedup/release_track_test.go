@@ -86,10 +86,7 @@ func TestAFailedBatchAfterATunnelIsJudgedAgainAsItWas(t *testing.T) {
 // be the first attempt's.
 func retryIsJudgedAsItWas(t *testing.T, d *testDeduper, batch []ping.Ping) {
 	t.Helper()
-	obs := make([]Observation, len(batch))
-	for i, p := range batch {
-		obs[i] = d.Observe(p)
-	}
+	obs := observeAll(d, batch)
 	var first []Verdict
 	for attempt := 1; attempt <= 2; attempt++ {
 		claims, verdicts, err := d.ClaimAll(t.Context(), obs)
@@ -105,13 +102,7 @@ func retryIsJudgedAsItWas(t *testing.T, d *testDeduper, batch []ping.Ping) {
 			return
 		}
 		first = verdicts
-		var accepted []*Claim
-		for i, v := range verdicts {
-			if v.Decision == Accepted {
-				accepted = append(accepted, claims[i])
-			}
-		}
-		if _, err := d.Release(t.Context(), accepted...); err != nil {
+		if _, err := d.Release(t.Context(), acceptedOf(claims, verdicts)...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -222,37 +213,24 @@ func TestADroppedFirstPingOfASessionIsReopenedByTheNextPing(t *testing.T) {
 // redeliveries.
 func failAndRetry(t *testing.T, d *testDeduper, batch []ping.Ping) {
 	t.Helper()
-	obs := make([]Observation, len(batch))
-	for i, p := range batch {
-		obs[i] = d.Observe(p)
-	}
+	obs := observeAll(d, batch)
 	claims, first, err := d.ClaimAll(t.Context(), obs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var accepted []*Claim
-	for i, v := range first {
-		if v.Decision == Accepted {
-			accepted = append(accepted, claims[i])
-		}
-	}
-	if _, err := d.Release(t.Context(), accepted...); err != nil {
+	if _, err := d.Release(t.Context(), acceptedOf(claims, first)...); err != nil {
 		t.Fatal(err)
 	}
 	claims, retry, err := d.ClaimAll(t.Context(), obs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	accepted = accepted[:0]
 	for i, v := range retry {
 		if v.Decision != first[i].Decision {
 			t.Errorf("ping %d of the retried batch: %+v, want %s as the first attempt", i, v, first[i].Decision)
 		}
-		if v.Decision == Accepted {
-			accepted = append(accepted, claims[i])
-		}
 	}
-	if err := d.Settle(t.Context(), accepted...); err != nil {
+	if err := d.Settle(t.Context(), acceptedOf(claims, retry)...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -336,10 +314,7 @@ func TestABatchsPingAloneBeforeItsRetryWaitsForTheRetry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
 				park(t, d)
-				obs := make([]Observation, len(tc.batch))
-				for i, p := range tc.batch {
-					obs[i] = d.Observe(p)
-				}
+				obs := observeAll(d, tc.batch)
 				claims, first, err := d.ClaimAll(t.Context(), obs)
 				if err != nil {
 					t.Fatal(err)
@@ -347,13 +322,7 @@ func TestABatchsPingAloneBeforeItsRetryWaitsForTheRetry(t *testing.T) {
 				if first[0].Decision != Accepted || first[1].Decision != Suppressed {
 					t.Fatalf("the batch: %+v, want the fix 30 m on accepted, the one beyond it suppressed", first)
 				}
-				var accepted []*Claim
-				for i, v := range first {
-					if v.Decision == Accepted {
-						accepted = append(accepted, claims[i])
-					}
-				}
-				if _, err := d.Release(t.Context(), accepted...); err != nil {
+				if _, err := d.Release(t.Context(), acceptedOf(claims, first)...); err != nil {
 					t.Fatal(err)
 				}
 				if v := d.settled(t, still); v != suppressed(Redelivery) {
@@ -371,4 +340,25 @@ func TestABatchsPingAloneBeforeItsRetryWaitsForTheRetry(t *testing.T) {
 			})
 		})
 	}
+}
+
+// observeAll observes a batch's pings, as one request's.
+func observeAll(d *testDeduper, batch []ping.Ping) []Observation {
+	obs := make([]Observation, len(batch))
+	for i, p := range batch {
+		obs[i] = d.Observe(p)
+	}
+	return obs
+}
+
+// acceptedOf is the claims the store accepted: those a failed request
+// releases, or a delivered one settles.
+func acceptedOf(claims []*Claim, verdicts []Verdict) []*Claim {
+	var accepted []*Claim
+	for i, v := range verdicts {
+		if v.Decision == Accepted {
+			accepted = append(accepted, claims[i])
+		}
+	}
+	return accepted
 }

@@ -275,10 +275,7 @@ func TestAFailedBatchIsJudgedAgainWhole(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
 				park(t, d)
-				obs := make([]Observation, len(tt.batch))
-				for i, p := range tt.batch {
-					obs[i] = d.Observe(p)
-				}
+				obs := observeAll(d, tt.batch)
 				for attempt := 1; attempt <= 2; attempt++ {
 					claims, verdicts, err := d.ClaimAll(t.Context(), obs)
 					if err != nil {
