@@ -80,7 +80,7 @@ var defaultAnswers = answers{
 // delivered"). Every client retries a 503; none may see a 4xx for "later":
 // OwnTracks iOS deletes the message and alerts the user.
 var presetAnswers = map[string]answers{
-	// Android 2.5.7-2.5.10 parses every 2xx body as OwnTracks messages and
+	// Android 2.5.7-2.5.9 parses every 2xx body as OwnTracks messages and
 	// re-queues it forever when it cannot; [] is what the booklet's server
 	// answers.
 	"owntracks": senderAnswers("application/json", "[]"),

@@ -24,7 +24,7 @@ const (
 	crashed   fate = "crashed"   // the app throws; the message stays queued, to crash it again
 )
 
-// ownTracksAndroid is OwnTracks Android 2.5.7–2.5.10, the strictest of its
+// ownTracksAndroid is OwnTracks Android 2.5.7–2.5.9, the strictest of its
 // versions (HttpMessageProcessorEndpoint.kt at v2.5.9, lines 124-164;
 // Parser.kt:144-158): any non-2xx is re-queued; a 2xx is delivered only if
 // its body parses as OwnTracks messages, an array of objects with a
