@@ -17,11 +17,12 @@ type deadLetterSink interface {
 
 // deadLetterChecker is a dead-letter store that can tell at load whether
 // its stream can ever be written. A ping whose letter cannot be written is
-// answered 503 so that its sender keeps it; when the cause is the config
-// (the key holds another type, the user may not write it) that 503 comes
-// back forever and the sender's queue stalls behind it, so the load says
-// so at once, where that can be known, rather than at the first invalid
-// ping. A store that does not answer at load is not checked.
+// answered 503 in enforce mode, so that its sender keeps it; when the
+// cause is the config (the key holds another type, the user may not write
+// it) that 503 comes back forever and the sender's queue stalls behind
+// it, so the load says so at once, where that can be known, rather than
+// at the first invalid ping. A store that does not answer at load is not
+// checked.
 type deadLetterChecker interface {
 	checkDeadLetterStream(ctx context.Context, stream string) error
 }

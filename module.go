@@ -394,15 +394,27 @@ func exitingContext(ctx caddy.Context) context.Context {
 }
 
 // reportUnwritableStream logs, as an error, a dead-letter stream that Redis
-// says can never be written. It does not fail the load (Provision does no
-// network I/O that can fail the config, and an outage at start is
+// says can never be written, and what the senders of the pings that cannot
+// be keyed get until it is fixed. It does not fail the load (Provision
+// does no network I/O that can fail the config, and an outage at start is
 // on_store_error's), and it runs beside the load, as the store's own
 // startup check does, so that a hung Redis delays no reload.
 func (h *Handler) reportUnwritableStream(ctx context.Context, c deadLetterChecker, stream string) {
 	if err := c.checkDeadLetterStream(ctx, stream); err != nil {
-		h.logger.Error("dead_letter_stream can never be written: every ping that cannot be keyed is answered 503 until it is fixed",
-			zap.String("dead_letter_stream", stream), zap.Error(err))
+		h.logger.Error(h.settings.unwritableStreamLine(), zap.String("dead_letter_stream", stream), zap.Error(err))
 	}
+}
+
+// unwritableStreamLine is the load's line for a dead-letter stream that
+// can never be written: what the senders of the pings that cannot be
+// keyed get, which enforce mode answers and shadow mode only records.
+func (s *settings) unwritableStreamLine() string {
+	if s.shadow {
+		return "dead_letter_stream can never be written: shadow mode forwards the pings that cannot be keyed all the same, " +
+			"recorded unavailable (enforce would answer them 503), and keeps none of them in the stream until it is fixed"
+	}
+	return "dead_letter_stream can never be written: every ping that cannot be keyed is answered 503, " +
+		"and a batch holding one is sent back whole, until it is fixed"
 }
 
 // nearCacheSize is the near cache's size: as configured, or the store's

@@ -95,12 +95,8 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 		}
 		logger := c.loggers.current()
 		if to == dedup.BreakerOpen {
-			// The handlers sharing the connection may differ in mode and
-			// options: the line says what each kind of them does.
 			logger.Warn("redis store circuit breaker opened: skipping Redis until a probe succeeds; meanwhile pings are handled as when it fails: "+
-				"in enforce mode as on_store_error says (and invalid ones 503 with on_invalid dead_letter), "+
-				"while shadow mode forwards them all and only records what enforce would do",
-				append(fields, zap.Error(cause))...)
+				whileRedisFails, append(fields, zap.Error(cause))...)
 			return
 		}
 		logger.Info("redis store circuit breaker "+to.String(), fields...)

@@ -268,6 +268,59 @@ func TestTheBreakerLineSaysWhatShadowModeDoes(t *testing.T) {
 	}
 }
 
+// What the load says becomes of the pings while Redis fails or the
+// dead-letter stream cannot be written is what their senders get, in
+// shadow mode too, where every ping is forwarded: the load's lines said
+// they were answered 503 (a stream that can never be written, or that was
+// not checked) or handled as on_store_error says (Redis down at start, a
+// timeout below a round trip), which shadow mode only records. The
+// handler's line knows its mode; a store's, which handlers of both modes
+// may share, says what each does.
+func TestTheLoadsLinesSayWhatShadowModeDoes(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Client().Set(context.Background(), "dlq:load-taken", "x", 0)
+	for _, tt := range []struct {
+		mode      string
+		says, not string
+	}{
+		{"enforce", "answered 503", "shadow mode"},
+		{"shadow", "shadow mode forwards", "answered 503"},
+	} {
+		h := tableHandler(t, fmt.Sprintf(`{"key_prefix":"load-lines:","mode":%q,"on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
+			tt.mode, srv.URL())).h
+		core, logs := observer.New(zap.ErrorLevel)
+		h.logger = zap.New(core)
+		h.reportUnwritableStream(context.Background(), provisionRedisStore(t, srv.URL()), "dlq:load-taken")
+		if logs.Len() != 1 {
+			t.Fatalf("%s: %d lines for a stream that can never be written, want 1", tt.mode, logs.Len())
+		}
+		said := logs.All()[0].Message + "; " + fmt.Sprint(logs.All()[0].ContextMap()["error"])
+		if !strings.Contains(said, tt.says) || strings.Contains(said, tt.not) {
+			t.Errorf("%s: the load says %q; want it to say %q, and not %q", tt.mode, said, tt.says, tt.not)
+		}
+	}
+
+	store := provisionRedisStore(t, "redis://127.0.0.1:1/0") // nothing listens there
+	core, logs := observer.New(zap.WarnLevel)
+	store.logger = zap.New(core)
+	warnIfUnreachable(context.Background(), store.client, "127.0.0.1:1", store.logger)
+	if err := store.checkDeadLetterStream(context.Background(), "dlq:load-down"); err != nil {
+		t.Fatal(err)
+	}
+	said := []string{checkTimeoutFloor(time.Microsecond).Error()}
+	for _, e := range logs.All() {
+		said = append(said, e.Message)
+	}
+	if len(said) != 3 {
+		t.Fatalf("said %q; want the timeout's error, the startup warning and the stream's", said)
+	}
+	for _, line := range said {
+		if !strings.Contains(line, "shadow mode forwards") {
+			t.Errorf("the load says %q; want it to say what shadow mode does too: %q", line, "shadow mode forwards")
+		}
+	}
+}
+
 // Commands reach Redis in the order they were queued, also the first time
 // a script runs on a Redis that does not know it yet (a fresh one, or one
 // restarted or failed over, which forgets its scripts). A script's first

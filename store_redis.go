@@ -199,7 +199,7 @@ const minRedisTimeout = time.Millisecond
 func checkTimeoutFloor(timeout time.Duration) error {
 	if timeout > 0 && timeout < minRedisTimeout {
 		return fmt.Errorf("is shorter than %s, less than a Redis round trip takes under load: "+
-			"every ping would be unchecked (or 503 with on_store_error closed); use one such as 50ms", minRedisTimeout)
+			"every store call would time out, and every ping be handled %s; use one such as 50ms", minRedisTimeout, whileRedisFails)
 	}
 	return nil
 }
@@ -404,6 +404,12 @@ func storeErrorFix(err error) string {
 	return ""
 }
 
+// whileRedisFails says what becomes of the pings while Redis fails, in the
+// lines of a store or connection: the handlers that share it may differ in
+// mode and options, so it says what each kind of them does.
+const whileRedisFails = "in enforce mode as on_store_error says (and invalid ones 503 with on_invalid dead_letter), " +
+	"while shadow mode forwards them all and only records what enforce would do"
+
 // startupCheckTimeout bounds the startup check of a Redis store.
 const startupCheckTimeout = 2 * time.Second
 
@@ -417,11 +423,11 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	if err == nil || ctx.Err() != nil { // the config was unloaded meanwhile
 		return
 	}
-	msg := "redis store does not answer; until it does, on_store_error decides what happens to pings"
+	msg := "redis store does not answer; until it does, pings are handled " + whileRedisFails
 	fields := []zap.Field{zap.String("redis", where), zap.Error(err)}
 	switch {
 	case pipeline.IsReply(err):
-		msg = "redis store refuses the startup check (PING); until it accepts it, on_store_error decides what happens to pings"
+		msg = "redis store refuses the startup check (PING); until it accepts it, pings are handled " + whileRedisFails
 		if fix := storeErrorFix(err); fix != "" {
 			fields = append(fields, zap.String("fix", fix))
 		}
@@ -618,25 +624,26 @@ func (r *RedisStore) DeadLetters(stream string, maxLen int64) deadLetterSink {
 
 // checkDeadLetterStream tells, at load, a dead-letter stream Redis says
 // no letter can ever be written to: its key holds another type (XADD would
-// answer WRONGTYPE), or the store's user may not XADD to it (NOPERM). Every
-// invalid ping would be answered 503 forever, and a sender that keeps its
-// queue in order (Overland) stall behind it. The user's right is tried
-// with an XADD that writes nothing, whoever the user is: Redis checks the
-// ACL before it refuses the ID 0-0, which it does before it looks at the
-// key, and NOMKSTREAM creates none. ACL DRYRUN would need a right the
-// README's rule does not give, and a refusal of it in ACL LOG at every
-// load. A user without TYPE (an older README rule) has its type check
-// skipped. A Redis that does not answer within the startup check's time
-// is warned about and the config loads, as the store's own startup check
-// does: an outage at start is on_store_error's.
+// answer WRONGTYPE), or the store's user may not XADD to it (NOPERM). In
+// enforce mode every invalid ping would be answered 503 forever, and a
+// sender that keeps its queue in order (Overland) stall behind it; what
+// the senders get is for the handler to say, which knows its mode. The
+// user's right is tried with an XADD that writes nothing, whoever the user
+// is: Redis checks the ACL before it refuses the ID 0-0, which it does
+// before it looks at the key, and NOMKSTREAM creates none. ACL DRYRUN
+// would need a right the README's rule does not give, and a refusal of it
+// in ACL LOG at every load. A user without TYPE (an older README rule) has
+// its type check skipped. A Redis that does not answer within the startup
+// check's time is warned about and the config loads, as the store's own
+// startup check does: an outage at start is on_store_error's.
 func (r *RedisStore) checkDeadLetterStream(ctx context.Context, stream string) error {
 	check, cancel := context.WithTimeout(ctx, startupCheckTimeout)
 	defer cancel()
 	kind, err := r.client.Type(check, stream).Result()
 	if err == nil && kind != "none" && kind != "stream" {
 		return &dedup.ConfigError{Option: "dead_letter_stream", Problem: fmt.Sprintf(
-			"the key %q holds a %s, not a stream, so no dead letter can be written to it (XADD answers WRONGTYPE) "+
-				"and every invalid ping would be answered 503 forever: name another key with dead_letter_stream, "+
+			"the key %q holds a %s, not a stream, so no dead letter can be written to it (XADD answers WRONGTYPE): "+
+				"name another key with dead_letter_stream, "+
 				"or delete this one (redis-cli DEL %s) if nothing needs what it holds", stream, kind, stream)}
 	}
 	if err == nil || pipeline.IsReply(err) { // a TYPE refused leaves the type unchecked, not the right to write
@@ -644,13 +651,14 @@ func (r *RedisStore) checkDeadLetterStream(ctx context.Context, stream string) e
 		if refusesXADD(err, "NOPERM") {
 			user := cmp.Or(r.username, "default")
 			return &dedup.ConfigError{Option: "dead_letter_stream", Problem: fmt.Sprintf(
-				"the Redis user %s may not XADD to the key %q (%v), so no dead letter can be written "+
-					"and every invalid ping would be answered 503 forever: %s", user, stream, err, grantXADD(user, stream))}
+				"the Redis user %s may not XADD to the key %q (%v), so no dead letter can be written: %s",
+				user, stream, err, grantXADD(user, stream))}
 		}
 	}
 	if err != nil && !pipeline.IsReply(err) && ctx.Err() == nil {
 		r.logger.Warn("dead_letter_stream not checked: the redis store does not answer within "+startupCheckTimeout.String()+
-			"; if its key holds another type or the user may not XADD to it, invalid pings are answered 503 and the store-error log says why",
+			"; if its key holds another type or the user may not XADD to it, no dead letter is written: in enforce mode "+
+			"invalid pings are answered 503, while shadow mode forwards them all the same, and the store-error log says why",
 			zap.String("dead_letter_stream", stream), zap.Error(err))
 	}
 	return nil
