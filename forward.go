@@ -117,7 +117,7 @@ func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool
 	if !failed || !h.settings.release {
 		h.deduper.SettleLater(claims, func(err error) {
 			if err != nil {
-				h.storeErrors.log("settling a claim failed; the reconciler settles it once the store answers", err)
+				h.settleErrors.log("settling a claim failed; the reconciler settles it once the store answers", err)
 				h.reconcile(claims, false)
 			}
 		})

@@ -306,7 +306,7 @@ func (h *Handler) claim(req *request) {
 	}
 	claims, verdicts, err := h.deduper.ClaimAll(ctx, batch)
 	if err != nil && !errors.Is(err, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.storeErrors.log(h.settings.claimFailedLine(), err)
+		h.claimErrors.log(h.settings.claimFailedLine(), err)
 	}
 	if dedup.MayHaveWritten(err) {
 		req.unsure = claims

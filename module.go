@@ -285,10 +285,12 @@ type Handler struct {
 	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
-	// storeErrors and letterErrors log the store's failures, each at most
-	// once per storeErrorLogEvery: a letter's failure on its own line, or
-	// in an outage the claims' line would hide the 503s of invalid pings.
-	storeErrors, letterErrors *throttledLog
+	// claimErrors, settleErrors, letterErrors and sentBackLetterErrors log
+	// the store's failures, each kind on its own line at most once per
+	// storeErrorLogEvery: each line says what became of its own pings, and
+	// in an outage a flood of one kind would hold back another's first
+	// line (the claims' would hide the 503s of invalid pings).
+	claimErrors, settleErrors, letterErrors, sentBackLetterErrors *throttledLog
 	// storeUsers counts the requests in this handler and any other that
 	// use the store's connection, for a store that must outlive the
 	// config that cleans it up while they run (nil for any other).
@@ -326,8 +328,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if s.encoding != encodingJSON {
 		s.formExtracts = ping.NewExtractCache(s.formParser)
 	}
-	h.storeErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.claimErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.settleErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.letterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.sentBackLetterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
 	}

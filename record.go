@@ -57,14 +57,14 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 // enforce counts them.
 func (h *Handler) keepInvalid(r *http.Request, req *request) {
 	if req.sentBack == nil {
-		if !h.deadLetter(r, req.elements, h.settings.letterFailedLine()) {
+		if !h.deadLetter(r, req.elements, h.letterErrors, h.settings.letterFailedLine()) {
 			req.sendBack() // a ping whose letter failed must come back, and its batch with it
 		}
 		return
 	}
 	decision := countElements(req.elements).decision()
 	if h.settings.shadow {
-		h.deadLetter(r, req.elements, sentBackLetterFailedLine)
+		h.deadLetter(r, req.elements, h.sentBackLetterErrors, sentBackLetterFailedLine)
 	}
 	for i := range req.elements {
 		if e := &req.elements[i]; e.deadLetterable() {
@@ -81,8 +81,8 @@ func (h *Handler) keepInvalid(r *http.Request, req *request) {
 // and Traccar's forwarder drop it, the loss dead-lettering is there to
 // prevent, at every Redis blip. Shadow mode counts and places it so too,
 // as it does every decision enforce makes, and forwards it. A failure is
-// logged with failedLine, which says what the senders got.
-func (h *Handler) deadLetter(r *http.Request, elements []element, failedLine string) (written bool) {
+// logged to failures with failedLine, which says what the senders got.
+func (h *Handler) deadLetter(r *http.Request, elements []element, failures *throttledLog, failedLine string) (written bool) {
 	var letters []deadLetter
 	var letterOf []*element
 	for i := range elements {
@@ -104,7 +104,7 @@ func (h *Handler) deadLetter(r *http.Request, elements []element, failedLine str
 		letterOf[i].decision = decisionDeadLettered
 	}
 	if failed != nil && !errors.Is(failed, dedup.ErrBreakerOpen) { // the breaker logs its own transitions
-		h.letterErrors.log(failedLine, failed)
+		failures.log(failedLine, failed)
 	}
 	return failed == nil
 }

@@ -215,7 +215,7 @@ func TestTheStoreErrorLineSaysWhatTheSendersGot(t *testing.T) {
 	for i, tt := range cases {
 		core, logs := observer.New(zap.WarnLevel)
 		h := handlers[i].h
-		h.storeErrors.logger, h.letterErrors.logger = zap.New(core), zap.New(core) // each throttled as provisioned
+		observeStoreErrors(h, zap.New(core))
 		contentType := "application/json"
 		if strings.Contains(tt.ping, "\n") {
 			contentType = "application/x-ndjson"
@@ -258,7 +258,7 @@ func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
 	naive := `{"asset_id":"veh-naive-line","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
 	tt.claimInFlight(t, held)
 	core, logs := observer.New(zap.WarnLevel)
-	tt.h.letterErrors.logger = zap.New(core)
+	observeStoreErrors(tt.h, zap.New(core))
 
 	before := decisionCountsNow()
 	res := tt.post(held+"\n"+naive+"\n", "application/x-ndjson", nil)
@@ -281,4 +281,71 @@ func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
 			t.Errorf("the line %q says %q; the pings were recorded sent_back, and enforce tries no letter of a batch it sends back", said, wrong)
 		}
 	}
+}
+
+// observeStoreErrors sends h's store-error lines to logger, each kind
+// throttled on its own as provisioned.
+func observeStoreErrors(h *Handler, logger *zap.Logger) {
+	for _, kind := range []*throttledLog{h.claimErrors, h.settleErrors, h.letterErrors, h.sentBackLetterErrors} {
+		kind.logger = logger
+	}
+}
+
+// Each kind of store failure says something else about what became of
+// its pings, so each has its own line, throttled on its own. Shadow
+// mode's letters of a batch enforce sends back whole shared a throttle
+// with the other letters, and settlements with claims: in an outage the
+// first line of one kind held back the other's for ten seconds, and a
+// settlement that failed hid that the next pings went upstream unchecked.
+func TestAStoreErrorOfOneKindHoldsBackNoOtherKindsLine(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	fix := func(asset string) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":52.5,"lon":13.4}`, asset, at)
+	}
+	naive := `{"asset_id":"veh-kinds-naive","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`
+	saidBoth := func(t *testing.T, logs *observer.ObservedLogs, first, then string) {
+		t.Helper()
+		for _, line := range []string{first, then} {
+			if logs.FilterMessageSnippet(line).Len() != 1 {
+				t.Errorf("no line saying %q; the lines: %v", line, logs.All())
+			}
+		}
+	}
+
+	t.Run("letters of a batch sent back, then a ping's", func(t *testing.T) {
+		redisURL, takeXADD := urlWithoutXADD(t)
+		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"kinds-letters:","mode":"shadow","on_invalid":"dead_letter","store":{"type":"redis","url":%q}}`,
+			redisURL))
+		takeXADD() // after the load, which would report it
+		core, logs := observer.New(zap.WarnLevel)
+		observeStoreErrors(tt.h, zap.New(core))
+		held := fix("veh-kinds-held")
+		tt.claimInFlight(t, held)
+		tt.post(held+"\n"+naive+"\n", "application/x-ndjson", nil)
+		tt.post(naive, "application/json", nil)
+		saidBoth(t, logs, "recorded them sent_back", "recorded unavailable")
+	})
+
+	t.Run("a settlement, then claims", func(t *testing.T) {
+		rdb := redistest.Start(t)
+		tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"kinds-settle:","store":{"type":"redis","url":%q,"timeout":1000000000,"breaker_failures":1000}}`,
+			rdb.URL()))
+		core, logs := observer.New(zap.WarnLevel)
+		observeStoreErrors(tt.h, zap.New(core))
+		tt.upstreamStatus = func([]byte) int {
+			rdb.Kill() // after the claim: its settlement fails
+			return http.StatusCreated
+		}
+		tt.post(fix("veh-kinds-settled"), "application/json", nil)
+		for deadline := time.Now().Add(10 * time.Second); logs.FilterMessageSnippet("settling a claim failed").Len() == 0; {
+			if time.Now().After(deadline) {
+				t.Fatalf("no settlement failed; the lines: %v", logs.All())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if res := tt.post(fix("veh-kinds-unchecked"), "application/json", nil); res.header.Get("X-Dedup") != "unchecked" {
+			t.Fatalf("a new ping with Redis down: X-Dedup %q, want unchecked", res.header.Get("X-Dedup"))
+		}
+		saidBoth(t, logs, "settling a claim failed", "go upstream unchecked")
+	})
 }
