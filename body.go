@@ -17,9 +17,9 @@ import (
 type tooLargeError struct {
 	limit     int64
 	byMaxSize bool
-	// opening is the body's first byte other than white space, if any was
-	// read: a declared length over the limit is refused unread.
-	opening byte
+	// head is what was read of the body: nothing when a declared length
+	// over the limit refused it unread.
+	head []byte
 	// sent is what the body held, as far as the handler can tell.
 	sent sentShape
 }
@@ -33,17 +33,21 @@ func (e *tooLargeError) Error() string {
 		option, humanize.IBytes(uint64(e.limit)), e.sent.fix(), option)
 }
 
-// sentShape is what an oversize body held, told from the route's framing,
-// the Content-Type and the body's first byte, never from the body whole.
+// sentShape is what an oversize body held, told from the route's framing
+// and preset, the Content-Type and what was read of the body up to the
+// limit, never from the body whole.
 type sentShape int
 
 // The shapes of an oversize body.
 const (
-	// sentUnknown is a JSON body refused unread: one ping or a batch.
+	// sentUnknown is one ping or a batch: a JSON body refused unread, or
+	// one whose batch wrapper was not reached by what was read.
 	sentUnknown sentShape = iota
-	// sentOne is one ping: a JSON object, or form fields.
+	// sentOne is one ping: a JSON object, a wrapper's lone object, form
+	// fields, or what a sender that posts one ping a request sent.
 	sentOne
-	// sentBatch is a JSON array, NDJSON, or the route's batch wrapper.
+	// sentBatch is a JSON array, NDJSON, or an array in the route's batch
+	// wrapper.
 	sentBatch
 	// sentOverland is Overland's batch, which the app resends as it was
 	// until it fits.
@@ -102,7 +106,7 @@ func readBody(r *http.Request, limit int64, rb *restoredBody) ([]byte, error) {
 	switch {
 	case err != nil && isTooLarge(err):
 		tooLarge := maxSizeError(err, limit)
-		tooLarge.opening = openingOf(body)
+		tooLarge.head = body
 		return nil, tooLarge
 	case err != nil:
 		return nil, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
@@ -113,7 +117,7 @@ func readBody(r *http.Request, limit int64, rb *restoredBody) ([]byte, error) {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
-		return nil, &tooLargeError{limit: limit, opening: openingOf(body)}
+		return nil, &tooLargeError{limit: limit, head: body}
 	}
 	rb.restore(r, body)
 	return body, nil

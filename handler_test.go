@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -481,87 +482,78 @@ func TestShadowRecordsAStoreOutageAsEnforceWould(t *testing.T) {
 // A body over max_body is answered with what its sender can change, for
 // what it sent: a batch sender cannot send one ping per request, and
 // Overland, which resends the same batch until it fits, is told the
-// setting that makes it fit. A JSON body refused on its declared length
-// alone, unread, may be either.
+// setting that makes it fit. Under a batch wrapper that holds one ping or
+// an array (the Transistorsoft SDK's "location"), a lone ping is told it
+// is one, as is anything Traccar's forwarder posts, one position a
+// request, even refused unread: both were told to send smaller batches.
+// Any other JSON body refused on its declared length alone, unread, may
+// be either. OwnTracks posts one message a request, never a batch, and
+// cannot make one smaller: a card with its photo, a list of regions. Its
+// 413 said to split a batch (a message refused on its declared length) or
+// that the body held one ping (one read up to the limit, a card being no
+// ping). It says what is large and what a refusal costs, for max_body and
+// for a request_body max_size in front, which the load-time floor cannot
+// see.
 func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 	padding := strings.Repeat("x", 300)
 	feature := `{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"device_id":"ov","timestamp":"2026-08-08T12:00:00Z","note":"` + padding + `"}}`
 	object := `{"asset_id":"veh-big","occurred_at":"2026-08-08T12:00:00Z","lat":52.5,"lon":13.4,"note":"` + padding + `"}`
+	location := `{"timestamp":"2026-08-08T12:00:00.000Z","coords":{"latitude":52.5,"longitude":13.4},"extras":{"note":"` + padding + `"}}`
+	traccar := `{"position":{"deviceId":7,"fixTime":"2026-08-08T12:00:00.000+00:00","latitude":52.5,"longitude":13.4,"attributes":{"note":"` +
+		padding + `"}},"device":{"uniqueId":"veh-big"}}`
+	card := `{"_type":"card","face":"` + strings.Repeat("A", 300<<10) + `","name":"Jane Doe"}`
+	const (
+		batches   = "send smaller batches (fewer pings per request), or raise max_body"
+		one       = "it holds one ping: if the sender's pings are this large, raise max_body"
+		either    = "split a batch into smaller ones, or raise max_body"
+		ownTracks = "OwnTracks posts each message whole, one a request (a card or a location with a photo, a list of regions), " +
+			"and Android resends a refused one forever at the head of its queue:"
+	)
 	for _, tc := range []struct {
 		name, options, contentType, body string
-		chunked                          bool // no Content-Length: the body is read up to the limit
+		chunked                          bool  // no Content-Length: the body is read up to the limit
+		maxBody                          int64 // 200 unless set
+		maxSize                          int64 // of a request_body in front; 0 for none
 		want                             string
 	}{
 		{name: "an Overland batch", options: `"preset":"overland"`, contentType: "application/json",
 			body: `{"locations":[` + feature + `,` + feature + `]}`, want: "Overland resends the same batch until it fits: lower its Locations per Batch setting, or raise max_body"},
-		{name: "a batch under a wrapper", options: `"batch":"items"`, contentType: "application/json",
-			body: `{"items":[` + object + `,` + object + `]}`, want: "send smaller batches (fewer pings per request), or raise max_body"},
+		{name: "a batch under a wrapper, read", options: `"batch":"items"`, contentType: "application/json", chunked: true,
+			body: `{"items":[` + object + `,` + object + `]}`, want: batches},
+		{name: "one ping under a wrapper, read", options: `"batch":"location"`, contentType: "application/json", chunked: true,
+			body: `{"device_id":"veh-big","location":` + location + `}`, want: one},
+		{name: "a batch under a wrapper past what was read", options: `"batch":"location"`, contentType: "application/json", chunked: true,
+			body: `{"device_id":"` + padding + `","location":[` + location + `]}`, want: either},
+		{name: "under a wrapper, refused unread", options: `"batch":"location"`, contentType: "application/json",
+			body: `{"device_id":"veh-big","location":` + location + `}`, want: either},
 		{name: "NDJSON", contentType: "application/x-ndjson",
-			body: object + "\n" + object + "\n", want: "send smaller batches (fewer pings per request), or raise max_body"},
+			body: object + "\n" + object + "\n", want: batches},
 		{name: "a JSON array, read", contentType: "application/json", chunked: true,
-			body: "[" + object + "," + object + "]", want: "send smaller batches (fewer pings per request), or raise max_body"},
+			body: "[" + object + "," + object + "]", want: batches},
 		{name: "one JSON ping, read", contentType: "application/json", chunked: true,
-			body: " " + object, want: "it holds one ping: if the sender's pings are this large, raise max_body"},
+			body: " " + object, want: one},
 		{name: "form fields", options: `"preset":"osmand"`, contentType: "application/x-www-form-urlencoded",
-			body: "id=veh-big&lat=52.5&lon=13.4&timestamp=1786190400&note=" + padding, want: "it holds one ping: if the sender's pings are this large, raise max_body"},
+			body: "id=veh-big&lat=52.5&lon=13.4&timestamp=1786190400&note=" + padding, want: one},
+		{name: "Traccar's forwarder, refused unread", options: `"preset":"traccar"`, contentType: "application/json",
+			body: traccar, want: one},
 		{name: "JSON refused unread", contentType: "application/json",
-			body: "[" + object + "," + object + "]", want: "split a batch into smaller ones, or raise max_body"},
+			body: "[" + object + "," + object + "]", want: either},
+		{name: "an OwnTracks card, refused unread", options: `"preset":"owntracks"`, contentType: "application/json",
+			body: card, maxBody: 256 << 10, want: ownTracks + " raise max_body"},
+		{name: "an OwnTracks card, read up to max_body", options: `"preset":"owntracks"`, contentType: "application/json", chunked: true,
+			body: card, maxBody: 256 << 10, want: ownTracks + " raise max_body"},
+		{name: "an OwnTracks card, stopped by request_body", options: `"preset":"owntracks"`, contentType: "application/json",
+			body: card, maxBody: 1 << 20, maxSize: 64 << 10, want: ownTracks + " raise request_body max_size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			config := `{"key_prefix":"toolarge:","max_body":200`
+			config := fmt.Sprintf(`{"key_prefix":"toolarge:","max_body":%d`, cmp.Or(tc.maxBody, 200))
 			if tc.options != "" {
 				config += "," + tc.options
 			}
 			tt := tableHandler(t, config+"}")
+			w := httptest.NewRecorder()
 			r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(tc.body))
 			r.Header.Set("Content-Type", tc.contentType)
-			if tc.chunked {
-				r.ContentLength = -1
-			}
-			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
-			w := httptest.NewRecorder()
-			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
-				t.Error("an oversize body reached the upstream")
-				return nil
-			})
-			if err := tt.h.ServeHTTP(w, r, next); err != nil {
-				t.Fatal(err)
-			}
-			var got errorBody
-			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusRequestEntityTooLarge ||
-				!strings.HasSuffix(got.Error, "; "+tc.want) {
-				t.Fatalf("%s over max_body: %d %s; want 413 saying %q", tc.name, w.Code, w.Body.String(), tc.want)
-			}
-		})
-	}
-}
-
-// OwnTracks posts one message a request, never a batch, and cannot make one
-// smaller: a card with its photo, a list of regions. Its 413 said to split
-// a batch (a message refused on its declared length) or that the body held
-// one ping (one read up to the limit, a card being no ping). It says what
-// is large and what a refusal costs, for max_body and for a request_body
-// max_size in front, which the load-time floor cannot see.
-func TestATooLargeOwnTracksMessageSaysItCannotBeMadeSmaller(t *testing.T) {
-	card := `{"_type":"card","face":"` + strings.Repeat("A", 300<<10) + `","name":"Jane Doe"}`
-	const want = "OwnTracks posts each message whole, one a request (a card or a location with a photo, a list of regions), " +
-		"and Android resends a refused one forever at the head of its queue:"
-	for _, tc := range []struct {
-		name    string
-		maxBody int64
-		maxSize int64 // of a request_body in front; 0 for none
-		chunked bool
-		option  string
-	}{
-		{name: "refused on its declared length", maxBody: 256 << 10, option: "raise max_body"},
-		{name: "read up to max_body", maxBody: 256 << 10, chunked: true, option: "raise max_body"},
-		{name: "stopped by request_body", maxBody: 1 << 20, maxSize: 64 << 10, option: "raise request_body max_size"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"toolarge:owntracks:","preset":"owntracks","max_body":%d}`, tc.maxBody))
-			w := httptest.NewRecorder()
-			r := httptest.NewRequest(http.MethodPost, "/owntracks", strings.NewReader(card))
-			r.Header.Set("Content-Type", "application/json")
 			if tc.chunked {
 				r.ContentLength = -1
 			}
@@ -578,8 +570,8 @@ func TestATooLargeOwnTracksMessageSaysItCannotBeMadeSmaller(t *testing.T) {
 			}
 			var got errorBody
 			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusRequestEntityTooLarge ||
-				!strings.HasSuffix(got.Error, "; "+want+" "+tc.option) {
-				t.Fatalf("%d %s; want 413 saying %q", w.Code, w.Body.String(), want+" "+tc.option)
+				!strings.HasSuffix(got.Error, "; "+tc.want) {
+				t.Fatalf("%s: %d %s; want 413 saying %q", tc.name, w.Code, w.Body.String(), tc.want)
 			}
 		})
 	}

@@ -81,7 +81,7 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	form := h.settings.readsForm(ct)
 	body, err := readBody(r, h.settings.maxBody, &req.body)
 	if tooLarge, ok := err.(*tooLargeError); ok { // readBody's own: an errors.As target would cost every request an allocation
-		tooLarge.sent = h.sentShape(ct, form, tooLarge.opening)
+		tooLarge.sent = h.sentShape(ct, form, tooLarge.head)
 	}
 	if err == nil && len(body) > 0 && !(form && r.URL.RawQuery != "") {
 		// An empty body is no compressed one (a GET's pings are in its
@@ -105,23 +105,29 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	return req
 }
 
-// sentShape tells what an oversize body held, for the fix its 413 names:
-// form fields are one ping; a route that wraps its pings, NDJSON and a
-// JSON array are batches; anything else the OwnTracks apps post, read or
-// not, is one of their messages; a JSON object read up to the limit is one
-// ping.
-func (h *Handler) sentShape(ct contentType, form bool, opening byte) sentShape {
-	wrapped := h.settings.splitter.Wrapper != ""
+// sentShape tells what an oversize body held, for the fix its 413 names,
+// from head, what was read of it: form fields are one ping; NDJSON and a
+// JSON array are batches, and so is an array under the route's batch
+// wrapper (Overland's always), where an object is one ping; anything else
+// the OwnTracks apps post, read or not, is one of their messages; anything
+// else Traccar's forwarder posts, one position (or event) a request, is
+// one ping, and so is a JSON object read up to the limit.
+func (h *Handler) sentShape(ct contentType, form bool, head []byte) sentShape {
+	splitter := &h.settings.splitter
+	opening := openingOf(head)
+	if splitter.Wrapper != "" && opening == '{' {
+		opening = splitter.WrapperOpening(head) // its pings are in the wrapper
+	}
 	switch {
 	case form:
 		return sentOne
-	case wrapped && h.Preset == "overland":
+	case splitter.Wrapper != "" && h.Preset == "overland":
 		return sentOverland
-	case wrapped || ct.ndjson() || opening == '[':
+	case ct.ndjson() || opening == '[':
 		return sentBatch
 	case h.Preset == "owntracks":
 		return sentOwnTracks
-	case opening == '{':
+	case h.Preset == "traccar" || opening == '{':
 		return sentOne
 	}
 	return sentUnknown

@@ -126,6 +126,16 @@ func (s Splitter) Split(elements [][]byte, body []byte, ndjson bool) (Batch, err
 	return Batch{Framing: Single, Elements: append(elements, body)}, nil
 }
 
+// WrapperOpening is the first byte of what the wrapper holds in head, the
+// start of an object body that may be cut short (read up to a limit): '['
+// for a batch, '{' for a lone ping, 0 where head does not reach it.
+func (s Splitter) WrapperOpening(head []byte) byte {
+	if v := gjson.GetBytes(head, s.Wrapper); v.IsObject() || v.IsArray() {
+		return v.Raw[0]
+	}
+	return 0
+}
+
 // splitWrapped splits an object whose pings are in the wrapper's array.
 // The path to the array is scanned like a ping's fields: a duplicate key on
 // it would have the backend read another array than the one judged.
