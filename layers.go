@@ -60,7 +60,7 @@ type element struct {
 	// decision is empty while the element waits for its claim.
 	decision dedup.Decision
 	// reason is why: the reason of a suppression, the rule a rejected ping
-	// broke, or what else happened (store_error, not_a_ping).
+	// broke, or what else happened (store_error, not_a_ping, sent_back).
 	reason string
 	// rejection is the answer a ping that cannot be keyed gets alone.
 	rejection *rejection

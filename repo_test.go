@@ -1,11 +1,15 @@
 package telemetrydedup
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -127,4 +131,62 @@ func TestGitignoreCoversBuildOutputs(t *testing.T) {
 			t.Errorf("%s is not ignored: add /%s to .gitignore", output, output)
 		}
 	}
+}
+
+// The README's row of decisions_total names every reason the metric can
+// carry, as the code declares them: dedup's, the rules of ping and the
+// handler's own. It left out sent_back, added for the pings of a batch
+// sent back whole, which an operator alerting on a reason could not know.
+func TestREADMENamesEveryReasonTheDecisionsMetricCarries(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `caddy_telemetry_dedup_decisions_total` \\|.*$").Find(readme)
+	if row == nil {
+		t.Fatal("README has no row for caddy_telemetry_dedup_decisions_total")
+	}
+	reasons := declaredReasons(t)
+	for _, kind := range []string{"redelivery", "range", "sent_back"} { // one of each declaration
+		if !slices.Contains(reasons, kind) {
+			t.Fatalf("found the reasons %q in the code, not %s", reasons, kind)
+		}
+	}
+	for _, reason := range reasons {
+		if !strings.Contains(string(row), "`"+reason+"`") {
+			t.Errorf("README's decisions_total row does not name the reason %s", reason)
+		}
+	}
+}
+
+// declaredReasons are the values of the constants that name a ping's
+// reason: dedup's Reasons, ping's Rules and the handler's reason* ones.
+func declaredReasons(t *testing.T) []string {
+	t.Helper()
+	var reasons []string
+	for _, file := range []string{"dedup/decision.go", "ping/errors.go", "respond.go"} {
+		f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			spec, ok := n.(*ast.ValueSpec)
+			if !ok {
+				return true
+			}
+			typ, _ := spec.Type.(*ast.Ident)
+			for i, name := range spec.Names {
+				named := typ == nil && strings.HasPrefix(name.Name, "reason") || typ != nil && (typ.Name == "Reason" || typ.Name == "Rule")
+				if !named || i >= len(spec.Values) {
+					continue
+				}
+				if lit, ok := spec.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					reason, _ := strconv.Unquote(lit.Value)
+					reasons = append(reasons, reason)
+				}
+			}
+			return true
+		})
+	}
+	return reasons
 }

@@ -52,8 +52,9 @@ const (
 	reasonMalformed  = "malformed"
 	reasonTooLarge   = "too_large"
 	reasonNotAPing   = "not_a_ping"
-	// reasonSentBack labels a new ping of a batch sent back whole: it
-	// will be judged again when the batch comes back.
+	// reasonSentBack labels a ping of a batch sent back whole, new,
+	// unchecked or, with on_invalid dead_letter, invalid: it will be
+	// judged (or dead-lettered) when the batch comes back.
 	reasonSentBack = "sent_back"
 )
 
