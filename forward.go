@@ -126,8 +126,7 @@ func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool
 	released, err := h.deduper.Release(context.WithoutCancel(ctx), claims...)
 	if err != nil {
 		metrics.releases.WithLabelValues(releaseError).Add(float64(len(claims)))
-		h.logger.Warn("releasing the claims of a failed request failed; the reconciler releases them once the store answers",
-			zap.String("key", claims[0].Key()), zap.Int("claims", len(claims)), zap.Error(err))
+		h.releaseErrors.log("releasing the claims of a failed request failed; the reconciler releases them once the store answers", err)
 		h.reconcile(claims, true)
 		return
 	}

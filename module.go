@@ -285,12 +285,14 @@ type Handler struct {
 	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
-	// claimErrors, settleErrors, letterErrors and sentBackLetterErrors log
-	// the store's failures, each kind on its own line at most once per
-	// storeErrorLogEvery: each line says what became of its own pings, and
-	// in an outage a flood of one kind would hold back another's first
-	// line (the claims' would hide the 503s of invalid pings).
-	claimErrors, settleErrors, letterErrors, sentBackLetterErrors *throttledLog
+	// claimErrors, settleErrors, releaseErrors, sentBackReleaseErrors,
+	// letterErrors and sentBackLetterErrors log the store's failures, each
+	// kind on its own line at most once per storeErrorLogEvery: each line
+	// says what became of its own pings, and in an outage a flood of one
+	// kind would hold back another's first line (the claims' would hide
+	// the 503s of invalid pings).
+	claimErrors, settleErrors, releaseErrors, sentBackReleaseErrors *throttledLog
+	letterErrors, sentBackLetterErrors                              *throttledLog
 	// storeUsers counts the requests in this handler and any other that
 	// use the store's connection, for a store that must outlive the
 	// config that cleans it up while they run (nil for any other).
@@ -330,6 +332,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.claimErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.settleErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.releaseErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.sentBackReleaseErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.letterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.sentBackLetterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {

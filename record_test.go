@@ -286,7 +286,7 @@ func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
 // observeStoreErrors sends h's store-error lines to logger, each kind
 // throttled on its own as provisioned.
 func observeStoreErrors(h *Handler, logger *zap.Logger) {
-	for _, kind := range []*throttledLog{h.claimErrors, h.settleErrors, h.letterErrors, h.sentBackLetterErrors} {
+	for _, kind := range []*throttledLog{h.claimErrors, h.settleErrors, h.releaseErrors, h.sentBackReleaseErrors, h.letterErrors, h.sentBackLetterErrors} {
 		kind.logger = logger
 	}
 }
@@ -348,4 +348,49 @@ func TestAStoreErrorOfOneKindHoldsBackNoOtherKindsLine(t *testing.T) {
 		}
 		saidBoth(t, logs, "settling a claim failed", "go upstream unchecked")
 	})
+}
+
+// A release Redis refuses is a store error as a claim's is: logged at most
+// once per storeErrorLogEvery, the similar ones counted, with the fix, and
+// each of the two release lines throttled on its own. Both were written
+// once per request, without the fix: a user whose ACL lacks EVALSHA, which
+// only releases use in tumbling, wrote a warning for every upstream
+// failure and every batch sent back, as did an outage for every request
+// whose upstream failed while Redis was gone.
+func TestAReleaseRefusedIsLoggedAsTheOtherStoreErrorsAre(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "noevalsha", "pw")
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"release-lines:","store":{"type":"redis","url":%q,"breaker_failures":1000}}`,
+		"redis://noevalsha:pw@"+srv.Addr()+"/0"))
+	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "noevalsha", "-evalsha").Err(); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	tt.h.logger = zap.New(core)
+	observeStoreErrors(tt.h, tt.h.logger)
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	fix := func(asset string) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":52.5,"lon":13.4}`, asset, at)
+	}
+	tt.upstreamStatus = func([]byte) int { return http.StatusBadGateway }
+	held := fix("veh-release-held")
+	tt.claimInFlight(t, held)
+	for _, asset := range []string{"veh-release-1", "veh-release-2"} {
+		if res := tt.post(fix(asset), "application/json", nil); res.status != http.StatusBadGateway {
+			t.Fatalf("a ping whose upstream failed: %d, want the upstream's 502", res.status)
+		}
+		if res := tt.post(held+"\n"+fix(asset+"-batch")+"\n", "application/x-ndjson", nil); res.header.Get("X-Dedup") != "in_flight" {
+			t.Fatalf("a batch holding a ping in flight: X-Dedup %q, want in_flight (sent back whole)", res.header.Get("X-Dedup"))
+		}
+	}
+	for _, line := range []string{"releasing the claims of a failed request failed", "releasing the claims of a batch sent back for retry failed"} {
+		said := logs.FilterMessageSnippet(line).All()
+		if len(said) != 1 {
+			t.Errorf("%d lines saying %q after two such failures, want 1 (the other counted at the next); the lines: %v", len(said), line, logs.All())
+			continue
+		}
+		if fix, _ := said[0].ContextMap()["fix"].(string); !strings.Contains(fix, "EVALSHA") {
+			t.Errorf("the line saying %q has the fix %q; want the ACL rule, which names EVALSHA", line, fix)
+		}
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
@@ -168,7 +167,7 @@ func (h *Handler) giveBack(ctx context.Context, claims []*dedup.Claim) {
 		return
 	}
 	if _, err := h.deduper.Release(context.WithoutCancel(ctx), claims...); err != nil {
-		h.logger.Warn("releasing the claims of a batch sent back for retry failed; the reconciler releases them once the store answers", zap.Error(err))
+		h.sentBackReleaseErrors.log("releasing the claims of a batch sent back for retry failed; the reconciler releases them once the store answers", err)
 		h.reconcile(claims, true)
 	}
 }
