@@ -43,8 +43,8 @@ const (
 	// sentUnknown is one ping or a batch: a JSON body refused unread, or
 	// one whose batch wrapper was not reached by what was read.
 	sentUnknown sentShape = iota
-	// sentOne is one ping: a JSON object, a wrapper's lone object, form
-	// fields, or what a sender that posts one ping a request sent.
+	// sentOne is one ping: a JSON object, a wrapper's lone object, or form
+	// fields.
 	sentOne
 	// sentBatch is a JSON array, NDJSON, or an array in the route's batch
 	// wrapper.
@@ -55,6 +55,9 @@ const (
 	// sentOwnTracks is an OwnTracks message, which the apps post whole,
 	// one a request, and which need not be a location at all.
 	sentOwnTracks
+	// sentTraccar is what Traccar forwards, one position or event a
+	// request: an event is no ping, and neither can be made smaller.
+	sentTraccar
 )
 
 // fix is what the sender can change, the words before "raise <limit>".
@@ -69,6 +72,9 @@ func (s sentShape) fix() string {
 	case sentOwnTracks:
 		return "OwnTracks posts each message whole, one a request (a card or a location with a photo, a list of regions), " +
 			"and Android resends a refused one forever at the head of its queue:"
+	case sentTraccar:
+		return "Traccar forwards each position or event whole, one a request, " +
+			"and drops a refused one (a position after ten tries with forward.retry.enable):"
 	}
 	return "split a batch into smaller ones, or"
 }

@@ -484,16 +484,17 @@ func TestShadowRecordsAStoreOutageAsEnforceWould(t *testing.T) {
 // Overland, which resends the same batch until it fits, is told the
 // setting that makes it fit. Under a batch wrapper that holds one ping or
 // an array (the Transistorsoft SDK's "location"), a lone ping is told it
-// is one, as is anything Traccar's forwarder posts, one position a
-// request, even refused unread: both were told to send smaller batches.
-// Any other JSON body refused on its declared length alone, unread, may
-// be either. OwnTracks posts one message a request, never a batch, and
-// cannot make one smaller: a card with its photo, a list of regions. Its
-// 413 said to split a batch (a message refused on its declared length) or
-// that the body held one ping (one read up to the limit, a card being no
-// ping). It says what is large and what a refusal costs, for max_body and
-// for a request_body max_size in front, which the load-time floor cannot
-// see.
+// is one: it was told to send smaller batches. Any other JSON body refused
+// on its declared length alone, unread, may be either. Traccar forwards
+// one position or event a request, read or not, and drops what is
+// refused: it was told to split a batch, then that it sent one ping, which
+// an event is not. OwnTracks posts one message a request, never a batch,
+// and cannot make one smaller: a card with its photo, a list of regions.
+// Its 413 said to split a batch (a message refused on its declared length)
+// or that the body held one ping (one read up to the limit, a card being
+// no ping). It says what is large and what a refusal costs, for max_body
+// and for a request_body max_size in front, which the load-time floor
+// cannot see.
 func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 	padding := strings.Repeat("x", 300)
 	feature := `{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"device_id":"ov","timestamp":"2026-08-08T12:00:00Z","note":"` + padding + `"}}`
@@ -508,6 +509,8 @@ func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 		either    = "split a batch into smaller ones, or raise max_body"
 		ownTracks = "OwnTracks posts each message whole, one a request (a card or a location with a photo, a list of regions), " +
 			"and Android resends a refused one forever at the head of its queue:"
+		traccarWhole = "Traccar forwards each position or event whole, one a request, " +
+			"and drops a refused one (a position after ten tries with forward.retry.enable): raise max_body"
 	)
 	for _, tc := range []struct {
 		name, options, contentType, body string
@@ -535,7 +538,9 @@ func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 		{name: "form fields", options: `"preset":"osmand"`, contentType: "application/x-www-form-urlencoded",
 			body: "id=veh-big&lat=52.5&lon=13.4&timestamp=1786190400&note=" + padding, want: one},
 		{name: "Traccar's forwarder, refused unread", options: `"preset":"traccar"`, contentType: "application/json",
-			body: traccar, want: one},
+			body: traccar, want: traccarWhole},
+		{name: "Traccar's event forwarder, read", options: `"preset":"traccar"`, contentType: "application/json", chunked: true,
+			body: `{"event":{"type":"alarm","attributes":{"alarm":"sos"}},"position":` + traccar[len(`{"position":`):], want: traccarWhole},
 		{name: "JSON refused unread", contentType: "application/json",
 			body: "[" + object + "," + object + "]", want: either},
 		{name: "an OwnTracks card, refused unread", options: `"preset":"owntracks"`, contentType: "application/json",

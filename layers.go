@@ -109,9 +109,9 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 // from head, what was read of it: form fields are one ping; NDJSON and a
 // JSON array are batches, and so is an array under the route's batch
 // wrapper (Overland's always), where an object is one ping; anything else
-// the OwnTracks apps post, read or not, is one of their messages; anything
-// else Traccar's forwarder posts, one position (or event) a request, is
-// one ping, and so is a JSON object read up to the limit.
+// the OwnTracks apps post, read or not, is one of their messages, and
+// anything else Traccar's forwarders post one position or event; a JSON
+// object read up to the limit is one ping.
 func (h *Handler) sentShape(ct contentType, form bool, head []byte) sentShape {
 	splitter := &h.settings.splitter
 	opening := openingOf(head)
@@ -127,7 +127,9 @@ func (h *Handler) sentShape(ct contentType, form bool, head []byte) sentShape {
 		return sentBatch
 	case h.Preset == "owntracks":
 		return sentOwnTracks
-	case h.Preset == "traccar" || opening == '{':
+	case h.Preset == "traccar":
+		return sentTraccar
+	case opening == '{':
 		return sentOne
 	}
 	return sentUnknown
