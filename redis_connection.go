@@ -36,10 +36,6 @@ type redisConnection struct {
 	drainUntil atomic.Int64
 	// loggers are the loggers of the configs that use the connection.
 	loggers connectionLoggers
-	// closing is set while the reconciler closes: Destruct logs the claims
-	// it drops then, by kind, rather than the reporter's line for a full
-	// queue.
-	closing atomic.Bool
 	where   string        // the topology, for log lines
 	timeout time.Duration // each store call's
 }
@@ -117,7 +113,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// retries during an outage must not reopen a breaker whose probe is on
 	// its way, and it must reach Redis as soon as Redis answers. Its own
 	// releases need no replica's word: it repeats each at its confirmations.
-	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(c.loggers.current, where, &c.closing))
+	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(c.loggers.current, where))
 	c.store = breaker.Guard(store)
 	if failsOver(client, r) {
 		c.store = breaker.Guard(dedup.NewFailoverStore(store, client, c.reconciler.Confirm))
@@ -139,23 +135,19 @@ func failsOver(client redis.UniversalClient, r RedisStore) bool {
 
 // reconcileReporter counts what the reconciler did and logs what an
 // operator must know: claims it could not take or gave up on, which stand
-// until in_flight_timeout and then count as settled. Those dropped while
-// closing it leaves to Destruct's line.
-func reconcileReporter(logger func() *zap.Logger, where string, closing *atomic.Bool) func(dedup.ReconcileOutcome, int) {
+// until in_flight_timeout and then count as settled. (Those its closing
+// gives up on, Destruct counts and logs.)
+func reconcileReporter(logger func() *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
 	var dropped, unconfirmed throttledLog
 	dropped.every, unconfirmed.every = storeErrorLogEvery, storeErrorLogEvery
 	return func(outcome dedup.ReconcileOutcome, n int) {
-		metricsOnce.Do(initMetrics)
-		metrics.reconciled.WithLabelValues(string(outcome)).Add(float64(n))
+		countReconciled(outcome, n)
 		switch outcome {
 		case dedup.ReconcileUnconfirmed:
 			unconfirmed.logTo(logger().With(zap.String("redis", where)), "releases no replica acknowledged could not be queued to be made again after a failover; "+
 				"if the master fails over now, the retries of their observations may be suppressed",
 				fmt.Errorf("%d claims %s", n, outcome))
 		case dedup.ReconcileDropped, dedup.ReconcileExpired:
-			if outcome == dedup.ReconcileDropped && closing.Load() {
-				return
-			}
 			dropped.logTo(logger().With(zap.String("redis", where)), "claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
 				"and the retries of the observations whose requests failed may be suppressed",
 				fmt.Errorf("%d claims %s", n, outcome))
@@ -167,27 +159,33 @@ func reconcileReporter(logger func() *zap.Logger, where string, closing *atomic.
 	}
 }
 
+// countReconciled counts n claims reconciled with outcome.
+func countReconciled(outcome dedup.ReconcileOutcome, n int) {
+	metricsOnce.Do(initMetrics)
+	metrics.reconciled.WithLabelValues(string(outcome)).Add(float64(n))
+}
+
 // Destruct closes the connection. The pipeline first sends the
 // settlements of the last requests, and hands those that fail to the
 // reconciler, whose last pass then goes through the pipeline too.
 func (c *redisConnection) Destruct() error {
 	c.pipeline.Flush()
-	c.closing.Store(true)
 	left := c.reconciler.Close()
-	c.closing.Store(false)
 	c.pipeline.Close()
-	c.logUnreconciled(left)
+	c.dropUnreconciled(left)
 	retire(c)
 	return c.client.Close()
 }
 
-// logUnreconciled warns of the claims the reconciler gave up on as the
-// connection closed (Caddy's exit, or a reload while Redis was down), and
-// what their senders meet until they end.
-func (c *redisConnection) logUnreconciled(left dedup.Unreconciled) {
+// dropUnreconciled counts as dropped the claims the reconciler gave up on
+// as the connection closed (Caddy's exit, or a reload while Redis was
+// down), and warns of them by kind, with what their senders meet until
+// they end: one line, rather than the reporter's for a full queue.
+func (c *redisConnection) dropUnreconciled(left dedup.Unreconciled) {
 	if left.Releases+left.Settlements == 0 {
 		return
 	}
+	countReconciled(dedup.ReconcileDropped, left.Releases+left.Settlements)
 	c.loggers.current().Warn("closing the Redis connection while Redis did not answer: claims it holds could not be released or settled, "+
 		"and stand as pending until in_flight_timeout, then as delivered until their TTL ends: "+
 		"the retries of the failed requests' pings (releases) are told to come back and then that they were delivered, "+

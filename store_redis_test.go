@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -181,4 +182,63 @@ func provisionRedisStore(t *testing.T, url string) *RedisStore {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// A claim handed to the reconciler while the connection closes (the
+// release of a request that ended as Caddy exits, failed on a hung Redis)
+// is dropped: it stands until in_flight_timeout, and the retry of its
+// observation is told to come back, then that it was delivered. The log
+// says so, as it says of the claims the closing itself gave up on, and
+// reconciled_total counts both.
+func TestAClaimHandedWhileTheConnectionClosesIsLogged(t *testing.T) {
+	srv := redistest.Start(t)
+	core, logs := observer.New(zap.WarnLevel)
+	r := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(500 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newRedisConnection(opts, r, zap.New(core))
+	droppedBefore := reconciledNow(t, dedup.ReconcileDropped)
+	srv.Pause()
+	c.reconciler.Hand([]*dedup.Claim{ownedClaim("closing:held", 1)}, true) // the closing's last pass waits a timeout for it
+	closed := make(chan error, 1)
+	go func() { closed <- c.Destruct() }()
+	held := 1 // the claims the closing gives up on: those taken before it closes the reconciler too
+	for token := uint64(2); c.reconciler.Hand([]*dedup.Claim{ownedClaim("closing:handed", token)}, true); token++ {
+		held++
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-closed:
+		t.Fatal("the connection closed before a claim was handed over; the test needs a longer store timeout")
+	default:
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+
+	given := logs.FilterMessageSnippet("closing the Redis connection").All()
+	if len(given) != 1 || given[0].ContextMap()["releases"] != int64(held) {
+		t.Fatalf("the warnings of the claims the closing gave up on: %v, want one, of %d releases", given, held)
+	}
+	handed := logs.FilterMessageSnippet("could not be reconciled").All()
+	if len(handed) != 1 || handed[0].ContextMap()["error"] != "1 claims dropped" {
+		t.Errorf("the claim handed over while the connection closed is in no log line (lines: %d, of them %v)", logs.Len(), handed)
+	}
+	if got := reconciledNow(t, dedup.ReconcileDropped) - droppedBefore; got != float64(held+1) {
+		t.Errorf("reconciled_total{outcome=dropped} grew by %v, want %d: the claims given up on and the one handed over", got, held+1)
+	}
+}
+
+// reconciledNow reads reconciled_total{outcome}.
+func reconciledNow(t *testing.T, outcome dedup.ReconcileOutcome) float64 {
+	t.Helper()
+	metricsOnce.Do(initMetrics)
+	var m dto.Metric
+	if err := metrics.reconciled.WithLabelValues(string(outcome)).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -61,7 +61,8 @@ const (
 	ReconcileNotHeld ReconcileOutcome = "not_held"
 	// ReconcileSettled: the claim was settled (if it had landed).
 	ReconcileSettled ReconcileOutcome = "settled"
-	// ReconcileDropped: the queue was full, or the Reconciler closed first.
+	// ReconcileDropped: the queue was full, the Reconciler closed first,
+	// or Close gave up on it (which Close returns rather than reports).
 	ReconcileDropped ReconcileOutcome = "dropped"
 	// ReconcileExpired: the store did not answer before the claim's TTL
 	// ran out, after which there is nothing left to act on.
@@ -358,8 +359,8 @@ func (r *Reconciler) Len() int {
 func (r *Reconciler) Unanswered() int { return int(r.unanswered.Load()) }
 
 // Unreconciled counts the claims Close gave up on because the store never
-// answered them. Each, if it landed, stands as pending until
-// in_flight_timeout, and then as settled until its TTL ends.
+// answered them (ReconcileDropped). Each, if it landed, stands as pending
+// until in_flight_timeout, and then as settled until its TTL ends.
 type Unreconciled struct {
 	// Releases: claims of requests that failed, whose senders' retries
 	// are told to come back and then that they were delivered, though the
@@ -374,9 +375,11 @@ type Unreconciled struct {
 // makes one last pass over every claim it holds, their backoff ignored (a
 // Redis that came back just before an exit or a reload answers it),
 // releases first, within reconcileLastPass: a Redis that does not answer
-// holds it two store timeouts at most. It counts the claims the store
-// still never answered as dropped, and returns them; the confirmations
-// not yet done it counts as unconfirmed.
+// holds it two store timeouts at most. It returns the claims the store
+// still never answered, uncounted: the caller counts them as dropped with
+// the line that says what they are, while the claims handed over
+// meanwhile or later are dropped and reported as any others, each on its
+// own. The confirmations not yet done it counts as unconfirmed.
 func (r *Reconciler) Close() Unreconciled {
 	r.mu.Lock()
 	if r.closed {
@@ -409,7 +412,6 @@ func (r *Reconciler) Close() Unreconciled {
 	r.owed.Store(0)
 	clear(r.owedKeys)
 	r.mu.Unlock()
-	r.count(ReconcileDropped, left.Releases+left.Settlements)
 	r.count(ReconcileUnconfirmed, unconfirmed)
 	return left
 }
