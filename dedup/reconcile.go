@@ -128,9 +128,9 @@ type Reconciler struct {
 	confirming int
 	closed     bool
 	wake       chan struct{}
-	// running is run's, and stop cancels it: a store call of run's that
-	// waits gives up (one sending its own batch waits out the store's
-	// timeout), and Close's last pass, bounded, tries again.
+	// running is run's, and stop cancels it: run begins no store call
+	// after, the one on its way has its answer within the store's timeout
+	// (workOn), and Close's last pass, bounded, makes the rest.
 	running context.Context
 	stop    context.CancelFunc
 	stopped chan struct{}
@@ -371,11 +371,12 @@ type Unreconciled struct {
 	Settlements int
 }
 
-// Close stops the Reconciler. Once a store call on its way has ended, it
-// makes one last pass over every claim it holds, their backoff ignored (a
-// Redis that came back just before an exit or a reload answers it),
-// releases first, within reconcileLastPass: a Redis that does not answer
-// holds it two store timeouts at most. It returns the claims the store
+// Close stops the Reconciler. Once a store call on its way has its answer
+// (or the store's timeout has passed), it makes one last pass over every
+// claim it holds, their backoff ignored (a Redis that came back just
+// before an exit or a reload answers it), releases first, within
+// reconcileLastPass: a Redis that does not answer holds it two store
+// timeouts at most. It returns the claims the store
 // still never answered, uncounted: the caller counts them as dropped with
 // the line that says what they are, while the claims handed over
 // meanwhile or later are dropped and reported as any others, each on its
@@ -453,8 +454,15 @@ func (r *Reconciler) work(ctx context.Context) {
 }
 
 // workOn does the jobs that match, the releases in one store call and the
-// settlements in another. r.working must be held.
+// settlements in another, until ctx ends: no store call begins after, and
+// the one on its way has its answer (within ctx's deadline, if any, and
+// the store's timeout). Cancelling it would not stop its command, which
+// the pipeline sends all the same, only lose its answer: Close's last
+// pass would then find the claims it released gone, and count them
+// not_held. r.working must be held.
 func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool) {
+	calls, cancel := withoutCancel(ctx)
+	defer cancel()
 	now := time.Now()
 	r.mu.Lock()
 	due := r.takeLocked(match)
@@ -472,8 +480,12 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool)
 	}
 	for i, jobs := range [][]*reconcileJob{releases, settles} {
 		for len(jobs) > 0 {
-			n := nextBatch(jobs)
-			if retry, _, err := r.attempt(ctx, jobs[:n]); err != nil {
+			n, retry, err := 0, time.Time{}, ctx.Err() // ended: the rest waits for the next pass
+			if err == nil {
+				n = nextBatch(jobs)
+				retry, _, err = r.attempt(calls, jobs[:n])
+			}
+			if err != nil {
 				// The store is failing: the rest waits out the failed
 				// batch's backoff too, rather than each batch its own
 				// timeout now, one after another, while every call that
@@ -487,6 +499,14 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool)
 			jobs = jobs[n:]
 		}
 	}
+}
+
+// withoutCancel is ctx with its deadline but not its cancellation.
+func withoutCancel(ctx context.Context) (context.Context, context.CancelFunc) {
+	if deadline, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	}
+	return context.WithoutCancel(ctx), func() {}
 }
 
 // postpone puts jobs back on the queue, due no sooner than due.

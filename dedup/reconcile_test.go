@@ -940,6 +940,45 @@ func TestCloseMakesALastPass(t *testing.T) {
 	}
 }
 
+// Close lets the store call on its way have its answer. Cancelling the
+// wait of one queued behind another batch (a request's, in an outage) did
+// not stop its command, which the pipeline sends all the same: Redis
+// released the claim, and the last pass, behind it, found the key gone
+// and counted the claim not_held, as one whose call never wrote it.
+func TestCloseCountsTheReleaseOnItsWay(t *testing.T) {
+	srv := redistest.Start(t)
+	store := &countingStore{Store: newRedisStore(t, srv)} // a store timeout of 1 s
+	pol := testPolicy(Tumbling)
+	landed := claimOf(pol, parked, 1, time.Now())
+	if v := decide(t, store, landed); v.Decision != Accepted {
+		t.Fatalf("the claim: %v", v)
+	}
+	srv.Pause()
+	elsewhere := parked
+	elsewhere.Asset = "veh-89"
+	store.Settle([]*Claim{claimOf(pol, elsewhere, 2, time.Now())}, func(error) {}) // the batch on its way
+	r, o := testReconciler(t, store, 0)
+	r.Hand([]*Claim{landed}, true)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if calls, _ := store.counts(); calls == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reconciler never tried")
+		}
+	}
+	closed := make(chan Unreconciled, 1)
+	go func() { closed <- r.Close() }()
+	time.Sleep(100 * time.Millisecond)
+	srv.Resume() // Redis runs the release it was sent, then answers
+	if left := <-closed; o.String() != "map[released:1]" || left != (Unreconciled{}) {
+		t.Fatalf("outcomes %s, given up on %+v; want the claim released", o, left)
+	}
+	if n := srv.Client().Exists(context.Background(), landed.Key()).Val(); n != 0 {
+		t.Fatal("the claim is still in Redis")
+	}
+}
+
 // failureCounter counts the releases of its store that failed.
 type failureCounter struct {
 	Store
