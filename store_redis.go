@@ -528,18 +528,32 @@ const (
 )
 
 // deleteWhenDrained lets go of the connection once its requests are done
-// (or deadline has passed) and its reconciler holds no claim. The
-// reconciler bounds its own wait: it gives up on a claim at its TTL, and
-// its last look for a late landing comes 101.1 s after the store first
-// answered it.
+// (or deadline has passed) and its reconciler holds no claim, or Caddy
+// exits. The reconciler bounds its own wait: it gives up on a claim at its
+// TTL, and its last look for a late landing comes 101.1 s after the store
+// first answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	defer draining.Done()
 	waitForUsers(r.users.Load, deadline)
-	for r.reconciler.Len() > 0 && !caddy.Exiting() {
-		time.Sleep(reconcilePoll)
-	}
+	r.waitForReconciler()
 	if _, err := stores.Delete(r.poolKey); err != nil {
 		r.logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
+	}
+}
+
+// waitForReconciler waits until the reconciler holds no claim, or Caddy
+// exits. The exit hook (finishRedisAtExit) waits for the connection's
+// close within a cap, and ends the wait at once: a look a second later
+// could leave the close too little of the cap to end in, and the process
+// would end before the reconciler's last pass, and before the line of
+// what it gave up on.
+func (r *RedisStore) waitForReconciler() {
+	for r.reconciler.Len() > 0 && !caddy.Exiting() {
+		select {
+		case <-atExit.Done():
+			return
+		case <-time.After(reconcilePoll):
+		}
 	}
 }
 
@@ -560,7 +574,8 @@ var draining sync.WaitGroup
 // the memory store, or not the module), and that connection's closing,
 // the reconciler's last pass. Without it the process ended with their
 // claims pending. A config without the module cuts nothing as Caddy
-// exits: this cuts them too. It waits a few store timeouts at most.
+// exits: this cuts them too, and tells such a connection to close now
+// (waitForReconciler). It waits a few store timeouts at most.
 func finishRedisAtExit(context.Context) {
 	cutAtExit(context.DeadlineExceeded)
 	timeout := longestRedisTimeout()

@@ -2,6 +2,8 @@ package telemetrydedup
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"runtime"
 	"testing"
 	"time"
@@ -241,4 +243,63 @@ func reconciledNow(t *testing.T, outcome dedup.ReconcileOutcome) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// Caddy's exit closes a Redis connection no config uses any more (a reload
+// replaced it while its reconciler held claims) as it begins, and the exit
+// hook waits for that: the reconciler's last pass is made, and what it
+// gave up on logged, before the process ends. The connection looked once a
+// second whether Caddy was exiting, so the hook waited up to a second
+// more than the closing took, and gave up at its cap, the connection
+// still open and its line never written, when the closing took the rest.
+// (A test cannot make caddy.Exiting true without ending its process: in
+// it the connection never saw the exit that way, and the hook waited out
+// its whole cap.) The hook cuts every request of the process for good, so
+// the test runs in a process of its own.
+func TestAnExitClosesAConnectionNoConfigUsesAsItBegins(t *testing.T) {
+	if !inProcessOfItsOwn(t) {
+		return
+	}
+	srv := redistest.Start(t)
+	r := provisionRedisStore(t, srv.URL())
+	core, logs := observer.New(zap.WarnLevel)
+	r.loggers.add(zap.New(core)) // the connection's lines go to the latest config's logger
+	srv.Kill()
+	r.reconciler.Hand([]*dedup.Claim{ownedClaim("exit:owed", 1)}, true)
+	if err := r.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the connection waits for its reconciler
+	if _, open := stores.References(r.poolKey); !open {
+		t.Fatal("the connection closed while its reconciler owed a release")
+	}
+
+	began := time.Now()
+	finishRedisAtExit(context.Background())
+	took := time.Since(began)
+	t.Logf("the exit hook took %v", took)
+	if _, open := stores.References(r.poolKey); open {
+		t.Fatalf("the exit hook returned after %v with the connection still open: the process ends before its last pass", took)
+	}
+	if given := logs.FilterMessageSnippet("closing the Redis connection").All(); len(given) != 1 || given[0].ContextMap()["releases"] != int64(1) {
+		t.Errorf("the warning of the release the closing gave up on: %v, want one, of 1 release", given)
+	}
+}
+
+// inProcessOfItsOwn reports whether the test runs in a process of its own.
+// If not, it runs the test again in one, and fails if that does.
+func inProcessOfItsOwn(t *testing.T) bool {
+	t.Helper()
+	const child = "TELEMETRY_DEDUP_TEST_PROCESS"
+	if os.Getenv(child) == t.Name() {
+		return true
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), child+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in a process of its own: %v\n%s", err, out)
+	}
+	t.Logf("in a process of its own:\n%s", out)
+	return false
 }

@@ -336,7 +336,9 @@ func TestAnExitWaitsForAConnectionNoConfigUses(t *testing.T) {
 	reload(t, p.admin, config("memory"))
 	time.Sleep(1600 * time.Millisecond) // the reconciler's tries, refused, back off to 1.6 s apart
 	srv.Restart()
+	began := time.Now()
 	p.stop()
+	t.Logf("the exit took %v", time.Since(began)) // up to a second more while the connection looked for it once a second
 
 	answering(up, http.StatusCreated, "", "")
 	runCaddy(t, caddy, config(onRedis), port)
