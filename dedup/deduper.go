@@ -42,6 +42,10 @@ type Claim struct {
 	// which may fold the ping into the track again, and a near cache must
 	// not answer them.
 	undoable bool
+	// copied: in the track shapes, the claim repeats an observation
+	// before it in its batch's decision order (sameObservation), so its
+	// redelivery is no ping the track lost (see trackState.lost).
+	copied bool
 }
 
 // Key is the key the decision was made on: the observation key in
@@ -118,6 +122,9 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 		claims[i] = c
 	}
 	order := deviceTimeOrder(claims)
+	if d.Policy.Shape != Tumbling {
+		markCopies(claims, order)
+	}
 	verdicts, err := d.decideInOrder(ctx, claims, order)
 	suppressCopiesOfTheBatchsOwn(claims, verdicts)
 	for i := range verdicts {
@@ -159,6 +166,30 @@ func suppressCopiesOfTheBatchsOwn(claims []*Claim, verdicts []Verdict) {
 				verdicts[i] = suppressed(Redelivery)
 				break
 			}
+		}
+	}
+}
+
+// markCopies marks the claims that repeat an observation before them in
+// decision order (order, as deviceTimeOrder gives it; nil: as they are).
+// A copy has its original's device time, so only the claims of one
+// device time are compared: a batch of distinct times costs no seenField.
+func markCopies(claims []*Claim, order []int) {
+	at := func(i int) *Claim {
+		if order == nil {
+			return claims[i]
+		}
+		return claims[order[i]]
+	}
+	first := 0 // of the claims at the current claim's device time
+	for i := 1; i < len(claims); i++ {
+		c := at(i)
+		if !c.Time.Equal(at(first).Time) {
+			first = i
+			continue
+		}
+		for j := first; j < i && !c.copied; j++ {
+			c.copied = at(j).sameObservation(c)
 		}
 	}
 }

@@ -120,6 +120,10 @@ func (d *differential) step() {
 			if rng.Float64() < 0.05 {
 				pings = append(pings, p) // a copy within the batch
 			}
+			if rng.Float64() < 0.05 {
+				p.Lat += 2e-5 // another fix of the same second, 2 m north
+				pings = append(pings, p)
+			}
 		}
 		d.claim("new", pings)
 	case r < 0.45:
@@ -194,6 +198,8 @@ func (d *differential) claim(what string, pings []ping.Ping) {
 	}
 	order(req.mem)
 	order(req.red)
+	markCopies(req.mem, nil)
+	markCopies(req.red, nil)
 	ctx := context.Background()
 	vm, errM := d.mem.Decide(ctx, req.mem)
 	vr, errR := d.red.Decide(ctx, req.red)

@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
@@ -361,4 +362,120 @@ func acceptedOf(claims []*Claim, verdicts []Verdict) []*Claim {
 		}
 	}
 	return accepted
+}
+
+// Overland writes a fix's time to the second, and a car's receiver, a fix
+// a second, now and then puts two fixes in one second. Its batch, fifteen
+// fixes at 9 m/s, fails once. The retry judged the second fix of that
+// second as a redelivery the track already held (nothing later had been
+// seen), and folded it in no more: the stay begun at the first accepted
+// fix held two fixes where it had held three, the next fix, reporting
+// travel 36 m on, was jitter of it, and the two after it, judged again as
+// departures, were redeliveries: the backend, which got neither attempt,
+// last heard of the car 45 m behind it.
+func TestARetriedBatchWithTwoFixesInOneSecondIsJudgedAsItWas(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		seconds := []float64{61, 62, 62, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75}
+		var drive []ping.Ping
+		for i, s := range seconds {
+			drive = append(drive, withSpeed(offset(s, 9*float64(i+1), 0), 9))
+		}
+		failAndRetry(t, d, drive)
+	})
+}
+
+// A batch that carries a fix twice (an exact copy: a client's queue
+// holding a location its OS delivered twice) judges the copy as the fix's
+// redelivery, on the first attempt and on the retry: the stay counts the
+// fix once. Overland in a car at 5 m/s, a fix a second: as without the
+// copy, the first fix is admitted and a stay of three fixes forms there,
+// which the next fix, reporting travel, leaves. Counted twice, the copy
+// made the stay one of three a fix early, and the fix after it, 15 m on,
+// was admitted as a departure from it.
+func TestACopyInABatchCountsOnceInTheStay(t *testing.T) {
+	var drive []ping.Ping
+	for i := 1; i <= 6; i++ {
+		drive = append(drive, withSpeed(offset(60+float64(i), 5*float64(i), 0), 5))
+	}
+	batch := slices.Insert(drive, 2, drive[1])
+	want := []Decision{Accepted, Suppressed, Suppressed, Suppressed, Accepted, Suppressed, Suppressed}
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		obs := observeAll(d, batch)
+		for _, attempt := range []string{"the first attempt", "the retry"} {
+			claims, verdicts, err := d.ClaimAll(t.Context(), obs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range verdicts {
+				if v.Decision != want[i] {
+					t.Errorf("%s, fix %d: %+v, want %s", attempt, i, v, want[i])
+				}
+			}
+			if _, err := d.Release(t.Context(), acceptedOf(claims, verdicts)...); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// A tracker reports its ignition and its driver's card (Traccar's
+// ignition and driverUniqueId) each in some of its messages only, and a
+// gateway posts its fixes in batches. The car drives off at 9 m/s, a fix
+// a second, the ignition on and the driver known from before, and the
+// batch fails once: its first attempt admitted every third fix (a stay of
+// three fixes forms at each, which the next fix, reporting travel,
+// leaves). The release put back the track from before the batch, then the
+// batch's older acceptances forgot from it what they reported, the
+// ignition and the driver the backend had heard before the batch. The
+// first retried acceptance reported the ignition again, not the driver:
+// the fix after it, carrying the driver, was judged a change of driver
+// and not folded into the stay begun there, which held two fixes where it
+// had held three, and the next fix, reporting travel 36 m on, was jitter
+// of it, suppressed by the retry where the first attempt admitted it.
+func TestARetriedBatchOfATrackerWithTwoStateFieldsIsJudgedAsItWas(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, withState(offset(50, 1, 0), "ignition=true&driverUniqueId=D1")); v.Decision != Accepted {
+			t.Fatalf("the ignition turned on: %+v, want accepted", v)
+		}
+		states := map[int]string{1: "ignition=true", 2: "driverUniqueId=D1", 4: "ignition=true", 7: "driverUniqueId=D1"}
+		var drive []ping.Ping
+		for i := 1; i <= 10; i++ {
+			drive = append(drive, withState(withSpeed(offset(60+float64(i), 9*float64(i), 0), 9), states[i]))
+		}
+		failAndRetry(t, d, drive)
+	})
+}
+
+// A car's tracker reports its arrival at a car park, and a fix there ten
+// seconds later; the driver's phone, offline underground, then uploads its
+// Overland queue: the last twenty seconds of the approach, creeping in at
+// 2 m/s (older than the tracker's arrival, so late), and a minute parked.
+// The backend answers 503 once. The first attempt admitted the approach
+// (the stay, of two fixes, was not settled) and folded the parked fixes
+// into the stay; the release could not take those back, taken before the
+// batch's first normal acceptance (it had none), and the retry judged the
+// approach against the settled stay: the first fix within its radius
+// moved the stay's start back to its time, and the eleven after it were
+// suppressed as jitter there. The backend, which got neither attempt,
+// never heard of them.
+func TestARetriedBatchWithLateFixesIsJudgedAsItWas(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		if v := d.settled(t, offset(0, 0, 0)); v.Decision != Accepted {
+			t.Fatalf("the tracker's arrival: %+v, want accepted", v)
+		}
+		if v := d.settled(t, offset(10, 1, 1)); v.Decision != Suppressed {
+			t.Fatalf("the tracker's next fix: %+v, want suppressed", v)
+		}
+		var queue []ping.Ping
+		for s := -20; s < 0; s++ {
+			queue = append(queue, withSpeed(offset(float64(s), -2*float64(s), 0), 2))
+		}
+		for s := 5; s <= 60; s += 5 {
+			queue = append(queue, withSpeed(offset(float64(s), float64(s%3)-1, float64(s%4)-2), 0))
+		}
+		failAndRetry(t, d, queue)
+	})
 }

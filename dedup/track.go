@@ -119,6 +119,8 @@ type fix struct {
 	still bool
 	event bool
 	state uint64 // fingerprint of the state fields, 0 when none
+	// copied: it repeats a ping before it in its batch (see Claim.copied)
+	copied bool
 }
 
 func fixOf(c *Claim) fix {
@@ -131,6 +133,7 @@ func fixOf(c *Claim) fix {
 		still:      c.HasSpeed && c.Speed < stillSpeed && c.Accuracy > 0 && c.Accuracy <= satelliteAccuracy,
 		event:      c.Event != "",
 		state:      statePrint(c.State),
+		copied:     c.copied,
 	}
 }
 
@@ -244,7 +247,9 @@ type track struct {
 // the request of the last acceptance does (so that a failed request can be
 // undone) with, for undoPrev, the track and the latest device time seen as
 // they were before that request, the latest device time seen, and the
-// latest device time a release forgot (held).
+// latest device time a release forgot (held). The request is last's
+// token's: a late acceptance's, or a spending release's (see takeUndo and
+// release).
 type trackState struct {
 	track
 	prev        track
@@ -273,8 +278,9 @@ const (
 	// undoPrev: releasing it puts prev back, the track from before its
 	// request's first acceptance of the asset.
 	undoPrev
-	// undoSpent: a release put prev back already; releasing what is now
-	// the last accepted ping keeps the track (see release).
+	// undoSpent: a release put prev back already, and left its token in
+	// last; releasing what is now the last accepted ping keeps the track
+	// (see release).
 	undoSpent
 	// undoDelete: its request began the track; releasing it deletes it.
 	undoDelete
@@ -352,7 +358,7 @@ func (st *trackState) next(f fix, pol *Policy) (Verdict, *trackState) {
 // refold judges again a redelivery of a ping suppressed after an
 // acceptance of its own request (flagUndoable), when the track no longer
 // holds it: a release put back the track from before the request, and
-// nothing seen since reached the ping's device time. It returns the state
+// the track has lost it since (see lost). It returns the state
 // to store, nil to leave it. A failed batch's retry finds its suppressed
 // pings as redeliveries; judged again in their place, among the retried
 // pings the batch accepted, they add to the stay what they added the
@@ -370,13 +376,29 @@ func (st *trackState) next(f fix, pol *Policy) (Verdict, *trackState) {
 // hold the retried departure). Only a suppression counts: the ping was
 // told it is a redelivery whatever the track says now.
 func (st *trackState) refold(f fix, pol *Policy) *trackState {
-	if f.t <= st.seenMax || st.undo == undoSpent {
+	if st.undo == undoSpent || !st.lost(f) {
 		return nil
 	}
 	if v, next := st.next(f, pol); v.Decision == Suppressed {
 		return next
 	}
 	return nil
+}
+
+// lost reports whether the track no longer holds f, a ping it judged
+// once: nothing it has seen since reached f's device time, or only the
+// pings of f's own request at that very time, which its retry judged
+// again just before f. Overland writes a fix's time to the second, and a
+// car's receiver now and then puts two fixes in one: taken for held, the
+// second was folded in no more, and a retried drive lost a fix its first
+// attempt accepted and left the backend 45 m behind the car. A copy of a
+// ping of its batch (copied) is held: the ping was judged just before it,
+// and a fix counted twice settles a stay a fix early.
+func (st *trackState) lost(f fix) bool {
+	if f.t == st.seenMax {
+		return !f.copied && sameRequest(st.last.token, f.token)
+	}
+	return f.t > st.seenMax
 }
 
 func newTrackState(f fix) *trackState {
@@ -389,7 +411,11 @@ func newTrackState(f fix) *trackState {
 // judge decides f and updates st (a copy of old) to what follows from it.
 func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	if f.t < st.last.t {
-		return st.judgeLate(f, pol)
+		v := st.judgeLate(f, pol)
+		if v.Decision == Accepted {
+			st.takeUndo(old, f)
+		}
+		return v
 	}
 	newSession := pol.Shape == Session && f.t-old.silenceFrom(f) > pol.SessionIdle.Microseconds()
 	// A fix identical to the last accepted one reached here only because
@@ -444,9 +470,10 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 		if edge {
 			// The ping that began or ended a stay the asset left, judged
 			// again: its claim was released (or its seen entry expired),
-			// so the backend may never have had it. A late ping that ended
-			// the stay (below) is no longer the last accepted one when its
-			// batch is released: the track keeps the stay it ended.
+			// so the backend may never have had it. A release puts back
+			// the stay a late ping ended (below) only while its request
+			// has the undo record (takeUndo): after another request's
+			// acceptance the track keeps the stay it ended.
 			return accepted
 		}
 		// Against the stay's last accepted ping, its place and its
@@ -468,7 +495,8 @@ func (st *trackState) judgeLate(f fix, pol *Policy) Verdict {
 			// The asset was here earlier than the stay knew: the backend
 			// hears of it now, and later pings back to then are jitter. A
 			// ping at the very start is the retry of the one that set it,
-			// released: the backend never heard of it.
+			// released after another request's acceptance: the backend
+			// never heard of it.
 			st.stay.startT = f.t
 			return accepted
 		}
@@ -526,20 +554,35 @@ func (st *trackState) inPastStay(f fix) (in, edge bool) {
 }
 
 // accept records an accepted fix, keeping the track as it was before the
-// fix's request for undo: a failed batch's claims on one asset, released
-// newest first, then put back the track from before the batch, and its
-// retry is judged as the batch was. The claims of one request have tokens
-// that share their upper 48 bits (sameRequest).
+// fix's request for undo (takeUndo).
 func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
+	st.takeUndo(old, f)
+	change(&st.track)
+	st.lastAccuracy = f.accuracy
+	st.state = f.mergeState(st.state)
+}
+
+// takeUndo makes the request of f, accepted, the one a release undoes:
+// its first acceptance keeps the track as it was before it (old), and a
+// failed batch's claims on one asset, released newest first, then put back
+// the track from before the batch, and its retry is judged as the batch
+// was. The claims of one request have tokens that share their upper 48
+// bits (sameRequest), and the request of last's token is the one the undo
+// record is for. A late fix takes that token and moves nothing else of
+// last: a backlog batch's late fixes come first, and the record kept at
+// the batch's first normal acceptance held what the batch had done before
+// it (the stay's start a late fix moved, the batch's later fixes folded
+// into a stay they settled): the retried late fixes were judged against
+// it, and a car's approach that its phone queued underground, admitted the
+// first time, was suppressed as jitter of the car park.
+func (st *trackState) takeUndo(old *trackState, f fix) {
 	switch {
 	case !sameRequest(old.last.token, f.token) || old.undo == undoSpent:
 		st.prev, st.prevSeenMax, st.undo = old.track, old.seenMax, undoPrev
 	case old.undo == undoNone:
 		st.undo = undoDelete // the request's first fix of the asset began the track
 	}
-	change(&st.track)
-	st.lastAccuracy = f.accuracy
-	st.state = f.mergeState(st.state)
+	st.last.token = f.token
 }
 
 // holds reports whether f is at the stay: within the radius of the anchor
@@ -700,13 +743,22 @@ func lonDelta(lon1, lon2 float64) float64 {
 // from before it gone. The track is kept as it is, not taken for the
 // asset's first and deleted with its stay, its past stays and its state:
 // the ping's retry, the last accepted fix again, is admitted
-// (samePlaceAndTime).
+// (samePlaceAndTime). The release that spends the record leaves its token
+// in last (see takeUndo): the other claims of its request find the track
+// from before the request, which holds nothing they reported. They forgot
+// from it what the backend had heard before the batch: a tracker that
+// reports the driver's card in some messages only, its batch retried, had
+// the fix after the batch's first acceptance judged a change of driver
+// and not folded into the stay, and a fix its first attempt admitted was
+// suppressed.
 func (st *trackState) release(token, reported uint64) (keep bool) {
-	if st.last.token != token || st.undo == undoSpent {
+	switch {
+	case st.undo == undoSpent && sameRequest(st.last.token, token):
+		return true
+	case st.last.token != token || st.undo == undoSpent:
 		st.forgetState(reported)
 		return true
-	}
-	if st.undo != undoPrev {
+	case st.undo != undoPrev:
 		return false
 	}
 	// The latest device time seen goes back too: the released ping raised
@@ -723,6 +775,7 @@ func (st *trackState) release(token, reported uint64) (keep bool) {
 		held = max(held, st.seenMax)
 	}
 	st.track, st.undo = st.prev, undoSpent
+	st.last.token = token
 	st.seenMax, st.held = st.prevSeenMax, -held
 	return true
 }
@@ -771,12 +824,12 @@ func seenField(c *Claim) string {
 }
 
 // encodeFix lays a fix and the radius out as the Lua script reads them with
-// struct.unpack('>i8ddi8c8dddBBBBc8d'): device time µs, lat, lon, bucket,
+// struct.unpack('>i8ddi8c8dddBBBBBc8d'): device time µs, lat, lon, bucket,
 // token, metres per degree of longitude and of latitude, accuracy, moving,
-// at rest, still, event, state print, radius. Doubles travel as their
-// bits, so Lua computes with exactly the numbers Go does.
+// at rest, still, event, copied, state print, radius. Doubles travel as
+// their bits, so Lua computes with exactly the numbers Go does.
 func encodeFix(f fix, radius float64) string {
-	b := make([]byte, 0, 91)
+	b := make([]byte, 0, 92)
 	b = binary.BigEndian.AppendUint64(b, uint64(f.t))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.lat))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.lon))
@@ -785,7 +838,7 @@ func encodeFix(f fix, radius float64) string {
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.kx))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(metresPerDegree))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(f.accuracy))
-	b = append(b, boolByte(f.moving), boolByte(f.atRest), boolByte(f.still), boolByte(f.event))
+	b = append(b, boolByte(f.moving), boolByte(f.atRest), boolByte(f.still), boolByte(f.event), boolByte(f.copied))
 	b = binary.BigEndian.AppendUint64(b, f.state)
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(radius))
 	return string(b)

@@ -23,7 +23,9 @@
 -- stay's last accepted ping is not the last accepted one's in the current
 -- track or the undo record, that uncertainty (d, track.refAccuracy in Go)
 -- of the current track and, with an undo record, of that. Absent, it is
--- the last accepted ping's.
+-- the last accepted ping's. The last accepted ping's token names the
+-- request the byte is about: a late acceptance's, which moves nothing else
+-- of it, or, with 2, the release's that spent the record.
 -- Seen value: 's' (suppressed), 'u' (suppressed after an acceptance of its
 -- own request, flagUndoable in Go: a redelivery may fold it in again), or
 -- 'p' (pending) / 'a' (settled) + token (8 bytes) + claim time ms (i8) +
@@ -33,9 +35,9 @@
 -- its claim time (8 bytes), for a suppression flagged 'u' the 'u'.
 
 -- device time µs, lat, lon, bucket, token, metres per degree of longitude
--- and of latitude, accuracy m, moving, at rest, still, event, state print,
--- radius m
-local FIX = '>i8ddi8c8dddBBBBc8d'
+-- and of latitude, accuracy m, moving, at rest, still, event, copied (it
+-- repeats a ping before it in its batch), state print, radius m
+local FIX = '>i8ddi8c8dddBBBBBc8d'
 -- stay: anchor lat, lon, spread m², fixes, arrival µs, last fix µs; ref
 -- point; last accepted point; flags (1 last is a candidate outside the
 -- stay, 2 it could be an outlier); the last accepted point's uncertainty,
@@ -50,6 +52,8 @@ local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d'
 local CORE_SIZE = 273 -- struct.size(CORE)
 -- where the last accepted ping's uncertainty starts in a CORE
 local LAST_ACC_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8B')
+-- where the last accepted ping's token starts in a CORE
+local LAST_TOKEN_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8')
 
 -- the constants of track.go
 local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2, MARGIN2, REST_MARGIN = 1.5, 4, 4, 70, 64, 3, 10.24, 1.5625, 50
@@ -91,7 +95,7 @@ if seen then
 	-- 'u': judged again below if the track lost it (refold in track.go)
 end
 
-local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, still, event, statep, radius = struct.unpack(FIX, ARGV[1])
+local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, still, event, copied, statep, radius = struct.unpack(FIX, ARGV[1])
 local fixpoint = { t = t, lat = lat, lon = lon, bucket = bucket, token = token }
 
 local function encode(c)
@@ -367,26 +371,38 @@ if #raw >= refAt + 7 then
 		prevRefAcc = struct.unpack('>d', raw, refAt + 8)
 	end
 end
+local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
+-- the request of the last accepted ping's token, whose undo record the
+-- track keeps: a claim token's first 6 bytes
+local lastRequest = string.sub(curRaw, LAST_TOKEN_AT, LAST_TOKEN_AT + 5)
+local request = string.sub(token, 1, 6)
 -- A redelivery flagged 'u' is judged again only if the track lost it (a
--- release put back the track from before its request, and nothing seen
--- since reached its time) and no released ping's retry is awaited (the
--- release spent the undo record, and nothing was accepted since).
-if seen and (t <= oldSeenMax or undoFlag == 2) then
+-- release put back the track from before its request, and since then
+-- nothing seen reached its time, or only its own request's pings at that
+-- very time and it is no copy of one: lost in track.go) and no released
+-- ping's retry is awaited (the release spent the undo record, and nothing
+-- was accepted since).
+if seen and (undoFlag == 2 or t < oldSeenMax or (t == oldSeenMax and (copied == 1 or lastRequest ~= request))) then
 	return { 'suppressed', 'redelivery' }
 end
-local curRaw = string.sub(raw, 9, 8 + CORE_SIZE)
 local cur = decode(curRaw, 1)
 cur.refAcc = refAcc or cur.lastAcc
 local refAccIn = cur.refAcc
--- the request of the last accepted ping: a claim token's first 6 bytes
-local lastRequest = string.sub(cur.last.token, 1, 6)
 
-local function accept(change)
-	if lastRequest ~= string.sub(token, 1, 6) or undoFlag == 2 then
+-- The fix's request becomes the one a release undoes: its first
+-- acceptance keeps the track as it came in (takeUndo in track.go).
+local function takeUndo()
+	if lastRequest ~= request or undoFlag == 2 then
 		prevRaw, prevRefAcc, undoFlag = curRaw .. struct.pack('>i8', oldSeenMax), refAccIn, 1
 	elseif undoFlag == 0 then
 		undoFlag = 3 -- this request's first fix of the asset began the track
 	end
+	local l = cur.last
+	cur.last = { t = l.t, lat = l.lat, lon = l.lon, bucket = l.bucket, token = token }
+end
+
+local function accept(change)
+	takeUndo()
 	change(cur)
 	cur.lastAcc = acc
 	cur.state = mergeState(cur.state)
@@ -394,7 +410,12 @@ end
 
 local function judge()
 	if t < cur.last.t then
-		return judgeLate(cur)
+		-- a late fix takes the last accepted ping's token, nothing else of it
+		local decision, why = judgeLate(cur)
+		if decision == 'accepted' then
+			takeUndo()
+		end
+		return decision, why
 	end
 	-- the silence before the fix: from the latest seen, or from a later
 	-- time a release forgot, once its ping was accepted again (held)
@@ -467,7 +488,7 @@ redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode
 if seen then
 	return { 'suppressed', 'redelivery' } -- folded in again; its entry stays
 end
-if decision == 'suppressed' and string.sub(cur.last.token, 1, 6) == string.sub(token, 1, 6) then
+if decision == 'suppressed' and string.sub(cur.last.token, 1, 6) == request then
 	-- suppressed after an acceptance of its own request: a redelivery may
 	-- fold it in again, and a near cache must not answer for it
 	remember(decision, 'u')

@@ -1,8 +1,9 @@
 -- Release an accepted sliding/session claim: forget the ping in its seen
 -- set, and if it is still the asset's last accepted ping, put the track back
--- as it was before it (trackState.undo in Go); if a later one was
--- accepted since, or a release spent the undo record, forget the state
--- fields it reported (forgetState). Only the claim's own token acts.
+-- as it was before its request (trackState.undo in Go), leaving its token
+-- as the last accepted ping's; if a later one was accepted since, or
+-- another request's release spent the undo record, forget the state fields
+-- it reported (forgetState). Only the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
 -- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
@@ -12,6 +13,8 @@ local CORE_SIZE = 273
 local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bd')
 -- where the last accepted ping's uncertainty starts in a CORE
 local LAST_ACC_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8B')
+-- where the last accepted ping's token starts in a CORE
+local LAST_TOKEN_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8')
 local NOHALF = string.rep('\0', 4)
 
 local released = 0
@@ -29,6 +32,9 @@ local fields = { struct.unpack(CORE, st, 9) }
 -- track_decide.lua): 0 and 3 delete it, 1 put back the track that follows,
 -- 2 keep it
 local undo = string.byte(st, 9 + CORE_SIZE)
+if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) then
+	return released -- its request's release put back the track from before it
+end
 if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 	if undo == 1 then
 		local prev = string.sub(st, 10 + CORE_SIZE, 9 + 2 * CORE_SIZE)
@@ -66,6 +72,9 @@ if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 		if held ~= 0 or refTail ~= '' then
 			tail = struct.pack('>i8', -held) .. refTail
 		end
+		-- the spent record's token: the request's other claims find the
+		-- track from before it
+		prev = string.sub(prev, 1, LAST_TOKEN_AT - 1) .. ARGV[2] .. string.sub(prev, LAST_TOKEN_AT + 8)
 		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2' .. tail, 'KEEPTTL')
 	else -- the ping, or its request, began the track
 		redis.call('DEL', KEYS[1])
