@@ -113,8 +113,9 @@ type Reconciler struct {
 	// owedKeys counts, by Claim.Key, the claims of those jobs: a call on
 	// one of these keys may be the retry of their observation (OwesFor).
 	owedKeys map[string]int
-	// wanted counts, by Claim.Key, the calls in ReleaseOwed: a pass takes
-	// the owed jobs on their keys, and no other.
+	// wanted counts, by Claim.Key, the calls in ReleaseOwed still waiting
+	// for a pass (owedCall): a pass takes the owed jobs on their keys, and
+	// no other.
 	wanted map[string]int
 	// unanswered counts the claims of the jobs the store has not yet
 	// answered: what waits for Redis, where claims counts those kept for
@@ -327,11 +328,39 @@ func anyKeyIn(counts map[string]int, claims []*Claim) bool {
 	return false
 }
 
-// want counts delta for the keys of claims in wanted.
-func (r *Reconciler) want(claims []*Claim, delta int) {
+// owedCall is a call in ReleaseOwed. Its keys count in wanted until the
+// pass that gives its answer ends, and not after: the next pass, begun by
+// a call that shared that one, would otherwise carry the releases on them
+// again, for no call, and could fail with them. r.mu guards its fields.
+type owedCall struct {
+	claims  []*Claim
+	wanting bool
+	// last: the pass it waits for gives its answer, whatever that pass's
+	// outcome (it leads that pass, or waits for its second).
+	last bool
+}
+
+// want counts the keys of claims in wanted, for the call it returns.
+func (r *Reconciler) want(claims []*Claim) *owedCall {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.wanted = countKeys(r.wanted, claims, delta)
+	r.wanted = countKeys(r.wanted, claims, 1)
+	return &owedCall{claims: claims, wanting: true}
+}
+
+// unwant stops counting the keys of c in wanted, if they still count.
+func (r *Reconciler) unwant(c *owedCall) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unwantLocked(c)
+}
+
+// unwantLocked is unwant with r.mu held.
+func (r *Reconciler) unwantLocked(c *owedCall) {
+	if c.wanting {
+		r.wanted = countKeys(r.wanted, c.claims, -1)
+		c.wanting = false
+	}
 }
 
 // wantedLocked reports whether a call in ReleaseOwed is on a key of j's
@@ -538,13 +567,13 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 // is not cancelled with the caller that began it (a sender that hung up
 // would fail every call sharing it); the store's timeout bounds it.
 func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
-	r.want(claims, 1)
-	defer r.want(claims, -1)
-	for range 2 {
+	call := r.want(claims)
+	defer r.unwant(call)
+	for round := range 2 {
 		if !r.OwesFor(claims) {
 			return nil
 		}
-		p, lead := r.joinPass()
+		p, lead := r.joinPass(call, round == 1)
 		if lead {
 			r.lead(context.WithoutCancel(ctx), p)
 			return p.errFor(claims)
@@ -583,25 +612,36 @@ type releasePass struct {
 	err  error
 	// failed holds the keys of the jobs a failed pass did not release.
 	failed map[string]bool
+	// calls are the calls that wait for it, leader included.
+	calls []*owedCall
 }
 
-// joinPass returns the pass on its way, or a new one that the caller leads.
-func (r *Reconciler) joinPass() (p *releasePass, lead bool) {
+// joinPass returns the pass on its way, or a new one that the caller leads,
+// and counts call among those that wait for it; last says it is call's
+// second.
+func (r *Reconciler) joinPass(call *owedCall, last bool) (p *releasePass, lead bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.pass != nil {
-		return r.pass, false
+	if lead = r.pass == nil; lead {
+		r.pass = &releasePass{done: make(chan struct{})}
 	}
-	r.pass = &releasePass{done: make(chan struct{})}
-	return r.pass, true
+	call.last = last || lead
+	r.pass.calls = append(r.pass.calls, call)
+	return r.pass, lead
 }
 
 // lead makes pass p and ends it, whatever happens in it: a pass left
-// unended would hold every later call.
+// unended would hold every later call. The calls it answers stop wanting
+// their keys as it ends.
 func (r *Reconciler) lead(ctx context.Context, p *releasePass) {
 	defer func() {
 		r.mu.Lock()
 		r.pass = nil
+		for _, c := range p.calls {
+			if c.last || p.errFor(c.claims) != nil {
+				r.unwantLocked(c)
+			}
+		}
 		r.mu.Unlock()
 		close(p.done)
 	}()

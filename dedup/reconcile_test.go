@@ -995,29 +995,36 @@ func (f *failureCounter) Release(ctx context.Context, claims []*Claim) ([]bool, 
 
 // hungMasterGuarded is a reconciler and a breaker that releases what is
 // owed first, in front of a store whose releases of the returned asset's
-// claims hang for delay and fail, as a hung Cluster master's do.
-func hungMasterGuarded(t *testing.T, delay time.Duration) (r *Reconciler, guarded Store, pol *Policy, dead ping.Ping) {
+// claims hang for delay and fail, as a hung Cluster master's do. hanging
+// is told when such a release begins to hang.
+func hungMasterGuarded(t *testing.T, delay time.Duration) (r *Reconciler, guarded Store, pol *Policy, dead ping.Ping, hanging <-chan struct{}) {
 	t.Helper()
-	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: delay}
+	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: delay, hanging: make(chan struct{}, 1)}
 	r, _ = testReconciler(t, store, 0, time.Hour)
 	b := NewBreaker(1000, time.Hour, nil)
 	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
 	dead = parked
 	dead.Asset = store.dead
-	return r, b.Guard(store), testPolicy(Sliding), dead
+	return r, b.Guard(store), testPolicy(Sliding), dead, store.hanging
 }
 
 // hangingStore hangs (delay) and then fails any Release carrying a claim of
 // the dead asset, as a paused master's calls wait out the store timeout.
+// hanging, if not nil, is told when such a Release begins to hang.
 type hangingStore struct {
 	Store
-	dead  string
-	delay time.Duration
+	dead    string
+	delay   time.Duration
+	hanging chan struct{}
 }
 
 func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
 	for _, c := range claims {
 		if c.Asset == s.dead {
+			select {
+			case s.hanging <- struct{}{}:
+			default: // nil, or told already
+			}
 			select {
 			case <-time.After(s.delay):
 			case <-ctx.Done():
@@ -1032,7 +1039,7 @@ func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, er
 // reconciler as releases (forward.go reconcile). A call on a healthy
 // master's key, owed only a confirmation, must not carry them and fail.
 func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
-	r, guarded, pol, dead := hungMasterGuarded(t, 0)
+	r, guarded, pol, dead, _ := hungMasterGuarded(t, 0)
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())}) // healthy master, only a confirmation owed
 	time.Sleep(50 * time.Millisecond)
 	r.Hand([]*Claim{claimOf(pol, dead, 1, time.Now())}, true) // a timed-out decision on the hung master
@@ -1048,7 +1055,7 @@ func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
 // hung master's confirmed key leads a pass joins that pass: it fails only
 // if the pass did not release its own key's confirmation.
 func TestACallOnAHealthyKeyDoesNotShareTheHungKeysFailure(t *testing.T) {
-	r, guarded, pol, dead := hungMasterGuarded(t, 300*time.Millisecond)
+	r, guarded, pol, dead, hanging := hungMasterGuarded(t, 300*time.Millisecond)
 	r.Confirm([]*Claim{claimOf(pol, dead, 1, time.Now())})
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
 	go func() {
@@ -1056,13 +1063,48 @@ func TestACallOnAHealthyKeyDoesNotShareTheHungKeysFailure(t *testing.T) {
 		d.Time = d.Time.Add(time.Second)
 		_, _ = decideOne(context.Background(), guarded, claimOf(pol, d, 10, time.Now())) // the hung key's retry
 	}()
-	time.Sleep(50 * time.Millisecond)
+	// Not a sleep: a retry that began its pass late would find the healthy
+	// call waiting, and a pass begun with both keys wanted carries both.
+	<-hanging
 	p := parked
 	p.Time = p.Time.Add(time.Second)
 	start := time.Now()
 	_, err := decideOne(context.Background(), guarded, claimOf(pol, p, 3, time.Now()))
 	if err != nil {
 		t.Errorf("a call on a healthy master's confirmed key, after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+}
+
+// The calls a failed pass answered (its leader, and those on the keys it
+// could not release) wait for no other pass: their keys must no longer be
+// wanted once it ends. A call on a healthy key that waited it out, and
+// makes the next pass for its own confirmation, would otherwise carry the
+// hung key's release again and fail with it.
+func TestTheHungKeysCallsLeaveNoReleaseForTheNextPass(t *testing.T) {
+	r, guarded, pol, dead, hanging := hungMasterGuarded(t, time.Second)
+	hung := claimOf(pol, dead, 1, time.Now())
+	r.Confirm([]*Claim{hung})
+	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
+	retry := func(token uint64) {
+		d := dead
+		d.Time = d.Time.Add(time.Second)
+		_, _ = decideOne(context.Background(), guarded, claimOf(pol, d, token, time.Now()))
+	}
+	go retry(10) // leads the pass that hangs
+	<-hanging
+	const joiners = 20 // a burst of the hung asset's retries, which share that pass
+	for i := range joiners {
+		go retry(uint64(11 + i))
+	}
+	for wanted := 0; wanted < 1+joiners; time.Sleep(time.Millisecond) {
+		r.mu.Lock()
+		wanted = r.wanted[hung.Key()]
+		r.mu.Unlock()
+	}
+	p := parked
+	p.Time = p.Time.Add(time.Second)
+	if _, err := decideOne(context.Background(), guarded, claimOf(pol, p, 3, time.Now())); err != nil {
+		t.Errorf("a call on a healthy key, after a pass that failed the hung key's %d calls: %v", 1+joiners, err)
 	}
 }
 
