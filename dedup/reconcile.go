@@ -400,12 +400,12 @@ type Unreconciled struct {
 	Settlements int
 }
 
-// Close stops the Reconciler. Once a store call on its way has its answer
-// (or the store's timeout has passed), it makes one last pass over every
-// claim it holds, their backoff ignored (a Redis that came back just
-// before an exit or a reload answers it), releases first, within
-// reconcileLastPass: a Redis that does not answer holds it two store
-// timeouts at most. It returns the claims the store
+// Close stops the Reconciler. Once a store call on its way (run's, or a
+// ReleaseOwed pass's) has its answer (or the store's timeout has passed),
+// it makes one last pass over every claim it holds, their backoff ignored
+// (a Redis that came back just before an exit or a reload answers it),
+// releases first, within reconcileLastPass: a Redis that does not answer
+// holds it two store timeouts at most. It returns the claims the store
 // still never answered, uncounted: the caller counts them as dropped with
 // the line that says what they are, while the claims handed over
 // meanwhile or later are dropped and reported as any others, each on its
@@ -556,7 +556,8 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 // older than in_flight_timeout, and the retry of its observation, coming
 // through first, would be told it was delivered. It returns the store's
 // error if a release failed; what was not released is then retried with
-// its backoff as before.
+// its backoff as before. Once Close has begun, a pass begins no more store
+// calls, and the calls whose releases it left fail (errClosing).
 //
 // The calls that come while a pass is on its way share it: in an outage
 // each would otherwise wait out the store's timeout behind the one before
@@ -667,8 +668,15 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 	// any more.
 	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
 	for len(owed) > 0 {
-		n := nextBatch(owed)
-		if _, failed, err := r.attempt(ctx, owed[:n]); err != nil {
+		// Close waits for this pass: on a Redis answering slowly, one
+		// batch after another would hold an exit past its bound. Once it
+		// has begun, its last pass, bounded, makes the rest.
+		n, failed, err := 0, []*reconcileJob(nil), r.closingErr()
+		if err == nil {
+			n = nextBatch(owed)
+			_, failed, err = r.attempt(ctx, owed[:n])
+		}
+		if err != nil {
 			for _, j := range owed[n:] {
 				r.requeue(j)
 			}
@@ -676,6 +684,20 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 			return err
 		}
 		owed = owed[n:]
+	}
+	return nil
+}
+
+// errClosing fails the calls waiting for releases owed that a pass left to
+// Close's last pass: made now, a call could reach Redis before them.
+var errClosing = errors.New("the reconciler is closing (Caddy exits, or no config uses its Redis connection any more), and its last pass makes the releases owed")
+
+// closingErr is errClosing once Close has begun.
+func (r *Reconciler) closingErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errClosing
 	}
 	return nil
 }

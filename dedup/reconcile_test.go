@@ -979,6 +979,71 @@ func TestCloseCountsTheReleaseOnItsWay(t *testing.T) {
 	}
 }
 
+// Close stops a ReleaseOwed pass on its way as it stops run's: the call on
+// its way has its answer, and the batches after it go to Close's last
+// pass, which is bounded. Close waited for the whole pass, and on a Redis
+// answering slowly a pass over thousands of owed releases (a fleet's
+// retries as Redis comes back) held an exit a store call for each batch,
+// past the README's bound and the exit hook's cap (measured: 4 s at a
+// 200 ms timeout with 10,000 owed). The calls waiting for the releases the
+// pass left are not made, as when a release fails: one may be the retry
+// of their observation.
+func TestCloseStopsAReleaseOwedPassBetweenBatches(t *testing.T) {
+	store := &passStepStore{Store: NewMemoryStore(0), entered: make(chan struct{}, 3), steps: make(chan struct{})}
+	defer close(store.steps)
+	r, o := testReconciler(t, store, 0)
+	var owed []*Claim
+	for job := range 3 { // three store calls' worth
+		claims := batchOfReleases(job)
+		r.Hand(claims, true)
+		owed = append(owed, claims...)
+	}
+	passed := make(chan error, 1)
+	go func() { passed <- r.ReleaseOwed(context.WithValue(context.Background(), passKey{}, true), owed) }()
+	<-store.entered
+	store.steps <- struct{}{} // the first batch is answered
+	<-store.entered           // the second is on its way
+	closed := make(chan Unreconciled, 1)
+	go func() { closed <- r.Close() }()
+	for closing := false; !closing; time.Sleep(time.Millisecond) {
+		r.mu.Lock()
+		closing = r.closed
+		r.mu.Unlock()
+	}
+	store.steps <- struct{}{}
+	select {
+	case <-store.entered:
+		t.Fatal("the pass began another batch after Close had begun: an exit waited for every batch owed")
+	case left := <-closed:
+		if want := fmt.Sprint(map[ReconcileOutcome]int{ReconcileNotHeld: 3 * reconcileBatch}); left != (Unreconciled{}) || o.String() != want {
+			t.Errorf("given up on %+v, outcomes %s; want every claim answered, %s", left, o, want)
+		}
+	}
+	if err := <-passed; err == nil {
+		t.Error("the calls waiting for the batch the pass left were made, ahead of its release")
+	}
+}
+
+// passStepStore refuses run's calls at once (an outage: they back off),
+// answers a ReleaseOwed pass's (its caller's ctx carries passKey) one step
+// at a time, as a Redis answering slowly, and Close's last pass's (the
+// only ones with a deadline) at once.
+type passStepStore struct {
+	Store
+	entered chan struct{} // a pass's call has begun
+	steps   chan struct{} // one may answer
+}
+
+func (s *passStepStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	if _, last := ctx.Deadline(); ctx.Value(passKey{}) != nil {
+		s.entered <- struct{}{}
+		<-s.steps
+	} else if !last {
+		return nil, errors.New("connection refused")
+	}
+	return s.Store.Release(ctx, claims)
+}
+
 // failureCounter counts the releases of its store that failed.
 type failureCounter struct {
 	Store
