@@ -574,7 +574,9 @@ func TestMayHaveWritten(t *testing.T) {
 // claim kept a while to catch a late landing has its answer, and closing
 // the reconciler then gives up on nothing.
 func TestUnansweredCountsOnlyWhatWaitsForTheStore(t *testing.T) {
-	s := NewMemoryStore(0)
+	// The store answers once the gate opens: until then the claim is
+	// unanswered however fast the reconciler is.
+	s := &gatedStore{Store: NewMemoryStore(0), gate: make(chan struct{}), answers: true}
 	r, o := testReconciler(t, s, 0, time.Hour)
 	pol := testPolicy(Tumbling)
 	c := claimOf(pol, parked, 1, time.Now())
@@ -584,6 +586,7 @@ func TestUnansweredCountsOnlyWhatWaitsForTheStore(t *testing.T) {
 	if r.Hand([]*Claim{c}, true); r.Unanswered() != 1 {
 		t.Fatalf("%d unanswered after handing one claim over", r.Unanswered())
 	}
+	close(s.gate)
 	for deadline := time.Now().Add(10 * time.Second); o.String() != "map[released:1]"; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("outcomes %s, want the claim released", o)
