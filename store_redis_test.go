@@ -111,7 +111,7 @@ func TestClosingARedisConnectionTriesWhatItOwesOnce(t *testing.T) {
 		comeBack bool
 		warned   map[string]int64 // the warning's counts, nil for none
 	}{
-		{name: "Redis came back", timeout: 50 * time.Millisecond, comeBack: true},
+		{name: "Redis came back", timeout: 500 * time.Millisecond, comeBack: true},
 		{name: "Redis still hung", timeout: 500 * time.Millisecond, warned: map[string]int64{"releases": 1, "settlements": 1}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

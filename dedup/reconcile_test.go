@@ -889,7 +889,7 @@ func TestCloseMakesALastPass(t *testing.T) {
 		outcomes string
 		left     Unreconciled
 	}{
-		{name: "Redis came back", timeout: 50 * time.Millisecond, comeBack: true, outcomes: "map[released:1 settled:1]"},
+		{name: "Redis came back", timeout: 500 * time.Millisecond, comeBack: true, outcomes: "map[released:1 settled:1]"},
 		{name: "Redis still hung", timeout: time.Second, outcomes: "map[]", left: Unreconciled{Releases: 1, Settlements: 1}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
