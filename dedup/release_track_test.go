@@ -479,3 +479,49 @@ func TestARetriedBatchWithLateFixesIsJudgedAsItWas(t *testing.T) {
 		failAndRetry(t, d, queue)
 	})
 }
+
+// A batch ending in two fixes of one second is delivered, but its reply is
+// lost, and the sender sends it again with a message it queued meanwhile
+// that is older than the batch (a tracker's buffered report of the
+// ignition turning on, which its gateway forwards late). The late report
+// is admitted, and the batch's fixes are redeliveries: the second fix of
+// that second, suppressed the first time, is held by the track already
+// and must not be folded in again. Folded in twice, it settled the stay
+// there a fix early, and the drive after it was admitted a fix early each
+// time, as if the car were a fix behind where it was: the fixes admitted
+// must be those admitted when the late report comes alone.
+func TestAResentBatchWithAnOlderMessageFoldsNoFixTwice(t *testing.T) {
+	var batch []ping.Ping
+	for i := 1; i <= 3; i++ {
+		batch = append(batch, withSpeed(offset(60+float64(i), 9*float64(i), 0), 9))
+	}
+	batch = append(batch, withSpeed(offset(63, 29, 0), 9)) // another fix of second 63
+	late := withState(offset(50, 1, 0), "ignition=true")
+	want := []Decision{Suppressed, Suppressed, Accepted, Suppressed, Suppressed, Accepted, Suppressed}
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		claims, verdicts, err := d.ClaimAll(t.Context(), observeAll(d, batch))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Settle(t.Context(), acceptedOf(claims, verdicts)...); err != nil {
+			t.Fatal(err)
+		}
+		claims, verdicts, err = d.ClaimAll(t.Context(), observeAll(d, append([]ping.Ping{late}, batch...)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if verdicts[0].Decision != Accepted {
+			t.Fatalf("the late report of the ignition: %+v, want accepted", verdicts[0])
+		}
+		if err := d.Settle(t.Context(), acceptedOf(claims, verdicts)...); err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range want {
+			s := float64(64 + i)
+			if v := d.settled(t, withSpeed(offset(s, 9*(s-60), 0), 9)); v.Decision != w {
+				t.Errorf("the drive's fix at %v s: %+v, want %s", s, v, w)
+			}
+		}
+	})
+}

@@ -393,10 +393,13 @@ func (st *trackState) refold(f fix, pol *Policy) *trackState {
 // second was folded in no more, and a retried drive lost a fix its first
 // attempt accepted and left the backend 45 m behind the car. A copy of a
 // ping of its batch (copied) is held: the ping was judged just before it,
-// and a fix counted twice settles a stay a fix early.
+// and a fix counted twice settles a stay a fix early. So is f when the
+// track its request found (prev) had seen f's time already: a delivered
+// batch sent again with an older message it had queued since, admitted
+// late, folded the second fix of its last second in again.
 func (st *trackState) lost(f fix) bool {
 	if f.t == st.seenMax {
-		return !f.copied && sameRequest(st.last.token, f.token)
+		return !f.copied && sameRequest(st.last.token, f.token) && (st.undo != undoPrev || st.prevSeenMax < f.t)
 	}
 	return f.t > st.seenMax
 }

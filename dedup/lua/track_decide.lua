@@ -379,10 +379,13 @@ local request = string.sub(token, 1, 6)
 -- A redelivery flagged 'u' is judged again only if the track lost it (a
 -- release put back the track from before its request, and since then
 -- nothing seen reached its time, or only its own request's pings at that
--- very time and it is no copy of one: lost in track.go) and no released
--- ping's retry is awaited (the release spent the undo record, and nothing
--- was accepted since).
-if seen and (undoFlag == 2 or t < oldSeenMax or (t == oldSeenMax and (copied == 1 or lastRequest ~= request))) then
+-- very time, the track the request found had not seen it, and it is no
+-- copy of one: lost in track.go) and no released ping's retry is awaited
+-- (the release spent the undo record, and nothing was accepted since).
+-- The latest device time the request found seen is kept after the undo
+-- record; a record written before it was kept counts as having seen it.
+if seen and (undoFlag == 2 or t < oldSeenMax or (t == oldSeenMax and (copied == 1 or lastRequest ~= request
+		or (undoFlag == 1 and (#raw < 17 + 2 * CORE_SIZE or struct.unpack('>i8', raw, 10 + 2 * CORE_SIZE) >= t))))) then
 	return { 'suppressed', 'redelivery' }
 end
 local cur = decode(curRaw, 1)
