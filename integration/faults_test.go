@@ -121,6 +121,19 @@ func reconcilerAnswers(t *testing.T) float64 {
 	return n
 }
 
+// hungRedisStore is the store option of the tests in which srv hangs past
+// the store's timeout. The timeout is 500 ms, not 100: on a loaded machine
+// under -race, calls took over 100 ms that Redis was not keeping waiting.
+// The claim made as it began to hang was then never sent, leaving nothing
+// to reconcile (failing closed: "the reconciler released nothing"), or a
+// retry's call after the hang timed out too and was answered as
+// on_store_error says (failing open: 201 unchecked, where the test wants
+// the retry accepted or the redelivery suppressed). The hang still
+// outlasts the timeout by a second (duringHang).
+func hungRedisStore(srv *redistest.Server) string {
+	return "store redis " + srv.URL() + " {\n\t\t\ttimeout 500ms\n\t\t}"
+}
+
 // The first fault, failing closed: Redis hangs past the timeout, so
 // the sender gets 503 while the SET NX lands later. The reconciler releases
 // that claim by token once Redis answers, and the sender's retry is
@@ -129,7 +142,7 @@ func reconcilerAnswers(t *testing.T) float64 {
 func TestTimedOutClaimIsReleasedFailingClosed(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
-	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}\n\t\ton_store_error closed")
+	tester := startCaddy(t, up, hungRedisStore(srv)+"\n\t\ton_store_error closed")
 	warmRedisConnections(t, tester.Client, srv)
 	before := reconcilerReleases(t)
 	body := ping("veh-hung-closed", base(), 52.5200087, 13.4049547)
@@ -154,17 +167,10 @@ func reconcilerReleases(t *testing.T) float64 {
 // late claim is released, and the retry is accepted and reaches the
 // upstream, rather than being suppressed as a redelivery of a ping the
 // upstream refused.
-//
-// The store's timeout is 500 ms, not 100: failing open, a store call that
-// times out is forwarded unchecked by design, and on a loaded machine
-// under -race calls took over 100 ms that Redis was not keeping waiting:
-// the claim made as it began to hang was never sent (nothing to
-// reconcile), or the retry's release after the hang was not answered in
-// time (the retry answered 201 unchecked).
 func TestTimedOutClaimIsReleasedWhenTheUncheckedForwardFails(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
-	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 500ms\n\t\t}")
+	tester := startCaddy(t, up, hungRedisStore(srv))
 	warmRedisConnections(t, tester.Client, srv)
 	body := ping("veh-hung-open-failed", base(), 52.5200087, 13.4049547)
 	var took committed
@@ -198,7 +204,7 @@ func TestTimedOutClaimIsReleasedWhenTheUncheckedForwardFails(t *testing.T) {
 func TestTimedOutClaimIsSettledWhenTheUncheckedForwardSucceeds(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
-	tester := startCaddy(t, up, "store redis "+srv.URL()+" {\n\t\t\ttimeout 100ms\n\t\t}")
+	tester := startCaddy(t, up, hungRedisStore(srv))
 	warmRedisConnections(t, tester.Client, srv)
 	settled := func() float64 {
 		return counterValue(t, "caddy_telemetry_dedup_reconciled_total", map[string]string{"outcome": "settled"})
