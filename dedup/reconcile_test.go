@@ -1065,9 +1065,9 @@ func (f *failureCounter) Release(ctx context.Context, claims []*Claim) ([]bool, 
 // owed first, in front of a store whose releases of the returned asset's
 // claims hang for delay and fail, as a hung Cluster master's do. hanging
 // is told when such a release begins to hang.
-func hungMasterGuarded(t *testing.T, delay time.Duration) (r *Reconciler, guarded Store, pol *Policy, dead ping.Ping, hanging <-chan struct{}) {
+func hungMasterGuarded(t *testing.T, ends <-chan struct{}) (r *Reconciler, guarded Store, pol *Policy, dead ping.Ping, hanging <-chan struct{}) {
 	t.Helper()
-	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", delay: delay, hanging: make(chan struct{}, 1)}
+	store := &hangingStore{Store: NewMemoryStore(0), dead: "on-the-hung-master", ends: ends, hanging: make(chan struct{}, 1)}
 	r, _ = testReconciler(t, store, 0, time.Hour)
 	b := NewBreaker(1000, time.Hour, nil)
 	b.ReleaseFirst(r.OwesFor, r.ReleaseOwed)
@@ -1076,13 +1076,14 @@ func hungMasterGuarded(t *testing.T, delay time.Duration) (r *Reconciler, guarde
 	return r, b.Guard(store), testPolicy(Sliding), dead, store.hanging
 }
 
-// hangingStore hangs (delay) and then fails any Release carrying a claim of
-// the dead asset, as a paused master's calls wait out the store timeout.
-// hanging, if not nil, is told when such a Release begins to hang.
+// hangingStore hangs (until ends is closed) and then fails any Release
+// carrying a claim of the dead asset, as a paused master's calls wait out
+// the store timeout. hanging, if not nil, is told when such a Release
+// begins to hang.
 type hangingStore struct {
 	Store
 	dead    string
-	delay   time.Duration
+	ends    <-chan struct{}
 	hanging chan struct{}
 }
 
@@ -1094,7 +1095,7 @@ func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, er
 			default: // nil, or told already
 			}
 			select {
-			case <-time.After(s.delay):
+			case <-s.ends:
 			case <-ctx.Done():
 			}
 			return nil, errors.New("i/o timeout")
@@ -1107,7 +1108,7 @@ func (s *hangingStore) Release(ctx context.Context, claims []*Claim) ([]bool, er
 // reconciler as releases (forward.go reconcile). A call on a healthy
 // master's key, owed only a confirmation, must not carry them and fail.
 func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
-	r, guarded, pol, dead, _ := hungMasterGuarded(t, 0)
+	r, guarded, pol, dead, _ := hungMasterGuarded(t, endsAfter(0))
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())}) // healthy master, only a confirmation owed
 	time.Sleep(50 * time.Millisecond)
 	r.Hand([]*Claim{claimOf(pol, dead, 1, time.Now())}, true) // a timed-out decision on the hung master
@@ -1123,7 +1124,7 @@ func TestAHungMastersUnansweredReleaseFailsNoCallOnAHealthyKey(t *testing.T) {
 // hung master's confirmed key leads a pass joins that pass: it fails only
 // if the pass did not release its own key's confirmation.
 func TestACallOnAHealthyKeyDoesNotShareTheHungKeysFailure(t *testing.T) {
-	r, guarded, pol, dead, hanging := hungMasterGuarded(t, 300*time.Millisecond)
+	r, guarded, pol, dead, hanging := hungMasterGuarded(t, endsAfter(300*time.Millisecond))
 	r.Confirm([]*Claim{claimOf(pol, dead, 1, time.Now())})
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
 	go func() {
@@ -1149,7 +1150,8 @@ func TestACallOnAHealthyKeyDoesNotShareTheHungKeysFailure(t *testing.T) {
 // makes the next pass for its own confirmation, would otherwise carry the
 // hung key's release again and fail with it.
 func TestTheHungKeysCallsLeaveNoReleaseForTheNextPass(t *testing.T) {
-	r, guarded, pol, dead, hanging := hungMasterGuarded(t, time.Second)
+	ends := make(chan struct{})
+	r, guarded, pol, dead, hanging := hungMasterGuarded(t, ends)
 	hung := claimOf(pol, dead, 1, time.Now())
 	r.Confirm([]*Claim{hung})
 	r.Confirm([]*Claim{claimOf(pol, parked, 2, time.Now())})
@@ -1164,16 +1166,31 @@ func TestTheHungKeysCallsLeaveNoReleaseForTheNextPass(t *testing.T) {
 	for i := range joiners {
 		go retry(uint64(11 + i))
 	}
+	// The pass hangs until every retry waits for it, however slow the
+	// machine, and then a while longer, as a paused master's would.
+	deadline := time.Now().Add(30 * time.Second)
 	for wanted := 0; wanted < 1+joiners; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(ends)
+			t.Fatalf("only %d of the hung key's %d calls wait for its pass after 30 s", wanted, 1+joiners)
+		}
 		r.mu.Lock()
 		wanted = r.wanted[hung.Key()]
 		r.mu.Unlock()
 	}
+	time.AfterFunc(time.Second, func() { close(ends) })
 	p := parked
 	p.Time = p.Time.Add(time.Second)
 	if _, err := decideOne(context.Background(), guarded, claimOf(pol, p, 3, time.Now())); err != nil {
 		t.Errorf("a call on a healthy key, after a pass that failed the hung key's %d calls: %v", 1+joiners, err)
 	}
+}
+
+// endsAfter is closed after d, when a hangingStore's hang ends.
+func endsAfter(d time.Duration) <-chan struct{} {
+	ends := make(chan struct{})
+	time.AfterFunc(d, func() { close(ends) })
+	return ends
 }
 
 // A confirmation whose claim's TTL ran out has nothing left to act on: a
