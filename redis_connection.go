@@ -25,6 +25,10 @@ type redisConnection struct {
 	breaker    *dedup.Breaker
 	store      dedup.Store
 	reconciler *dedup.Reconciler
+	// keyspace holds the reconcilers of every connection open on the same
+	// Redis data, this one's included, under keyspaceID.
+	keyspace   *keyspace
+	keyspaceID string
 	// users counts the requests of every config that use the connection.
 	users atomic.Int64
 	// holders counts the store modules that hold the connection, one per
@@ -120,8 +124,11 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	}
 	// Once Redis answers again, the releases it owes reach Redis before
 	// any request's call: that request may be the retry of one of them,
-	// and must find its claim gone.
-	breaker.ReleaseFirst(c.reconciler.OwesFor, c.reconciler.ReleaseOwed)
+	// and must find its claim gone. So do those a connection this one
+	// replaced on a reload still owes: the retry comes through this one.
+	c.keyspaceID = keyspaceOf(opts)
+	c.keyspace = joinKeyspace(c.keyspaceID, c.reconciler)
+	breaker.ReleaseFirst(c.keyspace.owesFor, c.keyspace.releaseOwed)
 	report(c)
 	return c
 }
@@ -170,6 +177,9 @@ func countReconciled(outcome dedup.ReconcileOutcome, n int) {
 // reconciler, whose last pass then goes through the pipeline too.
 func (c *redisConnection) Destruct() error {
 	c.pipeline.Flush()
+	// Before the close, which fails the passes made on its way: another
+	// connection's calls must not fail with it.
+	c.keyspace.leave(c.keyspaceID, c.reconciler)
 	left := c.reconciler.Close()
 	c.pipeline.Close()
 	c.dropUnreconciled(left)

@@ -61,6 +61,48 @@ func TestReloadsDuringAnOutageLeaveNothingBehindEach(t *testing.T) {
 	}
 }
 
+// A reload that replaces the Redis connection (a new timeout) while Redis
+// is down leaves the release of a failed request's claim to the old
+// connection's reconciler, which backs off, and which no request uses any
+// more. The sender's retry comes through the new connection once Redis is
+// back: its call makes the old reconciler's release first, as it would its
+// own connection's, and the retry is accepted, not told to come back (and,
+// past in_flight_timeout, that its ping was delivered) until the old
+// reconciler's next try, seconds later.
+func TestARetryThroughANewConnectionMakesTheReleaseTheReplacedOneOwes(t *testing.T) {
+	srv := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
+	old := provisionRedisStore(t, srv.URL())
+	failed := ownedClaim("replaced:failed", 1)
+	if v, err := old.store.Decide(context.Background(), []*dedup.Claim{failed}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the first claim: %v %v", v, err)
+	}
+	srv.Kill()
+	old.reconciler.Hand([]*dedup.Claim{failed}, true)
+	time.Sleep(1600 * time.Millisecond) // the reconciler's tries, refused, back off to 1.6 s apart
+
+	current := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(60 * time.Millisecond)}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := current.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if current.poolKey == old.poolKey {
+		t.Fatal("the reload kept the connection; the test needs a new one")
+	}
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	retry := ownedClaim("replaced:failed", 2)
+	v, err := current.store.Decide(context.Background(), []*dedup.Claim{retry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Decision != dedup.Accepted {
+		t.Errorf("the retry through the new connection: %v; want accepted: its first attempt failed, and the replaced connection owed the release", v[0].Decision)
+	}
+}
+
 // A config that lets go of a connection another still holds leaves its
 // requests' drain to that one, with its own bound: the requests of a
 // config with a longer in_flight_timeout (a reload lowered it) keep the

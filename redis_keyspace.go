@@ -1,0 +1,93 @@
+package telemetrydedup
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+)
+
+// keyspace holds the reconcilers of the Redis connections open on the same
+// data. A reload that replaces a connection (a new timeout, a rotated
+// password) while Redis hangs leaves the releases the old one owes to its
+// reconciler, and the senders' retries come through the new connection: its
+// calls must make those releases first, as they make their own connection's
+// (Breaker.ReleaseFirst), or a retry coming after in_flight_timeout is told
+// its ping was delivered when the upstream never took it: the old
+// connection, which no request uses any more, has no breaker to tell it
+// that Redis answers again, and may be backing off for seconds.
+type keyspace struct {
+	// reconcilers is read on every store call, so it is swapped whole.
+	reconcilers atomic.Pointer[[]*dedup.Reconciler]
+}
+
+// keyspaces are the keyspaces of the Redis connections open, by keyspaceOf.
+var keyspaces = struct {
+	sync.Mutex
+	byID map[string]*keyspace
+}{byID: map[string]*keyspace{}}
+
+// keyspaceOf names the data opts reach: the same servers (or Sentinel
+// master, or Cluster) and database, whatever the credentials or timeouts.
+func keyspaceOf(opts *redis.UniversalOptions) string {
+	addrs := slices.Sorted(slices.Values(opts.Addrs))
+	return fmt.Sprintf("%s|%s|%d", strings.Join(addrs, ","), opts.MasterName, opts.DB)
+}
+
+// joinKeyspace adds r to the keyspace id, and returns it.
+func joinKeyspace(id string, r *dedup.Reconciler) *keyspace {
+	keyspaces.Lock()
+	defer keyspaces.Unlock()
+	ks := keyspaces.byID[id]
+	if ks == nil {
+		ks = &keyspace{}
+		ks.reconcilers.Store(&[]*dedup.Reconciler{})
+		keyspaces.byID[id] = ks
+	}
+	joined := append(slices.Clone(*ks.reconcilers.Load()), r)
+	ks.reconcilers.Store(&joined)
+	return ks
+}
+
+// leave takes r out of the keyspace id, which is forgotten once empty.
+func (ks *keyspace) leave(id string, r *dedup.Reconciler) {
+	keyspaces.Lock()
+	defer keyspaces.Unlock()
+	left := slices.DeleteFunc(slices.Clone(*ks.reconcilers.Load()), func(o *dedup.Reconciler) bool { return o == r })
+	ks.reconcilers.Store(&left)
+	if len(left) == 0 && keyspaces.byID[id] == ks {
+		delete(keyspaces.byID, id)
+	}
+}
+
+// owesFor reports whether a reconciler on the keyspace owes a release on
+// the key of any of claims (Reconciler.OwesFor).
+func (ks *keyspace) owesFor(claims []*dedup.Claim) bool {
+	for _, r := range *ks.reconcilers.Load() {
+		if r.OwesFor(claims) {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseOwed makes the releases each reconciler on the keyspace owes on
+// the keys of claims (Reconciler.ReleaseOwed), and returns the first
+// failure.
+func (ks *keyspace) releaseOwed(ctx context.Context, claims []*dedup.Claim) error {
+	for _, r := range *ks.reconcilers.Load() {
+		if !r.OwesFor(claims) {
+			continue
+		}
+		if err := r.ReleaseOwed(ctx, claims); err != nil {
+			return err
+		}
+	}
+	return nil
+}
