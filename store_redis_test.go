@@ -71,7 +71,18 @@ func TestReloadsDuringAnOutageLeaveNothingBehindEach(t *testing.T) {
 // reconciler's next try, seconds later.
 func TestARetryThroughANewConnectionMakesTheReleaseTheReplacedOneOwes(t *testing.T) {
 	srv := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
-	old := provisionRedisStore(t, srv.URL())
+	// Timeouts long enough for a loaded machine: Redis is killed, not
+	// hung, so the old reconciler's tries are refused at once either way.
+	load := func(timeout time.Duration) *RedisStore {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		r := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(timeout)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	old := load(500 * time.Millisecond)
 	failed := ownedClaim("replaced:failed", 1)
 	if v, err := old.store.Decide(context.Background(), []*dedup.Claim{failed}); err != nil || v[0].Decision != dedup.Accepted {
 		t.Fatalf("the first claim: %v %v", v, err)
@@ -80,12 +91,7 @@ func TestARetryThroughANewConnectionMakesTheReleaseTheReplacedOneOwes(t *testing
 	old.reconciler.Hand([]*dedup.Claim{failed}, true)
 	time.Sleep(1600 * time.Millisecond) // the reconciler's tries, refused, back off to 1.6 s apart
 
-	current := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(60 * time.Millisecond)}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := current.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	current := load(time.Second) // the reload
 	if current.poolKey == old.poolKey {
 		t.Fatal("the reload kept the connection; the test needs a new one")
 	}
