@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -125,10 +126,13 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// Once Redis answers again, the releases it owes reach Redis before
 	// any request's call: that request may be the retry of one of them,
 	// and must find its claim gone. So do those a connection this one
-	// replaced on a reload still owes: the retry comes through this one.
+	// replaced on a reload still owes: the retry comes through this one,
+	// which takes them over and makes them itself (keyspace.releaseOwed).
 	c.keyspaceID = keyspaceOf(opts)
 	c.keyspace = joinKeyspace(c.keyspaceID, c.reconciler)
-	breaker.ReleaseFirst(c.keyspace.owesFor, c.keyspace.releaseOwed)
+	breaker.ReleaseFirst(c.keyspace.owesFor, func(ctx context.Context, claims []*dedup.Claim) error {
+		return c.keyspace.releaseOwed(ctx, c.reconciler, claims)
+	})
 	report(c)
 	return c
 }

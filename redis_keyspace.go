@@ -21,7 +21,9 @@ import (
 // (Breaker.ReleaseFirst), or a retry coming after in_flight_timeout is told
 // its ping was delivered when the upstream never took it: the old
 // connection, which no request uses any more, has no breaker to tell it
-// that Redis answers again, and may be backing off for seconds.
+// that Redis answers again, and may be backing off for seconds. They make
+// them through their own connection (releaseOwed): the old one's may no
+// longer be let in.
 type keyspace struct {
 	// reconcilers is read on every store call, so it is swapped whole.
 	reconcilers atomic.Pointer[[]*dedup.Reconciler]
@@ -77,17 +79,50 @@ func (ks *keyspace) owesFor(claims []*dedup.Claim) bool {
 	return false
 }
 
-// releaseOwed makes the releases each reconciler on the keyspace owes on
-// the keys of claims (Reconciler.ReleaseOwed), and returns the first
-// failure.
-func (ks *keyspace) releaseOwed(ctx context.Context, claims []*dedup.Claim) error {
-	for _, r := range *ks.reconcilers.Load() {
-		if !r.OwesFor(claims) {
-			continue
+// releaseOwed makes, through own (the reconciler of the connection whose
+// call it is), the releases every reconciler on the keyspace owes on the
+// keys of claims, and returns its failure: own takes over those of the
+// others (Reconciler.TakeOver) and makes them with its own. Asking the
+// others to make them would fail the call with them whenever their
+// connection can no longer reach Redis while own's can: a reload that
+// rotated the password replaced the connection, and once Redis cut the old
+// one's pool (a restart, a blip) the old password is refused, call after
+// call, until the claims' TTL ends. Releases are by token: any connection
+// on the same data makes them alike. A round that leaves another owing
+// some (two connections took them over from each other at once, or own
+// could not take them) is followed by another, a few at most.
+func (ks *keyspace) releaseOwed(ctx context.Context, own *dedup.Reconciler, claims []*dedup.Claim) error {
+	for range keyspaceRounds {
+		for _, r := range *ks.reconcilers.Load() {
+			if r != own && r.OwesFor(claims) && !own.TakeOver(r, claims) {
+				// own is closing, or full: r makes them, as before.
+				if err := r.ReleaseOwed(ctx, claims); err != nil {
+					return err
+				}
+			}
 		}
-		if err := r.ReleaseOwed(ctx, claims); err != nil {
-			return err
+		if own.OwesFor(claims) {
+			if err := own.ReleaseOwed(ctx, claims); err != nil {
+				return err
+			}
+		}
+		if !ks.othersOweFor(own, claims) {
+			return nil
 		}
 	}
 	return nil
 }
+
+// othersOweFor reports whether a reconciler on the keyspace other than own
+// owes a release on the key of any of claims.
+func (ks *keyspace) othersOweFor(own *dedup.Reconciler, claims []*dedup.Claim) bool {
+	for _, r := range *ks.reconcilers.Load() {
+		if r != own && r.OwesFor(claims) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyspaceRounds bounds the rounds of one keyspace.releaseOwed.
+const keyspaceRounds = 3

@@ -109,6 +109,73 @@ func TestARetryThroughANewConnectionMakesTheReleaseTheReplacedOneOwes(t *testing
 	}
 }
 
+// A reload that rotates the password replaces the connection: the old one,
+// its pool cut (Redis restarted, or a network blip), can no longer log in,
+// and the releases it owes fail however often it tries. The new
+// connection's calls on their keys make those releases themselves (by
+// token, as the old one would have): they are not refused for the old
+// password, call after call until the claim's TTL ends, nor does the new
+// connection's breaker open for it. The old connection then owes nothing,
+// and closes.
+func TestARetryThroughANewConnectionIsNotFailedByTheOldOnesRefusedPassword(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "svc", "old")
+	admin := srv.Client()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	old := &RedisStore{URL: srv.URL(), Username: "svc", Password: "old", Timeout: caddy.Duration(500 * time.Millisecond)}
+	if err := old.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	connected(t, old)
+	failed := ownedClaim("rotated:failed", 1)
+	if v, err := old.store.Decide(context.Background(), []*dedup.Claim{failed}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the first claim: %v %v", v, err)
+	}
+	// The password is rotated, and the old connection's pool cut.
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "svc", "resetpass", ">new").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(context.Background(), "CLIENT", "KILL", "USER", "svc").Err(); err != nil {
+		t.Fatal(err)
+	}
+	old.reconciler.Hand([]*dedup.Claim{failed}, true)
+	time.Sleep(300 * time.Millisecond) // the old reconciler's tries, refused, back off
+
+	current := &RedisStore{URL: srv.URL(), Username: "svc", Password: "new", Timeout: caddy.Duration(time.Second)} // a new connection; long enough for a loaded machine
+	if err := current.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = current.Cleanup() })
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	retry := ownedClaim("rotated:failed", 2)
+	v, err := current.store.Decide(context.Background(), []*dedup.Claim{retry})
+	if err != nil {
+		t.Fatalf("the retry through the new connection failed for the old one's refused password: %v", err)
+	}
+	if v[0].Decision != dedup.Accepted {
+		t.Errorf("the retry through the new connection: %v; want accepted: its first attempt failed", v[0].Decision)
+	}
+	for i := range 2 * dedup.DefaultBreakerFailures {
+		other := ownedClaim("rotated:failed", uint64(3+i))
+		if _, err := current.store.Decide(context.Background(), []*dedup.Claim{other}); err != nil {
+			t.Fatalf("call %d on the key: %v", i, err)
+		}
+	}
+	if n := current.breaker.Open(); n != 0 {
+		t.Errorf("the new connection's breaker: %d zones open", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for old.reconciler.Len() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old reconciler still holds %d claims: it keeps trying what the new connection released", old.reconciler.Len())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // A config that lets go of a connection another still holds leaves its
 // requests' drain to that one, with its own bound: the requests of a
 // config with a longer in_flight_timeout (a reload lowered it) keep the
@@ -218,6 +285,18 @@ func TestClosingARedisConnectionTriesWhatItOwesOnce(t *testing.T) {
 func ownedClaim(key string, token uint64) *dedup.Claim {
 	return &dedup.Claim{Observation: dedup.Observation{Key: key}, Token: token, At: time.Now(),
 		Policy: &dedup.Policy{Shape: dedup.Tumbling, TTL: time.Hour, InFlightTimeout: dedup.DefaultInFlightTimeout}}
+}
+
+// connected opens a connection of r's pool (logged in, scripts loaded)
+// within a second: a test's first claim, with a store timeout of 50 ms,
+// otherwise times out now and then under -race.
+func connected(t *testing.T, r *RedisStore) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := r.client.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // provisionRedisStore loads a Redis store on url as a config would, with

@@ -227,15 +227,41 @@ func (r *Reconciler) enqueue(job *reconcileJob) bool {
 		return true
 	}
 	r.mu.Lock()
-	room, dropped := r.capacity-(r.claims-r.confirming), ReconcileDropped
+	dropped := ReconcileDropped
 	if job.confirming {
-		room, dropped = r.capacity-r.confirming, ReconcileUnconfirmed
+		dropped = ReconcileUnconfirmed
 	}
-	if r.closed || n > room {
+	if !r.roomLocked([]*reconcileJob{job}) {
 		r.mu.Unlock()
 		r.count(dropped, n)
 		return false
 	}
+	r.addLocked(job)
+	r.mu.Unlock()
+	r.nudge()
+	return true
+}
+
+// roomLocked reports whether the queue is open and has room for jobs: the
+// claims of Confirm's jobs in their budget, the others in the queue's.
+// r.mu must be held.
+func (r *Reconciler) roomLocked(jobs []*reconcileJob) bool {
+	plain, confirming := 0, 0
+	for _, j := range jobs {
+		if j.confirming {
+			confirming += len(j.claims)
+		} else {
+			plain += len(j.claims)
+		}
+	}
+	return !r.closed && plain <= r.capacity-(r.claims-r.confirming) && confirming <= r.capacity-r.confirming
+}
+
+// addLocked queues job, counting its claims as waiting for the store's
+// answer and its release as owed if the store has not yet answered them.
+// r.mu must be held.
+func (r *Reconciler) addLocked(job *reconcileJob) {
+	n := len(job.claims)
 	r.jobs = append(r.jobs, job)
 	r.claims += n
 	if job.confirming {
@@ -248,9 +274,95 @@ func (r *Reconciler) enqueue(job *reconcileJob) bool {
 		r.owed.Add(1)
 		r.oweKeysLocked(job, 1)
 	}
+}
+
+// jobCount is what addLocked counted of a job.
+type jobCount struct {
+	claims     []*Claim
+	confirming bool
+	unanswered bool
+	owed       bool
+}
+
+// countOf is what addLocked counted of j, while it is r's to read.
+func countOf(j *reconcileJob) jobCount {
+	return jobCount{claims: j.claims, confirming: j.confirming, unanswered: j.answers == 0, owed: j.owed()}
+}
+
+// uncountLocked stops counting a job taken off the queue and handed to
+// another Reconciler, as addLocked counted it (c: the job itself may be
+// the other's already, and answered). r.mu must be held.
+func (r *Reconciler) uncountLocked(c jobCount) {
+	n := len(c.claims)
+	r.claims -= n
+	if c.confirming {
+		r.confirming -= n
+	}
+	if c.unanswered {
+		r.unanswered.Add(-int64(n))
+	}
+	if c.owed {
+		r.owed.Add(-1)
+		r.owedKeys = countKeys(r.owedKeys, c.claims, -1)
+	}
+}
+
+// TakeOver moves to r the releases from owes on the keys of claims
+// (OwesFor), which r then makes as its own, by token: a reload that
+// replaced from's connection on the same Redis data (a new timeout, a
+// rotated password) left them to from, which no request uses any more,
+// which may be backing off for seconds when Redis answers again, and
+// whose connection may no longer be let in (the old password refused),
+// while the retries of their observations come through r's. It waits for
+// a pass of from on its way (within from's store timeout), which gives its
+// jobs back or answers them. It reports false if r is closed or has no
+// room for them: from keeps them. A closing from keeps them too: its last
+// pass makes them.
+func (r *Reconciler) TakeOver(from *Reconciler, claims []*Claim) bool {
+	if from == r || !from.OwesFor(claims) || from.closingErr() != nil {
+		return true
+	}
+	from.working.Lock() // no pass of from takes them meanwhile
+	defer from.working.Unlock()
+	keys := countKeys(nil, claims, 1)
+	from.mu.Lock()
+	if from.closed {
+		from.mu.Unlock()
+		return true
+	}
+	jobs := from.takeLocked(func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) })
+	counted := make([]jobCount, len(jobs))
+	for i, j := range jobs {
+		counted[i] = countOf(j)
+	}
+	from.mu.Unlock()
+	if len(jobs) == 0 {
+		return true
+	}
+	// The two locks one after the other, never one inside the other: two
+	// connections may take over from each other at once. Meanwhile both
+	// count the jobs as owed, so that a call on their keys waits for them.
+	r.mu.Lock()
+	took := r.roomLocked(jobs)
+	if took {
+		for _, j := range jobs {
+			r.addLocked(j)
+		}
+	}
 	r.mu.Unlock()
-	r.nudge()
-	return true
+	from.mu.Lock()
+	for i, j := range jobs {
+		if took {
+			from.uncountLocked(counted[i])
+		} else {
+			from.jobs = append(from.jobs, j)
+		}
+	}
+	from.mu.Unlock()
+	if took {
+		r.nudge()
+	}
+	return took
 }
 
 // nudge makes run look at the queue again.

@@ -1358,3 +1358,108 @@ func TestABurstOnDistinctOwedKeysWaitsTwoPassesAtMost(t *testing.T) {
 		t.Fatalf("the burst took %v (%d hung passes), want two timeouts (%v) at most", took, store.passes, hang)
 	}
 }
+
+// TakeOver moves the releases another Reconciler owes on a call's keys,
+// with their counts, and only those: the receiver makes them, and the
+// giver owes them no more. A receiver that is closed, or has no room,
+// takes nothing: the giver keeps them, still owed.
+func TestTakeOverMovesWhatIsOwedOnTheKeys(t *testing.T) {
+	from, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
+	pol := testPolicy(Tumbling)
+	owed := claimOf(pol, parked, 1, time.Now())
+	other := &Claim{Observation: Observation{Key: "another key"}, Policy: pol, Token: 2, At: time.Now()}
+	if !from.Hand([]*Claim{owed}, true) || !from.Hand([]*Claim{other}, true) {
+		t.Fatal("handing over")
+	}
+	retry := []*Claim{claimOf(pol, parked, 3, time.Now())}
+
+	full, _ := testReconciler(t, NewMemoryStore(0), 1, time.Hour)
+	full.Hand([]*Claim{{Observation: Observation{Key: "full"}, Policy: pol, Token: 4, At: time.Now()}}, false)
+	closed, _ := testReconciler(t, NewMemoryStore(0), 0, time.Hour)
+	closed.Close()
+	for name, r := range map[string]*Reconciler{"full": full, "closed": closed} {
+		if r.TakeOver(from, retry) {
+			t.Errorf("a %s receiver took them over", name)
+		}
+		if !from.OwesFor(retry) || from.Len() != 2 || from.Unanswered() != 2 {
+			t.Fatalf("after a %s receiver: the giver owes %v, holds %d, %d unanswered", name, from.OwesFor(retry), from.Len(), from.Unanswered())
+		}
+	}
+
+	mem := NewMemoryStore(0)
+	if v, err := mem.Decide(context.Background(), []*Claim{owed}); err != nil || v[0].Decision != Accepted {
+		t.Fatalf("the claim that landed: %v %v", v, err)
+	}
+	r, o := testReconciler(t, mem, 0, time.Hour)
+	if !r.TakeOver(from, retry) {
+		t.Fatal("an open receiver with room refused")
+	}
+	if from.OwesFor(retry) || from.Len() != 1 || from.Unanswered() != 1 || !from.Owes() {
+		t.Fatalf("the giver: owes %v on the key, holds %d, %d unanswered, owes %v; want only the other key's", from.OwesFor(retry), from.Len(), from.Unanswered(), from.Owes())
+	}
+	if err := r.ReleaseOwed(context.Background(), retry); err != nil {
+		t.Fatal(err)
+	}
+	if r.OwesFor(retry) || r.Unanswered() != 0 || o.String() != "map[released:1]" {
+		t.Fatalf("the receiver: owes %v, %d unanswered, outcomes %s", r.OwesFor(retry), r.Unanswered(), o)
+	}
+	if v, err := mem.Decide(context.Background(), retry); err != nil || v[0].Decision != Accepted {
+		t.Fatalf("the retry: %v %v; want accepted", v, err)
+	}
+}
+
+// Two connections on one Redis take over from each other at once, while
+// releases and confirmations are handed to both and their calls make what
+// they owe: every claim ends up made by one of them, and neither is left
+// counting a claim, a release owed or an owed key it no longer holds (a
+// job the receiver answered before the giver stopped counting it would
+// otherwise leave the giver owing on its key: every later call on it
+// would wait for a release no pass can find).
+func TestTwoReconcilersTakingOverFromEachOtherKeepTheirCounts(t *testing.T) {
+	mem := NewMemoryStore(0)
+	a, _ := testReconciler(t, mem, 0, 10*time.Millisecond)
+	b, _ := testReconciler(t, mem, 0, 10*time.Millisecond)
+	pol := testPolicy(Tumbling)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				key := fmt.Sprintf("k%d", i%7)
+				c := &Claim{Observation: Observation{Key: key}, Policy: pol, Token: uint64(g*1000 + i), At: time.Now()}
+				own, other := a, b
+				if (g+i)%2 == 0 {
+					own, other = b, a
+				}
+				switch i % 3 {
+				case 0:
+					other.Hand([]*Claim{c}, true)
+				case 1:
+					other.Confirm([]*Claim{c})
+				}
+				if !own.TakeOver(other, []*Claim{c}) {
+					t.Error("an open receiver with room refused")
+				}
+				if own.OwesFor([]*Claim{c}) {
+					if err := own.ReleaseOwed(context.Background(), []*Claim{c}); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	drained(t, a)
+	drained(t, b)
+	if a.Owes() || b.Owes() || a.Unanswered() != 0 || b.Unanswered() != 0 {
+		t.Fatalf("drained, a owes %v (%d unanswered), b owes %v (%d unanswered)", a.Owes(), a.Unanswered(), b.Owes(), b.Unanswered())
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(a.owedKeys) != 0 || len(b.owedKeys) != 0 || a.confirming != 0 || b.confirming != 0 || a.claims != 0 || b.claims != 0 {
+		t.Fatalf("left counted: owed keys %v %v, confirming %d %d, claims %d %d", a.owedKeys, b.owedKeys, a.confirming, b.confirming, a.claims, b.claims)
+	}
+}
