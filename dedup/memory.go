@@ -195,23 +195,28 @@ func (m *MemoryStore) releaseTumbling(c *Claim, now int64) bool {
 }
 
 func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
-	released := false
 	seenKey := m.keys.seen(c)
-	if v, ok := live(m.seen, seenKey, now); ok && (v.flag == flagPending || v.flag == flagSettled) && v.token == c.Token {
-		delete(m.seen, seenKey)
-		released = true
-	}
+	v, released := live(m.seen, seenKey, now)
+	released = released && (v.flag == flagPending || v.flag == flagSettled) && v.token == c.Token
+	holds := false // the track still holds the ping: its retry is accepted (flagReleased)
 	stateKey := m.keys.key(c.StateKey)
 	if st, ok := live(m.tracks, stateKey, now); ok {
 		var reported uint64 // what the track may still hold of it: nothing, if the ping was not this claim's any more
 		if released {
 			reported = statePrint(c.State)
 		}
-		if st.release(c.Token, reported) {
+		var keep bool
+		if keep, holds = st.release(c.Token, reported); keep {
 			replace(m.tracks, stateKey, st)
 		} else {
 			delete(m.tracks, stateKey)
 		}
+	}
+	switch {
+	case released && holds:
+		replace(m.seen, seenKey, seenValue{flag: flagReleased})
+	case released:
+		delete(m.seen, seenKey)
 	}
 	return released
 }

@@ -292,9 +292,23 @@ const (
 // other suppressed ping is flagSuppressed.
 const flagUndoable byte = 'u'
 
+// flagReleased marks, in the seen set, an accepted ping whose release
+// could not undo it: another request's acceptance came after it, or
+// another request's release spent the undo record (see release). The track
+// still holds it, and its retry, judged against it, was judged against
+// itself: Traccar forwarding two positions of a device at once, both
+// failed, had the retry of the first, 90 m off, suppressed as a
+// reobservation of the stay it began, and a fix accepted 30 m off,
+// learnt as the stay's outlier when the second came back to the stay,
+// suppressed as jitter. Its retry is accepted, as the first attempt was,
+// and changes nothing in the track, not even the undo record: the backend
+// never had it, and the track holds it already. A release of the retry
+// finds it still not undoable, and marks it so again.
+const flagReleased byte = 'r'
+
 // seenValue is what the seen set holds for one ping.
 type seenValue struct {
-	flag      byte // flagPending, flagSettled, flagSuppressed or flagUndoable
+	flag      byte // flagPending, flagSettled, flagSuppressed, flagUndoable or flagReleased
 	token     uint64
 	claimedMs int64
 }
@@ -324,7 +338,12 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 		if seen.flag == flagUndoable && st != nil {
 			return suppressed(Redelivery), st.refold(fixOf(c), c.Policy), nil
 		}
-		return suppressed(Redelivery), nil, nil
+		if seen.flag != flagReleased {
+			return suppressed(Redelivery), nil, nil
+		}
+		if st != nil {
+			return accepted, nil, &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
+		}
 	}
 	f := fixOf(c)
 	if st == nil {
@@ -738,7 +757,9 @@ func lonDelta(lon1, lon2 float64) float64 {
 
 // release reverts the last acceptance, if it was the claim with token, to
 // the track from before its request. It reports false when the state
-// should be deleted (the request began the track). A claim accepted before
+// should be deleted (the request began the track), and holds when the
+// track still holds the claim's ping: its seen entry is then kept as
+// flagReleased, so that its retry is accepted. A claim accepted before
 // the last one cannot be undone; the state fields it reported (reported,
 // its statePrint) are forgotten instead (forgetState). So is the last
 // accepted one once a release has spent the undo record: of two failed
@@ -754,15 +775,15 @@ func lonDelta(lon1, lon2 float64) float64 {
 // the fix after the batch's first acceptance judged a change of driver
 // and not folded into the stay, and a fix its first attempt admitted was
 // suppressed.
-func (st *trackState) release(token, reported uint64) (keep bool) {
+func (st *trackState) release(token, reported uint64) (keep, holds bool) {
 	switch {
 	case st.undo == undoSpent && sameRequest(st.last.token, token):
-		return true
+		return true, false
 	case st.last.token != token || st.undo == undoSpent:
 		st.forgetState(reported)
-		return true
+		return true, true
 	case st.undo != undoPrev:
-		return false
+		return false, false
 	}
 	// The latest device time seen goes back too: the released ping raised
 	// it to its own, and its retry must find the idle gap the first
@@ -780,7 +801,7 @@ func (st *trackState) release(token, reported uint64) (keep bool) {
 	st.track, st.undo = st.prev, undoSpent
 	st.last.token = token
 	st.seenMax, st.held = st.prevSeenMax, -held
-	return true
+	return true, false
 }
 
 // sameRequest reports whether two claim tokens are of one request (see

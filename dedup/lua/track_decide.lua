@@ -27,7 +27,9 @@
 -- request the byte is about: a late acceptance's, which moves nothing else
 -- of it, or, with 2, the release's that spent the record.
 -- Seen value: 's' (suppressed), 'u' (suppressed after an acceptance of its
--- own request, flagUndoable in Go: a redelivery may fold it in again), or
+-- own request, flagUndoable in Go: a redelivery may fold it in again), 'r'
+-- (accepted, and released with the track still holding it, flagReleased in
+-- Go: its retry is accepted and changes nothing in the track), or
 -- 'p' (pending) / 'a' (settled) + token (8 bytes) + claim time ms (i8) +
 -- the time it reached Redis, Redis's clock, ms (i8; absent from values
 -- written before it was added).
@@ -89,10 +91,11 @@ if seen then
 		-- answer for it
 		return { 'suppressed', 'redelivery', string.sub(seen, 10, 17) }
 	end
-	if seen ~= 'u' then
+	if seen ~= 'u' and seen ~= 'r' then
 		return { 'suppressed', 'redelivery' }
 	end
-	-- 'u': judged again below if the track lost it (refold in track.go)
+	-- 'u': judged again below if the track lost it (refold in track.go);
+	-- 'r': accepted below
 end
 
 local t, lat, lon, bucket, token, kx, ky, acc, moving, atRest, still, event, copied, statep, radius = struct.unpack(FIX, ARGV[1])
@@ -125,8 +128,14 @@ end
 -- before the functions that judge a fix against a track: Lua makes a
 -- closure of each as the script reaches it, on every call.
 local raw = redis.call('GET', KEYS[1])
+if seen == 'r' and raw then
+	-- the retry of a ping its release left in the track: accepted, and the
+	-- track, which holds it already, is left as it is
+	remember('accepted')
+	return { 'accepted', '' }
+end
 if not raw then
-	if seen then
+	if seen == 'u' then
 		return { 'suppressed', 'redelivery' }
 	end
 	local none = { lat = 0, lon = 0, radius2 = 0, startT = 0, endT = 0 }
@@ -384,7 +393,7 @@ local request = string.sub(token, 1, 6)
 -- (the release spent the undo record, and nothing was accepted since).
 -- The latest device time the request found seen is kept after the undo
 -- record; a record written before it was kept counts as having seen it.
-if seen and (undoFlag == 2 or t < oldSeenMax or (t == oldSeenMax and (copied == 1 or lastRequest ~= request
+if seen == 'u' and (undoFlag == 2 or t < oldSeenMax or (t == oldSeenMax and (copied == 1 or lastRequest ~= request
 		or (undoFlag == 1 and (#raw < 17 + 2 * CORE_SIZE or struct.unpack('>i8', raw, 10 + 2 * CORE_SIZE) >= t))))) then
 	return { 'suppressed', 'redelivery' }
 end
@@ -461,7 +470,7 @@ end
 
 local lastT = cur.last.t
 local decision, why = judge()
-if seen and decision ~= 'suppressed' then
+if seen == 'u' and decision ~= 'suppressed' then
 	return { 'suppressed', 'redelivery' } -- told so whatever the track says now
 end
 local undo = string.char(undoFlag)
@@ -488,7 +497,7 @@ if held ~= 0 or refTail ~= '' then
 	undo = undo .. struct.pack('>i8', held) .. refTail
 end
 redis.call('SET', KEYS[1], struct.pack('>i8', math.max(oldSeenMax, t)) .. encode(cur) .. undo, 'PX', ttl)
-if seen then
+if seen == 'u' then
 	return { 'suppressed', 'redelivery' } -- folded in again; its entry stays
 end
 if decision == 'suppressed' and string.sub(cur.last.token, 1, 6) == request then

@@ -3,7 +3,9 @@
 -- as it was before its request (trackState.undo in Go), leaving its token
 -- as the last accepted ping's; if a later one was accepted since, or
 -- another request's release spent the undo record, forget the state fields
--- it reported (forgetState). Only the claim's own token acts.
+-- it reported (forgetState) and mark it 'r' in its seen set instead
+-- (flagReleased): the track still holds it, and its retry is accepted.
+-- Only the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
 -- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
@@ -20,12 +22,18 @@ local NOHALF = string.rep('\0', 4)
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if v and string.sub(v, 1, 1) ~= 's' and string.sub(v, 2, 9) == ARGV[2] then
-	redis.call('HDEL', KEYS[2], ARGV[1])
 	released = 1
+end
+-- the ping is out of the track, or the track is gone: its entry goes
+local function forget()
+	if released == 1 then
+		redis.call('HDEL', KEYS[2], ARGV[1])
+	end
+	return released
 end
 local st = redis.call('GET', KEYS[1])
 if not st then
-	return released
+	return forget()
 end
 local fields = { struct.unpack(CORE, st, 9) }
 -- after the track, what releasing its last accepted ping does (see
@@ -33,7 +41,7 @@ local fields = { struct.unpack(CORE, st, 9) }
 -- 2 keep it
 local undo = string.byte(st, 9 + CORE_SIZE)
 if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) then
-	return released -- its request's release put back the track from before it
+	return forget() -- its request's release put back the track from before it
 end
 if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 	if undo == 1 then
@@ -79,11 +87,13 @@ if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
 	else -- the ping, or its request, began the track
 		redis.call('DEL', KEYS[1])
 	end
-	return released
+	return forget()
 end
 if released == 0 then
 	return 0 -- the ping is not this claim's any more: a retry took it
 end
+-- the track still holds the ping: its retry is accepted
+redis.call('HSET', KEYS[2], ARGV[1], 'r')
 
 -- The 8 bytes of state at at without the halves that equal the ping's.
 local function forgotten(t, at)
