@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -17,10 +18,11 @@ import (
 // position forwarder with forward.retry.enable sends each position as it
 // comes, so two of one device are in flight at once, a backend blip fails
 // both, and its retries (100 ms doubling) come back in any order; or two
-// Caddy instances behind a load balancer share one Redis. The track keeps
-// one undo record, so the two releases cannot both put back the track from
-// before their request. Whatever the order of the releases and of the
-// retries (some of which fail again), the sender must see:
+// Caddy instances behind a load balancer share one Redis, where one
+// instance's claims can land between another's claims of one batch. The
+// track keeps one undo record, so the two releases cannot both put back
+// the track from before their request. Whatever the order of the releases
+// and of the retries (some of which fail again), the sender must see:
 //
 //	(a) no ping accepted the first time suppressed on its retry when it
 //	    would be accepted sent alone after the other request was delivered
@@ -33,8 +35,8 @@ import (
 //	    admitted again.
 //
 // Every ordered pair of requests from the pool below that the track
-// accepts both of (A claimed first, B after it) is run through every
-// order, in both track shapes and both stores.
+// accepts both of (A claimed first, B after it, or between A's claims) is
+// run through every order, in both track shapes and both stores.
 func TestInterleavedFailedRequestsOfOneAsset(t *testing.T) {
 	const (
 		ignOn  = "position.attributes.ignition=true"
@@ -208,19 +210,27 @@ func (r *interleaving) pair(an string, a []ping.Ping, bn string, b []ping.Ping) 
 		r.deliver(as(id, reqs[1-i]))
 		after[i] = r.deliver(as(id, reqs[i]))
 	}
-	for _, order := range interleavings {
-		r.run(names, reqs, after, order)
+	// split k > 0: B's call lands between A's k-th and next claim (two
+	// instances on one Redis, each pipelining its request's claims)
+	for split := range len(a) {
+		for _, order := range interleavings {
+			r.run(names, reqs, after, split, order)
+		}
 	}
 }
 
-func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verdict, order string) {
+func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verdict, split int, order string) {
 	t := r.t
 	t.Helper()
 	id := r.fresh()
 	var claims [2][]*Claim
 	var first [2][]Verdict
-	for i := range 2 {
-		claims[i], first[i] = r.claimAll(as(id, reqs[i]))
+	if split == 0 {
+		for i := range 2 {
+			claims[i], first[i] = r.claimAll(as(id, reqs[i]))
+		}
+	} else {
+		claims, first = r.interleavedClaims(as(id, reqs[0]), as(id, reqs[1]), split)
 	}
 	if !anyAccepted(first[0]) || !anyAccepted(first[1]) {
 		return
@@ -230,7 +240,7 @@ func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verd
 	var trace []string
 	fail := func(format string, args ...any) {
 		t.Helper()
-		t.Errorf("A=%q B=%q, %s (first attempt A %v, B %v; %s): %s", an, bn, order, decisions(first[0]), decisions(first[1]),
+		t.Errorf("A=%q B=%q, split %d, %s (first attempt A %v, B %v; %s): %s", an, bn, split, order, decisions(first[0]), decisions(first[1]),
 			strings.Join(trace, ", "), fmt.Sprintf(format, args...))
 	}
 	var delivered []ping.Ping // what the backend got, in the order it got it
@@ -301,6 +311,41 @@ func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verd
 	}
 }
 
+// interleavedClaims decides a and b as two requests would from two
+// instances on one Redis: each request's claims in device-time order, as
+// ClaimAll makes them, and b's between a's split-th and the next.
+func (r *interleaving) interleavedClaims(a, b []ping.Ping, split int) (claims [2][]*Claim, verdicts [2][]Verdict) {
+	var sorted [2][]*Claim
+	for i, pings := range [2][]ping.Ping{a, b} {
+		request := rand.Uint64() &^ 0xffff
+		for j, p := range pings {
+			c := &Claim{Observation: r.d.Observe(p), Policy: &r.d.Policy, Token: request + uint64(j), At: r.d.clock}
+			c.StateKey, c.SeenKey = r.d.Keyer.TrackKeys(c.Asset, c.Time)
+			claims[i] = append(claims[i], c)
+		}
+		sorted[i] = slices.Clone(claims[i])
+		slices.SortStableFunc(sorted[i], func(x, y *Claim) int { return x.Time.Compare(y.Time) })
+		markCopies(sorted[i], nil)
+	}
+	decided := map[*Claim]Verdict{}
+	for _, part := range [][]*Claim{sorted[0][:split], sorted[1], sorted[0][split:]} {
+		vs, err := r.d.Store.Decide(context.Background(), part)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for k, c := range part {
+			decided[c] = vs[k]
+		}
+		r.log = append(r.log, fmt.Sprint(vs))
+	}
+	for i := range 2 {
+		for _, c := range claims[i] {
+			verdicts[i] = append(verdicts[i], decided[c])
+		}
+	}
+	return claims, verdicts
+}
+
 // heard reports whether the backend got a ping carrying state.
 func heard(delivered []ping.Ping, state string) bool {
 	for _, p := range delivered {
@@ -350,6 +395,46 @@ func TestARetryReleasedBehindAnotherRequestIsAccepted(t *testing.T) {
 		}
 		if v := d.settled(t, moved); v != suppressed(Redelivery) {
 			t.Fatalf("its redelivery, delivered: %+v, want suppressed", v)
+		}
+	})
+}
+
+// Two Caddy instances on one Redis each pipeline a batch of one asset: the
+// first the ignition turning on at the stay and, 10 s later, the car
+// setting off 40 m on; the second the driver's card read between the two,
+// which lands in Redis between the first batch's claims. All are
+// admitted, and both upstream calls fail. The departure took the undo
+// record back from the driver's request, holding the ignition already: its
+// release put the ignition back with the track, the ignition's own
+// release found its request's record spent and forgot nothing, and the
+// retry took the ignition for no change and suppressed it as jitter. The
+// backend never heard the ignition turned on.
+func TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange(t *testing.T) {
+	const ignition = "position.attributes.ignition=true"
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		r := &interleaving{t: t, d: d}
+		a := []ping.Ping{withState(offset(80, 1, 1), ignition), withSpeed(offset(90, 40, 0), 5)}
+		b := []ping.Ping{withState(offset(85, -1, 1), "position.attributes.driverUniqueId=D1")}
+		claims, first := r.interleavedClaims(a, b, 1)
+		for i := range 2 {
+			for j, v := range first[i] {
+				if v.Decision != Accepted {
+					t.Fatalf("request %d, claim %d: %+v, want accepted", i, j, v)
+				}
+			}
+			if _, err := d.Release(t.Context(), claims[i]...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v := r.deliver(a); v[0].Decision != Accepted || v[1].Decision != Accepted {
+			t.Fatalf("the first batch's retry: %+v, want the ignition and the departure accepted", v)
+		}
+		if v := r.deliver(b); v[0].Decision != Accepted {
+			t.Fatalf("the driver's retry: %+v, want accepted", v)
+		}
+		if v := r.deliver(a); v[0] != suppressed(Redelivery) || v[1] != suppressed(Redelivery) {
+			t.Fatalf("the first batch again, delivered: %+v, want its redelivery", v)
 		}
 	})
 }

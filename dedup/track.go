@@ -284,6 +284,16 @@ const (
 	undoSpent
 	// undoDelete: its request began the track; releasing it deletes it.
 	undoDelete
+	// undoShared: its request had an acceptance before another request's
+	// came between (two instances on one Redis, each pipelining a batch of
+	// the asset): the record the other request kept, and this request
+	// took back, holds that acceptance, and the track from before the
+	// request is gone. Releasing it leaves the track as it is, as a
+	// release of an older acceptance does (see release): put back, the
+	// record kept the earlier acceptance's state, its release forgot
+	// nothing, and the retry took a reported ignition for no change and
+	// suppressed it.
+	undoShared
 )
 
 // flagUndoable marks, in the seen set, a ping suppressed after an
@@ -599,6 +609,8 @@ func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
 // first time, was suppressed as jitter of the car park.
 func (st *trackState) takeUndo(old *trackState, f fix) {
 	switch {
+	case old.undo == undoPrev && !sameRequest(old.last.token, f.token) && sameRequest(old.prev.last.token, f.token):
+		st.undo = undoShared // another request took the record from this one
 	case !sameRequest(old.last.token, f.token) || old.undo == undoSpent:
 		st.prev, st.prevSeenMax, st.undo = old.track, old.seenMax, undoPrev
 	case old.undo == undoNone:
@@ -779,7 +791,7 @@ func (st *trackState) release(token, reported uint64) (keep, holds bool) {
 	switch {
 	case st.undo == undoSpent && sameRequest(st.last.token, token):
 		return true, false
-	case st.last.token != token || st.undo == undoSpent:
+	case st.last.token != token || st.undo == undoSpent || st.undo == undoShared:
 		st.forgetState(reported)
 		return true, true
 	case st.undo != undoPrev:

@@ -13,7 +13,9 @@
 -- Track: seen max (i8), the current track (CORE), what releasing its last
 -- accepted ping does (byte, trackState.undo in Go: 0 delete it, the ping
 -- began the track; 1 put back the track that follows; 2 keep it, a release
--- spent the record; 3 delete it, the ping's request began the track), and
+-- spent the record; 3 delete it, the ping's request began the track; 4
+-- keep it, another request's acceptance came between two of its request's),
+-- and
 -- the track before the last acceptance's request (CORE), present only when
 -- the byte is 1, followed by the seen max from before that request (i8;
 -- absent from tracks written before it was added); then, only when a
@@ -404,7 +406,11 @@ local refAccIn = cur.refAcc
 -- The fix's request becomes the one a release undoes: its first
 -- acceptance keeps the track as it came in (takeUndo in track.go).
 local function takeUndo()
-	if lastRequest ~= request or undoFlag == 2 then
+	if undoFlag == 1 and lastRequest ~= request and string.sub(prevRaw, LAST_TOKEN_AT, LAST_TOKEN_AT + 5) == request then
+		-- another request took the record from this one: releasing it will
+		-- leave the track as it is (undoShared in track.go)
+		prevRaw, prevRefAcc, undoFlag = '', nil, 4
+	elseif lastRequest ~= request or undoFlag == 2 then
 		prevRaw, prevRefAcc, undoFlag = curRaw .. struct.pack('>i8', oldSeenMax), refAccIn, 1
 	elseif undoFlag == 0 then
 		undoFlag = 3 -- this request's first fix of the asset began the track

@@ -38,12 +38,12 @@ end
 local fields = { struct.unpack(CORE, st, 9) }
 -- after the track, what releasing its last accepted ping does (see
 -- track_decide.lua): 0 and 3 delete it, 1 put back the track that follows,
--- 2 keep it
+-- 2 and 4 keep it
 local undo = string.byte(st, 9 + CORE_SIZE)
 if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) then
 	return forget() -- its request's release put back the track from before it
 end
-if fields[16] == ARGV[2] and undo ~= 2 then -- the last accepted ping's token
+if fields[16] == ARGV[2] and undo ~= 2 and undo ~= 4 then -- the last accepted ping's token
 	if undo == 1 then
 		local prev = string.sub(st, 10 + CORE_SIZE, 9 + 2 * CORE_SIZE)
 		-- the latest device time seen goes back too: as it was before the
