@@ -438,3 +438,41 @@ func TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange(t *testing.T) {
 		}
 	})
 }
+
+// The fix 30 m off and the ignition of TestARetryReleasedBehindAnotherRequestIsAccepted
+// both fail; the ignition's retry is delivered, and the fix 30 m off (now
+// 'r') comes back in a batch with the next fix, a departure, which fails
+// again. Released newest first, the departure puts back the track from
+// before the batch, which holds the fix 30 m off still; the fix's own
+// release, finding its request's release had put the track back, deleted
+// its seen entry, and its next retry was judged against itself and
+// suppressed: the backend never got it.
+func TestARetryOfAReleasedPingInAFailedBatchIsAcceptedAgain(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		r := &interleaving{t: t, d: d}
+		moved, ignition := offset(62, 30, 0), withState(offset(80, 1, 1), "position.attributes.ignition=true")
+		cm, _ := d.claim(t, moved)
+		ci, _ := d.claim(t, ignition)
+		for _, c := range []*Claim{cm, ci} {
+			if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+				t.Fatalf("release: %d %v", n, err)
+			}
+		}
+		if v := d.settled(t, ignition); v.Decision != Accepted {
+			t.Fatalf("the ignition's retry: %+v, want accepted", v)
+		}
+		batch := []ping.Ping{moved, withSpeed(offset(120, 90, 0), 5)}
+		claims, vs := r.claimAll(batch)
+		if vs[0].Decision != Accepted || vs[1].Decision != Accepted {
+			t.Fatalf("the batch: %+v, want both accepted", vs)
+		}
+		r.release(claims)
+		if v := r.deliver(batch); v[0].Decision != Accepted || v[1].Decision != Accepted {
+			t.Fatalf("the batch's retry: %+v, want both accepted (the fix 30 m off never reached the backend)", v)
+		}
+		if v := r.deliver(batch); v[0] != suppressed(Redelivery) || v[1] != suppressed(Redelivery) {
+			t.Fatalf("the batch again, delivered: %+v, want its redelivery", v)
+		}
+	})
+}

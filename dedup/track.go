@@ -318,7 +318,12 @@ const flagReleased byte = 'r'
 
 // seenValue is what the seen set holds for one ping.
 type seenValue struct {
-	flag      byte // flagPending, flagSettled, flagSuppressed, flagUndoable or flagReleased
+	flag byte // flagPending, flagSettled, flagSuppressed, flagUndoable or flagReleased
+	// retried: a flagPending or flagSettled entry of a flagReleased ping's
+	// retry, which left the track as it was (the trailing 'r' of the Redis
+	// value): its release marks it flagReleased again, whatever its
+	// request's other releases did to the track.
+	retried   bool
 	token     uint64
 	claimedMs int64
 }
@@ -352,7 +357,7 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 			return suppressed(Redelivery), nil, nil
 		}
 		if st != nil {
-			return accepted, nil, &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
+			return accepted, nil, &seenValue{flag: flagPending, retried: true, token: c.Token, claimedMs: c.At.UnixMilli()}
 		}
 	}
 	f := fixOf(c)
@@ -786,10 +791,15 @@ func lonDelta(lon1, lon2 float64) float64 {
 // reports the driver's card in some messages only, its batch retried, had
 // the fix after the batch's first acceptance judged a change of driver
 // and not folded into the stay, and a fix its first attempt admitted was
-// suppressed.
-func (st *trackState) release(token, reported uint64) (keep, holds bool) {
+// suppressed. A flagReleased ping's retry (retried) left the track as it
+// was, which holds the ping from before the request: put back by its
+// request's release, the track holds it still, and the retry is marked
+// flagReleased again. Its seen entry deleted, a batch of the retry and a
+// new fix, failed again, had the retry judged against itself and
+// suppressed as jitter on the next retry.
+func (st *trackState) release(token, reported uint64, retried bool) (keep, holds bool) {
 	switch {
-	case st.undo == undoSpent && sameRequest(st.last.token, token):
+	case st.undo == undoSpent && sameRequest(st.last.token, token) && !retried:
 		return true, false
 	case st.last.token != token || st.undo == undoSpent || st.undo == undoShared:
 		st.forgetState(reported)

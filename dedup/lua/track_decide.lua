@@ -34,7 +34,8 @@
 -- Go: its retry is accepted and changes nothing in the track), or
 -- 'p' (pending) / 'a' (settled) + token (8 bytes) + claim time ms (i8) +
 -- the time it reached Redis, Redis's clock, ms (i8; absent from values
--- written before it was added).
+-- written before it was added) + 'r' when it is an 'r' ping's retry, which
+-- left the track as it was (retried in Go).
 -- Answer: the decision and reason, and for a redelivery of a settled ping
 -- its claim time (8 bytes), for a suppression flagged 'u' the 'u'.
 
@@ -132,8 +133,10 @@ end
 local raw = redis.call('GET', KEYS[1])
 if seen == 'r' and raw then
 	-- the retry of a ping its release left in the track: accepted, and the
-	-- track, which holds it already, is left as it is
-	remember('accepted')
+	-- track, which holds it already, is left as it is; the trailing 'r'
+	-- (retried in Go) makes its release mark it 'r' again
+	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. 'r')
+	redis.call('PEXPIRE', KEYS[2], ttl)
 	return { 'accepted', '' }
 end
 if not raw then

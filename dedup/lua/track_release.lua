@@ -21,8 +21,10 @@ local NOHALF = string.rep('\0', 4)
 
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
+local retried = false -- an 'r' ping's retry, which left the track as it was
 if v and string.sub(v, 1, 1) ~= 's' and string.sub(v, 2, 9) == ARGV[2] then
 	released = 1
+	retried = string.sub(v, 26, 26) == 'r'
 end
 -- the ping is out of the track, or the track is gone: its entry goes
 local function forget()
@@ -40,7 +42,7 @@ local fields = { struct.unpack(CORE, st, 9) }
 -- track_decide.lua): 0 and 3 delete it, 1 put back the track that follows,
 -- 2 and 4 keep it
 local undo = string.byte(st, 9 + CORE_SIZE)
-if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) then
+if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) and not retried then
 	return forget() -- its request's release put back the track from before it
 end
 if fields[16] == ARGV[2] and undo ~= 2 and undo ~= 4 then -- the last accepted ping's token
