@@ -437,14 +437,25 @@ func (h *Handler) nearCacheSize(store any) int {
 	return 0
 }
 
-// Cleanup gives the shared stuck tracker back; the store module gives back
-// its own client.
+// Cleanup writes the store error lines held back, and gives the shared
+// stuck tracker back; the store module gives back its own client.
 func (h *Handler) Cleanup() error {
+	for _, kind := range h.storeErrorLines() {
+		if kind != nil { // nil until provisioned
+			kind.flush()
+		}
+	}
 	if h.stuckKey == "" {
 		return nil
 	}
 	_, err := stuckTrackers.Delete(h.stuckKey)
 	return err
+}
+
+// storeErrorLines are the handler's store error lines, each kind throttled
+// on its own.
+func (h *Handler) storeErrorLines() []*throttledLog {
+	return []*throttledLog{h.claimErrors, h.settleErrors, h.releaseErrors, h.sentBackReleaseErrors, h.letterErrors, h.sentBackLetterErrors}
 }
 
 // ServeHTTP runs the four layers for every ping of the request, whether it

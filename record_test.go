@@ -286,7 +286,7 @@ func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
 // observeStoreErrors sends h's store-error lines to logger, each kind
 // throttled on its own as provisioned.
 func observeStoreErrors(h *Handler, logger *zap.Logger) {
-	for _, kind := range []*throttledLog{h.claimErrors, h.settleErrors, h.releaseErrors, h.sentBackReleaseErrors, h.letterErrors, h.sentBackLetterErrors} {
+	for _, kind := range h.storeErrorLines() {
 		kind.logger = logger
 	}
 }
@@ -348,6 +348,41 @@ func TestAStoreErrorOfOneKindHoldsBackNoOtherKindsLine(t *testing.T) {
 		}
 		saidBoth(t, logs, "settling a claim failed", "go upstream unchecked")
 	})
+}
+
+// A config unloaded in an outage (a reload, Caddy's exit) writes the store
+// error lines it held back: the failures of its last seconds were told by
+// no line, and an operator reading the log after the exit saw one failed
+// claim where there were three.
+func TestCleanupWritesTheStoreErrorLinesHeldBack(t *testing.T) {
+	down := `{"type":"redis","url":"redis://127.0.0.1:1/0","timeout":20000000,"breaker_failures":1000}`
+	tt := tableHandler(t, `{"key_prefix":"held-back:","store":`+down+`}`)
+	core, logs := observer.New(zap.WarnLevel)
+	observeStoreErrors(tt.h, zap.New(core))
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	for i := range 3 {
+		tt.post(fmt.Sprintf(`{"asset_id":"veh-held-back-%d","occurred_at":%q,"lat":52.5,"lon":13.4}`, i, at), "application/json", nil)
+	}
+	claimLines := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("go upstream unchecked").All() }
+	if n := len(claimLines()); n != 1 {
+		t.Fatalf("%d claim failure lines before the cleanup, want 1 (the others held back): %v", n, logs.All())
+	}
+	if err := tt.h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	lines := claimLines()
+	if len(lines) != 2 {
+		t.Fatalf("%d claim failure lines after the cleanup, want 2 (the held-back ones told): %v", len(lines), logs.All())
+	}
+	if similar := lines[1].ContextMap()["similar_since_last_line"]; similar != int64(1) {
+		t.Errorf("the cleanup's line counts %v similar failures besides itself, want 1", similar)
+	}
+	if err := tt.h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(claimLines()); n != 2 {
+		t.Errorf("a second cleanup wrote the held-back line again: %d lines", n)
+	}
 }
 
 // A release Redis refuses is a store error as a claim's is: logged at most

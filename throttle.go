@@ -20,6 +20,15 @@ type throttledLog struct {
 	mu      sync.Mutex
 	last    time.Time
 	dropped int
+	// held is the latest occurrence held back, which flush writes.
+	held heldLine
+}
+
+// heldLine is an occurrence a throttledLog held back.
+type heldLine struct {
+	logger *zap.Logger
+	msg    string
+	err    error
 }
 
 func newThrottledLog(logger *zap.Logger, every time.Duration) *throttledLog {
@@ -35,13 +44,33 @@ func (t *throttledLog) logTo(logger *zap.Logger, msg string, err error) {
 	now := time.Now()
 	if now.Sub(t.last) < t.every {
 		t.dropped++
+		t.held = heldLine{logger, msg, err}
 		t.mu.Unlock()
 		return
 	}
 	dropped := t.dropped
-	t.last, t.dropped = now, 0
+	t.last, t.dropped, t.held = now, 0, heldLine{}
 	t.mu.Unlock()
-	fields := []zap.Field{zap.Error(err), zap.Int("similar_since_last_line", dropped)}
+	write(logger, msg, err, dropped)
+}
+
+// flush writes the latest occurrence held back, if any, counting the
+// others: a config unloaded or a connection closed in an outage logs no
+// more, and the failures of its last seconds would be told by no line.
+func (t *throttledLog) flush() {
+	t.mu.Lock()
+	dropped, held := t.dropped, t.held
+	t.dropped, t.held = 0, heldLine{}
+	t.mu.Unlock()
+	if dropped > 0 {
+		write(held.logger, held.msg, held.err, dropped-1)
+	}
+}
+
+// write writes one store error line, with the fix for its error if there
+// is one.
+func write(logger *zap.Logger, msg string, err error, similar int) {
+	fields := []zap.Field{zap.Error(err), zap.Int("similar_since_last_line", similar)}
 	if fix := storeErrorFix(err); fix != "" {
 		fields = append(fields, zap.String("fix", fix))
 	}
