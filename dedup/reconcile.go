@@ -322,15 +322,39 @@ func (r *Reconciler) TakeOver(from *Reconciler, claims []*Claim) bool {
 	if from == r || !from.OwesFor(claims) || from.closingErr() != nil {
 		return true
 	}
+	keys := countKeys(nil, claims, 1)
+	return r.takeFrom(from, func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) })
+}
+
+// TakeOverAll moves to r every job from holds: the settlements, the
+// releases and the confirmations, each with its claims, its tokens and its
+// due time, which r then makes as its own. A connection that a reload
+// replaced on the same Redis data hands them over as it closes: its own
+// may no longer be let in (the old password refused once Redis cut its
+// pool), and its confirmations would then fail until the claims' TTL,
+// while a claim that landed late stood, its sender's retry told to come
+// back and then that it was delivered. It waits for a pass of from on its
+// way, as TakeOver does. It reports false if r is closed or has no room
+// for them all: from keeps them. A closing from keeps them too: its last
+// pass makes them.
+func (r *Reconciler) TakeOverAll(from *Reconciler) bool {
+	if from == r {
+		return true
+	}
+	return r.takeFrom(from, func(*reconcileJob) bool { return true })
+}
+
+// takeFrom moves to r the jobs of from that match, all or none, and
+// reports false if r had no room for them (or is closed): from keeps them.
+func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) bool {
 	from.working.Lock() // no pass of from takes them meanwhile
 	defer from.working.Unlock()
-	keys := countKeys(nil, claims, 1)
 	from.mu.Lock()
 	if from.closed {
 		from.mu.Unlock()
 		return true
 	}
-	jobs := from.takeLocked(func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) })
+	jobs := from.takeLocked(match)
 	counted := make([]jobCount, len(jobs))
 	for i, j := range jobs {
 		counted[i] = countOf(j)

@@ -1408,6 +1408,67 @@ func TestTakeOverMovesWhatIsOwedOnTheKeys(t *testing.T) {
 	}
 }
 
+// TakeOverAll moves every job another Reconciler holds, settlements,
+// releases and confirmations alike, with their counts and their due
+// times: the receiver makes them, and the giver, left with nothing, closes
+// without dropping any. A receiver that is closed, or has no room for
+// them all, takes none: the giver keeps them, still owed.
+func TestTakeOverAllMovesEveryJobWithItsCounts(t *testing.T) {
+	from, given := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
+	pol := testPolicy(Tumbling)
+	claim := func(key string, token uint64) *Claim {
+		return &Claim{Observation: Observation{Key: key}, Policy: pol, Token: token, At: time.Now()}
+	}
+	failed, delivered, unconfirmed := claim("failed", 1), claim("delivered", 2), claim("unconfirmed", 3)
+	if !from.Hand([]*Claim{failed}, true) || !from.Hand([]*Claim{delivered}, false) || !from.Confirm([]*Claim{unconfirmed}) {
+		t.Fatal("handing over")
+	}
+	owed := [][]*Claim{{failed}, {unconfirmed}}
+
+	full, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 2)
+	full.Hand([]*Claim{claim("full", 4)}, false)
+	closed, _ := testReconciler(t, NewMemoryStore(0), 0)
+	closed.Close()
+	for name, r := range map[string]*Reconciler{"full": full, "closed": closed} {
+		if r.TakeOverAll(from) {
+			t.Errorf("a %s receiver took them over", name)
+		}
+		if from.Len() != 3 || from.Unanswered() != 2 || !from.OwesFor(owed[0]) || !from.OwesFor(owed[1]) {
+			t.Fatalf("after a %s receiver: the giver holds %d, %d unanswered, owes %v %v", name, from.Len(), from.Unanswered(), from.OwesFor(owed[0]), from.OwesFor(owed[1]))
+		}
+	}
+
+	mem := NewMemoryStore(0)
+	if v, err := mem.Decide(context.Background(), []*Claim{failed, delivered}); err != nil || v[0].Decision != Accepted || v[1].Decision != Accepted {
+		t.Fatalf("the claims that landed: %v %v", v, err)
+	}
+	r, o := testReconciler(t, mem, 0) // no confirmations of its own: what it answers, it finishes
+	if !r.TakeOverAll(from) {
+		t.Fatal("an open receiver with room refused")
+	}
+	if from.Len() != 0 || from.Unanswered() != 0 || from.Owes() {
+		t.Fatalf("the giver: holds %d, %d unanswered, owes %v; want nothing", from.Len(), from.Unanswered(), from.Owes())
+	}
+	if left := from.Close(); left != (Unreconciled{}) || given.String() != "map[]" {
+		t.Fatalf("the giver's close gave up on %+v, outcomes %s; want nothing", left, given)
+	}
+	for deadline := time.Now().Add(10 * time.Second); r.Len() > 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receiver still holds %d claims", r.Len())
+		}
+	}
+	if o.String() != "map[released:1 settled:1]" || r.Unanswered() != 0 || r.OwesFor(owed[0]) {
+		t.Fatalf("the receiver: outcomes %s, %d unanswered, owes the failed claim %v", o, r.Unanswered(), r.OwesFor(owed[0]))
+	}
+	// The confirmation keeps its time, an hour away: it is still owed.
+	if !r.OwesFor(owed[1]) || r.Len() != 1 {
+		t.Fatalf("the receiver: owes the confirmation %v, holds %d; want it kept until its time", r.OwesFor(owed[1]), r.Len())
+	}
+	if v, err := mem.Decide(context.Background(), []*Claim{claim("failed", 5)}); err != nil || v[0].Decision != Accepted {
+		t.Fatalf("the failed claim's retry: %v %v; want accepted", v, err)
+	}
+}
+
 // Two connections on one Redis take over from each other at once, while
 // releases and confirmations are handed to both and their calls make what
 // they owe: every claim ends up made by one of them, and neither is left
