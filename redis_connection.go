@@ -178,9 +178,14 @@ func countReconciled(outcome dedup.ReconcileOutcome, n int) {
 
 // Destruct closes the connection. The pipeline first sends the
 // settlements of the last requests, and hands those that fail to the
-// reconciler, whose last pass then goes through the pipeline too.
+// reconciler, which hands what it holds to the connection that replaced
+// this one, if any (handOver), and makes a last pass over the rest through
+// the pipeline too.
 func (c *redisConnection) Destruct() error {
 	c.pipeline.Flush()
+	// Before leaving the keyspace: meanwhile a call on their keys finds the
+	// releases owed in one reconciler or the other.
+	c.handOver()
 	// Before the close, which fails the passes made on its way: another
 	// connection's calls must not fail with it.
 	c.keyspace.leave(c.keyspaceID, c.reconciler)
@@ -189,6 +194,18 @@ func (c *redisConnection) Destruct() error {
 	c.dropUnreconciled(left)
 	retire(c)
 	return c.client.Close()
+}
+
+// handOver gives every job the reconciler holds (settlements, releases,
+// confirmations) to the reconciler of the connection a reload replaced this
+// one with on the same Redis data (keyspace.successor), and reports whether
+// it did: the connection, which no config uses any more, may no longer be
+// let in (a rotated password, refused once Redis cut its pool), and would
+// retry them in vain until the claims' TTL, open as long. It keeps them if
+// there is none, or it is closing or has no room for them all.
+func (c *redisConnection) handOver() bool {
+	next := c.keyspace.successor(c.reconciler)
+	return next != nil && next.TakeOverAll(c.reconciler)
 }
 
 // dropUnreconciled counts as dropped the claims the reconciler gave up on

@@ -68,6 +68,19 @@ func (ks *keyspace) leave(id string, r *dedup.Reconciler) {
 	}
 }
 
+// successor is the reconciler of the connection that joined the keyspace
+// last, if it joined after r's: the one a reload replaced r's connection
+// with, to which r's hands its jobs as it closes (redisConnection.handOver).
+// Never one that joined before: two connections a reload left would hand
+// them back and forth.
+func (ks *keyspace) successor(r *dedup.Reconciler) *dedup.Reconciler {
+	members := *ks.reconcilers.Load()
+	if i := slices.Index(members, r); i >= 0 && i < len(members)-1 {
+		return members[len(members)-1]
+	}
+	return nil
+}
+
 // owesFor reports whether a reconciler on the keyspace owes a release on
 // the key of any of claims (Reconciler.OwesFor).
 func (ks *keyspace) owesFor(claims []*dedup.Claim) bool {

@@ -109,6 +109,7 @@ type RedisStore struct {
 	store      dedup.Store
 	breaker    *dedup.Breaker
 	reconciler *dedup.Reconciler
+	handOver   func() bool // the connection's (redisConnection.handOver)
 	timeout    time.Duration
 	username   string // the data nodes' ACL user, the URL's or Username; "" for the default user
 }
@@ -183,7 +184,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.client = conn.client
 	r.timeout = r.operationTimeout()
 	r.store, r.breaker = conn.store, conn.breaker
-	r.reconciler = conn.reconciler
+	r.reconciler, r.handOver = conn.reconciler, conn.handOver
 	r.username = opts.Username
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
@@ -528,7 +529,8 @@ const (
 )
 
 // deleteWhenDrained lets go of the connection once its requests are done
-// (or deadline has passed) and its reconciler holds no claim, or Caddy
+// (or deadline has passed) and its reconciler holds no claim, or has
+// handed them to the connection a reload replaced it with, or Caddy
 // exits. The reconciler bounds its own wait: it gives up on a claim at its
 // TTL, and its last look for a late landing comes 101.1 s after the store
 // first answered it.
@@ -541,14 +543,15 @@ func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	}
 }
 
-// waitForReconciler waits until the reconciler holds no claim, or Caddy
-// exits. The exit hook (finishRedisAtExit) waits for the connection's
-// close within a cap, and ends the wait at once: a look a second later
-// could leave the close too little of the cap to end in, and the process
-// would end before the reconciler's last pass, and before the line of
-// what it gave up on.
+// waitForReconciler waits until the reconciler holds no claim, or has
+// handed them over (redisConnection.handOver: it tries again at each look,
+// the other connection may have had no room), or Caddy exits. The exit
+// hook (finishRedisAtExit) waits for the connection's close within a cap,
+// and ends the wait at once: a look a second later could leave the close
+// too little of the cap to end in, and the process would end before the
+// reconciler's last pass, and before the line of what it gave up on.
 func (r *RedisStore) waitForReconciler() {
-	for r.reconciler.Len() > 0 && !caddy.Exiting() {
+	for r.reconciler.Len() > 0 && !caddy.Exiting() && !r.handOver() {
 		select {
 		case <-atExit.Done():
 			return

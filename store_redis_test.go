@@ -176,6 +176,95 @@ func TestARetryThroughANewConnectionIsNotFailedByTheOldOnesRefusedPassword(t *te
 	}
 }
 
+// A reload that rotates the password replaces the connection: once Redis
+// cut the old one's pool, the old password is refused, and what the old
+// connection's reconciler holds would fail try after try until the claims'
+// TTL, the connection kept open as long. As it lets go, it hands all of
+// it to the new connection's, which makes it through its own: a
+// confirmation finds the claim of a failed request that landed late and
+// releases it, and the sender's retry is accepted, not told to come back
+// and then that its ping was delivered; a settlement is made, and a
+// redelivery is suppressed, not told to come back. The old connection
+// closes at once.
+func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "svc", "old")
+	admin := srv.Client()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(password string) *RedisStore {
+		// Timeouts long enough for a loaded machine: the old password is
+		// refused at once.
+		r := &RedisStore{URL: srv.URL(), Username: "svc", Password: password, Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	old := load("old")
+	connected(t, old)
+	delivered, late := ownedClaim("retired:delivered", 1), ownedClaim("retired:late", 1)
+	if v, err := old.store.Decide(context.Background(), []*dedup.Claim{delivered}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the delivered ping's claim: %v %v", v, err)
+	}
+	// The failed request's claim is still on its way when the release
+	// finds nothing: the reconciler confirms it later.
+	old.reconciler.Hand([]*dedup.Claim{late}, true)
+	for deadline := time.Now().Add(5 * time.Second); old.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not answered")
+		}
+	}
+	// The password is rotated, and the old connection's pool cut.
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "svc", "resetpass", ">new").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(context.Background(), "CLIENT", "KILL", "USER", "svc").Err(); err != nil {
+		t.Fatal(err)
+	}
+	old.reconciler.Hand([]*dedup.Claim{delivered}, false) // its settlement failed
+
+	current := load("new")
+	t.Cleanup(func() { _ = current.Cleanup() })
+	// The failed request's claim lands (written here through the new
+	// connection, with its token).
+	if v, err := current.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err)
+	}
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Well within in_flight_timeout (30 s): the confirmations due are at
+	// most a backoff (2 s) away.
+	deadline := time.Now().Add(5 * time.Second)
+	for token := uint64(2); ; token++ {
+		v, err := current.store.Decide(context.Background(), []*dedup.Claim{ownedClaim("retired:late", token)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v[0].Decision == dedup.Accepted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed ping's retry is still %v: the claim that landed late was not released", v[0].Decision)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	v, err := current.store.Decide(context.Background(), []*dedup.Claim{ownedClaim("retired:delivered", 2)})
+	if err != nil || v[0].Decision != dedup.Suppressed {
+		t.Errorf("the delivered ping's redelivery: %v %v; want suppressed: its claim was settled", v, err)
+	}
+	for ; ; time.Sleep(20 * time.Millisecond) {
+		if _, ok := stores.References(old.poolKey); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the old connection is still open, its reconciler holding %d claims", old.reconciler.Len())
+		}
+	}
+}
+
 // A config that lets go of a connection another still holds leaves its
 // requests' drain to that one, with its own bound: the requests of a
 // config with a longer in_flight_timeout (a reload lowered it) keep the
