@@ -471,9 +471,10 @@ func (r *RedisStore) drainWithin(inFlight time.Duration) *atomic.Int64 {
 // the connection, and without them a failed request's retry would be
 // suppressed. So the last store to hold the connection lets go of it only
 // once no request uses it (or drainMax has passed), and while its
-// reconciler holds claims, only once it has settled or released them: a
-// reload that replaces the connection while Redis hangs would otherwise
-// drop the releases of the claims that land once Redis answers. A store
+// reconciler holds claims, only once it has settled or released them, or
+// handed them to the connection that replaced it: a reload that replaces
+// the connection while Redis hangs would otherwise drop the releases of
+// the claims that land once Redis answers. A store
 // that another still holds the connection with (the new config's, on a
 // reload that keeps it) lets go at once: that one waits when it goes.
 func (r *RedisStore) Cleanup() error {

@@ -1449,6 +1449,11 @@ func TestTakeOverAllMovesEveryJobWithItsCounts(t *testing.T) {
 	if from.Len() != 0 || from.Unanswered() != 0 || from.Owes() {
 		t.Fatalf("the giver: holds %d, %d unanswered, owes %v; want nothing", from.Len(), from.Unanswered(), from.Owes())
 	}
+	from.mu.Lock()
+	if len(from.owedKeys) != 0 || from.confirming != 0 {
+		t.Errorf("the giver still counts owed keys %v, %d claims confirming", from.owedKeys, from.confirming)
+	}
+	from.mu.Unlock()
 	if left := from.Close(); left != (Unreconciled{}) || given.String() != "map[]" {
 		t.Fatalf("the giver's close gave up on %+v, outcomes %s; want nothing", left, given)
 	}
