@@ -26,6 +26,7 @@ type redisConnection struct {
 	breaker    *dedup.Breaker
 	store      dedup.Store
 	reconciler *dedup.Reconciler
+	reports    *reconcileReport // the reconciler's
 	// keyspace holds the reconcilers of every connection open on the same
 	// Redis data, this one's included, under keyspaceID.
 	keyspace   *keyspace
@@ -118,7 +119,8 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// retries during an outage must not reopen a breaker whose probe is on
 	// its way, and it must reach Redis as soon as Redis answers. Its own
 	// releases need no replica's word: it repeats each at its confirmations.
-	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, reconcileReporter(c.loggers.current, where))
+	c.reports = newReconcileReport(c.loggers.current, where)
+	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, c.reports.report)
 	c.store = breaker.Guard(store)
 	if failsOver(client, r) {
 		c.store = breaker.Guard(dedup.NewFailoverStore(store, client, c.reconciler.Confirm))
@@ -144,30 +146,46 @@ func failsOver(client redis.UniversalClient, r RedisStore) bool {
 	return cluster || r.Master != ""
 }
 
-// reconcileReporter counts what the reconciler did and logs what an
+// reconcileReport counts what the reconciler did and logs what an
 // operator must know: claims it could not take or gave up on, which stand
 // until in_flight_timeout and then count as settled. (Those its closing
 // gives up on, Destruct counts and logs.)
-func reconcileReporter(logger func() *zap.Logger, where string) func(dedup.ReconcileOutcome, int) {
-	var dropped, unconfirmed throttledLog
-	dropped.every, unconfirmed.every = storeErrorLogEvery, storeErrorLogEvery
-	return func(outcome dedup.ReconcileOutcome, n int) {
-		countReconciled(outcome, n)
-		switch outcome {
-		case dedup.ReconcileUnconfirmed:
-			unconfirmed.logTo(logger().With(zap.String("redis", where)), "releases no replica acknowledged could not be queued to be made again after a failover; "+
-				"if the master fails over now, the retries of their observations may be suppressed",
-				fmt.Errorf("%d claims %s", n, outcome))
-		case dedup.ReconcileDropped, dedup.ReconcileExpired:
-			dropped.logTo(logger().With(zap.String("redis", where)), "claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
-				"and the retries of the observations whose requests failed may be suppressed",
-				fmt.Errorf("%d claims %s", n, outcome))
-		case dedup.ReconcileReleased, dedup.ReconcileReleasedLate:
-			if c := logger().Check(zapcore.DebugLevel, "released claims a timed-out store call had written"); c != nil {
-				c.Write(zap.String("redis", where), zap.Int("claims", n), zap.String("outcome", string(outcome)))
-			}
+type reconcileReport struct {
+	logger               func() *zap.Logger
+	where                string
+	dropped, unconfirmed throttledLog
+}
+
+func newReconcileReport(logger func() *zap.Logger, where string) *reconcileReport {
+	rr := &reconcileReport{logger: logger, where: where}
+	rr.dropped.every, rr.unconfirmed.every = storeErrorLogEvery, storeErrorLogEvery
+	return rr
+}
+
+// report is the reconciler's report of n claims reconciled with outcome.
+func (rr *reconcileReport) report(outcome dedup.ReconcileOutcome, n int) {
+	countReconciled(outcome, n)
+	switch outcome {
+	case dedup.ReconcileUnconfirmed:
+		rr.unconfirmed.logTo(rr.logger().With(zap.String("redis", rr.where)), "releases no replica acknowledged could not be queued to be made again after a failover; "+
+			"if the master fails over now, the retries of their observations may be suppressed",
+			fmt.Errorf("%d claims %s", n, outcome))
+	case dedup.ReconcileDropped, dedup.ReconcileExpired:
+		rr.dropped.logTo(rr.logger().With(zap.String("redis", rr.where)), "claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
+			"and the retries of the observations whose requests failed may be suppressed",
+			fmt.Errorf("%d claims %s", n, outcome))
+	case dedup.ReconcileReleased, dedup.ReconcileReleasedLate:
+		if c := rr.logger().Check(zapcore.DebugLevel, "released claims a timed-out store call had written"); c != nil {
+			c.Write(zap.String("redis", rr.where), zap.Int("claims", n), zap.String("outcome", string(outcome)))
 		}
 	}
+}
+
+// flush writes the lines held back: the connection closes, and logs no
+// more (throttledLog.flush).
+func (rr *reconcileReport) flush() {
+	rr.dropped.flush()
+	rr.unconfirmed.flush()
 }
 
 // countReconciled counts n claims reconciled with outcome.
@@ -191,6 +209,7 @@ func (c *redisConnection) Destruct() error {
 	c.keyspace.leave(c.keyspaceID, c.reconciler)
 	left := c.reconciler.Close()
 	c.pipeline.Close()
+	c.reports.flush()
 	c.dropUnreconciled(left)
 	retire(c)
 	return c.client.Close()

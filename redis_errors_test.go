@@ -237,6 +237,36 @@ func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
 	}
 }
 
+// A connection that closes writes the reconciler's lines it held back: the
+// claims given up on in its last seconds were told by no line, and the
+// count of the one line written was all an operator saw.
+func TestAClosingConnectionWritesTheReconcilersLinesHeldBack(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newRedisConnection(opts, r, zap.New(core))
+	for _, n := range []int{2, 5, 3} { // the reconciler's reports, a queue full three times within a line's period
+		c.reports.report(dedup.ReconcileDropped, n)
+	}
+	lines := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("could not be reconciled").All() }
+	if n := len(lines()); n != 1 {
+		t.Fatalf("%d lines of dropped claims before the close, want 1 (the others held back): %v", n, logs.All())
+	}
+	if err := c.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	said := lines()
+	if len(said) != 2 {
+		t.Fatalf("%d lines of dropped claims after the close, want 2 (the held-back one told): %v", len(said), logs.All())
+	}
+	if fields := said[1].ContextMap(); fields["error"] != "3 claims dropped" || fields["similar_since_last_line"] != int64(1) {
+		t.Errorf("the close's line says %v, want the last report (3 claims dropped) and 1 similar besides it", fields)
+	}
+}
+
 // The breaker's line is the connection's, and the handlers that share the
 // connection may differ: enforce or shadow mode, failing open or closed,
 // dead-lettering or not. It says what each does while Redis is skipped; it
