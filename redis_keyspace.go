@@ -83,14 +83,7 @@ func (ks *keyspace) successor(r *dedup.Reconciler) *dedup.Reconciler {
 
 // owesFor reports whether a reconciler on the keyspace owes a release on
 // the key of any of claims (Reconciler.OwesFor).
-func (ks *keyspace) owesFor(claims []*dedup.Claim) bool {
-	for _, r := range *ks.reconcilers.Load() {
-		if r.OwesFor(claims) {
-			return true
-		}
-	}
-	return false
-}
+func (ks *keyspace) owesFor(claims []*dedup.Claim) bool { return ks.othersOweFor(nil, claims) }
 
 // releaseOwed makes, through own (the reconciler of the connection whose
 // call it is), the releases every reconciler on the keyspace owes on the
@@ -127,7 +120,7 @@ func (ks *keyspace) releaseOwed(ctx context.Context, own *dedup.Reconciler, clai
 }
 
 // othersOweFor reports whether a reconciler on the keyspace other than own
-// owes a release on the key of any of claims.
+// (nil: any) owes a release on the key of any of claims.
 func (ks *keyspace) othersOweFor(own *dedup.Reconciler, claims []*dedup.Claim) bool {
 	for _, r := range *ks.reconcilers.Load() {
 		if r != own && r.OwesFor(claims) {
