@@ -265,6 +265,65 @@ func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) 
 	}
 }
 
+// The connection hands over too what its reconciler was given as it
+// closes (a settlement the pipeline's last flush failed, a release handed
+// over meanwhile): its own last pass would be refused the old password,
+// and count them dropped, the failed ping's retry told to come back and
+// then that it was delivered.
+func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "svc", "old")
+	admin := srv.Client()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	settings := func(password string) RedisStore {
+		return RedisStore{URL: srv.URL(), Username: "svc", Password: password, Timeout: caddy.Duration(time.Second)}
+	}
+	oldSettings := settings("old")
+	opts, err := oldSettings.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	old := newRedisConnection(opts, oldSettings, zap.New(core))
+	current := settings("new")
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "svc", "resetpass", ">new").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(context.Background(), "CLIENT", "KILL", "USER", "svc").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := current.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = current.Cleanup() })
+	failed := ownedClaim("retired-last:failed", 1)
+	if v, err := current.store.Decide(context.Background(), []*dedup.Claim{failed}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the failed ping's claim: %v %v", v, err)
+	}
+	old.reconciler.Hand([]*dedup.Claim{failed}, true) // its upstream failed
+	if err := old.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	if said := logs.FilterMessageSnippet("could not be released or settled").All(); len(said) > 0 {
+		t.Errorf("the closing connection gave up on claims: %v", said[0].ContextMap())
+	}
+	deadline := time.Now().Add(5 * time.Second) // well within in_flight_timeout (30 s)
+	for token := uint64(2); ; token++ {
+		v, err := current.store.Decide(context.Background(), []*dedup.Claim{ownedClaim("retired-last:failed", token)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v[0].Decision == dedup.Accepted {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed ping's retry is still %v: the release the closing connection was given was not made", v[0].Decision)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // A config that lets go of a connection another still holds leaves its
 // requests' drain to that one, with its own bound: the requests of a
 // config with a longer in_flight_timeout (a reload lowered it) keep the
