@@ -27,8 +27,8 @@ type redisConnection struct {
 	store      dedup.Store
 	reconciler *dedup.Reconciler
 	reports    *reconcileReport // the reconciler's
-	// keyspace holds the reconcilers of every connection open on the same
-	// Redis data, this one's included, under keyspaceID.
+	// keyspace holds every connection open on the same Redis data, this
+	// one included, under keyspaceID.
 	keyspace   *keyspace
 	keyspaceID string
 	// users counts the requests of every config that use the connection.
@@ -131,7 +131,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// replaced on a reload still owes: the retry comes through this one,
 	// which takes them over and makes them itself (keyspace.releaseOwed).
 	c.keyspaceID = keyspaceOf(opts)
-	c.keyspace = joinKeyspace(c.keyspaceID, c.reconciler)
+	c.keyspace = joinKeyspace(c.keyspaceID, c)
 	breaker.ReleaseFirst(c.keyspace.owesFor, func(ctx context.Context, claims []*dedup.Claim) error {
 		return c.keyspace.releaseOwed(ctx, c.reconciler, claims)
 	})
@@ -206,7 +206,7 @@ func (c *redisConnection) Destruct() error {
 	c.handOver()
 	// Before the close, which fails the passes made on its way: another
 	// connection's calls must not fail with it.
-	c.keyspace.leave(c.keyspaceID, c.reconciler)
+	c.keyspace.leave(c.keyspaceID, c)
 	left := c.reconciler.Close()
 	c.pipeline.Close()
 	c.reports.flush()
@@ -223,7 +223,7 @@ func (c *redisConnection) Destruct() error {
 // retry them in vain until the claims' TTL, open as long. It keeps them if
 // there is none, or it is closing or has no room for them all.
 func (c *redisConnection) handOver() bool {
-	next := c.keyspace.successor(c.reconciler)
+	next := c.keyspace.successor(c)
 	return next != nil && next.TakeOverAll(c.reconciler)
 }
 

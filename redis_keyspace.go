@@ -13,8 +13,7 @@ import (
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
-// keyspace holds the reconcilers of the Redis connections open on the same
-// data. A reload that replaces a connection (a new timeout, a rotated
+// keyspace holds the Redis connections open on the same data. A reload that replaces a connection (a new timeout, a rotated
 // password) while Redis hangs leaves the releases the old one owes to its
 // reconciler, and the senders' retries come through the new connection: its
 // calls must make those releases first, as they make their own connection's
@@ -25,8 +24,9 @@ import (
 // them through their own connection (releaseOwed): the old one's may no
 // longer be let in.
 type keyspace struct {
-	// reconcilers is read on every store call, so it is swapped whole.
-	reconcilers atomic.Pointer[[]*dedup.Reconciler]
+	// connections, oldest first, is read on every store call, so it is
+	// swapped whole.
+	connections atomic.Pointer[[]*redisConnection]
 }
 
 // keyspaces are the keyspaces of the Redis connections open, by keyspaceOf.
@@ -42,41 +42,46 @@ func keyspaceOf(opts *redis.UniversalOptions) string {
 	return fmt.Sprintf("%s|%s|%d", strings.Join(addrs, ","), opts.MasterName, opts.DB)
 }
 
-// joinKeyspace adds r to the keyspace id, and returns it.
-func joinKeyspace(id string, r *dedup.Reconciler) *keyspace {
+// joinKeyspace adds c to the keyspace id, and returns it.
+func joinKeyspace(id string, c *redisConnection) *keyspace {
 	keyspaces.Lock()
 	defer keyspaces.Unlock()
 	ks := keyspaces.byID[id]
 	if ks == nil {
 		ks = &keyspace{}
-		ks.reconcilers.Store(&[]*dedup.Reconciler{})
+		ks.connections.Store(&[]*redisConnection{})
 		keyspaces.byID[id] = ks
 	}
-	joined := append(slices.Clone(*ks.reconcilers.Load()), r)
-	ks.reconcilers.Store(&joined)
+	joined := append(slices.Clone(*ks.connections.Load()), c)
+	ks.connections.Store(&joined)
 	return ks
 }
 
-// leave takes r out of the keyspace id, which is forgotten once empty.
-func (ks *keyspace) leave(id string, r *dedup.Reconciler) {
+// leave takes c out of the keyspace id, which is forgotten once empty.
+func (ks *keyspace) leave(id string, c *redisConnection) {
 	keyspaces.Lock()
 	defer keyspaces.Unlock()
-	left := slices.DeleteFunc(slices.Clone(*ks.reconcilers.Load()), func(o *dedup.Reconciler) bool { return o == r })
-	ks.reconcilers.Store(&left)
+	left := slices.DeleteFunc(slices.Clone(*ks.connections.Load()), func(o *redisConnection) bool { return o == c })
+	ks.connections.Store(&left)
 	if len(left) == 0 && keyspaces.byID[id] == ks {
 		delete(keyspaces.byID, id)
 	}
 }
 
-// successor is the reconciler of the connection that joined the keyspace
-// last, if it joined after r's: the one a reload replaced r's connection
-// with, to which r's hands its jobs as it closes (redisConnection.handOver).
-// Never one that joined before: two connections a reload left would hand
-// them back and forth.
-func (ks *keyspace) successor(r *dedup.Reconciler) *dedup.Reconciler {
-	members := *ks.reconcilers.Load()
-	if i := slices.Index(members, r); i >= 0 && i < len(members)-1 {
-		return members[len(members)-1]
+// successor is the reconciler of the newest connection that joined the
+// keyspace after c and that a config holds: the one a reload replaced c
+// with, to which c hands its reconciler's jobs as it closes
+// (redisConnection.handOver). Never one that joined before: two
+// connections a reload left would hand them back and forth. Nor one no
+// config holds any more, which a later reload retired too, and whose
+// reconciler may be about to make its last pass and drop them.
+func (ks *keyspace) successor(c *redisConnection) *dedup.Reconciler {
+	members := *ks.connections.Load()
+	own := slices.Index(members, c)
+	for i := len(members) - 1; own >= 0 && i > own; i-- {
+		if members[i].holders.Load() > 0 {
+			return members[i].reconciler
+		}
 	}
 	return nil
 }
@@ -99,8 +104,8 @@ func (ks *keyspace) owesFor(claims []*dedup.Claim) bool { return ks.othersOweFor
 // could not take them) is followed by another, a few at most.
 func (ks *keyspace) releaseOwed(ctx context.Context, own *dedup.Reconciler, claims []*dedup.Claim) error {
 	for range keyspaceRounds {
-		for _, r := range *ks.reconcilers.Load() {
-			if r != own && r.OwesFor(claims) && !own.TakeOver(r, claims) {
+		for _, c := range *ks.connections.Load() {
+			if r := c.reconciler; r != own && r.OwesFor(claims) && !own.TakeOver(r, claims) {
 				// own is closing, or full: r makes them, as before.
 				if err := r.ReleaseOwed(ctx, claims); err != nil {
 					return err
@@ -122,8 +127,8 @@ func (ks *keyspace) releaseOwed(ctx context.Context, own *dedup.Reconciler, clai
 // othersOweFor reports whether a reconciler on the keyspace other than own
 // (nil: any) owes a release on the key of any of claims.
 func (ks *keyspace) othersOweFor(own *dedup.Reconciler, claims []*dedup.Claim) bool {
-	for _, r := range *ks.reconcilers.Load() {
-		if r != own && r.OwesFor(claims) {
+	for _, c := range *ks.connections.Load() {
+		if c.reconciler != own && c.reconciler.OwesFor(claims) {
 			return true
 		}
 	}

@@ -324,6 +324,29 @@ func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
 	}
 }
 
+// A retired connection hands its jobs only to a newer connection a config
+// holds: one that a later reload retired too may be about to make its last
+// pass, and would drop them where the older one keeps trying.
+func TestARetiredConnectionHandsNothingToOneNoConfigHolds(t *testing.T) {
+	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := newRedisConnection(opts, r, zap.NewNop())
+	defer old.Destruct()
+	newer := newRedisConnection(opts, r, zap.NewNop()) // no config holds it yet: it was retired
+	defer newer.Destruct()
+	old.reconciler.Hand([]*dedup.Claim{ownedClaim("retired-unheld:failed", 1)}, true)
+	if old.handOver() || old.reconciler.Len() != 1 {
+		t.Fatalf("the old connection handed its release to one no config holds (it keeps %d claims)", old.reconciler.Len())
+	}
+	newer.holders.Add(1) // a config holds it
+	if !old.handOver() || newer.reconciler.Len() != 1 {
+		t.Fatalf("the old connection kept its release from the newer one a config holds (it took %d claims)", newer.reconciler.Len())
+	}
+}
+
 // A config that lets go of a connection another still holds leaves its
 // requests' drain to that one, with its own bound: the requests of a
 // config with a longer in_flight_timeout (a reload lowered it) keep the
