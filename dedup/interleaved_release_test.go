@@ -123,6 +123,55 @@ func interleavingPool() map[string][]ping.Ping {
 	}
 }
 
+// A two-ping batch of one asset (Traccar's forwarder with several
+// positions in flight, an OwnTracks or Overland batch) whose claims two
+// other requests' claims land between, from other instances on one
+// Redis, and all three fail: whatever the order of the releases and
+// retries, the sender sees what TestInterleavedFailedRequestsOfOneAsset
+// requires of two. Every batch of two from the pool is run with every
+// ordered pair of single pings that carry a state or an event, or none
+// at the stay (a state change is what a lost acceptance loses; the fixes
+// away from the stay add moves, which the pair test covers).
+func TestThreeInterleavedFailedRequestsOfOneAsset(t *testing.T) {
+	pool := interleavingPool()
+	var batches, singles []string
+	for _, name := range slices.Sorted(maps.Keys(pool)) {
+		switch pings := pool[name]; {
+		case len(pings) == 2:
+			batches = append(batches, name)
+		case len(pings) == 1 && pings[0].State+pings[0].Event != "" && !pings[0].HasSpeed:
+			singles = append(singles, name)
+		}
+	}
+	eachInterleavingStore(t, func(r *interleaving) {
+		for _, qn := range batches {
+			for _, bn := range singles {
+				for _, cn := range singles {
+					if bn == cn {
+						continue
+					}
+					names := []string{qn, bn, cn}
+					reqs := [][]ping.Ping{pool[qn], pool[bn], pool[cn]}
+					after, ok := r.acceptable(reqs)
+					if !ok {
+						continue
+					}
+					r.pairs++
+					for _, order := range interleavings3 {
+						r.run(names, reqs, after, 1, order)
+					}
+				}
+			}
+		}
+		r.t.Logf("%d triples all accepted, %d runs", r.pairs, r.runs)
+	})
+}
+
+// interleavings3 are orders of the releases and retries of a batch (A)
+// and two requests (B, C) whose claims landed between the batch's, as
+// in interleavings.
+var interleavings3 = []string{"rArBrCsAsBsC", "rCrBrAsCsBsA", "rBrArCsBsAsC", "rArBrCfAsCsBsA"}
+
 // the orders of the releases and retries of requests 0 (A) and 1 (B),
 // once both are accepted: r releases, s retries (and settles the retry)
 // and f retries that fail again (released in turn)
@@ -478,6 +527,84 @@ func TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange(t *testing.T) {
 			t.Fatalf("the first batch again, delivered: %+v, want its redelivery", v)
 		}
 	})
+}
+
+// The batch of TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange,
+// the ignition turning on and the car setting off, with two requests of
+// other instances landing between its claims: the driver's card read and
+// an alarm (the batch carries another vehicle's ping between its two,
+// as a gateway's may). All fail. The departure took the record from the alarm's
+// request, which had taken it from the driver's, which held the ignition
+// already; looking one request back, the departure found the driver's and
+// took it. Its release put back a track that held the ignition, the
+// ignition's release found its request's record spent and forgot nothing,
+// and the retry suppressed the ignition as jitter.
+func TestABatchTwoRequestsLandedInKeepsItsStateChange(t *testing.T) {
+	const ignition = "position.attributes.ignition=true"
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		r := &interleaving{t: t, d: newTestDeduper(d.Store, d.Policy.Shape)}
+		elsewhere := offset(85, 500, 500)
+		elsewhere.Asset = "veh-elsewhere"
+		batch := []ping.Ping{withState(offset(80, 1, 1), ignition), elsewhere, withSpeed(offset(90, 40, 0), 5)}
+		others := [][]ping.Ping{{withState(offset(85, -1, 1), "position.attributes.driverUniqueId=D1")},
+			{withEvent(offset(87, 2, 0), "alarm=sos")}}
+		var landed []*Claim
+		d.Store = &landingBetween{Store: d.Store, between: func() {
+			for _, p := range others {
+				claims, v := r.claimAll(p)
+				if v[0].Decision != Accepted {
+					t.Fatalf("%+v: %+v, want accepted", p[0], v[0])
+				}
+				landed = append(landed, claims...)
+			}
+		}}
+		claims, first, err := d.ClaimAll(t.Context(), observeAll(d, batch))
+		if err != nil || !allAccepted(first) || len(landed) != 2 {
+			t.Fatalf("the batch: %+v %v, %d others landed between, want all accepted", first, err, len(landed))
+		}
+		r.release(claims)
+		r.release(landed)
+		if v := r.deliver(batch); !allAccepted(v) {
+			t.Fatalf("the batch's retry: %+v, want the ignition and the departure accepted", v)
+		}
+		for _, p := range others {
+			if v := r.deliver(p); v[0].Decision != Accepted {
+				t.Fatalf("the retry of %+v: %+v, want accepted", p[0], v[0])
+			}
+		}
+		for _, v := range r.deliver(batch) {
+			if v != suppressed(Redelivery) {
+				t.Fatalf("the batch again, delivered: %+v, want its redelivery", v)
+			}
+		}
+	})
+}
+
+func allAccepted(vs []Verdict) bool {
+	return !slices.ContainsFunc(vs, func(v Verdict) bool { return v.Decision != Accepted })
+}
+
+// landingBetween is a store on which other requests' claims land between
+// a batch's first claim and the rest, as they can when instances share a
+// Redis: between runs once, at the first batch of two claims or more.
+type landingBetween struct {
+	Store
+	between func()
+}
+
+func (s *landingBetween) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
+	if len(claims) < 2 || s.between == nil {
+		return s.Store.Decide(ctx, claims)
+	}
+	head, err := s.Store.Decide(ctx, claims[:1])
+	if err != nil {
+		return nil, err
+	}
+	s.between()
+	s.between = nil
+	tail, err := s.Store.Decide(ctx, claims[1:])
+	return append(head, tail...), err
 }
 
 // The fix 30 m off and the ignition of TestARetryReleasedBehindAnotherRequestIsAccepted
