@@ -206,7 +206,7 @@ func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 			reported = statePrint(c.State)
 		}
 		var keep bool
-		if keep, holds = st.release(c.Token, reported, c.Time.UnixMicro(), released && v.retried); keep {
+		if keep, holds = st.release(c.Token, reported, released && v.retried); keep {
 			replace(m.tracks, stateKey, st)
 		} else {
 			delete(m.tracks, stateKey)

@@ -796,21 +796,10 @@ func lonDelta(lon1, lon2 float64) float64 {
 // request's release, the track holds it still, and the retry is marked
 // flagReleased again. Its seen entry deleted, a batch of the retry and a
 // new fix, failed again, had the retry judged against itself and
-// suppressed as jitter on the next retry. So is a claim of the request
-// seen before the record was taken (its device time t no later than the
-// latest seen then, which the spending release put back): another
-// request's claims landed between its request's (instances on one Redis),
-// the record was taken by a later claim of its request, after them, and
-// the track put back holds its acceptance. Its seen entry deleted, a
-// batch's ignition whose departure came after two other requests' claims
-// was suppressed as jitter on the retry, and the backend never heard the
-// ignition turn on. A batch's first acceptance comes after everything its
-// record holds, so it is undone as before; only one older than a fix seen
-// before it (a late fix) pays a retry admitted where it might have been
-// suppressed.
-func (st *trackState) release(token, reported uint64, t int64, retried bool) (keep, holds bool) {
+// suppressed as jitter on the next retry.
+func (st *trackState) release(token, reported uint64, retried bool) (keep, holds bool) {
 	switch {
-	case st.undo == undoSpent && sameRequest(st.last.token, token) && !retried && t > st.seenMax:
+	case st.undo == undoSpent && sameRequest(st.last.token, token) && !retried:
 		return true, false
 	case st.last.token != token || st.undo == undoSpent || st.undo == undoShared:
 		st.forgetState(reported)

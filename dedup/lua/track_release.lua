@@ -7,8 +7,7 @@
 -- (flagReleased): the track still holds it, and its retry is accepted.
 -- Only the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
--- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each),
--- ARGV[4] its device time (Unix microseconds, 8 bytes)
+-- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
 local CORE_SIZE = 273
 -- where the state print starts in the track: after the seen max (8 bytes)
@@ -43,12 +42,8 @@ local fields = { struct.unpack(CORE, st, 9) }
 -- track_decide.lua): 0 and 3 delete it, 1 put back the track that follows,
 -- 2 and 4 keep it
 local undo = string.byte(st, 9 + CORE_SIZE)
-if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) and not retried
-	and struct.unpack('>i8', ARGV[4]) > struct.unpack('>i8', st) then
-	-- its request's release put back the track from before it; one seen
-	-- before that (no later than the latest seen then) is in it still, and
-	-- is marked 'r' below (trackState.release)
-	return forget()
+if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) and not retried then
+	return forget() -- its request's release put back the track from before it
 end
 if fields[16] == ARGV[2] and undo ~= 2 and undo ~= 4 then -- the last accepted ping's token
 	if undo == 1 then
