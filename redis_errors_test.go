@@ -207,12 +207,7 @@ func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
 	firstCore, first := observer.New(zap.InfoLevel)
 	secondCore, second := observer.New(zap.InfoLevel)
 	firstLogger, secondLogger := zap.New(firstCore), zap.New(secondCore)
-	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
-	opts, err := r.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newRedisConnection(opts, r, firstLogger)
+	c := downConnection(t, firstLogger)
 	defer c.Destruct()
 	tt := tableHandler(t, `{"key_prefix":"connection-logs:"}`)
 	d := *tt.h.deduper
@@ -242,12 +237,7 @@ func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
 // count of the one line written was all an operator saw.
 func TestAClosingConnectionWritesTheReconcilersLinesHeldBack(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
-	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
-	opts, err := r.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newRedisConnection(opts, r, zap.New(core))
+	c := downConnection(t, zap.New(core))
 	for _, n := range []int{2, 5, 3} { // the reconciler's reports, a queue full three times within a line's period
 		c.reports.report(dedup.ReconcileDropped, n)
 	}
@@ -267,6 +257,19 @@ func TestAClosingConnectionWritesTheReconcilersLinesHeldBack(t *testing.T) {
 	}
 }
 
+// downConnection opens a connection, logging to logger, on a Redis that is
+// down (nothing listens there), with a breaker that opens at the first
+// failure: every connection it opens is on the same keyspace.
+func downConnection(t *testing.T, logger *zap.Logger) *redisConnection {
+	t.Helper()
+	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newRedisConnection(opts, r, logger)
+}
+
 // The breaker's line is the connection's, and the handlers that share the
 // connection may differ: enforce or shadow mode, failing open or closed,
 // dead-lettering or not. It says what each does while Redis is skipped; it
@@ -274,12 +277,7 @@ func TestAClosingConnectionWritesTheReconcilersLinesHeldBack(t *testing.T) {
 // senders get the upstream's answer.
 func TestTheBreakerLineSaysWhatShadowModeDoes(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
-	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
-	opts, err := r.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newRedisConnection(opts, r, zap.New(core))
+	c := downConnection(t, zap.New(core))
 	defer c.Destruct()
 	tt := tableHandler(t, `{"key_prefix":"breaker-line:"}`)
 	d := *tt.h.deduper

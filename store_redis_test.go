@@ -238,18 +238,8 @@ func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) 
 	// Well within in_flight_timeout (30 s): the confirmations due are at
 	// most a backoff (2 s) away.
 	deadline := time.Now().Add(5 * time.Second)
-	for token := uint64(2); ; token++ {
-		v, err := current.store.Decide(context.Background(), []*dedup.Claim{ownedClaim("retired:late", token)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v[0].Decision == dedup.Accepted {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the failed ping's retry is still %v: the claim that landed late was not released", v[0].Decision)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if got := retriedUntilAccepted(t, current.store, "retired:late", deadline); got != dedup.Accepted {
+		t.Fatalf("the failed ping's retry is still %v: the claim that landed late was not released", got)
 	}
 	v, err := current.store.Decide(context.Background(), []*dedup.Claim{ownedClaim("retired:delivered", 2)})
 	if err != nil || v[0].Decision != dedup.Suppressed {
@@ -309,16 +299,23 @@ func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
 		t.Errorf("the closing connection gave up on claims: %v", said[0].ContextMap())
 	}
 	deadline := time.Now().Add(5 * time.Second) // well within in_flight_timeout (30 s)
+	if got := retriedUntilAccepted(t, current.store, "retired-last:failed", deadline); got != dedup.Accepted {
+		t.Fatalf("the failed ping's retry is still %v: the release the closing connection was given was not made", got)
+	}
+}
+
+// retriedUntilAccepted retries the ping of key on store, a new request's
+// token each time, every 100 ms until it is accepted or deadline passes,
+// and returns the last decision.
+func retriedUntilAccepted(t *testing.T, store dedup.Store, key string, deadline time.Time) dedup.Decision {
+	t.Helper()
 	for token := uint64(2); ; token++ {
-		v, err := current.store.Decide(context.Background(), []*dedup.Claim{ownedClaim("retired-last:failed", token)})
+		v, err := store.Decide(context.Background(), []*dedup.Claim{ownedClaim(key, token)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v[0].Decision == dedup.Accepted {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the failed ping's retry is still %v: the release the closing connection was given was not made", v[0].Decision)
+		if v[0].Decision == dedup.Accepted || time.Now().After(deadline) {
+			return v[0].Decision
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -328,14 +325,9 @@ func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
 // holds: one that a later reload retired too may be about to make its last
 // pass, and would drop them where the older one keeps trying.
 func TestARetiredConnectionHandsNothingToOneNoConfigHolds(t *testing.T) {
-	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
-	opts, err := r.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := newRedisConnection(opts, r, zap.NewNop())
+	old := downConnection(t, zap.NewNop())
 	defer old.Destruct()
-	newer := newRedisConnection(opts, r, zap.NewNop()) // no config holds it yet: it was retired
+	newer := downConnection(t, zap.NewNop()) // no config holds it yet: it was retired
 	defer newer.Destruct()
 	old.reconciler.Hand([]*dedup.Claim{ownedClaim("retired-unheld:failed", 1)}, true)
 	if old.handOver() || old.reconciler.Len() != 1 {

@@ -51,7 +51,7 @@ func (t *throttledLog) logTo(logger *zap.Logger, msg string, err error) {
 	dropped := t.dropped
 	t.last, t.dropped, t.held = now, 0, heldLine{}
 	t.mu.Unlock()
-	write(logger, msg, err, dropped)
+	writeStoreError(logger, msg, err, dropped)
 }
 
 // flush writes the latest occurrence held back, if any, counting the
@@ -63,13 +63,13 @@ func (t *throttledLog) flush() {
 	t.dropped, t.held = 0, heldLine{}
 	t.mu.Unlock()
 	if dropped > 0 {
-		write(held.logger, held.msg, held.err, dropped-1)
+		writeStoreError(held.logger, held.msg, held.err, dropped-1)
 	}
 }
 
-// write writes one store error line, with the fix for its error if there
+// writeStoreError writes one store error line, with the fix for its error if there
 // is one.
-func write(logger *zap.Logger, msg string, err error, similar int) {
+func writeStoreError(logger *zap.Logger, msg string, err error, similar int) {
 	fields := []zap.Field{zap.Error(err), zap.Int("similar_since_last_line", similar)}
 	if fix := storeErrorFix(err); fix != "" {
 		fields = append(fields, zap.String("fix", fix))
