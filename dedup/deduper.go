@@ -95,7 +95,8 @@ func (d *Deduper) Claim(ctx context.Context, obs Observation) (*Claim, Verdict, 
 
 // MaxClaims is the most observations one ClaimAll decides: the claims of
 // one request share the upper 48 bits of their tokens and are told apart by
-// the lower 16, so a track knows a request's claims from another's.
+// the lower 16, their rank in device-time order, so a track knows a
+// request's claims from another's, and which came first.
 const MaxClaims = 1 << 16
 
 // ClaimAll decides a batch of observations in one store round trip. They
@@ -122,6 +123,13 @@ func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, 
 		claims[i] = c
 	}
 	order := deviceTimeOrder(claims)
+	for rank, i := range order {
+		// The lower 16 bits are the claim's rank in the order it is
+		// decided in, so that a track knows which of a request's claims it
+		// had judged when another request's acceptance came between (see
+		// trackState.takeUndo).
+		claims[i].Token = request + uint64(rank)
+	}
 	if d.Policy.Shape != Tumbling {
 		markCopies(claims, order)
 	}

@@ -179,14 +179,15 @@ func pingsOf(r *request) []ping.Ping {
 }
 
 // claim decides pings as one request, as ClaimAll does: one token per
-// claim, sharing their upper 48 bits, decided in device-time order.
+// claim, sharing their upper 48 bits, decided in device-time order, the
+// lower 16 bits the claim's rank in it.
 func (d *differential) claim(what string, pings []ping.Ping) {
 	d.t.Helper()
 	d.s.token = d.s.rng.Uint64() &^ 0xffff
 	k := defaultKeyer()
 	req := &request{state: "pending"}
-	for i, p := range pings {
-		c := &Claim{Observation: k.Observe(p), Policy: d.pol, Token: d.s.token + uint64(i), At: d.s.clock}
+	for _, p := range pings {
+		c := &Claim{Observation: k.Observe(p), Policy: d.pol, At: d.s.clock}
 		if d.pol.Shape != Tumbling {
 			c.StateKey, c.SeenKey = k.TrackKeys(p.Asset, p.Time)
 		}
@@ -195,6 +196,9 @@ func (d *differential) claim(what string, pings []ping.Ping) {
 	}
 	order := func(claims []*Claim) {
 		slices.SortStableFunc(claims, func(a, b *Claim) int { return a.Time.Compare(b.Time) })
+		for rank, c := range claims {
+			c.Token = d.s.token + uint64(rank)
+		}
 	}
 	order(req.mem)
 	order(req.red)

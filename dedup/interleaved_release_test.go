@@ -38,13 +38,56 @@ import (
 // accepts both of (A claimed first, B after it, or between A's claims) is
 // run through every order, in both track shapes and both stores.
 func TestInterleavedFailedRequestsOfOneAsset(t *testing.T) {
+	pool := interleavingPool()
+	names := slices.Sorted(maps.Keys(pool))
+	eachInterleavingStore(t, func(r *interleaving) {
+		for _, an := range names {
+			for _, bn := range names {
+				if an != bn {
+					r.pair(an, pool[an], bn, pool[bn])
+				}
+			}
+		}
+		r.t.Logf("%d pairs both accepted, %d runs", r.pairs, r.runs)
+	})
+}
+
+// eachInterleavingStore runs body in both track shapes and both stores,
+// and requires the two stores to answer every call alike (Go and Lua).
+func eachInterleavingStore(t *testing.T, body func(r *interleaving)) {
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			stores := map[string]Store{"memory": NewMemoryStore(0), "redis": newRedisStore(t, redistest.Start(t))}
+			logs := map[string][]string{}
+			for _, name := range []string{"memory", "redis"} {
+				t.Run(name, func(t *testing.T) {
+					r := &interleaving{t: t, d: newTestDeduper(stores[name], shape)}
+					defer func() { logs[name] = r.log }()
+					body(r)
+				})
+			}
+			mem, red := logs["memory"], logs["redis"]
+			for i := range min(len(mem), len(red)) {
+				if mem[i] != red[i] {
+					t.Fatalf("call %d: memory answered %s, redis %s", i, mem[i], red[i])
+				}
+			}
+			if len(mem) != len(red) {
+				t.Fatalf("memory answered %d calls, redis %d", len(mem), len(red))
+			}
+		})
+	}
+}
+
+// interleavingPool is what the interleaving tests send, by name, to an
+// asset parked at the origin with fixes from 0 to 40 s.
+func interleavingPool() map[string][]ping.Ping {
 	const (
 		ignOn  = "position.attributes.ignition=true"
 		ignOff = "position.attributes.ignition=false"
 		driver = "position.attributes.driverUniqueId=D1"
 	)
-	// after park: a settled stay at the origin, fixes 0 to 40 s
-	pool := map[string][]ping.Ping{
+	return map[string][]ping.Ping{
 		"jitter":          {offset(60, -2, 1)},                         // a parked jitter fix
 		"jitter 6m":       {offset(6*60, 2, 1)},                        // a window on (sliding)
 		"jitter 11m":      {offset(11*60, 2, -1)},                      // an idle gap on (session)
@@ -78,38 +121,56 @@ func TestInterleavedFailedRequestsOfOneAsset(t *testing.T) {
 		"outlier":            {offset(62, 30, 0)},
 		"outlier at rest":    {withSpeed(offset(64, 30, 0), 0)},
 	}
-	for _, shape := range []Shape{Sliding, Session} {
-		t.Run(string(shape), func(t *testing.T) {
-			stores := map[string]Store{"memory": NewMemoryStore(0), "redis": newRedisStore(t, redistest.Start(t))}
-			logs := map[string][]string{}
-			for _, name := range []string{"memory", "redis"} {
-				t.Run(name, func(t *testing.T) {
-					r := &interleaving{t: t, d: newTestDeduper(stores[name], shape)}
-					defer func() { logs[name] = r.log }()
-					names := slices.Sorted(maps.Keys(pool))
-					for _, an := range names {
-						for _, bn := range names {
-							if an != bn {
-								r.pair(an, pool[an], bn, pool[bn])
-							}
-						}
+}
+
+// A two-ping batch of one asset (Traccar's forwarder with several
+// positions in flight, an OwnTracks or Overland batch) whose claims two
+// other requests' claims land between, from other instances on one
+// Redis, and all three fail: whatever the order of the releases and
+// retries, the sender sees what TestInterleavedFailedRequestsOfOneAsset
+// requires of two. Every batch of two from the pool is run with every
+// ordered pair of single pings that carry a state or an event, or none
+// at the stay (a state change is what a lost acceptance loses; the fixes
+// away from the stay add moves, which the pair test covers).
+func TestThreeInterleavedFailedRequestsOfOneAsset(t *testing.T) {
+	pool := interleavingPool()
+	var batches, singles []string
+	for _, name := range slices.Sorted(maps.Keys(pool)) {
+		switch pings := pool[name]; {
+		case len(pings) == 2:
+			batches = append(batches, name)
+		case len(pings) == 1 && pings[0].State+pings[0].Event != "" && !pings[0].HasSpeed:
+			singles = append(singles, name)
+		}
+	}
+	eachInterleavingStore(t, func(r *interleaving) {
+		for _, qn := range batches {
+			for _, bn := range singles {
+				for _, cn := range singles {
+					if bn == cn {
+						continue
 					}
-					t.Logf("%d pairs both accepted, %d runs", r.pairs, r.runs)
-				})
-			}
-			// the two stores answered every call alike (Go and Lua)
-			mem, red := logs["memory"], logs["redis"]
-			for i := range min(len(mem), len(red)) {
-				if mem[i] != red[i] {
-					t.Fatalf("call %d: memory answered %s, redis %s", i, mem[i], red[i])
+					names := []string{qn, bn, cn}
+					reqs := [][]ping.Ping{pool[qn], pool[bn], pool[cn]}
+					after, ok := r.acceptable(reqs)
+					if !ok {
+						continue
+					}
+					r.pairs++
+					for _, order := range interleavings3 {
+						r.run(names, reqs, after, 1, order)
+					}
 				}
 			}
-			if len(mem) != len(red) {
-				t.Fatalf("memory answered %d calls, redis %d", len(mem), len(red))
-			}
-		})
-	}
+		}
+		r.t.Logf("%d triples all accepted, %d runs", r.pairs, r.runs)
+	})
 }
+
+// interleavings3 are orders of the releases and retries of a batch (A)
+// and two requests (B, C) whose claims landed between the batch's, as
+// in interleavings.
+var interleavings3 = []string{"rArBrCsAsBsC", "rCrBrAsCsBsA", "rBrArCsBsAsC", "rArBrCfAsCsBsA"}
 
 // the orders of the releases and retries of requests 0 (A) and 1 (B),
 // once both are accepted: r releases, s retries (and settles the retry)
@@ -186,30 +247,12 @@ func anyAccepted(vs []Verdict) bool {
 }
 
 func (r *interleaving) pair(an string, a []ping.Ping, bn string, b []ping.Ping) {
-	t := r.t
-	t.Helper()
-	for _, p := range a {
-		if slices.ContainsFunc(b, func(q ping.Ping) bool { return q == p }) {
-			return // one ping in both: the second is the first's redelivery
-		}
-	}
-	// does the track accept both (something of each)?
-	id := r.fresh()
-	_, va := r.claimAll(as(id, a))
-	_, vb := r.claimAll(as(id, b))
-	if !anyAccepted(va) || !anyAccepted(vb) {
+	names, reqs := []string{an, bn}, [][]ping.Ping{a, b}
+	after, ok := r.acceptable(reqs)
+	if !ok {
 		return
 	}
 	r.pairs++
-	reqs := [2][]ping.Ping{a, b}
-	names := [2]string{an, bn}
-	// what each request gets sent alone after the other was delivered
-	var after [2][]Verdict
-	for i := range 2 {
-		id := r.fresh()
-		r.deliver(as(id, reqs[1-i]))
-		after[i] = r.deliver(as(id, reqs[i]))
-	}
 	// split k > 0: B's call lands between A's k-th and next claim (two
 	// instances on one Redis, each pipelining its request's claims)
 	for split := range len(a) {
@@ -219,28 +262,74 @@ func (r *interleaving) pair(an string, a []ping.Ping, bn string, b []ping.Ping) 
 	}
 }
 
-func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verdict, split int, order string) {
+// acceptable reports whether the track accepts something of each request,
+// claimed one after another, sharing no ping (one ping in two requests:
+// the second is the first's redelivery). If so it returns what each
+// request gets sent alone after the others were delivered.
+func (r *interleaving) acceptable(reqs [][]ping.Ping) (after [][]Verdict, ok bool) {
+	r.t.Helper()
+	var all []ping.Ping
+	for _, req := range reqs {
+		for _, p := range req {
+			if slices.Contains(all, p) {
+				return nil, false
+			}
+		}
+		all = append(all, req...)
+	}
+	id := r.fresh()
+	for _, req := range reqs {
+		if _, v := r.claimAll(as(id, req)); !anyAccepted(v) {
+			return nil, false
+		}
+	}
+	for i := range reqs {
+		id := r.fresh()
+		for j := range reqs {
+			if j != i {
+				r.deliver(as(id, reqs[j]))
+			}
+		}
+		after = append(after, r.deliver(as(id, reqs[i])))
+	}
+	return after, true
+}
+
+// run claims reqs on a fresh asset, the others' claims between the first
+// request's split-th and next (split 0: one after another), and plays
+// order: r releases a request, s retries it (and settles the retry), f
+// retries it and fails again (released in turn); A is reqs[0], B reqs[1]
+// and so on.
+func (r *interleaving) run(names []string, reqs [][]ping.Ping, after [][]Verdict, split int, order string) {
 	t := r.t
 	t.Helper()
 	id := r.fresh()
-	var claims [2][]*Claim
-	var first [2][]Verdict
+	asset := make([][]ping.Ping, len(reqs))
+	for i, req := range reqs {
+		asset[i] = as(id, req)
+	}
+	var claims [][]*Claim
+	var first [][]Verdict
 	if split == 0 {
-		for i := range 2 {
-			claims[i], first[i] = r.claimAll(as(id, reqs[i]))
+		for _, req := range asset {
+			c, v := r.claimAll(req)
+			claims, first = append(claims, c), append(first, v)
 		}
 	} else {
-		claims, first = r.interleavedClaims(as(id, reqs[0]), as(id, reqs[1]), split)
+		claims, first = r.interleavedClaims(asset, split)
 	}
-	if !anyAccepted(first[0]) || !anyAccepted(first[1]) {
+	if slices.ContainsFunc(first, func(v []Verdict) bool { return !anyAccepted(v) }) {
 		return
 	}
 	r.runs++
-	an, bn := names[0], names[1]
 	var trace []string
 	fail := func(format string, args ...any) {
 		t.Helper()
-		t.Errorf("A=%q B=%q, split %d, %s (first attempt A %v, B %v; %s): %s", an, bn, split, order, decisions(first[0]), decisions(first[1]),
+		var got []string
+		for i, v := range first {
+			got = append(got, fmt.Sprintf("%c=%q %s", 'A'+i, names[i], decisions(v)))
+		}
+		t.Errorf("%s, split %d, %s (%s): %s", strings.Join(got, ", "), split, order,
 			strings.Join(trace, ", "), fmt.Sprintf(format, args...))
 	}
 	var delivered []ping.Ping // what the backend got, in the order it got it
@@ -250,33 +339,32 @@ func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verd
 		case 'r':
 			r.release(acceptedOf(claims[i], first[i]))
 		case 'f':
-			retryClaims, retry := r.claimAll(as(id, reqs[i]))
+			retryClaims, retry := r.claimAll(asset[i])
 			trace = append(trace, fmt.Sprintf("failed retry %c %v", 'A'+i, decisions(retry)))
 			for j, v := range retry {
 				if v.Decision != Accepted && first[i][j].Decision == Accepted && after[i][j].Decision == Accepted {
-					fail("(a) failed retry of %c's ping %d (%s) %+v, but accepted alone after %s delivered", 'A'+i, j, names[i], v, names[1-i])
+					fail("(a) failed retry of %c's ping %d (%s) %+v, but accepted alone after the others delivered", 'A'+i, j, names[i], v)
 				}
 			}
 			r.release(acceptedOf(retryClaims, retry))
 		case 's':
-			p := as(id, reqs[i])
-			retry := r.deliver(p)
+			retry := r.deliver(asset[i])
 			trace = append(trace, fmt.Sprintf("retry %c %v", 'A'+i, decisions(retry)))
 			for j, v := range retry {
 				switch {
 				case v.Decision == Accepted:
-					delivered = append(delivered, p[j])
+					delivered = append(delivered, asset[i][j])
 				case v.Decision == InFlight:
 					fail("retry of %c's ping %d: %+v", 'A'+i, j, v)
 				case first[i][j].Decision == Accepted && after[i][j].Decision == Accepted:
-					fail("(a) retry of %c's ping %d (%s) %+v, but accepted alone after %s delivered", 'A'+i, j, names[i], v, names[1-i])
+					fail("(a) retry of %c's ping %d (%s) %+v, but accepted alone after the others delivered", 'A'+i, j, names[i], v)
 				}
 			}
 		}
 	}
-	// (c) redeliveries of both requests, now delivered
-	for i := range 2 {
-		for j, v := range r.deliver(as(id, reqs[i])) {
+	// (c) redeliveries of every request, now delivered
+	for i := range asset {
+		for j, v := range r.deliver(asset[i]) {
 			if v.Decision != Suppressed {
 				fail("(c) redelivery of %c's ping %d after its retry was delivered: %+v", 'A'+i, j, v)
 			}
@@ -292,43 +380,47 @@ func (r *interleaving) run(names [2]string, reqs [2][]ping.Ping, after [2][]Verd
 		}
 	}
 	probe := last
-	for _, p := range append(slices.Clone(reqs[0]), reqs[1]...) {
+	for _, p := range slices.Concat(reqs...) {
 		if p.Time.After(probe.Time) {
 			probe.Time = p.Time
 		}
 	}
-	for i := range 2 {
-		for _, p := range reqs[i] {
-			if p.State == "" || heard(delivered, p.State) {
-				continue
-			}
-			probe.Time = probe.Time.Add(time.Second)
-			probe.State, probe.Event, probe.HasSpeed = p.State, "", false
-			if v := r.deliver([]ping.Ping{probe})[0]; v.Decision != Accepted {
-				fail("(b) %q never delivered, the next ping carrying it %+v", p.State, v)
-			}
+	for _, p := range slices.Concat(reqs...) {
+		if p.State == "" || heard(delivered, p.State) {
+			continue
+		}
+		probe.Time = probe.Time.Add(time.Second)
+		probe.State, probe.Event, probe.HasSpeed = p.State, "", false
+		if v := r.deliver([]ping.Ping{probe})[0]; v.Decision != Accepted {
+			fail("(b) %q never delivered, the next ping carrying it %+v", p.State, v)
 		}
 	}
 }
 
-// interleavedClaims decides a and b as two requests would from two
-// instances on one Redis: each request's claims in device-time order, as
-// ClaimAll makes them, and b's between a's split-th and the next.
-func (r *interleaving) interleavedClaims(a, b []ping.Ping, split int) (claims [2][]*Claim, verdicts [2][]Verdict) {
-	var sorted [2][]*Claim
-	for i, pings := range [2][]ping.Ping{a, b} {
+// interleavedClaims decides reqs as requests from several instances on
+// one Redis would be: each request's claims in device-time order, as
+// ClaimAll makes them, and the other requests' between the first's
+// split-th and the next.
+func (r *interleaving) interleavedClaims(reqs [][]ping.Ping, split int) (claims [][]*Claim, verdicts [][]Verdict) {
+	claims = make([][]*Claim, len(reqs))
+	sorted := make([][]*Claim, len(reqs))
+	for i, pings := range reqs {
 		request := rand.Uint64() &^ 0xffff
-		for j, p := range pings {
-			c := &Claim{Observation: r.d.Observe(p), Policy: &r.d.Policy, Token: request + uint64(j), At: r.d.clock}
+		for _, p := range pings {
+			c := &Claim{Observation: r.d.Observe(p), Policy: &r.d.Policy, At: r.d.clock}
 			c.StateKey, c.SeenKey = r.d.Keyer.TrackKeys(c.Asset, c.Time)
 			claims[i] = append(claims[i], c)
 		}
 		sorted[i] = slices.Clone(claims[i])
 		slices.SortStableFunc(sorted[i], func(x, y *Claim) int { return x.Time.Compare(y.Time) })
+		for rank, c := range sorted[i] {
+			c.Token = request + uint64(rank)
+		}
 		markCopies(sorted[i], nil)
 	}
 	decided := map[*Claim]Verdict{}
-	for _, part := range [][]*Claim{sorted[0][:split], sorted[1], sorted[0][split:]} {
+	parts := slices.Concat([][]*Claim{sorted[0][:split]}, sorted[1:], [][]*Claim{sorted[0][split:]})
+	for _, part := range parts {
 		vs, err := r.d.Store.Decide(context.Background(), part)
 		if err != nil {
 			r.t.Fatal(err)
@@ -338,7 +430,8 @@ func (r *interleaving) interleavedClaims(a, b []ping.Ping, split int) (claims [2
 		}
 		r.log = append(r.log, fmt.Sprint(vs))
 	}
-	for i := range 2 {
+	verdicts = make([][]Verdict, len(reqs))
+	for i := range reqs {
 		for _, c := range claims[i] {
 			verdicts[i] = append(verdicts[i], decided[c])
 		}
@@ -416,7 +509,7 @@ func TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange(t *testing.T) {
 		r := &interleaving{t: t, d: d}
 		a := []ping.Ping{withState(offset(80, 1, 1), ignition), withSpeed(offset(90, 40, 0), 5)}
 		b := []ping.Ping{withState(offset(85, -1, 1), "position.attributes.driverUniqueId=D1")}
-		claims, first := r.interleavedClaims(a, b, 1)
+		claims, first := r.interleavedClaims([][]ping.Ping{a, b}, 1)
 		for i := range 2 {
 			for j, v := range first[i] {
 				if v.Decision != Accepted {
@@ -437,6 +530,84 @@ func TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange(t *testing.T) {
 			t.Fatalf("the first batch again, delivered: %+v, want its redelivery", v)
 		}
 	})
+}
+
+// The batch of TestABatchAnotherInstancesClaimLandedInKeepsItsStateChange,
+// the ignition turning on and the car setting off, with two requests of
+// other instances landing between its claims: the driver's card read and
+// an alarm (the batch carries another vehicle's ping between its two,
+// as a gateway's may). All fail. The departure took the record from the alarm's
+// request, which had taken it from the driver's, which held the ignition
+// already; looking one request back, the departure found the driver's and
+// took it. Its release put back a track that held the ignition, the
+// ignition's release found its request's record spent and forgot nothing,
+// and the retry suppressed the ignition as jitter.
+func TestABatchTwoRequestsLandedInKeepsItsStateChange(t *testing.T) {
+	const ignition = "position.attributes.ignition=true"
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		r := &interleaving{t: t, d: newTestDeduper(d.Store, d.Policy.Shape)}
+		elsewhere := offset(85, 500, 500)
+		elsewhere.Asset = "veh-elsewhere"
+		batch := []ping.Ping{withState(offset(80, 1, 1), ignition), elsewhere, withSpeed(offset(90, 40, 0), 5)}
+		others := [][]ping.Ping{{withState(offset(85, -1, 1), "position.attributes.driverUniqueId=D1")},
+			{withEvent(offset(87, 2, 0), "alarm=sos")}}
+		var landed []*Claim
+		d.Store = &landingBetween{Store: d.Store, between: func() {
+			for _, p := range others {
+				claims, v := r.claimAll(p)
+				if v[0].Decision != Accepted {
+					t.Fatalf("%+v: %+v, want accepted", p[0], v[0])
+				}
+				landed = append(landed, claims...)
+			}
+		}}
+		claims, first, err := d.ClaimAll(t.Context(), observeAll(d, batch))
+		if err != nil || !allAccepted(first) || len(landed) != 2 {
+			t.Fatalf("the batch: %+v %v, %d others landed between, want all accepted", first, err, len(landed))
+		}
+		r.release(claims)
+		r.release(landed)
+		if v := r.deliver(batch); !allAccepted(v) {
+			t.Fatalf("the batch's retry: %+v, want the ignition and the departure accepted", v)
+		}
+		for _, p := range others {
+			if v := r.deliver(p); v[0].Decision != Accepted {
+				t.Fatalf("the retry of %+v: %+v, want accepted", p[0], v[0])
+			}
+		}
+		for _, v := range r.deliver(batch) {
+			if v != suppressed(Redelivery) {
+				t.Fatalf("the batch again, delivered: %+v, want its redelivery", v)
+			}
+		}
+	})
+}
+
+func allAccepted(vs []Verdict) bool {
+	return !slices.ContainsFunc(vs, func(v Verdict) bool { return v.Decision != Accepted })
+}
+
+// landingBetween is a store on which other requests' claims land between
+// a batch's first claim and the rest, as they can when instances share a
+// Redis: between runs once, at the first batch of two claims or more.
+type landingBetween struct {
+	Store
+	between func()
+}
+
+func (s *landingBetween) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
+	if len(claims) < 2 || s.between == nil {
+		return s.Store.Decide(ctx, claims)
+	}
+	head, err := s.Store.Decide(ctx, claims[:1])
+	if err != nil {
+		return nil, err
+	}
+	s.between()
+	s.between = nil
+	tail, err := s.Store.Decide(ctx, claims[1:])
+	return append(head, tail...), err
 }
 
 // The fix 30 m off and the ignition of TestARetryReleasedBehindAnotherRequestIsAccepted

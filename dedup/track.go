@@ -611,13 +611,18 @@ func (st *trackState) accept(old *trackState, f fix, change func(*track)) {
 // it (the stay's start a late fix moved, the batch's later fixes folded
 // into a stay they settled): the retried late fixes were judged against
 // it, and a car's approach that its phone queued underground, admitted the
-// first time, was suppressed as jitter of the car park.
+// first time, was suppressed as jitter of the car park. The acceptance
+// that takes the record keeps its rank in the request (the lower 16 bits)
+// in the record's last token, whose request is all that is read of it:
+// the request's claims ranked before it are in the track the record holds
+// (see release).
 func (st *trackState) takeUndo(old *trackState, f fix) {
 	switch {
 	case old.undo == undoPrev && !sameRequest(old.last.token, f.token) && sameRequest(old.prev.last.token, f.token):
 		st.undo = undoShared // another request took the record from this one
 	case !sameRequest(old.last.token, f.token) || old.undo == undoSpent:
 		st.prev, st.prevSeenMax, st.undo = old.track, old.seenMax, undoPrev
+		st.prev.last.token = withRank(st.prev.last.token, f.token)
 	case old.undo == undoNone:
 		st.undo = undoDelete // the request's first fix of the asset began the track
 	}
@@ -796,10 +801,17 @@ func lonDelta(lon1, lon2 float64) float64 {
 // request's release, the track holds it still, and the retry is marked
 // flagReleased again. Its seen entry deleted, a batch of the retry and a
 // new fix, failed again, had the retry judged against itself and
-// suppressed as jitter on the next retry.
+// suppressed as jitter on the next retry. The spending release leaves in
+// last the rank of the acceptance that took the record (see takeUndo): a
+// claim of its request ranked before that one was accepted before another
+// request's came between, and the track put back holds it, so it is
+// released as an older acceptance is. A batch [ignition, departure] with
+// two other instances' claims landing between its own, all failed, had
+// its ignition's entry deleted, and the retry, judged against a track
+// holding the ignition, suppressed.
 func (st *trackState) release(token, reported uint64, retried bool) (keep, holds bool) {
 	switch {
-	case st.undo == undoSpent && sameRequest(st.last.token, token) && !retried:
+	case st.undo == undoSpent && sameRequest(st.last.token, token) && token >= st.last.token && !retried:
 		return true, false
 	case st.last.token != token || st.undo == undoSpent || st.undo == undoShared:
 		st.forgetState(reported)
@@ -821,7 +833,7 @@ func (st *trackState) release(token, reported uint64, retried bool) (keep, holds
 		held = max(held, st.seenMax)
 	}
 	st.track, st.undo = st.prev, undoSpent
-	st.last.token = token
+	st.last.token = withRank(token, st.prev.last.token)
 	st.seenMax, st.held = st.prevSeenMax, -held
 	return true, false
 }
@@ -830,6 +842,12 @@ func (st *trackState) release(token, reported uint64, retried bool) (keep, holds
 // Deduper.ClaimAll).
 func sameRequest(a, b uint64) bool {
 	return a>>16 == b>>16
+}
+
+// withRank is token with the rank of ranked, the lower 16 bits (see
+// Deduper.ClaimAll).
+func withRank(token, ranked uint64) uint64 {
+	return token&^0xffff | ranked&0xffff
 }
 
 // samePlaceAndTime reports whether p and q are the same fix.

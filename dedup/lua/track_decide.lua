@@ -414,7 +414,9 @@ local function takeUndo()
 		-- leave the track as it is (undoShared in track.go)
 		prevRaw, prevRefAcc, undoFlag = '', nil, 4
 	elseif lastRequest ~= request or undoFlag == 2 then
-		prevRaw, prevRefAcc, undoFlag = curRaw .. struct.pack('>i8', oldSeenMax), refAccIn, 1
+		-- the record's last token takes the fix's rank (withRank)
+		prevRaw = string.sub(curRaw, 1, LAST_TOKEN_AT + 5) .. string.sub(token, 7, 8) .. string.sub(curRaw, LAST_TOKEN_AT + 8)
+		prevRaw, prevRefAcc, undoFlag = prevRaw .. struct.pack('>i8', oldSeenMax), refAccIn, 1
 	elseif undoFlag == 0 then
 		undoFlag = 3 -- this request's first fix of the asset began the track
 	end

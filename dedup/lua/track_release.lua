@@ -1,8 +1,10 @@
 -- Release an accepted sliding/session claim: forget the ping in its seen
 -- set, and if it is still the asset's last accepted ping, put the track back
--- as it was before its request (trackState.undo in Go), leaving its token
--- as the last accepted ping's; if a later one was accepted since, or
--- another request's release spent the undo record, forget the state fields
+-- as it was before its request (trackState.undo in Go), leaving its
+-- request, with the rank of the claim that took the record, as the last
+-- accepted ping's token; if a later one was accepted since, another
+-- request's release spent the undo record, or its own request's did and
+-- the claim was ranked before the record was taken, forget the state fields
 -- it reported (forgetState) and mark it 'r' in its seen set instead
 -- (flagReleased): the track still holds it, and its retry is accepted.
 -- Only the claim's own token acts.
@@ -42,7 +44,11 @@ local fields = { struct.unpack(CORE, st, 9) }
 -- track_decide.lua): 0 and 3 delete it, 1 put back the track that follows,
 -- 2 and 4 keep it
 local undo = string.byte(st, 9 + CORE_SIZE)
-if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) and not retried then
+-- a token's rank in its request, its lower 16 bits (see Deduper.ClaimAll)
+local function rank(token)
+	return struct.unpack('>H', token, 7)
+end
+if undo == 2 and string.sub(fields[16], 1, 6) == string.sub(ARGV[2], 1, 6) and rank(ARGV[2]) >= rank(fields[16]) and not retried then
 	return forget() -- its request's release put back the track from before it
 end
 if fields[16] == ARGV[2] and undo ~= 2 and undo ~= 4 then -- the last accepted ping's token
@@ -82,9 +88,11 @@ if fields[16] == ARGV[2] and undo ~= 2 and undo ~= 4 then -- the last accepted p
 		if held ~= 0 or refTail ~= '' then
 			tail = struct.pack('>i8', -held) .. refTail
 		end
-		-- the spent record's token: the request's other claims find the
-		-- track from before it
-		prev = string.sub(prev, 1, LAST_TOKEN_AT - 1) .. ARGV[2] .. string.sub(prev, LAST_TOKEN_AT + 8)
+		-- the spent record's token, the request's with the rank of the
+		-- claim that took the record: the request's other claims find the
+		-- track from before it, but for those ranked before that one, which
+		-- it holds
+		prev = string.sub(prev, 1, LAST_TOKEN_AT - 1) .. string.sub(ARGV[2], 1, 6) .. string.sub(prev, LAST_TOKEN_AT + 6)
 		redis.call('SET', KEYS[1], struct.pack('>i8', seenMax) .. prev .. '\2' .. tail, 'KEEPTTL')
 	else -- the ping, or its request, began the track
 		redis.call('DEL', KEYS[1])
