@@ -167,8 +167,8 @@ func (rr *reconcileReport) report(outcome dedup.ReconcileOutcome, n int) {
 	countReconciled(outcome, n)
 	switch outcome {
 	case dedup.ReconcileUnconfirmed:
-		rr.unconfirmed.logTo(rr.logger().With(zap.String("redis", rr.where)), "releases no replica acknowledged could not be queued to be made again after a failover; "+
-			"if the master fails over now, the retries of their observations may be suppressed",
+		rr.unconfirmed.logTo(rr.logger().With(zap.String("redis", rr.where)), "releases no replica acknowledged will not be made again after a failover: there was no room to queue them, "+
+			"or the connection closed before a replica did; if the master fails over now, the retries of their observations may be suppressed",
 			fmt.Errorf("%d claims %s", n, outcome))
 	case dedup.ReconcileDropped, dedup.ReconcileExpired:
 		rr.dropped.logTo(rr.logger().With(zap.String("redis", rr.where)), "claims of timed-out store calls could not be reconciled; they stand until in_flight_timeout, "+
