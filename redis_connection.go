@@ -221,10 +221,23 @@ func (c *redisConnection) Destruct() error {
 // it did: the connection, which no config uses any more, may no longer be
 // let in (a rotated password, refused once Redis cut its pool), and would
 // retry them in vain until the claims' TTL, open as long. It keeps them if
-// there is none, or it is closing or has no room for them all.
+// there is none, or it is closing or has no room for them all. It says
+// how many claims it handed over: the metrics count them when the new
+// connection makes them, under its outcomes.
 func (c *redisConnection) handOver() bool {
 	next := c.keyspace.successor(c)
-	return next != nil && next.TakeOverAll(c.reconciler)
+	if next == nil {
+		return false
+	}
+	claims := c.reconciler.Len()
+	if !next.TakeOverAll(c.reconciler) {
+		return false
+	}
+	if claims > 0 {
+		c.loggers.current().Info("handed the claims still to be released, settled or confirmed to the connection that replaced this one",
+			zap.String("redis", c.where), zap.Int("claims", claims))
+	}
+	return true
 }
 
 // dropUnreconciled counts as dropped the claims the reconciler gave up on

@@ -323,19 +323,29 @@ func retriedWhileInFlight(t *testing.T, store dedup.Store, key string, deadline 
 
 // A retired connection hands its jobs only to a newer connection a config
 // holds: one that a later reload retired too may be about to make its last
-// pass, and would drop them where the older one keeps trying.
+// pass, and would drop them where the older one keeps trying. When it
+// hands them over, it says how many: nothing else tells an operator where
+// they went.
 func TestARetiredConnectionHandsNothingToOneNoConfigHolds(t *testing.T) {
-	old := downConnection(t, zap.NewNop())
+	core, logs := observer.New(zap.InfoLevel)
+	old := downConnection(t, zap.New(core))
 	defer old.Destruct()
 	newer := downConnection(t, zap.NewNop()) // no config holds it yet: it was retired
 	defer newer.Destruct()
 	old.reconciler.Hand([]*dedup.Claim{ownedClaim("retired-unheld:failed", 1)}, true)
-	if old.handOver() || old.reconciler.Len() != 1 {
-		t.Fatalf("the old connection handed its release to one no config holds (it keeps %d claims)", old.reconciler.Len())
+	handed := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("handed the claims").All() }
+	if old.handOver() || old.reconciler.Len() != 1 || len(handed()) != 0 {
+		t.Fatalf("the old connection handed its release to one no config holds (it keeps %d claims; lines %v)", old.reconciler.Len(), logs.All())
 	}
 	newer.holders.Add(1) // a config holds it
 	if !old.handOver() || newer.reconciler.Len() != 1 {
 		t.Fatalf("the old connection kept its release from the newer one a config holds (it took %d claims)", newer.reconciler.Len())
+	}
+	if said := handed(); len(said) != 1 || said[0].ContextMap()["claims"] != int64(1) {
+		t.Errorf("the hand-over's lines: %v, want one saying 1 claim", logs.All())
+	}
+	if old.handOver(); len(handed()) != 1 {
+		t.Errorf("a hand-over of nothing said so: %v", logs.All())
 	}
 }
 
