@@ -13,8 +13,9 @@ import (
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
-// keyspace holds the Redis connections open on the same data. A reload that replaces a connection (a new timeout, a rotated
-// password) while Redis hangs leaves the releases the old one owes to its
+// keyspace holds the Redis connections open on the same data. A reload
+// that replaces a connection (a new timeout, a rotated password) while
+// Redis hangs leaves the releases the old one owes to its
 // reconciler, and the senders' retries come through the new connection: its
 // calls must make those releases first, as they make their own connection's
 // (Breaker.ReleaseFirst), or a retry coming after in_flight_timeout is told

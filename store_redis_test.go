@@ -120,7 +120,6 @@ func TestARetryThroughANewConnectionMakesTheReleaseTheReplacedOneOwes(t *testing
 func TestARetryThroughANewConnectionIsNotFailedByTheOldOnesRefusedPassword(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.AddUser(t, "svc", "old")
-	admin := srv.Client()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	old := &RedisStore{URL: srv.URL(), Username: "svc", Password: "old", Timeout: caddy.Duration(500 * time.Millisecond)}
@@ -133,12 +132,7 @@ func TestARetryThroughANewConnectionIsNotFailedByTheOldOnesRefusedPassword(t *te
 		t.Fatalf("the first claim: %v %v", v, err)
 	}
 	// The password is rotated, and the old connection's pool cut.
-	if err := admin.Do(context.Background(), "ACL", "SETUSER", "svc", "resetpass", ">new").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.Do(context.Background(), "CLIENT", "KILL", "USER", "svc").Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv.RotatePassword(t, "svc", "new")
 	old.reconciler.Hand([]*dedup.Claim{failed}, true)
 	time.Sleep(300 * time.Millisecond) // the old reconciler's tries, refused, back off
 
@@ -189,7 +183,6 @@ func TestARetryThroughANewConnectionIsNotFailedByTheOldOnesRefusedPassword(t *te
 func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.AddUser(t, "svc", "old")
-	admin := srv.Client()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	load := func(password string) *RedisStore {
@@ -216,12 +209,7 @@ func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) 
 		}
 	}
 	// The password is rotated, and the old connection's pool cut.
-	if err := admin.Do(context.Background(), "ACL", "SETUSER", "svc", "resetpass", ">new").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.Do(context.Background(), "CLIENT", "KILL", "USER", "svc").Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv.RotatePassword(t, "svc", "new")
 	old.reconciler.Hand([]*dedup.Claim{delivered}, false) // its settlement failed
 
 	current := load("new")
@@ -263,7 +251,6 @@ func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) 
 func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.AddUser(t, "svc", "old")
-	admin := srv.Client()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	settings := func(password string) RedisStore {
@@ -277,12 +264,7 @@ func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	old := newRedisConnection(opts, oldSettings, zap.New(core))
 	current := settings("new")
-	if err := admin.Do(context.Background(), "ACL", "SETUSER", "svc", "resetpass", ">new").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.Do(context.Background(), "CLIENT", "KILL", "USER", "svc").Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv.RotatePassword(t, "svc", "new")
 	if err := current.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}

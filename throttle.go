@@ -67,8 +67,8 @@ func (t *throttledLog) flush() {
 	}
 }
 
-// writeStoreError writes one store error line, with the fix for its error if there
-// is one.
+// writeStoreError writes one store error line, with the fix for its error
+// if there is one.
 func writeStoreError(logger *zap.Logger, msg string, err error, similar int) {
 	fields := []zap.Field{zap.Error(err), zap.Int("similar_since_last_line", similar)}
 	if fix := storeErrorFix(err); fix != "" {

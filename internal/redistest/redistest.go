@@ -150,6 +150,23 @@ func (s *Server) AddUser(t testing.TB, name, password string) {
 	}
 }
 
+// RotatePassword gives user name the password alone and cuts its
+// connections, as a rotation followed by Redis dropping its clients (a
+// restart, a network blip) does: the old password no longer logs in.
+func (s *Server) RotatePassword(t testing.TB, name, password string) {
+	t.Helper()
+	c := redis.NewClient(s.options())
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Do(ctx, "ACL", "SETUSER", name, "resetpass", ">"+password).Err(); err != nil {
+		t.Fatalf("rotating the password of ACL user %q on %s: %v", name, s.Addr(), err)
+	}
+	if err := c.Do(ctx, "CLIENT", "KILL", "USER", name).Err(); err != nil {
+		t.Fatalf("cutting the connections of ACL user %q on %s: %v", name, s.Addr(), err)
+	}
+}
+
 // Pause freezes the server (SIGSTOP) without closing anything: connections
 // stay open and new ones are still accepted by the kernel, but nothing is
 // ever answered. This is how a hung Redis looks, which only client timeouts
