@@ -899,3 +899,80 @@ func TestALateExcursionBeforeADepartureDoesNotHideTheReturn(t *testing.T) {
 		}
 	})
 }
+
+// A parked receiver throws a multipath fix 30 m out: inside the lag bound,
+// so it is admitted as a possible departure, and the fixes back at the
+// stay are jitter of it. The backend's position of the asset is then the
+// outlier. sliding puts it right at the next window; session admitted
+// nothing at the stay until the sender fell silent, and a tracker
+// reporting every 10 s showed the car 30 m off (across the street, outside
+// the depot's geofence) all night. It now tells the backend where the
+// asset is a window after the outlier, and no sooner: the outlier still
+// costs one admission within the window.
+func TestTheBackendIsToldWhereAParkedAssetIsAWindowAfterAnOutlier(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, offset(60, 30, 0)); v.Decision != Accepted {
+			t.Fatalf("the outlier 30 m out: %+v, want accepted (it could be a departure)", v)
+		}
+		for sec := 70.0; sec <= 2*3600; sec += 10 {
+			v := d.settled(t, offset(sec, 2*math.Sin(sec/37), 2*math.Cos(sec/53)))
+			if v.Decision != Accepted {
+				continue
+			}
+			late := sec - 60
+			if late > DefaultWindow.Seconds()+10 {
+				t.Errorf("the parked fix that puts the backend right came %.0f s after the outlier, want within a window (%v)", late, DefaultWindow)
+			}
+			if d.Policy.Shape == Session && late < DefaultWindow.Seconds() {
+				t.Errorf("a parked fix admitted %.0f s after the outlier: the outlier costs session two admissions within a window", late)
+			}
+			return
+		}
+		t.Errorf("the backend's position stayed on the 30 m outlier for two hours")
+	})
+}
+
+// A car stops 30 m past its last accepted fix, inside the lag bound, and
+// its parked fixes are jitter of the stay that fix began. session never
+// told the backend where it parked while the sender kept reporting: the
+// car stayed 30 m short of the customer's yard until it left. It is told
+// within a window of the stop, once.
+func TestTheBackendIsToldWhereAnAssetParkedPastItsLastAcceptedFix(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		sec, x := 0.0, -300.0
+		var lastAccepted float64
+		for ; ; sec, x = sec+1, x+10 { // 10 m/s, a fix a second
+			if v := d.settled(t, offset(sec, x, 0)); v.Decision == Accepted {
+				lastAccepted = x
+				if x >= 0 {
+					break
+				}
+			}
+		}
+		spot := lastAccepted + 30
+		for x < spot { // braking to the spot
+			sec, x = sec+1, min(x+10, spot)
+			if v := d.settled(t, offset(sec, x, 0)); v.Decision == Accepted {
+				lastAccepted = x
+			}
+		}
+		stopped, told := sec, 0.0
+		for sec = stopped + 10; sec <= stopped+3600; sec += 10 { // parked an hour, 2 m of jitter
+			if v := d.settled(t, offset(sec, spot+2*math.Sin(sec/37), 2*math.Cos(sec/53))); v.Decision == Accepted {
+				if told != 0 && d.Policy.Shape == Session {
+					t.Errorf("parked fixes admitted at %.0f s and %.0f s after the stop; session needs one", told-stopped, sec-stopped)
+				}
+				if told == 0 {
+					told = sec
+				}
+			}
+		}
+		switch {
+		case told == 0:
+			t.Errorf("parked an hour %.0f m past the last accepted fix; the backend never heard where", spot-lastAccepted)
+		case told-stopped > DefaultWindow.Seconds():
+			t.Errorf("the parked position reached the backend %.0f s after the car stopped, want within a window", told-stopped)
+		}
+	})
+}

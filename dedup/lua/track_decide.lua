@@ -191,10 +191,15 @@ local function dist2(plat, plon)
 	return separation2(lat, lon, plat, plon)
 end
 
+-- scatterRadius2 and stayRadius2 in track.go
+local function scatterRadius2(c)
+	local lag = LAG * radius
+	return math.max(math.min(NOISE2 * c.spread2, lag * lag), radius * radius)
+end
+
 local function stayRadius2(c)
 	local lag = LAG * radius
-	local r2 = math.min(math.max(NOISE2 * c.spread2, MARGIN2 * c.outlier2), lag * lag)
-	return math.max(r2, radius * radius)
+	return math.max(scatterRadius2(c), math.min(MARGIN2 * c.outlier2, lag * lag))
 end
 
 local function radius2(c)
@@ -256,6 +261,24 @@ local function settle(c)
 	c.spread2 = c.spread2 + (d2 - c.spread2) / c.n
 	c.lastT = math.max(c.lastT, t)
 	c.hasCand = false
+end
+
+-- offStay and withinWindow in track.go: in session, a fix at the stay is
+-- admitted a window after an accepted ping off the settled stay and off
+-- the fix
+local function offStay(c)
+	if c.n < SETTLED then
+		return false
+	end
+	local r2 = math.max(scatterRadius2(c), c.lastAcc * c.lastAcc, acc * acc)
+	return separation2(c.last.lat, c.last.lon, c.alat, c.alon) > r2 and dist2(c.last.lat, c.last.lon) > r2
+end
+
+local function withinWindow(c)
+	if shape == 'sliding' then
+		return t - c.ref.t < window
+	end
+	return t - c.last.t < window or not offStay(c)
 end
 
 local function learnOutlier(c, d2)
@@ -457,7 +480,7 @@ local function judge()
 			learnOutlier(cur, separation2(cur.last.lat, cur.last.lon, cur.alat, cur.alon))
 		end
 		settle(cur)
-		if not forced and not returned and (shape ~= 'sliding' or t - cur.ref.t < window) then
+		if not forced and not returned and withinWindow(cur) then
 			return 'suppressed', reason(cur)
 		end
 		accept(function(c) c.ref, c.refAcc, c.last, c.hasCand = fixpoint, acc, fixpoint, false end)
