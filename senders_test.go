@@ -243,3 +243,47 @@ func TestOwnTracksNeedsAMaxBodyItsLargestMessagesFit(t *testing.T) {
 		t.Fatalf("a %d-byte card at max_body 256KiB: %d %s, %d forwarded; want it forwarded as sent", len(card), res.status, res.body, len(tester.upstream))
 	}
 }
+
+// OwnTracks Android's ping (t p, SendLocationPingWorker, every 15 minutes
+// at least) publishes the fix it last published again, with the same tst
+// and coordinates and a new created_at: a parked phone in the default
+// significant mode sends nothing else. Keyed as that fix, each ping was a
+// redelivery for the whole TTL (6 h 30 min) and answered with the
+// handler's own [], and in HTTP mode, where friends' locations and queued
+// commands come only in the answer to a post, the phone heard nothing for
+// hours. Each ping now goes upstream once, and its retry is still a
+// redelivery.
+func TestOwnTracksPingsOfAParkedPhoneReachTheBackend(t *testing.T) {
+	sample, err := os.ReadFile(filepath.Join("testdata", "senders", "owntracks-android", "location_http_composed.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tst := time.Now().Add(-time.Hour).Unix()
+	message := func(trigger string, createdAt int64) string {
+		body := regexp.MustCompile(`"tst":\d+`).ReplaceAll(sample, fmt.Appendf(nil, `"tst":%d`, tst))
+		body = regexp.MustCompile(`"created_at":\d+`).ReplaceAll(body, fmt.Appendf(nil, `"created_at":%d`, createdAt))
+		return strings.Replace(string(body), `"t":"p"`, trigger, 1)
+	}
+	for _, shape := range []string{"tumbling", "sliding", "session"} {
+		t.Run(shape, func(t *testing.T) {
+			tester := tableHandler(t, `{"preset":"owntracks","shape":"`+shape+`"}`)
+			if res := tester.post(message(`"t":"t"`, tst), "application/json", nil); res.status != http.StatusCreated {
+				t.Fatalf("the fix: %d %q, want the backend's 201", res.status, res.header.Get("X-Dedup"))
+			}
+			for minutes := int64(15); minutes <= 45; minutes += 15 {
+				ping := message(`"t":"p"`, tst+minutes*60)
+				sent := len(tester.upstream)
+				res := tester.post(ping, "application/json", nil)
+				if res.status != http.StatusCreated || len(tester.upstream) != sent+1 || string(tester.upstream[sent]) != ping {
+					t.Errorf("the ping %d min after the fix: %d %q %q, want the backend's 201 and the ping as sent",
+						minutes, res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"))
+				}
+				res = tester.post(ping, "application/json", nil)
+				if res.status != http.StatusOK || res.header.Get("X-Dedup-Reason") != "redelivery" || len(tester.upstream) != sent+1 {
+					t.Errorf("the ping's retry: %d %q %q, want 200 suppressed as a redelivery", res.status,
+						res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"))
+				}
+			}
+		})
+	}
+}

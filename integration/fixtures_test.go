@@ -45,7 +45,7 @@ func TestSenderFixturesThroughCaddy(t *testing.T) {
 			"owntracks-ios/location_incoming_test.json",
 			"owntracks-ios/transition_composed.json",
 		}, [][]string{{"accepted"}, {"rejected"}, {"accepted"},
-			{"partial"}, // its first location is the first fixture's, again
+			{"accepted"}, // pings (t p), events: its first is the first fixture's fix, without its regions
 			{"rejected"}, {"accepted"},
 			{"skipped"}, {"skipped"}, {"accepted"}, {"rejected"}, {"skipped"}}},
 		// Overland's OwnTracks mode has no tid; its topic names the device.

@@ -125,7 +125,7 @@ func TestOwnTracksAppsTakeTheAnswersAsMeant(t *testing.T) {
 		}
 	}
 
-	parked := location(0, 48.856826, 2.292713, "p")
+	parked := location(0, 48.856826, 2.292713, "")
 	postOT(parked).expect(t, http.StatusOK, "accepted")
 
 	redelivery := postOT(parked)

@@ -33,8 +33,10 @@ type Preset struct {
 //     both apps always send (Android sends the X-Limit-U header only once
 //     a username is set). A
 //     location the user published by hand (trigger t u), that answers a
-//     reportLocation command (r), or that a region (c) or beacon (b) event
-//     sent, is an event. A location at (0, 0) or beyond MaxFuture or
+//     reportLocation command (r), that a region (c) or beacon (b) event
+//     sent, or that publishes the last fix again on the app's ping
+//     schedule (p), is an event, told apart from another at the same fix
+//     by its created_at. A location at (0, 0) or beyond MaxFuture or
 //     MaxPast goes on unkeyed, as the Recorder stores it.
 //   - overland: Overland's batches, {"locations":[Feature...], ...}; each
 //     Feature a ping, its visits, trip summaries and logged actions not
@@ -80,12 +82,21 @@ func ownTracks() Parser {
 	p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"tid"}, []string{"tst"}, TimeUnix
 	p.KindPath, p.Kind, p.SkipEmpty = "_type", "location", true
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "acc", "vel", KilometresPerHour
-	p.Events = []Match{{Path: "t", Values: []string{"u", "r", "c", "b"}}}
+	// A ping (p) publishes the fix the app last published again, its tst
+	// and coordinates unchanged (Android's SendLocationPingWorker, every
+	// 15 minutes at least, through LocationProcessor.publishLocationMessage):
+	// keyed as that fix, a parked phone's pings were redeliveries for the
+	// whole TTL, and in HTTP mode, where friends and queued commands come
+	// only in the answer to a post, it heard nothing for hours.
+	p.Events = []Match{{Path: "t", Values: []string{"u", "r", "c", "b", "p"}}}
 	// The iOS app publishes a point of interest, a tag or a photo as a
 	// manual location at the fix it last had, and both apps publish each
 	// region's enter and leave at the fix of the transition: the same fix
-	// and trigger, another message.
-	p.EventDetails = []string{"poi", "tag", "imagename", "inregions"}
+	// and trigger, another message. created_at is when the app made the
+	// message: a queued one keeps it through every retry, and a ping, a
+	// second press of publish or a second reportLocation at one fix is
+	// another message.
+	p.EventDetails = []string{"poi", "tag", "imagename", "inregions", "created_at"}
 	// The Recorder stores a location whatever its tst (a phone whose clock
 	// runs fast), and Android resends a refused one at the head of its
 	// queue until it goes through, while iOS deletes it.

@@ -57,11 +57,15 @@ func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
 		file, preset string
 		want         []fixtureOutcome // one per element of the body
 	}{
+		// A ping (t p) publishes the last fix again: an event, told apart
+		// from the fix's first message and the next ping by created_at.
 		{"owntracks-android/location_deserialize_extended.json", "owntracks",
-			[]fixtureOutcome{reads(fix("s5", "2017-12-28T10:06:15Z", 52.3153748, 5.0408462).with(func(p *Ping) { p.Accuracy = 1600 }))}},
+			[]fixtureOutcome{reads(fix("s5", "2017-12-28T10:06:15Z", 52.3153748, 5.0408462).with(func(p *Ping) {
+				p.Accuracy, p.Event = 1600, "t=p&inregions=%5B%22Testregion1%22%2C+%22Testregion2%22%5D"
+			}))}},
 		{"owntracks-android/location_http_composed.json", "owntracks",
 			[]fixtureOutcome{reads(fix("jp", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(func(p *Ping) {
-				p.Accuracy = 12
+				p.Accuracy, p.Event = 12, "t=p&inregions=%5B%5D&created_at=1735725610"
 				speed(4 / 3.6)(p)
 			}))}},
 		{"owntracks-android/location_with_created_at.json", "owntracks",
@@ -71,15 +75,16 @@ func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
 		{"owntracks-android/location_serialized.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
 		// What a server may answer: two locations in an array.
 		{"owntracks-android/location_multiple_messages.json", "owntracks", []fixtureOutcome{
-			reads(fix("s5", "2017-12-28T10:06:15Z", 52.3153748, 5.0408462).with(func(p *Ping) { p.Accuracy = 1600 })),
-			reads(fix("s5", "2017-12-28T10:06:19Z", 12.3153748, 15.0408462).with(func(p *Ping) { p.Accuracy = 95 }))}},
+			reads(fix("s5", "2017-12-28T10:06:15Z", 52.3153748, 5.0408462).with(func(p *Ping) { p.Accuracy, p.Event = 1600, "t=p" })),
+			reads(fix("s5", "2017-12-28T10:06:19Z", 12.3153748, 15.0408462).with(func(p *Ping) { p.Accuracy, p.Event = 95, "t=p" }))}},
 		{"owntracks-android/transition_message.json", "owntracks", []fixtureOutcome{notAPing}},
 		{"owntracks-android/valid_card_message.json", "owntracks", []fixtureOutcome{notAPing}},
 		// A manual publish (t u) is an event, told apart by the regions it
-		// is in from another message at the same fix.
+		// is in and when the app made it from another message at the same
+		// fix.
 		{"owntracks-ios/location_http_composed.json", "owntracks",
 			[]fixtureOutcome{reads(fix("JJ", "2024-12-16T19:35:12Z", 52.085284, 5.120975).with(func(p *Ping) {
-				p.Accuracy, p.Event = 5, "t=u&inregions=%5B%22Home%22%5D"
+				p.Accuracy, p.Event = 5, "t=u&inregions=%5B%22Home%22%5D&created_at=1734377867"
 				speed(0)(p)
 			}))}},
 		{"owntracks-ios/location_incoming_test.json", "owntracks", []fixtureOutcome{broke("tid", RuleRequired)}},
