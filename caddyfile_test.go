@@ -245,7 +245,12 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"stuck_ratio NaN", "telemetry_dedup {\n\tstuck_ratio NaN\n}", []string{":2", "above 0 and at most 1"}},
 		{"stuck_ratio above 1", "telemetry_dedup {\n\tstuck_ratio 1.5\n}", []string{":2", "(0, 1]"}},
 		{"max_body overflowing", "telemetry_dedup {\n\tmax_body 10EiB\n}", []string{":2", "1MiB"}},
-		{"ladder + margin overflowing", "telemetry_dedup {\n\tretry_ladder 2562047h\n\toutage_margin 2562047h\n}", []string{":3", "no sender retries that long"}},
+		{"ladder + margin overflowing", "telemetry_dedup {\n\tretry_ladder 2562047h\n\toutage_margin 2562047h\n}", []string{":2", "retry_ladder", "no sender retries that long"}},
+		// The option to change is the one that makes it too long: the
+		// ladder, also with the default margin, which was blamed, at the
+		// block's closing line.
+		{"ladder too long", "telemetry_dedup {\n\tretry_ladder 1m 4000d\n}", []string{":2", "retry_ladder", "no sender retries that long"}},
+		{"margin too long", "telemetry_dedup {\n\tretry_ladder 1m 80000h\n\toutage_margin 10000h\n}", []string{":3", "outage_margin", "no sender retries that long"}},
 		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},
 		{"near_cache", "telemetry_dedup {\n\tnear_cache lots\n}", []string{":2", "off"}},
 		{"max_batch", "telemetry_dedup {\n\tmax_batch 0\n}", []string{":2", "positive"}},
@@ -717,12 +722,12 @@ func TestJSONStoreNullAndUnsetURL(t *testing.T) {
 	}
 }
 
-// An address or master from an unset environment variable is refused as
-// the URL is: go-redis dials localhost:6379 for an empty address, so the
+// An address, master or credential from an unset environment variable is
+// refused as the URL is: go-redis dials localhost:6379 for an empty address, so the
 // store silently used whatever Redis runs there (not the one the fleet
 // shares), and a Sentinel config without its master became a Cluster of
 // sentinels.
-func TestUnsetAddressOrMasterIsRefused(t *testing.T) {
+func TestUnsetAddressMasterOrCredentialIsRefused(t *testing.T) {
 	for _, tt := range []struct{ store, want string }{
 		{`{"type":"redis","addresses":["{env.TELEMETRY_DEDUP_TEST_UNSET_ADDR}"]}`, "has no host"},
 		{`{"type":"redis","addresses":["127.0.0.1:1",""]}`, "has no host"},
@@ -731,6 +736,12 @@ func TestUnsetAddressOrMasterIsRefused(t *testing.T) {
 		// this machine for it, as it does for an empty address.
 		{`{"type":"redis","addresses":["{env.TELEMETRY_DEDUP_TEST_UNSET_HOST}:6379"]}`, "has no host"},
 		{`{"type":"redis","url":"redis://{env.TELEMETRY_DEDUP_TEST_UNSET_HOST}:6379/0"}`, "has no host"},
+		// An unset password connected without AUTH: every ping unchecked,
+		// and the warning that Redis wants one sent the operator to set
+		// the password they had set.
+		{`{"type":"redis","url":"redis://127.0.0.1:1/0","password":"{env.TELEMETRY_DEDUP_TEST_UNSET_PASSWORD}"}`, "password is empty once its placeholders are filled"},
+		{`{"type":"redis","url":"redis://127.0.0.1:1/0","username":"{env.TELEMETRY_DEDUP_TEST_UNSET_USER}","password":"x"}`, "username is empty once its placeholders are filled"},
+		{`{"type":"redis","master":"m","addresses":["127.0.0.1:1"],"sentinel_password":"{env.TELEMETRY_DEDUP_TEST_UNSET_PASSWORD}"}`, "sentinel_password is empty once its placeholders are filled"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(`{"store":`+tt.store+`}`), h); err != nil {
@@ -935,5 +946,40 @@ func TestREADMEStatesTheRedisTimeoutDefaults(t *testing.T) {
 	}
 	if got := clientOptions(RedisStore{URL: "redis://127.0.0.1:1/0", ReadTimeout: caddy.Duration(2 * time.Second)}); got.WriteTimeout != 2*time.Second {
 		t.Errorf("read_timeout 2s alone gives write_timeout %s, not the read_timeout the README states", got.WriteTimeout)
+	}
+}
+
+// Caddyfile.example spells out the fields of a format without a preset,
+// and a preset added above them was overridden by them without a word:
+// every location of the tracker was refused as missing asset_id. Such
+// options are named at load (a warning, as an override can be meant); a
+// path of the tracker's own is not.
+func TestDefaultFieldsWrittenBesideAPresetAreNamed(t *testing.T) {
+	for _, tt := range []struct {
+		block string
+		want  []string
+	}{
+		{"preset owntracks\n asset asset_id\n time occurred_at", []string{
+			"asset asset_id (the preset reads tid)", "time occurred_at (the preset reads tst)"}},
+		{"preset overland\n lat lat\n lon lon", []string{
+			"lat lat (the preset reads geometry.coordinates.1)", "lon lon (the preset reads geometry.coordinates.0)"}},
+		{"preset osmand\n asset asset_id", []string{"asset asset_id (the preset reads device_id or id or deviceid)"}},
+		// OsmAnd's form fields are lat and lon, the Transistorsoft body's
+		// are not.
+		{"preset osmand\n lat lat", []string{"lat lat (the preset reads location.coords.latitude)"}},
+		{"preset owntracks\n asset topic", nil},
+		{"asset asset_id\n lat lat", nil},
+	} {
+		h, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}")
+		if err != nil {
+			t.Fatalf("%q: %v", tt.block, err)
+		}
+		s, err := h.resolve()
+		if err != nil {
+			t.Fatalf("%q: %v", tt.block, err)
+		}
+		if !slices.Equal(s.defaultsOverPreset, tt.want) {
+			t.Errorf("%q: named %q, want %q", tt.block, s.defaultsOverPreset, tt.want)
+		}
 	}
 }

@@ -374,6 +374,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			"within radius of its anchor, not by H3 cell; remove it, and set radius if the default does not fit",
 			zap.Float64("hysteresis", h.Hysteresis), zap.Float64("radius", s.policy.Radius))
 	}
+	if len(s.defaultsOverPreset) > 0 {
+		h.logger.Warn("options beside the preset give the fields of a format without one, and override the preset's: "+
+			"its tracker's pings lacking them are refused as missing; remove them to read the preset's format",
+			zap.String("preset", h.Preset), zap.Strings("options", s.defaultsOverPreset))
+	}
 	h.logger.Info("telemetry_dedup ready",
 		zap.String("shape", string(s.policy.Shape)), zap.Stringer("window", s.keyer.Window),
 		zap.Int("resolution", s.keyer.Resolution), zap.String("key_prefix", s.keyer.Prefix),

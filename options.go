@@ -40,6 +40,9 @@ type settings struct {
 	// latest pings, for the retries that repeat them byte for byte.
 	extracts, formExtracts *ping.ExtractCache
 	splitter               ping.Splitter
+	// defaultsOverPreset lists the options written beside the preset with
+	// the paths of a format without one, which override the preset's.
+	defaultsOverPreset []string
 	// encoding says where a request's fields are: json, form or auto.
 	encoding      string
 	answers       answers
@@ -228,6 +231,7 @@ func (h *Handler) resolveFormat(s *settings) error {
 			return &dedup.ConfigError{Option: "preset", Problem: err.Error()}
 		}
 	}
+	s.defaultsOverPreset = h.defaultsOverPreset(preset)
 	form := preset.Parser
 	if preset.Form != nil {
 		form = *preset.Form
@@ -262,6 +266,43 @@ func (h *Handler) resolveFormat(s *settings) error {
 		return &dedup.ConfigError{Option: "encoding", Problem: fmt.Sprintf("%q is not allowed; use json, form or auto", h.Encoding)}
 	}
 	return nil
+}
+
+// defaultsOverPreset lists, as "option path (the preset reads path)",
+// the options written beside a preset that give the path a format without
+// one reads where the preset reads another. Caddyfile.example spells
+// those defaults out, and a preset added above them was overridden by
+// them without a word: every location of the tracker was refused as
+// missing asset_id.
+func (h *Handler) defaultsOverPreset(preset ping.Preset) []string {
+	if h.Preset == "" {
+		return nil
+	}
+	parsers := []ping.Parser{preset.Parser}
+	if preset.Form != nil {
+		parsers = append(parsers, *preset.Form)
+	}
+	generic := ping.NewParser()
+	var found []string
+	over := func(option string, written, def []string, presets func(ping.Parser) []string) {
+		if !slices.Equal(written, def) {
+			return
+		}
+		var read []string
+		for _, p := range parsers {
+			if paths := presets(p); !slices.Equal(paths, def) {
+				read = append(read, paths...)
+			}
+		}
+		if len(read) > 0 {
+			found = append(found, fmt.Sprintf("%s %s (the preset reads %s)", option, strings.Join(written, " "), strings.Join(read, " or ")))
+		}
+	}
+	over("asset", h.Asset, generic.AssetPaths, func(p ping.Parser) []string { return p.AssetPaths })
+	over("time", h.Time, generic.TimePaths, func(p ping.Parser) []string { return p.TimePaths })
+	over("lat", []string{h.Lat}, []string{generic.LatPath}, func(p ping.Parser) []string { return []string{p.LatPath} })
+	over("lon", []string{h.Lon}, []string{generic.LonPath}, func(p ping.Parser) []string { return []string{p.LonPath} })
+	return found
 }
 
 // applyFieldOptions sets the path and rule options on a preset's parser,

@@ -158,6 +158,9 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("store redis: master is empty once its placeholders are filled (%s); is the environment variable set? "+
 			"Without it the sentinels would be taken for a Cluster", r.Master)
 	}
+	if err := r.checkCredentialsFilled(resolved); err != nil {
+		return err
+	}
 	opts, err := resolved.options()
 	if err != nil {
 		return err
@@ -244,6 +247,25 @@ var redisCountUse = map[string]string{
 	"pool_size":        "a number of connections such as 20",
 	"db":               "a database number such as 0",
 	"breaker_failures": "a number of consecutive failures such as 5",
+}
+
+// checkCredentialsFilled refuses a credential written with placeholders
+// that are all empty: an unset {env.REDIS_PASSWORD} connected without AUTH,
+// every ping then went unchecked, and the warning that the server wants a
+// password sent its operator to set one they had set.
+func (r *RedisStore) checkCredentialsFilled(resolved RedisStore) error {
+	for _, c := range []struct{ option, written, filled string }{
+		{"username", r.Username, resolved.Username},
+		{"password", r.Password, resolved.Password},
+		{"sentinel_username", r.SentinelUsername, resolved.SentinelUsername},
+		{"sentinel_password", r.SentinelPassword, resolved.SentinelPassword},
+	} {
+		if c.written != "" && c.filled == "" {
+			return fmt.Errorf("store redis: %s is empty once its placeholders are filled (%s); is the environment variable set? "+
+				"Set it, or leave %s out to connect without one", c.option, c.written, c.option)
+		}
+	}
+	return nil
 }
 
 // placeholderFields are the settings that may hold placeholders such as

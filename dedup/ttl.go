@@ -59,7 +59,13 @@ func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 		return 0, "", &ConfigError{Option: "outage_margin", Problem: fmt.Sprintf("%s is negative; use 0 or more", margin)}
 	}
 	if margin > maxTTL-ladder[len(ladder)-1] {
-		return 0, "", &ConfigError{Option: "outage_margin", Problem: fmt.Sprintf(
+		// The option to change: the margin only if it was given and the
+		// ladder alone fits.
+		option := "outage_margin"
+		if p.OutageMargin == nil || ladder[len(ladder)-1] > maxTTL {
+			option = "retry_ladder"
+		}
+		return 0, "", &ConfigError{Option: option, Problem: fmt.Sprintf(
 			"last retry %s + outage margin %s is longer than %s; no sender retries that long", ladder[len(ladder)-1], margin, maxTTL)}
 	}
 	horizon := ladder[len(ladder)-1] + margin

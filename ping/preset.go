@@ -171,8 +171,13 @@ func traccarForward() Parser {
 	p.AssetPaths, p.TimePaths = []string{"device.uniqueId", "position.deviceId"}, []string{"position.deviceTime", "position.fixTime"}
 	p.LatPath, p.LonPath = "position.latitude", "position.longitude"
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "position.accuracy", "position.speed", Knots
+	// A Transistorsoft geofence crossing comes as the event attribute
+	// Traccar's OsmAnd decoder copies from location.event, as the osmand
+	// preset reads it; other protocols write their own event codes there,
+	// numbers sent with routine positions.
 	p.Events = []Match{{Path: "position.attributes.alarm"}, {Path: "position.attributes.result"},
-		{Path: "position.attributes.image"}, {Path: "position.attributes.video"}, {Path: "position.attributes.audio"}}
+		{Path: "position.attributes.image"}, {Path: "position.attributes.video"}, {Path: "position.attributes.audio"},
+		{Path: "position.attributes.event", Values: []string{"geofence"}}}
 	p.States = []string{"position.attributes.ignition", "position.attributes.driverUniqueId"}
 	// A position the device marks invalid carries no fix (often its last
 	// known coordinates): forwarded as it came, never keyed. So is what

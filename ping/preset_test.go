@@ -227,3 +227,26 @@ func TestOsmAndValidIsReadAsTraccarReadsIt(t *testing.T) {
 		}
 	}
 }
+
+// A Transistorsoft geofence crossing that Traccar forwards carries the
+// event attribute its OsmAnd decoder copied from location.event: an event,
+// as the osmand preset reads it at Traccar's door. Other protocols' event
+// codes, numbers sent with routine positions, are not.
+func TestTraccarForwardsAGeofenceCrossingAsAnEvent(t *testing.T) {
+	p := mustPreset("traccar").Parser
+	position := func(attributes string) string {
+		return `{"position":{"deviceId":7,"fixTime":"2024-05-01T10:00:00.000+00:00","latitude":52.52,"longitude":13.4,"attributes":{` +
+			attributes + `}},"device":{"uniqueId":"48241179"}}`
+	}
+	for _, tt := range []struct{ attributes, event string }{
+		{`"event":"geofence","motion":false`, "position.attributes.event=geofence"},
+		{`"event":"motionchange"`, ""},
+		{`"event":35`, ""},
+		{`"motion":false`, ""},
+	} {
+		got, err := p.Parse([]byte(position(tt.attributes)), time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC))
+		if err != nil || got.Event != tt.event {
+			t.Errorf("%s: event %q (%v), want %q", tt.attributes, got.Event, err, tt.event)
+		}
+	}
+}
