@@ -983,3 +983,25 @@ func TestDefaultFieldsWrittenBesideAPresetAreNamed(t *testing.T) {
 		}
 	}
 }
+
+// accuracy written beside preset osmand replaces where the preset reads
+// it, hdop included: a device whose hdop is a true HDOP is not read as
+// metres once its operator named the field.
+func TestAccuracyOptionReplacesOsmAndsHdop(t *testing.T) {
+	h, err := parse(t, "telemetry_dedup {\n preset osmand\n accuracy acc\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := s.formParser.SplitForm("id=7&lat=48.85&lon=2.29&timestamp=1796568000&hdop=40", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.formParser.Parse(batch.Elements[0], time.Unix(1796568000, 0))
+	if err != nil || got.Accuracy != 0 {
+		t.Errorf("accuracy %v (%v), want none: hdop is not the accuracy named", got.Accuracy, err)
+	}
+}

@@ -401,7 +401,9 @@ func (h *Handler) checkPositionPaths() error {
 // applyReportedFields sets what the ping reports beside its position:
 // accuracy, speed, events and states.
 func (h *Handler) applyReportedFields(p *ping.Parser) error {
-	p.AccuracyPath = cmp.Or(h.Accuracy, p.AccuracyPath)
+	if h.Accuracy != "" {
+		p.AccuracyPath, p.AccuracyFallback = h.Accuracy, ""
+	}
 	p.SpeedPath = cmp.Or(h.Speed, p.SpeedPath)
 	for _, o := range [][2]string{{"accuracy", h.Accuracy}, {"speed", h.Speed}} {
 		if o[1] == "" {

@@ -52,7 +52,7 @@ func (p *Parser) fieldPaths() []string {
 	for _, m := range p.Skip {
 		paths = append(paths, m.Path)
 	}
-	return append(paths, p.EventDetails...)
+	return append(append(paths, p.EventDetails...), p.AccuracyFallback)
 }
 
 // fieldValue returns the value of the i-th of fieldPaths, read through the
@@ -82,7 +82,12 @@ func (p *Parser) skipped(root gjson.Result, checks []keyCheck, plan *parsePlan) 
 // as not reported, rather than refusing a position for a field nothing
 // keys on.
 func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, plan *parsePlan) {
-	if acc, ok := measure(fieldValue(root, checks, plan, 0, p.AccuracyPath)); ok {
+	accuracy := fieldValue(root, checks, plan, 0, p.AccuracyPath)
+	if !accuracy.Exists() {
+		at := 2 + len(p.Events) + len(p.States) + len(p.Skip) + len(p.EventDetails)
+		accuracy = fieldValue(root, checks, plan, at, p.AccuracyFallback)
+	}
+	if acc, ok := measure(accuracy); ok {
 		ping.Accuracy = acc
 	}
 	if speed, ok := measure(fieldValue(root, checks, plan, 1, p.SpeedPath)); ok {

@@ -135,6 +135,9 @@ type Parser struct {
 	// (metres) and the reported speed are, if the format has them.
 	AccuracyPath, SpeedPath string
 	SpeedUnit               SpeedUnit
+	// AccuracyFallback, when set, is read for the accuracy of a ping that
+	// has none at AccuracyPath.
+	AccuracyFallback string
 	// Events lists the fields that make a ping an event (an alarm, a
 	// manual publish): the first that matches becomes Ping.Event.
 	Events []Match

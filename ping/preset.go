@@ -129,6 +129,11 @@ func osmAnd() Parser {
 	p.AssetPaths, p.TimePaths = []string{"id", "deviceid"}, []string{"timestamp"}
 	p.AssetAliases = true
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "accuracy", "speed", Knots
+	// The OsmAnd app has no accuracy field: the live tracking URL Traccar
+	// documents for it (...&hdop={3}...) sends the fix's accuracy, in
+	// metres, as hdop (LiveMonitoringHelper). A true HDOP, a few units,
+	// read as metres widens nothing: it is below any radius.
+	p.AccuracyFallback = "hdop"
 	p.Events = []Match{{Path: "alarm"}}
 	p.States = []string{"ignition", "driverUniqueId"}
 	p.Skip = []Match{{Path: "lat", Absent: true}, {Path: "timestamp", Absent: true}, {Path: "valid", Values: []string{"true", "1"}, Except: true}}

@@ -250,3 +250,32 @@ func TestTraccarForwardsAGeofenceCrossingAsAnEvent(t *testing.T) {
 		}
 	}
 }
+
+// The OsmAnd app fills its live tracking URL's {3} with the fix's
+// accuracy in metres, which the URL Traccar documents for it names hdop
+// (...&timestamp={2}&hdop={3}&altitude={4}&speed={5}); it has no accuracy
+// field. Read only at accuracy, every OsmAnd fix had no uncertainty, and
+// sliding and session judged a phone indoors reporting 40 m by the radius
+// alone. Traccar Client's accuracy, when sent, counts.
+func TestOsmAndAppsAccuracyIsReadFromHdop(t *testing.T) {
+	parser := *mustPreset("osmand").Form
+	now := time.Date(2026, 12, 6, 15, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		query string
+		want  float64
+	}{
+		// As the OsmAnd app GETs it: Java floats, the time in milliseconds.
+		{"id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000&hdop=40.0&altitude=35.0&speed=0.0&bearing=0.0", 40},
+		{"id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000&accuracy=12&hdop=40", 12},
+		{"id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000", 0},
+	} {
+		batch, err := parser.SplitForm(tt.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := parser.Parse(batch.Elements[0], now)
+		if err != nil || got.Accuracy != tt.want {
+			t.Errorf("%s: accuracy %v (%v), want %v", tt.query, got.Accuracy, err, tt.want)
+		}
+	}
+}

@@ -176,8 +176,10 @@ func TestSenderFormFixturesReadAsTraccarReadsThem(t *testing.T) {
 		{"traccar-osmand/query_strings.txt", false, []fixtureOutcome{
 			notAPing, // cell and Wi-Fi only: Traccar takes the last known position
 			broke("id", RuleRequired),
-			reads(fix("902064", "2016-01-27T18:55:47Z", 42.06288, -88.23412).with(knots(0))),
-			reads(fix("902064", "2015-09-12T14:38:06.579Z", 42.06288, -88.23412).with(knots(0))),
+			// The OsmAnd app's URLs: its accuracy, in metres, comes as hdop
+			// (which Traccar keeps as the hdop attribute).
+			reads(fix("902064", "2016-01-27T18:55:47Z", 42.06288, -88.23412).with(func(p *Ping) { p.Accuracy = 6; knots(0)(p) })),
+			reads(fix("902064", "2015-09-12T14:38:06.579Z", 42.06288, -88.23412).with(func(p *Ping) { p.Accuracy = 6; knots(0)(p) })),
 			broke("timestamp", RuleTimezone), // yyyy-MM-dd HH:mm:ss: Traccar's JVM zone, which we never guess
 			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(knots(0))),
 			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30)),
