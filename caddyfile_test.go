@@ -249,6 +249,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		// The option to change is the one that makes it too long: the
 		// ladder, also with the default margin, which was blamed, at the
 		// block's closing line.
+		// A zone is read only for timestamps written without an offset.
+		{"time_zone with unix", "telemetry_dedup {\n\ttime_format unix\n\ttime_zone Europe/Berlin\n}", []string{":3", "time_zone", "epoch numbers"}},
 		{"ladder too long", "telemetry_dedup {\n\tretry_ladder 1m 4000d\n}", []string{":2", "retry_ladder", "no sender retries that long"}},
 		{"margin too long", "telemetry_dedup {\n\tretry_ladder 1m 80000h\n\toutage_margin 10000h\n}", []string{":3", "outage_margin", "no sender retries that long"}},
 		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},

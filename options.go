@@ -350,6 +350,11 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 		if err != nil {
 			return p, "", &dedup.ConfigError{Option: "time_zone", Problem: err.Error()}
 		}
+		if p.TimeFormat == ping.TimeUnix || p.TimeFormat == ping.TimeUnixMilli {
+			return p, "", &dedup.ConfigError{Option: "time_zone", Problem: fmt.Sprintf(
+				"time_format %s reads epoch numbers, which have no zone to name; remove time_zone, "+
+					"or use time_format auto for timestamps written without an offset", p.TimeFormat)}
+		}
 		p.TimeZone = loc
 	}
 	if h.CRS != "" {
