@@ -136,7 +136,9 @@ type Handler struct {
 
 	// Width of the tumbling time bucket: how much re-observation to
 	// collapse. In the sliding shape, how long the same place stays
-	// suppressed after the last accepted ping. Part of the key contract.
+	// suppressed after the last accepted ping; in session, how long after
+	// an accepted ping off the asset's stay (a stop past its last accepted
+	// fix) a fix at the stay is admitted. Part of the key contract.
 	// Default: 5m.
 	Window caddy.Duration `json:"window,omitempty"`
 

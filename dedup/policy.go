@@ -42,8 +42,10 @@ const DefaultSessionIdle = 10 * time.Minute
 type Policy struct {
 	// Shape is the window shape.
 	Shape Shape
-	// Window is the tumbling bucket width, and for Sliding how long the same
-	// place stays suppressed after the last accepted ping.
+	// Window is the tumbling bucket width, for Sliding how long the same
+	// place stays suppressed after the last accepted ping, and for Session
+	// how long after an accepted ping off the stay the backend is told
+	// where the asset stays (see trackState.offStay).
 	Window time.Duration
 	// SessionIdle is the gap that opens a new session (Session only).
 	SessionIdle time.Duration

@@ -96,7 +96,12 @@ type stream struct {
 	// standing still, with accuracies up to and past 100 m.
 	still bool
 	// seam puts them on the antimeridian, their fixes either side of it.
-	seam    bool
+	seam bool
+	// parked makes them long stays with outliers near the radius (see
+	// nextParked); braking holds, by asset, the fixes of an arrival still
+	// to send.
+	parked  bool
+	braking map[string][]ping.Ping
 	rng     *rand.Rand
 	assets  []*asset
 	sent    []ping.Ping
@@ -125,6 +130,9 @@ func newStream(seed uint64) *stream {
 
 // next returns the next ping and a description for failure messages.
 func (s *stream) next() (ping.Ping, string) {
+	if s.parked {
+		return s.nextParked()
+	}
 	if len(s.sent) > 0 && s.rng.Float64() < 0.15 {
 		return s.sent[s.rng.IntN(len(s.sent))], "redelivery"
 	}

@@ -658,15 +658,8 @@ func (st *trackState) radius2(f fix, pol *Policy) float64 {
 // up to the lag bound.
 func (st *trackState) stayRadius2(pol *Policy) float64 {
 	lag := LagFactor * pol.Radius
-	return max(st.scatterRadius2(pol), min(outlierMargin2*st.stay.outlier2, lag*lag))
-}
-
-// scatterRadius2 is the square of the stay's radius without the outliers
-// it has thrown: the configured radius, widened to the jitter the stay
-// shows, up to the lag bound.
-func (st *trackState) scatterRadius2(pol *Policy) float64 {
-	lag := LagFactor * pol.Radius
-	return max(min(noiseFactor2*st.stay.spread2, lag*lag), pol.Radius*pol.Radius)
+	r2 := min(max(noiseFactor2*st.stay.spread2, outlierMargin2*st.stay.outlier2), lag*lag)
+	return max(r2, pol.Radius*pol.Radius)
 }
 
 // lag2 is the square of how far from the last accepted ping, whose
@@ -733,26 +726,26 @@ func (st *trackState) withinWindow(f fix, pol *Policy) bool {
 }
 
 // offStay reports whether the backend was last told of a place off the
-// settled stay f was judged at: the last accepted ping lies farther than
-// the stay's jitter (and either fix's uncertainty) from both the anchor
-// and f. The radius the stay widened to hold its outliers does not count:
-// it keeps the next one from being admitted, but the backend told of one
-// still shows the asset where it is not. The lag bound lets a parked
-// asset's fixes be jitter of an accepted ping up to 1.5 radii away: a car
-// that braked to a stop 30 m past its last accepted fix, or a receiver's
-// outlier 30 m out that its fixes came back from. In sliding the next
-// window puts the backend right; in session nothing at the stay was
-// admitted again until the sender fell silent, and a tracker reporting
-// every 10 s showed the car 30 m off (outside the depot's geofence) for
-// the whole night. f must be off the last accepted ping too: an anchor
-// that has folded in a phone's network fixes (at the stay by their
-// accuracy) wanders tens of metres, and a satellite fix where the backend
-// already has the asset tells it nothing.
+// settled stay f was judged at: the last accepted ping lies outside the
+// stay's radius (and either fix's uncertainty) from both the anchor and
+// f. The lag bound lets a parked asset's fixes be jitter of an accepted
+// ping up to 1.5 radii away: a car that braked to a stop 30 m past its
+// last accepted fix had its parked fixes judged jitter of it. In sliding
+// the next window put the backend right; in session nothing at the stay
+// was admitted again until the sender fell silent, and a tracker
+// reporting every 10 s showed the car 30 m short of the customer's yard
+// until it left. An outlier the stay threw and learnt (learnOutlier) is
+// inside its radius: a single outlier costs one admission, as the design
+// has it, and stays the backend's last position in session. f must be off
+// the last accepted ping too: an anchor that has folded in a phone's
+// network fixes (at the stay by their accuracy) wanders tens of metres,
+// and a satellite fix where the backend already has the asset tells it
+// nothing.
 func (st *trackState) offStay(f fix, pol *Policy) bool {
 	if st.stay.n < settledFixes {
 		return false
 	}
-	r2 := max(st.scatterRadius2(pol), st.lastAccuracy*st.lastAccuracy, f.accuracy*f.accuracy)
+	r2 := max(st.stayRadius2(pol), st.lastAccuracy*st.lastAccuracy, f.accuracy*f.accuracy)
 	return f.separation2(st.last.lat, st.last.lon, st.stay.lat, st.stay.lon) > r2 && f.distance2(st.last.lat, st.last.lon) > r2
 }
 

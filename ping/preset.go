@@ -84,7 +84,8 @@ func ownTracks() Parser {
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "acc", "vel", KilometresPerHour
 	// A ping (p) publishes the fix the app last published again, its tst
 	// and coordinates unchanged (Android's SendLocationPingWorker, every
-	// 15 minutes at least, through LocationProcessor.publishLocationMessage):
+	// 15 minutes at least, through LocationProcessor.publishLocationMessage;
+	// a fresh fix with the experimental high-accuracy ping, once a ping too):
 	// keyed as that fix, a parked phone's pings were redeliveries for the
 	// whole TTL, and in HTTP mode, where friends and queued commands come
 	// only in the answer to a post, it heard nothing for hours.

@@ -191,15 +191,10 @@ local function dist2(plat, plon)
 	return separation2(lat, lon, plat, plon)
 end
 
--- scatterRadius2 and stayRadius2 in track.go
-local function scatterRadius2(c)
-	local lag = LAG * radius
-	return math.max(math.min(NOISE2 * c.spread2, lag * lag), radius * radius)
-end
-
 local function stayRadius2(c)
 	local lag = LAG * radius
-	return math.max(scatterRadius2(c), math.min(MARGIN2 * c.outlier2, lag * lag))
+	local r2 = math.min(math.max(NOISE2 * c.spread2, MARGIN2 * c.outlier2), lag * lag)
+	return math.max(r2, radius * radius)
 end
 
 local function radius2(c)
@@ -270,7 +265,7 @@ local function offStay(c)
 	if c.n < SETTLED then
 		return false
 	end
-	local r2 = math.max(scatterRadius2(c), c.lastAcc * c.lastAcc, acc * acc)
+	local r2 = math.max(stayRadius2(c), c.lastAcc * c.lastAcc, acc * acc)
 	return separation2(c.last.lat, c.last.lon, c.alat, c.alon) > r2 and dist2(c.last.lat, c.last.lon) > r2
 end
 
