@@ -96,7 +96,7 @@ func (a *analyzer) stationaryEnd(at func(k int) fixPoint, start int) int {
 }
 
 // sampleRun adds the distance of each fix of a run to the run's median
-// position.
+// position, but for those no radius should hold (maxJitterM).
 func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
 	median := func(coord func(fixPoint) float64) float64 {
 		a.scratch = a.scratch[:0]
@@ -111,7 +111,10 @@ func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
 	ref := fixes[run[0]].lon
 	lon := geo.WrapLongitude(ref + median(func(f fixPoint) float64 { return geo.WrapLongitude(f.lon - ref) }))
 	for _, i := range run {
-		a.samples = append(a.samples, geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon))
+		d := geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon)
+		if d <= maxJitterM && fixes[i].accuracy <= maxJitterAccuracyM {
+			a.samples = append(a.samples, d)
+		}
 	}
 }
 

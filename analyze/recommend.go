@@ -44,13 +44,19 @@ func (a *analyzer) recommendResolution() {
 		a.note("no stationary run (%s of fixes within %g m of the first) to measure jitter on; resolution is the default %d",
 			stationaryMinDuration, stationaryRadiusM, dedup.DefaultResolution)
 	} else {
-		rec.Resolution = finestResolutionOver(a.report.Jitter.P95M)
+		rec.Resolution = min(finestResolutionOver(a.report.Jitter.P95M), finestResolution)
 	}
 	rec.EdgeM = h3.HexagonEdgeLengthAvgM(rec.Resolution)
 	if !slices.Contains(a.opts.Resolutions, rec.Resolution) {
 		a.note("recommended resolution %d is not among the candidates; add it to see its replay", rec.Resolution)
 	}
 }
+
+// finestResolution is the finest resolution recommended (1.3 m edges), a
+// survey-grade receiver's, and the finest of DefaultResolutions: a tracker
+// that repeats one position while parked measures no jitter at all, and
+// was recommended 15, half-metre cells that no candidate replayed.
+const finestResolution = 14
 
 // finestResolutionOver returns the finest H3 resolution whose average edge
 // is at least m metres, so that jitter of that size stays in one cell.
