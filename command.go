@@ -375,8 +375,11 @@ func noPingsError(report *analyze.Report) error {
 		advice = "the timestamps have no UTC offset: give --time-zone with the IANA zone the devices write local time in " +
 			"(e.g. --time-zone Europe/Berlin), as the site's time_zone"
 	}
-	return fmt.Errorf("none of %s is a ping this configuration reads (most skipped as %s: %d); %s",
-		whatWasRead(report), top, report.Skipped[top], advice)
+	if top == analyze.SkipNotAPing {
+		advice += "; a Caddy access log holds each request as JSON: give analyze its URLs (jq -r .request.uri access.log)"
+	}
+	return fmt.Errorf("none of %s is a ping this configuration reads (most skipped as %s: %d, the first at %s); %s",
+		whatWasRead(report), top, report.Skipped[top], report.FirstSkipped[top], advice)
 }
 
 // whatWasRead counts the capture's lines, and the elements they hold when

@@ -500,3 +500,52 @@ func TestAnalyzeCommandSaysToGiveATimeZone(t *testing.T) {
 		t.Errorf("with --time-zone Europe/Berlin: %v", err)
 	}
 }
+
+// analyze's error for a capture it reads no ping of named the commonest
+// rule ("required") but neither the field (asset_id) nor a line: an
+// OwnTracks or Traccar capture given without --preset said only "most
+// skipped as required: 180". A capture with a few bad lines said "skipped
+// malformed 1" and never which line. The first of each reason is named,
+// with its line and what was wrong.
+func TestAnalyzeNamesTheFirstLineOfEachSkipAndWhy(t *testing.T) {
+	var ot strings.Builder
+	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
+	for i := range 30 {
+		fmt.Fprintf(&ot, `{"_type":"location","tid":"ja","tst":%d,"lat":52.52,"lon":13.40,"acc":12}`+"\n", start.Add(time.Duration(i)*10*time.Second).Unix())
+	}
+	_, err := runAnalyzeCmd(t, ot.String(), "-") // --preset owntracks forgotten
+	if err == nil || !strings.Contains(err.Error(), "asset_id") || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("no ping read: %v; want the missing field (asset_id) and the first line that lacks it", err)
+	}
+
+	var plain strings.Builder
+	for i := range 30 {
+		fmt.Fprintf(&plain, `{"asset_id":"a1","occurred_at":"%s","lat":52.52,"lon":13.40}`+"\n", start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339))
+	}
+	plain.WriteString("{not json\n")
+	out, err := runAnalyzeCmd(t, plain.String(), "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "line 31") {
+		t.Errorf("a capture with one malformed line (31) reports:\n%s\nwant the line named, as for GPX", out)
+	}
+}
+
+// analyze --preset osmand reads the query string or the whole URL an
+// OsmAnd tracker requested. The access log of the Caddy this module runs
+// in is JSON (the URL at request.uri): every line was skipped as
+// not_a_ping, and the error sent the user to --preset and --batch, which
+// cannot help. It says how to extract the URLs.
+func TestAnalyzeSaysHowToReadCaddysOwnAccessLog(t *testing.T) {
+	var log strings.Builder
+	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
+	for i := range 30 {
+		tm := start.Add(time.Duration(i) * 10 * time.Second)
+		fmt.Fprintf(&log, `{"level":"info","ts":%d.1,"logger":"http.log.access","msg":"handled request","request":{"remote_ip":"1.2.3.4","proto":"HTTP/1.1","method":"POST","host":"t.example","uri":"/?id=dev1&lat=52.52%03d&lon=13.40%03d&timestamp=%d&hdop=9&speed=0"},"status":200}`+"\n",
+			tm.Unix(), i%7, i%5, tm.Unix())
+	}
+	if _, err := runAnalyzeCmd(t, log.String(), "--preset", "osmand", "-"); err == nil || !strings.Contains(err.Error(), "jq -r .request.uri") {
+		t.Errorf("Caddy's JSON access log: %v; want the error to say how to extract its URLs", err)
+	}
+}

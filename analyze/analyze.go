@@ -259,12 +259,12 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 		}
 		a.report.Lines++
 		if tooLong {
-			a.skip(SkipTooLarge)
+			a.skip(SkipTooLarge, "line", lr.n, fmt.Errorf("longer than %d bytes, the handler's default max_body", maxLineBytes))
 			continue
 		}
 		for p, err := range a.pings(line) {
 			if err != nil {
-				a.skip(skipReason(err))
+				a.skip(skipReason(err), "line", lr.n, err)
 				continue
 			}
 			a.report.Elements++
@@ -281,10 +281,15 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 	}
 }
 
-// skip counts one ping of the capture that cannot be used, and why.
-func (a *analyzer) skip(reason string) {
+// skip counts one ping of the capture that cannot be used, and why,
+// keeping where the first of each reason was (the n-th line or track
+// point) and its error.
+func (a *analyzer) skip(reason, unit string, n int, err error) {
 	a.report.Elements++
 	a.report.Skipped[reason]++
+	if a.report.Skipped[reason] == 1 {
+		a.report.FirstSkipped[reason] = fmt.Sprintf("%s %d: %v", unit, n, err)
+	}
 }
 
 // gzipMagic starts every gzip stream (RFC 1952).

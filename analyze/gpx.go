@@ -96,7 +96,7 @@ func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 				}
 				malformed++
 			}
-			a.skip(reason)
+			a.skip(reason, "track point", points, err)
 			continue
 		}
 		a.report.Elements++

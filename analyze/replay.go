@@ -79,7 +79,7 @@ func newAnalyzer(opts Options) (*analyzer, error) {
 	}
 	a := &analyzer{
 		opts:    opts,
-		report:  &Report{Shape: opts.Shape, Skipped: map[string]int{}},
+		report:  &Report{Shape: opts.Shape, Skipped: map[string]int{}, FirstSkipped: map[string]string{}},
 		cells:   make([][]h3.Cell, len(opts.Resolutions)),
 		buckets: make([][]int64, len(opts.Windows)),
 		keys:    map[bucketCell]string{},

@@ -23,6 +23,9 @@ type Report struct {
 	// Skipped counts the other elements by why: the Rule an invalid ping
 	// broke, SkipMalformed, SkipNotAPing or SkipTooLarge.
 	Skipped map[string]int `json:"skipped"`
+	// FirstSkipped says, for each reason of Skipped, where the first such
+	// element was and what was wrong with it.
+	FirstSkipped map[string]string `json:"first_skipped"`
 	// Assets counts the distinct asset ids.
 	Assets int `json:"assets"`
 	// MedianInterval is the median device-time gap between consecutive

@@ -33,6 +33,9 @@ func (r *Report) writeSummary(w io.Writer) {
 	fmt.Fprintf(w, "capture\t%d lines%s, %d pings, %d assets\n", r.Lines, held, r.Pings, r.Assets)
 	if len(r.Skipped) > 0 {
 		fmt.Fprintf(w, "skipped\t%s\n", formatCounts(r.Skipped))
+		for _, reason := range slices.Sorted(maps.Keys(r.FirstSkipped)) {
+			fmt.Fprintf(w, "\tfirst %s at %s\n", reason, r.FirstSkipped[reason])
+		}
 	}
 	fmt.Fprintf(w, "interval\tmedian %s between an asset's fixes\n", r.MedianInterval)
 	fmt.Fprintf(w, "jitter\tp50 %.1f m, p95 %.1f m, p99 %.1f m (%d fixes in %d stationary runs)\n",
