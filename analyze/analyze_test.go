@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -503,5 +504,31 @@ func TestAStayOnTheAntimeridianMeasuresAsAnywhereElse(t *testing.T) {
 	home, seam := analyze(t, capture(13.4), Options{}), analyze(t, capture(180), Options{})
 	if home.Jitter.Runs != seam.Jitter.Runs || home.Jitter.Samples != seam.Jitter.Samples || math.Abs(home.Jitter.P95M-seam.Jitter.P95M) > 0.5 {
 		t.Errorf("the same stay measured %+v at 13.4° E, %+v on the antimeridian", home.Jitter, seam.Jitter)
+	}
+}
+
+// A fleet of 1 s trackers beside 30 s phones was sized from statistics
+// pooled over fixes, the trackers' thirty to one, without a word: the
+// phones then kept most of their parked pings. The report says the fleet
+// is mixed; a fleet of one cadence, with its jitter, is not.
+func TestAMixedFleetIsNamedInTheNotes(t *testing.T) {
+	capture := func(cadences ...time.Duration) []byte {
+		var b bytes.Buffer
+		for i, cadence := range cadences {
+			for tm := time.Duration(0); tm < time.Hour; tm += cadence {
+				fmt.Fprintf(&b, `{"asset_id":"a%d","occurred_at":%q,"lat":%.6f,"lon":13.4}`+"\n",
+					i, time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC).Add(tm+time.Duration(i)*time.Second/3).Format(time.RFC3339Nano), 52.52+float64(tm/cadence%3)*0.00001)
+			}
+		}
+		return b.Bytes()
+	}
+	mixed := func(rep *Report) bool {
+		return slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "very different cadences") })
+	}
+	if rep := analyze(t, capture(time.Second, time.Second, 30*time.Second, 30*time.Second), Options{}); !mixed(rep) {
+		t.Errorf("1 s and 30 s senders: notes %q, want the mix named", rep.Notes)
+	}
+	if rep := analyze(t, capture(10*time.Second, 12*time.Second, 15*time.Second), Options{}); mixed(rep) {
+		t.Errorf("10-15 s senders: notes %q, want no mix named", rep.Notes)
 	}
 }

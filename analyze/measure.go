@@ -16,10 +16,15 @@ func (a *analyzer) measure(as *assetFixes) {
 	}
 	slices.SortStableFunc(a.order, func(x, y int32) int { return fixes[x].t.Compare(fixes[y].t) })
 
+	first := len(a.gaps)
 	for k := 1; k < len(a.order); k++ {
 		if gap := fixes[a.order[k]].t.Sub(fixes[a.order[k-1]].t); gap > 0 {
 			a.gaps = append(a.gaps, gap)
 		}
+	}
+	if own := slices.Clone(a.gaps[first:]); len(own) > 0 {
+		slices.Sort(own)
+		a.intervals = append(a.intervals, nearestRank(own, 50))
 	}
 	a.findRuns(as)
 	a.findMoves(fixes)

@@ -29,6 +29,7 @@ func (a *analyzer) finish(assets []*assetFixes) error {
 	}
 	a.recommendResolution()
 	a.recommendWindow()
+	a.noteMixedCadences()
 	if err := a.recommendRadius(assets); err != nil {
 		return err
 	}
@@ -66,6 +67,29 @@ func finestResolutionOver(m float64) int {
 		res = r
 	}
 	return res
+}
+
+// mixedCadences is how many times slower than the tenth fastest asset the
+// tenth slowest may report before the fleet is called mixed.
+const mixedCadences = 5
+
+// noteMixedCadences warns of a fleet whose assets report at very different
+// cadences: the interval and the jitter are pooled over fixes, so the fast
+// senders' fixes decide them. Sized so, 1 s trackers beside 30 s phones got
+// a 1 min window and a 16 m radius, and the phones kept 89% of their
+// parked pings.
+func (a *analyzer) noteMixedCadences() {
+	if len(a.intervals) < 2 {
+		return
+	}
+	slices.Sort(a.intervals)
+	fast, slow := nearestRank(a.intervals, 10), nearestRank(a.intervals, 90)
+	if slow < mixedCadences*fast {
+		return
+	}
+	a.note("the assets report at very different cadences (a tenth of them every %s or faster, a tenth every %s or slower): "+
+		"the window and the jitter follow the pooled fixes, most of them the fast senders'; "+
+		"analyze a capture of each kind apart, and give each its own telemetry_dedup if they need other settings", fast, slow)
 }
 
 func (a *analyzer) recommendWindow() {

@@ -30,6 +30,7 @@ type analyzer struct {
 	// pooled over assets
 	parkedTime time.Duration // the stationary runs' device time
 	gaps       []time.Duration
+	intervals  []time.Duration // each asset's median gap
 	samples    []float64
 	moves      []move
 }
