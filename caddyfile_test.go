@@ -96,7 +96,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		speed position.speed knots
 		event position.attributes.alarm position.attributes.event=geofence|sos
 		state position.attributes.ignition
-		encoding form
+		encoding auto
 		batch positions
 		answers {
 			suppressed 200 application/json `+"`"+`{"result":"ok"}`+"`"+`
@@ -111,7 +111,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 	want := `{"asset":["device.uniqueId","position.deviceId"],"time":["position.fixTime","position.deviceTime"],"time_format":"rfc3339",` +
 		`"lat":"position.latitude","lon":"position.longitude","accuracy":"position.accuracy","speed":"position.speed","speed_unit":"knots",` +
 		`"event":["position.attributes.alarm","position.attributes.event=geofence|sos"],"state":["position.attributes.ignition"],` +
-		`"time_zone":"Europe/Berlin","encoding":"form","batch":"positions","preset":"traccar",` +
+		`"time_zone":"Europe/Berlin","encoding":"auto","batch":"positions","preset":"traccar",` +
 		`"answers":{"suppressed":{"status":200,"content_type":"application/json","body":"{\"result\":\"ok\"}"},"in_flight":{"status":503,"retry_after":2},` +
 		`"dead_lettered":{"status":202,"content_type":"text/plain","body":"kept"}},"crs":"EPSG:32633","shape":"session","window":600000000000,` +
 		`"session_idle":1200000000000,"resolution":10,"radius":30,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
@@ -249,6 +249,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		// The option to change is the one that makes it too long: the
 		// ladder, also with the default margin, which was blamed, at the
 		// block's closing line.
+		// A form ping is one request: there is no JSON body to split.
+		{"batch with encoding form", "telemetry_dedup {\n\tencoding form\n\tbatch locations\n}", []string{":3", "batch", "encoding form"}},
 		// A zone is read only for timestamps written without an offset.
 		{"time_zone with unix", "telemetry_dedup {\n\ttime_format unix\n\ttime_zone Europe/Berlin\n}", []string{":3", "time_zone", "epoch numbers"}},
 		{"ladder too long", "telemetry_dedup {\n\tretry_ladder 1m 4000d\n}", []string{":2", "retry_ladder", "no sender retries that long"}},

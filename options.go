@@ -265,6 +265,10 @@ func (h *Handler) resolveFormat(s *settings) error {
 	default:
 		return &dedup.ConfigError{Option: "encoding", Problem: fmt.Sprintf("%q is not allowed; use json, form or auto", h.Encoding)}
 	}
+	if s.encoding == encodingForm && h.Batch != "" && h.Batch != off {
+		return &dedup.ConfigError{Option: "batch", Problem: "splits JSON bodies, and encoding form reads none: " +
+			"a form ping is one request; remove batch, or use encoding auto for senders of both"}
+	}
 	return nil
 }
 
