@@ -249,6 +249,8 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		// The option to change is the one that makes it too long: the
 		// ladder, also with the default margin, which was blamed, at the
 		// block's closing line.
+		// A size without its unit is bytes: one holds no ping.
+		{"max_body too small", "telemetry_dedup {\n\tmax_body 1\n}", []string{":2", "max_body", "holds no ping", "1MiB"}},
 		// A form ping is one request: there is no JSON body to split.
 		{"batch with encoding form", "telemetry_dedup {\n\tencoding form\n\tbatch locations\n}", []string{":3", "batch", "encoding form"}},
 		// A zone is read only for timestamps written without an offset.

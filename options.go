@@ -14,7 +14,11 @@ import (
 
 // Option values and defaults that live in the handler rather than in dedup.
 const (
-	defaultMaxBody          = 1 << 20 // 1 MiB
+	defaultMaxBody = 1 << 20 // 1 MiB
+	// minMaxBody is the smallest max_body taken: a ping takes some 30 bytes
+	// at the least, and max_body 1, read as one byte, answered every ping
+	// 413.
+	minMaxBody              = 64
 	defaultDeadLetterMaxLen = 100_000
 
 	onStoreErrorOpen   = "open"
@@ -162,6 +166,11 @@ func (h *Handler) resolve() (settings, error) {
 		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf("%d is negative; use a number of bytes such as 1048576 (1 MiB)", h.MaxBody)}
 	}
 	s.maxBody = cmp.Or(h.MaxBody, defaultMaxBody)
+	if s.maxBody < minMaxBody {
+		return s, &dedup.ConfigError{Option: "max_body", Problem: fmt.Sprintf(
+			"%d bytes holds no ping (the smallest a sender writes takes some 30 to 50); give a size with its unit, such as 64KiB or 1MiB, "+
+				"or leave max_body out for the default %dMiB", s.maxBody, defaultMaxBody>>20)}
+	}
 	if err := checkMaxBody(h.Preset, s.maxBody); err != nil {
 		return s, err
 	}
