@@ -246,15 +246,15 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"stuck_ratio above 1", "telemetry_dedup {\n\tstuck_ratio 1.5\n}", []string{":2", "(0, 1]"}},
 		{"max_body overflowing", "telemetry_dedup {\n\tmax_body 10EiB\n}", []string{":2", "1MiB"}},
 		{"ladder + margin overflowing", "telemetry_dedup {\n\tretry_ladder 2562047h\n\toutage_margin 2562047h\n}", []string{":2", "retry_ladder", "no sender retries that long"}},
-		// The option to change is the one that makes it too long: the
-		// ladder, also with the default margin, which was blamed, at the
-		// block's closing line.
 		// A size without its unit is bytes: one holds no ping.
 		{"max_body too small", "telemetry_dedup {\n\tmax_body 1\n}", []string{":2", "max_body", "holds no ping", "1MiB"}},
 		// A form ping is one request: there is no JSON body to split.
 		{"batch with encoding form", "telemetry_dedup {\n\tencoding form\n\tbatch locations\n}", []string{":3", "batch", "encoding form"}},
 		// A zone is read only for timestamps written without an offset.
 		{"time_zone with unix", "telemetry_dedup {\n\ttime_format unix\n\ttime_zone Europe/Berlin\n}", []string{":3", "time_zone", "epoch numbers"}},
+		// The option to change is the one that makes it too long: the
+		// ladder, also with the default margin, which was blamed, at the
+		// block's closing line.
 		{"ladder too long", "telemetry_dedup {\n\tretry_ladder 1m 4000d\n}", []string{":2", "retry_ladder", "no sender retries that long"}},
 		{"margin too long", "telemetry_dedup {\n\tretry_ladder 1m 80000h\n\toutage_margin 10000h\n}", []string{":3", "outage_margin", "no sender retries that long"}},
 		{"key_scope without argument", "telemetry_dedup {\n\tkey_scope\n}", []string{":2"}},
@@ -1009,5 +1009,19 @@ func TestAccuracyOptionReplacesOsmAndsHdop(t *testing.T) {
 	got, err := s.formParser.Parse(batch.Elements[0], time.Unix(1796568000, 0))
 	if err != nil || got.Accuracy != 0 {
 		t.Errorf("accuracy %v (%v), want none: hdop is not the accuracy named", got.Accuracy, err)
+	}
+}
+
+// time_zone beside preset owntracks is refused (tst is epoch seconds), and
+// the error names the preset: it blamed "time_format unix", an option the
+// operator never wrote, and advised time_format auto, with which the zone
+// loaded and still did nothing for OwnTracks' numeric tst.
+func TestATimeZoneBesideAPresetOfEpochTimesNamesThePreset(t *testing.T) {
+	_, err := parse(t, "telemetry_dedup {\n\tpreset owntracks\n\ttime_zone Europe/Berlin\n}")
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if !strings.Contains(err.Error(), "owntracks") {
+		t.Errorf("error %q blames time_format, which is not written; want it to name preset owntracks", err)
 	}
 }

@@ -346,7 +346,7 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 		return caddy.ExitCodeFailedStartup, err
 	}
 	if report.Pings == 0 {
-		return caddy.ExitCodeFailedStartup, noPingsError(report)
+		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0)
 	}
 	if fs.Bool("json") {
 		enc := json.NewEncoder(stdout)
@@ -358,7 +358,9 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 
 // noPingsError says why a capture gave nothing to size from: recommending
 // a configuration from no ping would look like a sizing run that worked.
-func noPingsError(report *analyze.Report) error {
+// readsForms: the configuration reads form pings, which an access log's
+// URLs hold.
+func noPingsError(report *analyze.Report, readsForms bool) error {
 	if report.Lines == 0 {
 		return errors.New("the capture is empty: give a file of pings, one a line, or - for standard input")
 	}
@@ -375,7 +377,7 @@ func noPingsError(report *analyze.Report) error {
 		advice = "the timestamps have no UTC offset: give --time-zone with the IANA zone the devices write local time in " +
 			"(e.g. --time-zone Europe/Berlin), as the site's time_zone"
 	}
-	if top == analyze.SkipNotAPing {
+	if top == analyze.SkipNotAPing && readsForms {
 		advice += "; a Caddy access log holds each request as JSON: give analyze its URLs (jq -r .request.uri access.log)"
 	}
 	return fmt.Errorf("none of %s is a ping this configuration reads (most skipped as %s: %d, the first at %s); %s",

@@ -549,3 +549,21 @@ func TestAnalyzeSaysHowToReadCaddysOwnAccessLog(t *testing.T) {
 		t.Errorf("Caddy's JSON access log: %v; want the error to say how to extract its URLs", err)
 	}
 }
+
+// The advice to extract URLs from a Caddy access log (jq -r .request.uri)
+// is given only where URLs hold pings: with --preset owntracks (JSON bodies,
+// which an access log does not keep) a capture of transition messages was
+// sent down a path that cannot work.
+func TestAnalyzeGivesAccessLogAdviceOnlyWhereURLsHoldPings(t *testing.T) {
+	var c strings.Builder
+	for range 30 {
+		c.WriteString(`{"_type":"transition","tid":"ja","tst":1700000000,"lat":52.52,"lon":13.40,"event":"enter","desc":"home","t":"c","wtst":1}` + "\n")
+	}
+	_, err := runAnalyzeCmd(t, c.String(), "--preset", "owntracks", "-")
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if strings.Contains(err.Error(), "jq -r .request.uri") {
+		t.Errorf("--preset owntracks (JSON bodies, never URLs): %v; the access-log URL advice cannot help", err)
+	}
+}

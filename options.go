@@ -318,6 +318,17 @@ func (h *Handler) defaultsOverPreset(preset ping.Preset) []string {
 	return found
 }
 
+// zoneOfEpochTimes says why time_zone is refused beside a time format of
+// epoch numbers, naming where that format came from: the time_format
+// written, or else the preset's.
+func (h *Handler) zoneOfEpochTimes(format ping.TimeFormat) string {
+	if h.TimeFormat == "" && h.Preset != "" {
+		return fmt.Sprintf("preset %s reads its time as epoch numbers (%s), which have no zone to name; remove time_zone", h.Preset, format)
+	}
+	return fmt.Sprintf("time_format %s reads epoch numbers, which have no zone to name; remove time_zone, "+
+		"or use time_format auto for timestamps written without an offset", format)
+}
+
 // applyFieldOptions sets the path and rule options on a preset's parser,
 // and returns the asset template if the asset is one.
 func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) {
@@ -364,9 +375,7 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 			return p, "", &dedup.ConfigError{Option: "time_zone", Problem: err.Error()}
 		}
 		if p.TimeFormat == ping.TimeUnix || p.TimeFormat == ping.TimeUnixMilli {
-			return p, "", &dedup.ConfigError{Option: "time_zone", Problem: fmt.Sprintf(
-				"time_format %s reads epoch numbers, which have no zone to name; remove time_zone, "+
-					"or use time_format auto for timestamps written without an offset", p.TimeFormat)}
+			return p, "", &dedup.ConfigError{Option: "time_zone", Problem: h.zoneOfEpochTimes(p.TimeFormat)}
 		}
 		p.TimeZone = loc
 	}

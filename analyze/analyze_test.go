@@ -532,3 +532,31 @@ func TestAMixedFleetIsNamedInTheNotes(t *testing.T) {
 		t.Errorf("10-15 s senders: notes %q, want no mix named", rep.Notes)
 	}
 }
+
+// A capture whose stationary run exists but whose every fix reports an
+// accuracy worse than 100 m leaves no jitter sample: the notes said there
+// was no stationary run, against the report's own count of runs, and
+// pointed at the wrong cause.
+func TestRunsWithoutJitterAreNotCalledNoRun(t *testing.T) {
+	var b strings.Builder
+	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
+	for i := range 200 {
+		lat := 52.52
+		if i > 100 {
+			lat += float64(i-100) * 0.0005
+		}
+		fmt.Fprintf(&b, `{"asset_id":"a2","occurred_at":"%s","lat":%.7f,"lon":13.4,"acc":150}`+"\n",
+			start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), lat)
+	}
+	p := ping.NewParser()
+	p.AccuracyPath = "acc"
+	rep := analyze(t, []byte(b.String()), Options{Parser: p.Prepared()})
+	if rep.Jitter.Runs == 0 {
+		t.Fatalf("setup: no stationary run found")
+	}
+	for _, n := range rep.Notes {
+		if strings.Contains(n, "no stationary run") {
+			t.Errorf("runs %d, samples %d, yet the note says: %q", rep.Jitter.Runs, rep.Jitter.Samples, n)
+		}
+	}
+}

@@ -54,9 +54,9 @@ func (a *analyzer) recommendRadius(assets []*assetFixes) error {
 	rec := &rep.Recommended
 	if rep.Jitter.Samples == 0 {
 		rec.RadiusM = dedup.DefaultRadius
-		a.note("no stationary run to measure jitter on; radius is the default %g m. If the assets do park, their receivers "+
-			"scatter wider than a run allows (a phone parked indoors), and the default will admit many of their parked fixes: "+
-			"replay wider ones with --shape sliding --radius and compare", dedup.DefaultRadius)
+		a.note("%s; radius is the default %g m. If the assets do park, their receivers may scatter wider than that "+
+			"(a phone parked indoors), and the default will admit many of their parked fixes: "+
+			"replay wider ones with --shape sliding --radius and compare", a.noJitter(), dedup.DefaultRadius)
 		return nil
 	}
 	base := max(minRadiusM, math.Ceil(radiusOverP99*rep.Jitter.P99M))

@@ -1,6 +1,7 @@
 package analyze
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -42,8 +43,7 @@ func (a *analyzer) recommendResolution() {
 	rec := &a.report.Recommended
 	rec.Resolution = dedup.DefaultResolution
 	if a.report.Jitter.Samples == 0 {
-		a.note("no stationary run (%s of fixes within %g m of the first) to measure jitter on; resolution is the default %d",
-			stationaryMinDuration, stationaryRadiusM, dedup.DefaultResolution)
+		a.note("%s; resolution is the default %d", a.noJitter(), dedup.DefaultResolution)
 	} else {
 		rec.Resolution = min(finestResolutionOver(a.report.Jitter.P95M), finestResolution)
 	}
@@ -51,6 +51,16 @@ func (a *analyzer) recommendResolution() {
 	if !slices.Contains(a.opts.Resolutions, rec.Resolution) {
 		a.note("recommended resolution %d is not among the candidates; add it to see its replay", rec.Resolution)
 	}
+}
+
+// noJitter says why there is no jitter to size from: no stationary run, or
+// runs whose every fix was left out of the jitter (maxJitterM).
+func (a *analyzer) noJitter() string {
+	if a.report.Jitter.Runs > 0 {
+		return fmt.Sprintf("no jitter to measure: every fix of the %d stationary runs reports an accuracy worse than %g m "+
+			"(a cell or Wi-Fi fix) or lies over %g m from its run", a.report.Jitter.Runs, maxJitterAccuracyM, maxJitterM)
+	}
+	return fmt.Sprintf("no stationary run (%s of fixes within %g m of the first) to measure jitter on", stationaryMinDuration, stationaryRadiusM)
 }
 
 // finestResolution is the finest resolution recommended (1.3 m edges), a

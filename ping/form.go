@@ -41,7 +41,7 @@ func (p Parser) SplitForm(query string, body []byte) (Batch, error) {
 // and Go's strconv.ParseFloat alike. An id or a time is no such field:
 // 4711 and 4711.0 are two devices to Traccar.
 func (p Parser) numberFields() []string {
-	return []string{p.LatPath, p.LonPath, p.AccuracyPath, p.SpeedPath}
+	return []string{p.LatPath, p.LonPath, p.AccuracyPath, p.SpeedPath, p.AccuracyFallback}
 }
 
 // formFields is a query string of the fields p reads, the first of each

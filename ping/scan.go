@@ -175,7 +175,13 @@ func (p *Parser) makePlan() *parsePlan {
 		plan.read = append(plan.read, pathLeaf{path, leafOf(checks, path)})
 	}
 	plan.deciding = len(plan.read)
-	for _, path := range p.paths() {
+	// Not the accuracy fallback, the last path: read only when the
+	// accuracy is absent, given twice with two values it reads as no
+	// accuracy, and refusing the ping would lose a fix over a field the
+	// backend does not key on (Traccar keeps OsmAnd's hdop as an
+	// attribute).
+	read := p.paths()
+	for _, path := range read[:len(read)-1] {
 		if path != "" {
 			plan.read = append(plan.read, pathLeaf{path, leafOf(checks, path)})
 		}
