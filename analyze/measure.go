@@ -22,7 +22,8 @@ func (a *analyzer) measure(as *assetFixes) {
 			a.gaps = append(a.gaps, gap)
 		}
 	}
-	if own := slices.Clone(a.gaps[first:]); len(own) > 0 {
+	// Sorted in place: finish sorts the pooled gaps anyway.
+	if own := a.gaps[first:]; len(own) > 0 {
 		slices.Sort(own)
 		a.intervals = append(a.intervals, nearestRank(own, 50))
 	}

@@ -745,7 +745,7 @@ func (st *trackState) offStay(f fix, pol *Policy) bool {
 	if st.stay.n < settledFixes {
 		return false
 	}
-	r2 := max(st.stayRadius2(pol), st.lastAccuracy*st.lastAccuracy, f.accuracy*f.accuracy)
+	r2 := max(st.radius2(f, pol), st.lastAccuracy*st.lastAccuracy)
 	return f.separation2(st.last.lat, st.last.lon, st.stay.lat, st.stay.lon) > r2 && f.distance2(st.last.lat, st.last.lon) > r2
 }
 

@@ -84,8 +84,8 @@ func (p *Parser) skipped(root gjson.Result, checks []keyCheck, plan *parsePlan) 
 func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, plan *parsePlan) {
 	accuracy := fieldValue(root, checks, plan, 0, p.AccuracyPath)
 	if !accuracy.Exists() {
-		at := 2 + len(p.Events) + len(p.States) + len(p.Skip) + len(p.EventDetails)
-		accuracy = fieldValue(root, checks, plan, at, p.AccuracyFallback)
+		// The fallback is the last of fieldPaths.
+		accuracy = fieldValue(root, checks, plan, len(plan.fields)-1, p.AccuracyFallback)
 	}
 	if acc, ok := measure(accuracy); ok {
 		ping.Accuracy = acc

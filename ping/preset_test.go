@@ -256,36 +256,12 @@ func TestTraccarForwardsAGeofenceCrossingAsAnEvent(t *testing.T) {
 // (...&timestamp={2}&hdop={3}&altitude={4}&speed={5}); it has no accuracy
 // field. Read only at accuracy, every OsmAnd fix had no uncertainty, and
 // sliding and session judged a phone indoors reporting 40 m by the radius
-// alone. Traccar Client's accuracy, when sent, counts.
+// alone. Traccar Client's accuracy, when sent, counts. hdop follows
+// accuracy's rules for a field given again: one number in two spellings is
+// one value, and a fallback given twice with two values reads as no
+// accuracy rather than refusing a fix (refused, the clients resend it
+// forever; when hdop was first read, these were refused 400).
 func TestOsmAndAppsAccuracyIsReadFromHdop(t *testing.T) {
-	parser := *mustPreset("osmand").Form
-	now := time.Date(2026, 12, 6, 15, 0, 0, 0, time.UTC)
-	for _, tt := range []struct {
-		query string
-		want  float64
-	}{
-		// As the OsmAnd app GETs it: Java floats, the time in milliseconds.
-		{"id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000&hdop=40.0&altitude=35.0&speed=0.0&bearing=0.0", 40},
-		{"id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000&accuracy=12&hdop=40", 12},
-		{"id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000", 0},
-	} {
-		batch, err := parser.SplitForm(tt.query, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := parser.Parse(batch.Elements[0], now)
-		if err != nil || got.Accuracy != tt.want {
-			t.Errorf("%s: accuracy %v (%v), want %v", tt.query, got.Accuracy, err, tt.want)
-		}
-	}
-}
-
-// hdop, read for OsmAnd's accuracy, follows accuracy's rules for a field
-// given again: one number in two spellings is one value, and a fallback
-// given twice with two values reads as no accuracy rather than refusing a
-// fix (refused, the clients resend it forever). When it was first read,
-// these were refused 400.
-func TestOsmAndsHdopGivenTwiceRefusesNoFix(t *testing.T) {
 	parser := *mustPreset("osmand").Form
 	now := time.Date(2026, 12, 6, 15, 0, 0, 0, time.UTC)
 	const fix = "id=pixel7&lat=48.856827&lon=2.292713&timestamp=1796568000000"
@@ -293,7 +269,11 @@ func TestOsmAndsHdopGivenTwiceRefusesNoFix(t *testing.T) {
 		query string
 		want  float64
 	}{
-		{fix + "&accuracy=40.0&accuracy=40", 40}, // control: passes
+		// As the OsmAnd app GETs it: Java floats, the time in milliseconds.
+		{fix + "&hdop=40.0&altitude=35.0&speed=0.0&bearing=0.0", 40},
+		{fix + "&accuracy=12&hdop=40", 12},
+		{fix, 0},
+		{fix + "&accuracy=40.0&accuracy=40", 40},
 		{fix + "&hdop=40.0&hdop=40", 40},
 		{fix + "&accuracy=12&hdop=40&hdop=41", 12},
 		{fix + "&hdop=40&hdop=41", 0},

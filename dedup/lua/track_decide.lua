@@ -265,7 +265,7 @@ local function offStay(c)
 	if c.n < SETTLED then
 		return false
 	end
-	local r2 = math.max(stayRadius2(c), c.lastAcc * c.lastAcc, acc * acc)
+	local r2 = math.max(radius2(c), c.lastAcc * c.lastAcc)
 	return separation2(c.last.lat, c.last.lon, c.alat, c.alon) > r2 and dist2(c.last.lat, c.last.lon) > r2
 end
 
