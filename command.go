@@ -316,6 +316,10 @@ window) and the TTL for the retry ladder, e.g.
 	cmd.Flags().IntSlice("resolutions", analyze.DefaultResolutions, "candidate H3 resolutions")
 	cmd.Flags().StringSlice("windows", []string{"1m", "5m", "15m"}, "candidate windows")
 	cmd.Flags().String("batch", "", "JSON path of the array a line's object holds its pings in, or off, as batch (default the preset's: locations for overland)")
+	cmd.Flags().String("accuracy", "", "JSON path of the fix's accuracy in metres, as accuracy (default the preset's, else none): "+
+		"it finds the parked stretches of receivers that scatter wider than 25 m, and the stay holds a fix by it")
+	cmd.Flags().String("speed", "", "JSON path of the speed the device reports, as speed (default the preset's, else none)")
+	cmd.Flags().String("speed-unit", "", "unit of --speed: m/s, km/h, knots or mph (default the preset's, else m/s)")
 	cmd.Flags().Float64("radius", dedup.DefaultRadius, "stay radius in metres to replay shapes sliding and session with (those shapes only, as radius)")
 	cmd.Flags().String("session-idle", dedup.DefaultSessionIdle.String(), "session idle gap (shape session only, as session_idle): 10m, 1h")
 	cmd.Flags().String("retry-ladder", "1m 5m 30m 2h 6h", "the sender's retry offsets after the first delivery")
@@ -412,6 +416,7 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 		return analyze.Options{}, err
 	}
 	h.Batch = fs.String("batch")
+	h.Accuracy, h.Speed, h.SpeedUnit = fs.String("accuracy"), fs.String("speed"), fs.String("speed-unit")
 	s, err := resolveFlags(fs, h)
 	if err != nil {
 		return analyze.Options{}, err

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/uber/h3-go/v4"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/analyze"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/fixtures"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
@@ -565,5 +567,54 @@ func TestAnalyzeGivesAccessLogAdviceOnlyWhereURLsHoldPings(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "jq -r .request.uri") {
 		t.Errorf("--preset owntracks (JSON bodies, never URLs): %v; the access-log URL advice cannot help", err)
+	}
+}
+
+// A phone parked indoors scatters 30 m and says so in its accuracy: analyze
+// finds its parked stretches only when it reads that field, as the
+// directive's accuracy option does, and sizes the radius from them.
+func TestAnalyzeReadsTheAccuracyFlag(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for i := range 360 { // an hour at 10 s, scattering 30-60 m around one spot
+		angle := float64(i) * 2.4
+		d := 30 + float64(i%7)*5
+		fmt.Fprintf(&capture, `{"asset_id":"phone-1","occurred_at":%q,"lat":%.7f,"lon":%.7f,"acc":45}`+"\n",
+			start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339),
+			52.52+d*math.Sin(angle)/111_320, 13.40+d*math.Cos(angle)/(111_320*math.Cos(52.52*math.Pi/180)))
+	}
+	var without, with analyze.Report
+	for _, tc := range []struct {
+		report *analyze.Report
+		flags  []string
+	}{{&without, nil}, {&with, []string{"--accuracy", "acc"}}} {
+		out, err := runAnalyzeCmd(t, capture.String(), append(tc.flags, "--json", "-")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(out), tc.report); err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+	}
+	if without.Jitter.Runs != 0 {
+		t.Fatalf("without --accuracy: %d stationary runs within 25 m of a phone scattering 30-60 m; the capture does not test the flag", without.Jitter.Runs)
+	}
+	if with.Jitter.Runs == 0 || with.Recommended.RadiusM <= 60 {
+		t.Errorf("with --accuracy acc: %d runs, radius %g m; want the hour found parked and a radius over its 60 m scatter",
+			with.Jitter.Runs, with.Recommended.RadiusM)
+	}
+}
+
+// The flags that read a ping's accuracy and speed are refused as the
+// directive's options are, named as flags.
+func TestAnalyzeRefusesReportedFieldFlagsAsTheDirective(t *testing.T) {
+	for _, tc := range []struct{ flags []string }{
+		{[]string{"--speed-unit", "furlongs"}},
+		{[]string{"--accuracy", "fix[0].acc"}},
+	} {
+		_, err := runAnalyzeCmd(t, articlePing+"\n", append(tc.flags, "-")...)
+		if want := tc.flags[0] + " " + tc.flags[1]; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: got %v, want an error naming %s", tc.flags, err, want)
+		}
 	}
 }

@@ -49,15 +49,14 @@ const (
 	// each outlier would count as two moves.
 	maxExcursion  = 2
 	maxStrayShare = 0.25
-	// maxJitterM and maxJitterAccuracyM leave out of the jitter what no
-	// stay radius should hold: a stray farther than four run radii from
-	// the run's median, and a fix whose own accuracy is worse than a
-	// satellite fix's (a phone's cell or Wi-Fi fix, which the stay holds by
-	// its accuracy, whatever the radius). Counted, 2% of a parked phone's
-	// fixes 1-3 km out made the recommended radius one no policy takes,
-	// and analyze failed; 1% at 0.5-1 km recommended 672 m, whose lag
-	// bound hid moves of a kilometre.
-	maxJitterM         = 4 * stationaryRadiusM
+	// maxJitterAccuracyM and maxJitterM (measure.go) leave out of the
+	// jitter what no stay radius should hold: a fix whose own accuracy is
+	// worse than a satellite fix's (a phone's cell or Wi-Fi fix, which the
+	// stay holds by its accuracy, whatever the radius), and a stray farther
+	// than four run radii from the run's median. Counted, 2% of a parked
+	// phone's fixes 1-3 km out made the recommended radius one no policy
+	// takes, and analyze failed; 1% at 0.5-1 km recommended 672 m, whose
+	// lag bound hid moves of a kilometre.
 	maxJitterAccuracyM = 100.0
 	// minMoveM is the floor of the real-move threshold, so that a capture
 	// with (almost) no jitter does not count rounding noise as moves.

@@ -61,7 +61,7 @@ func (a *analyzer) findRuns(as *assetFixes) {
 
 // stationaryEnd returns where the stationary span opened by the fix at
 // position start in a.order ends (exclusive): the fixes within
-// stationaryRadiusM of that first fix, through the excursions beyond it
+// runRadiusM of that first fix, through the excursions beyond it
 // that maxExcursion and maxStrayShare allow, and only of fixes that lie
 // beyond that radius of the span's mean position too. A fix beyond the
 // first fix but near the mean says the first fix lay off the parking's
@@ -71,7 +71,7 @@ func (a *analyzer) findRuns(as *assetFixes) {
 func (a *analyzer) stationaryEnd(at func(k int) fixPoint, start int) int {
 	first := at(start)
 	within := func(lat, lon float64, k int) bool {
-		return geo.DistanceM(lat, lon, at(k).lat, at(k).lon) <= stationaryRadiusM
+		return geo.DistanceM(lat, lon, at(k).lat, at(k).lon) <= runRadiusM(first, at(k))
 	}
 	// Longitudes are summed as offsets from the first fix's, the short way
 	// round: a stay on the antimeridian has fixes near +180 and -180.
@@ -101,6 +101,34 @@ func (a *analyzer) stationaryEnd(at func(k int) fixPoint, start int) int {
 	return end
 }
 
+// runRadiusM is how far apart two fixes of one stationary run may lie:
+// stationaryRadiusM, or, for a receiver that says it scatters wider (a
+// phone parked indoors, at 30-50 m), the two fixes' accuracies added. A
+// run of such a receiver's fixes within 25 m of its first fix ends at
+// nearly every fix, and its assets were measured as never parked: the
+// defaults then admitted 20-30 of their parked fixes a window. An accuracy
+// worse than a satellite fix's (maxJitterAccuracyM) widens nothing: the
+// stay holds such a fix by its accuracy anyway, and summed it would take
+// kilometre moves for parking.
+func runRadiusM(a, b fixPoint) float64 {
+	return max(stationaryRadiusM, satelliteAccuracyM(a)+satelliteAccuracyM(b))
+}
+
+// satelliteAccuracyM is a fix's reported accuracy when a satellite fix
+// could have it, else 0.
+func satelliteAccuracyM(f fixPoint) float64 {
+	if f.accuracy > maxJitterAccuracyM {
+		return 0
+	}
+	return f.accuracy
+}
+
+// maxJitterM is how far from its run's median a fix still counts in the
+// jitter: four run radii, sized by the fix's own accuracy.
+func maxJitterM(f fixPoint) float64 {
+	return 4 * runRadiusM(f, f)
+}
+
 // sampleRun adds the distance of each fix of a run to the run's median
 // position, but for those no radius should hold (maxJitterM).
 func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
@@ -118,7 +146,7 @@ func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
 	lon := geo.WrapLongitude(ref + median(func(f fixPoint) float64 { return geo.WrapLongitude(f.lon - ref) }))
 	for _, i := range run {
 		d := geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon)
-		if d <= maxJitterM && fixes[i].accuracy <= maxJitterAccuracyM {
+		if d <= maxJitterM(fixes[i]) && fixes[i].accuracy <= maxJitterAccuracyM {
 			a.samples = append(a.samples, d)
 		}
 	}

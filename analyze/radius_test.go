@@ -34,6 +34,11 @@ func TestAnalyzeRecommendationHoldsTheSimulatedFleet(t *testing.T) {
 		{"1s cadence, sigma 4 m wandering over 10 min, 5 min window", fleetsim.Config{Cadence: time.Second, SigmaM: 4, NoiseTau: 10 * time.Minute, Duration: 2 * time.Hour}, fiveMinutes, true},
 		{"1s cadence, sigma 6 m wandering over 30 s", fleetsim.Config{Cadence: time.Second, SigmaM: 6, NoiseTau: 30 * time.Second, Duration: 2 * time.Hour}, nil, false},
 		{"10s cadence, sigma 8 m", fleetsim.Config{SigmaM: 8}, nil, false},
+		// Phones parked indoors scatter wider than a run's 25 m, and say so
+		// in their accuracy: without it no run was found, and the defaults
+		// admitted 19-30 parked fixes a window.
+		{"10s cadence, sigma 30 m, accuracy reported", fleetsim.Config{SigmaM: 30, ReportAccuracy: true}, nil, false},
+		{"1s cadence, sigma 20 m, accuracy reported", fleetsim.Config{Cadence: time.Second, SigmaM: 20, Duration: 2 * time.Hour, ReportAccuracy: true}, nil, false},
 		// Outliers no radius removes from a replay's runs: the p99's radius stays.
 		{"5s cadence, sigma 6 m, 10% multipath at 3 to 6 sigma, 5 min window", fleetsim.Config{Cadence: 5 * time.Second, SigmaM: 6,
 			MultipathShare: 0.1, MultipathSigmasMin: 3, MultipathSigmasMax: 6, Duration: 3 * time.Hour}, fiveMinutes, false},
@@ -41,7 +46,7 @@ func TestAnalyzeRecommendationHoldsTheSimulatedFleet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
 			cfg.Assets, cfg.Seed = 20, 7
-			rep := analyze(t, captureOf(t, fleetsim.Generate(cfg)), Options{Windows: tc.windows})
+			rep := analyze(t, captureOf(t, fleetsim.Generate(cfg)), Options{Parser: accuracyParser(), Windows: tc.windows})
 			rec := rep.Recommended
 			base := math.Ceil(radiusOverP99 * rep.Jitter.P99M)
 			if widened := rec.RadiusM > base; widened != tc.widened {
@@ -87,19 +92,32 @@ func simulate(t *testing.T, cfg fleetsim.Config, r float64, w time.Duration) fle
 }
 
 // captureOf writes the simulator's pings as the NDJSON capture analyze
-// reads by default, in the order they were sent.
+// reads by default, in the order they were sent, with their accuracy
+// where the simulator reports one (accuracyParser reads it).
 func captureOf(t *testing.T, deliveries []fleetsim.Delivery) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	for _, d := range deliveries {
 		for _, p := range d.Pings {
-			if err := enc.Encode(map[string]any{"asset_id": p.Asset, "occurred_at": p.Time.Format(time.RFC3339Nano), "lat": p.Lat, "lon": p.Lon}); err != nil {
+			ping := map[string]any{"asset_id": p.Asset, "occurred_at": p.Time.Format(time.RFC3339Nano), "lat": p.Lat, "lon": p.Lon}
+			if p.Accuracy != 0 {
+				ping["accuracy"] = p.Accuracy
+			}
+			if err := enc.Encode(ping); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	return buf.Bytes()
+}
+
+// accuracyParser reads captureOf's pings with their accuracy, as the
+// directive does with accuracy accuracy.
+func accuracyParser() ping.Parser {
+	p := ping.NewParser()
+	p.AccuracyPath = "accuracy"
+	return p
 }
 
 // simDecider decides the simulator's deliveries through a production
@@ -111,7 +129,7 @@ func (s *simDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([]bool
 	s.d.Now = func() time.Time { return del.Arrival }
 	obs := make([]dedup.Observation, len(del.Pings))
 	for i, p := range del.Pings {
-		obs[i] = s.d.Observe(ping.Ping{Asset: p.Asset, Time: p.Time, Lat: p.Lat, Lon: p.Lon})
+		obs[i] = s.d.Observe(ping.Ping{Asset: p.Asset, Time: p.Time, Lat: p.Lat, Lon: p.Lon, Accuracy: p.Accuracy})
 	}
 	claims, verdicts, err := s.d.ClaimAll(ctx, obs)
 	if err != nil {

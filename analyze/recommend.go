@@ -58,9 +58,10 @@ func (a *analyzer) recommendResolution() {
 func (a *analyzer) noJitter() string {
 	if a.report.Jitter.Runs > 0 {
 		return fmt.Sprintf("no jitter to measure: every fix of the %d stationary runs reports an accuracy worse than %g m "+
-			"(a cell or Wi-Fi fix) or lies over %g m from its run", a.report.Jitter.Runs, maxJitterAccuracyM, maxJitterM)
+			"(a cell or Wi-Fi fix) or lies over %g m (or eight times its accuracy) from its run", a.report.Jitter.Runs, maxJitterAccuracyM, 4*stationaryRadiusM)
 	}
-	return fmt.Sprintf("no stationary run (%s of fixes within %g m of the first) to measure jitter on", stationaryMinDuration, stationaryRadiusM)
+	return fmt.Sprintf("no stationary run (%s of fixes within %g m of the first, or within their reported accuracies added) to measure jitter on; "+
+		"a receiver that scatters wider shows none unless its pings' accuracy is read (the preset's, or --accuracy)", stationaryMinDuration, stationaryRadiusM)
 }
 
 // finestResolution is the finest resolution recommended (1.3 m edges), a
