@@ -292,7 +292,9 @@ func (e *element) claim() *dedup.Claim {
 func (e *element) waiting() bool { return e.decision == "" && e.err == nil }
 
 // claim claims every waiting ping of the request in one store call. When
-// the store cannot answer, on_store_error decides for each of them. The
+// the store cannot answer, on_store_error decides for each ping it could
+// not judge; a ping it did judge (a redelivery the near cache knows) keeps
+// its verdict, as it would alone. The
 // call is detached from the sender, as the forward is, and bounded by the
 // store's own timeout: a sender that hangs up while its claim waits in the
 // pipeline is no store failure, and must not turn a duplicate into an
@@ -317,17 +319,33 @@ func (h *Handler) claim(req *request) {
 		h.claimErrors.log(h.settings.claimFailedLine(), err)
 	}
 	if dedup.MayHaveWritten(err) {
-		req.unsure = claims
+		req.unsure = failedClaims(claims, err)
 	}
 	for j, i := range at {
 		e := &req.elements[i]
 		e.claims = claims[j : j+1 : j+1]
-		if err != nil {
+		if dedup.DecideFailed(err, j) {
 			e.decision, e.reason = h.settings.onStoreError, reasonStoreError
 			continue
 		}
 		e.decision, e.reason = verdicts[j].Decision, string(verdicts[j].Reason)
 	}
+}
+
+// failedClaims are the claims of a failed claim call without a verdict:
+// all of them, or those a partial failure names. The others' outcomes are
+// known, and their requests settle or release them as usual.
+func failedClaims(claims []*dedup.Claim, err error) []*dedup.Claim {
+	if _, partial := errors.AsType[*dedup.DecideError](err); !partial {
+		return claims
+	}
+	var failed []*dedup.Claim
+	for j, c := range claims {
+		if dedup.DecideFailed(err, j) {
+			failed = append(failed, c)
+		}
+	}
+	return failed
 }
 
 // claimFailedLine is the store-error line of claims the store could not

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -104,7 +105,9 @@ const MaxClaims = 1 << 16
 // devices observed them: a sender's offline backlog, shuffled, is then
 // judged like the live stream it would have been. Observations of equal
 // device time keep their order: one that repeats an earlier one of the
-// batch is its duplicate.
+// batch is its duplicate. When the store answered some observations and
+// failed the others, their verdicts come with a *DecideError naming the
+// failed ones (DecideFailed).
 func (d *Deduper) ClaimAll(ctx context.Context, batch []Observation) ([]*Claim, []Verdict, error) {
 	if len(batch) > MaxClaims {
 		return nil, nil, fmt.Errorf("a batch of %d observations: one ClaimAll decides at most %d", len(batch), MaxClaims)
@@ -221,14 +224,21 @@ func (d *Deduper) decideInOrder(ctx context.Context, claims []*Claim, order []in
 		sorted[i] = claims[j]
 	}
 	decided, err := d.Store.Decide(ctx, sorted)
-	if err != nil {
+	if decided == nil {
 		return nil, err
 	}
 	verdicts := make([]Verdict, len(claims))
 	for i, j := range order {
 		verdicts[j] = decided[i]
 	}
-	return verdicts, nil
+	if partial, ok := errors.AsType[*DecideError](err); ok {
+		failed := make([]bool, len(claims))
+		for i, j := range order {
+			failed[j] = partial.Failed[i]
+		}
+		err = &DecideError{Err: partial.Err, Failed: failed}
+	}
+	return verdicts, err
 }
 
 // deviceTimeOrder returns the indices of claims in device-time order, or

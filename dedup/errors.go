@@ -1,5 +1,7 @@
 package dedup
 
+import "errors"
+
 // ConfigError names the option that is wrong and says what to do about it.
 // The Caddyfile parser turns it into an error that points at the option's
 // line.
@@ -12,3 +14,36 @@ type ConfigError struct {
 
 // Error names the option and says what to change.
 func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }
+
+// DecideError is a Decide answered for some of its claims and failed for
+// the others: a batch whose redeliveries the near cache answered while
+// Redis could not be reached. Each answered claim keeps the verdict it
+// would get alone; only the failed ones are left to on_store_error. Were
+// the whole batch failed, a delivered ping the near cache knew would go
+// upstream again, unchecked, every time a sender resent its batch
+// during an outage.
+type DecideError struct {
+	// Err is why the failed claims have no verdict.
+	Err error
+	// Failed is, per claim, whether it has no verdict.
+	Failed []bool
+}
+
+// Error is the failed claims' error.
+func (e *DecideError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the failed claims' error.
+func (e *DecideError) Unwrap() error { return e.Err }
+
+// DecideFailed reports whether claim i of a Decide (or ClaimAll) that
+// returned err has no verdict: every claim of a failed call, or those a
+// DecideError names.
+func DecideFailed(err error, i int) bool {
+	if err == nil {
+		return false
+	}
+	if partial, ok := errors.AsType[*DecideError](err); ok {
+		return partial.Failed[i]
+	}
+	return true
+}

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -79,9 +80,15 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 	}
 	decided, err := n.next.Decide(ctx, misses)
 	if err != nil {
-		return nil, err
+		if decided == nil && len(misses) == len(claims) {
+			return nil, err
+		}
+		err = n.failedMisses(err, len(claims), at)
 	}
 	for j, c := range misses {
+		if DecideFailed(err, at[j]) {
+			continue
+		}
 		v := decided[j]
 		verdicts[at[j]] = v
 		switch {
@@ -99,7 +106,22 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 			n.remember(c, newRecord(c))
 		}
 	}
-	return verdicts, nil
+	return verdicts, err
+}
+
+// failedMisses is the DecideError of a call of n claims whose misses (at
+// their indices at) the store failed with err, wholly or in part: the
+// cache's own answers stand.
+func (n *NearCache) failedMisses(err error, claims int, at []int) *DecideError {
+	failed := make([]bool, claims)
+	for j, i := range at {
+		failed[i] = DecideFailed(err, j)
+	}
+	cause := err
+	if partial, ok := errors.AsType[*DecideError](err); ok {
+		cause = partial.Err
+	}
+	return &DecideError{Err: cause, Failed: failed}
 }
 
 // cachedVerdict is the verdict on c of a cached holder: in tumbling judged

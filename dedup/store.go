@@ -18,6 +18,8 @@ import (
 type Store interface {
 	// Decide claims each claim's observation and returns one verdict per
 	// claim. Only an Accepted claim may be settled or released afterwards.
+	// A store that answered some claims and failed the others returns their
+	// verdicts with a *DecideError naming the failed ones.
 	Decide(ctx context.Context, claims []*Claim) ([]Verdict, error)
 
 	// Settle marks accepted claims as settled: their requests have their
