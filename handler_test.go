@@ -701,3 +701,22 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 		}
 	})
 }
+
+// A device writing local time in the hour its clock is set back
+// (Europe/Berlin, 25 October 2026: 02:00-02:59 first at 00:00Z-00:59Z,
+// then at 01:00Z-01:59Z) is read, as the handler reads it, at the instant
+// the server clock is in: the first pass's pings were refused as an hour
+// ahead of it (max_future), for the whole hour, every year.
+func TestTheHandlerReadsTheHourAClockIsSetBackAtTheServerClock(t *testing.T) {
+	h := provisioned(t, &Handler{TimeZone: "Europe/Berlin"})
+	body := []byte(`{"asset_id":"veh-1","occurred_at":"2026-10-25 02:30:00","lat":52.52,"lon":13.40}`)
+	for _, tc := range []struct{ now, want time.Time }{
+		{time.Date(2026, 10, 25, 0, 30, 5, 0, time.UTC), time.Date(2026, 10, 25, 0, 30, 0, 0, time.UTC)},
+		{time.Date(2026, 10, 25, 1, 30, 5, 0, time.UTC), time.Date(2026, 10, 25, 1, 30, 0, 0, time.UTC)},
+	} {
+		p, err := h.readPing(h.settings.extracts, body, nil, nil, tc.now)
+		if err != nil || !p.Time.Equal(tc.want) {
+			t.Errorf("02:30 local at server time %s: got %s, %v; want %s", tc.now.Format(time.TimeOnly), p.Time.Format(time.RFC3339), err, tc.want.Format(time.RFC3339))
+		}
+	}
+}

@@ -254,7 +254,9 @@ func (h *Handler) readPing(extracts *ping.ExtractCache, raw []byte, repl *caddy.
 	if scopeErr != nil {
 		return p, scopeErr
 	}
-	return p, extracts.Parser().Validate(p, now)
+	parser := extracts.Parser()
+	p = parser.AtServerClock(p, now)
+	return p, parser.Validate(p, now)
 }
 
 // refuse marks an element that cannot be keyed: rejected with the answer

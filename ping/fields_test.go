@@ -153,3 +153,37 @@ func TestTraccarFixTimes(t *testing.T) {
 		}
 	}
 }
+
+// In the hour a clock is set back (Europe/Berlin, 25 October 2026: 02:00
+// to 02:59 local happen first in CEST, 00:00Z to 00:59Z, then again in
+// CET, 01:00Z to 01:59Z), a local time without an offset has two
+// readings, and the server clock tells which one a live device means:
+// the one that is not an hour ahead of it. Go's ParseInLocation picks the
+// later instant, CET, so during the first pass every ping of every device
+// writing local time is read an hour in the future and refused
+// (max_future), or with preset osmand or traccar passed on unkeyed, for
+// the whole hour, every year.
+func TestAnAmbiguousLocalTimeIsReadAsTheInstantTheServerClockIsIn(t *testing.T) {
+	berlin, err := ParseTimeZone("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, local string
+		now, want   time.Time
+	}{
+		{"first pass (CEST)", "2026-10-25 02:30:00", time.Date(2026, 10, 25, 0, 30, 5, 0, time.UTC), time.Date(2026, 10, 25, 0, 30, 0, 0, time.UTC)},
+		{"second pass (CET)", "2026-10-25 02:30:00", time.Date(2026, 10, 25, 1, 30, 5, 0, time.UTC), time.Date(2026, 10, 25, 1, 30, 0, 0, time.UTC)},
+		{"the first pass's first second", "2026-10-25 02:00:00", time.Date(2026, 10, 25, 0, 0, 2, 0, time.UTC), time.Date(2026, 10, 25, 0, 0, 0, 0, time.UTC)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := NewParser()
+			p.TimeZone = berlin
+			body := []byte(`{"asset_id":"a","occurred_at":"` + tt.local + `","lat":52.52,"lon":13.40}`)
+			got, err := p.Parse(body, tt.now)
+			if err != nil || !got.Time.Equal(tt.want) {
+				t.Fatalf("%s at server time %s: got %v, %v; want %s", tt.local, tt.now.Format(time.TimeOnly), got.Time, err, tt.want.Format(time.RFC3339))
+			}
+		})
+	}
+}

@@ -37,6 +37,11 @@ type Ping struct {
 	Speed float64
 	// HasSpeed reports a ping that carried a speed.
 	HasSpeed bool
+	// setBack is, for a device time written in local time that its zone's
+	// clock passes twice (the hour it is set back), how much earlier the
+	// time's other reading is: Time is the later one, until AtServerClock
+	// tells them apart.
+	setBack time.Duration
 	// assetAt and timeAt are the indexes in the parser's AssetPaths and
 	// TimePaths of the paths the asset id and time were read at, so that
 	// Validate names the field the sender filled.
@@ -198,7 +203,23 @@ func (p Parser) Parse(body []byte, now time.Time) (Ping, error) {
 	if err != nil {
 		return Ping{}, err
 	}
+	ping = p.AtServerClock(ping, now)
 	return ping, p.Validate(ping, now)
+}
+
+// AtServerClock reads a device time written in local time in the hour its
+// zone's clock is set back (time_zone Europe/Berlin, "2026-10-25 02:30:00":
+// 00:30Z in summer time, then 01:30Z) as the later instant, unless that is
+// further ahead of now, the server clock, than max_future allows and the
+// earlier is not: a live device in the first pass of the hour means the
+// earlier. Read always as the later, every ping of that hour's first pass
+// was refused as from the future, every year; a retry of one keeps the
+// earlier reading until the clock is past the later one.
+func (p Parser) AtServerClock(ping Ping, now time.Time) Ping {
+	if ping.setBack != 0 && ping.Time.Sub(now) > p.MaxFuture {
+		ping.Time, ping.setBack = ping.Time.Add(-ping.setBack), 0
+	}
+	return ping
 }
 
 // Extract reads the configured fields of body, reprojected to WGS 84, and
@@ -350,7 +371,7 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 		ping.assetAt = uint16(at)
 	}
 	v, at := first(root, checks, plan.times, p.TimePaths)
-	if ping.Time, err = p.time(v, p.TimePaths[at]); err != nil {
+	if ping.Time, ping.setBack, err = p.time(v, p.TimePaths[at]); err != nil {
 		return Ping{}, err
 	}
 	ping.timeAt = uint16(at)
@@ -543,30 +564,32 @@ func (p *Parser) checkAsset(ping Ping) error {
 
 // time reads the device time v found at path; an error names that path,
 // the one the sender filled.
-func (p *Parser) time(v gjson.Result, path string) (time.Time, error) {
+// A local time also returns how much earlier its other reading is, in the
+// hour its zone's clock is set back (Ping.setBack).
+func (p *Parser) time(v gjson.Result, path string) (time.Time, time.Duration, error) {
 	if v.Type == gjson.Null {
-		return time.Time{}, invalid(path, RuleRequired,
+		return time.Time{}, 0, invalid(path, RuleRequired,
 			"missing; every ping needs the device's own timestamp at %s (arrival time is never used)", oneOf(p.TimePaths))
 	}
 	t, err := parseTime(v, p.TimeFormat, path)
 	if err != nil {
 		return p.naiveTime(v, path, err)
 	}
-	return t, nil
+	return t, 0, nil
 }
 
 // naiveTime reads a timestamp without an offset in the configured time
 // zone, or says how to name one.
-func (p *Parser) naiveTime(v gjson.Result, path string, err error) (time.Time, error) {
+func (p *Parser) naiveTime(v gjson.Result, path string, err error) (time.Time, time.Duration, error) {
 	var ie *InvalidPingError
 	if !errors.As(err, &ie) || ie.Rule != RuleTimezone {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
 	if p.TimeZone != nil {
 		return parseLocalTime(v.Str, p.TimeZone, path)
 	}
 	ie.Detail += "; or, if every device writes the local time of one zone, name it with time_zone (e.g. time_zone Europe/Berlin)"
-	return time.Time{}, ie
+	return time.Time{}, 0, ie
 }
 
 // axisError names the field of a projected coordinate the CRS refused.

@@ -24,14 +24,49 @@ func ParseTimeZone(s string) (*time.Location, error) {
 }
 
 // parseLocalTime reads a timestamp without an offset as a local time of
-// loc: what Traccar does with "yyyy-MM-dd HH:mm:ss", in its JVM's zone. In
-// the hour a clock is set back the reading is ambiguous; Go picks one of
-// the two instants.
-func parseLocalTime(s string, loc *time.Location, field string) (time.Time, error) {
+// loc: what Traccar does with "yyyy-MM-dd HH:mm:ss", in its JVM's zone. A
+// wall-clock time the zone passes twice (the hour its clock is set back)
+// is read as the later instant, with how much earlier the other is:
+// Parser.AtServerClock chooses between them.
+func parseLocalTime(s string, loc *time.Location, field string) (time.Time, time.Duration, error) {
 	for _, layout := range naiveLayouts {
-		if t, err := time.ParseInLocation(layout, s, loc); err == nil {
-			return t.UTC(), nil
+		if wall, err := time.Parse(layout, s); err == nil {
+			earliest, latest := readingsOf(wall, loc)
+			return latest, latest.Sub(earliest), nil
 		}
 	}
-	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not a timestamp such as \"2026-08-08 12:00:00\"", s)
+	return time.Time{}, 0, invalid(field, RuleTimeFormat, "%q is not a timestamp such as \"2026-08-08 12:00:00\"", s)
+}
+
+// readingsOf returns the first and last instant at which loc's clocks
+// show wall (a wall-clock time, read as UTC): two in the hour the clock is
+// set back, else one (for a time the clock skips when it is set forward,
+// the instant ParseInLocation reads it as). A zone's offsets three hours
+// either side of a reading are the ones its clock can have changed
+// between.
+func readingsOf(wall time.Time, loc *time.Location) (earliest, latest time.Time) {
+	first := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), wall.Second(), wall.Nanosecond(), loc).UTC()
+	earliest, latest = first, first
+	for _, probe := range []time.Time{first.Add(-3 * time.Hour), first.Add(3 * time.Hour)} {
+		_, offset := probe.In(loc).Zone()
+		at := wall.Add(-time.Duration(offset) * time.Second)
+		if !showsWall(at, loc, wall) {
+			continue
+		}
+		if at.Before(earliest) {
+			earliest = at
+		}
+		if at.After(latest) {
+			latest = at
+		}
+	}
+	return earliest, latest
+}
+
+// showsWall reports whether loc's clocks show wall at the instant at.
+func showsWall(at time.Time, loc *time.Location, wall time.Time) bool {
+	local := at.In(loc)
+	y, mo, d := local.Date()
+	h, mi, sec := local.Clock()
+	return time.Date(y, mo, d, h, mi, sec, local.Nanosecond(), time.UTC).Equal(wall)
 }
