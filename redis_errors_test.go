@@ -694,3 +694,36 @@ func urlWithoutXADD(t *testing.T) (url string, takeXADD func()) {
 		}
 	}
 }
+
+// An operator who points the store at a Redis that requires a password
+// and gives none (forgot it, or the {env.REDIS_PASSWORD} inside the URL is
+// unset, which leaves a URL that is not empty) must be told so at start:
+// the README promises the startup warning names the fix "when Redis answers
+// with an error instead: a password, an ACL rule", and
+// TestTheStartupWarningSaysWhatRedisRefused checks it with a plain
+// go-redis client. The store's own client loads its scripts on every new
+// connection (OnConnect), before the PING: unauthenticated, Redis closes
+// the connection on them, and the operator reads "redis store does not
+// answer" with error EOF, no fix, while every ping goes upstream
+// unchecked; each store error line then blames the timeout ("is it
+// reachable, paused or overloaded?").
+func TestTheStoresStartupWarningNamesAMissingPassword(t *testing.T) {
+	srv := redistest.StartWith(t, "--requirepass", "s3cret")
+	store := provisionRedisStore(t, "redis://"+srv.Addr()+"/0") // no password, as with redis://:{env.UNSET}@host
+	core, logs := observer.New(zap.WarnLevel)
+	warnIfUnreachable(context.Background(), store.client, srv.Addr(), zap.New(core))
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("%d warnings, want 1", len(entries))
+	}
+	fix, _ := entries[0].ContextMap()["fix"].(string)
+	if strings.Contains(entries[0].Message, "does not answer") || !strings.Contains(fix, "password") {
+		t.Errorf("startup warning %q (error %v), fix %q; want what Redis refused and a fix naming the password",
+			entries[0].Message, entries[0].ContextMap()["error"], fix)
+	}
+
+	err := store.client.Set(context.Background(), "k", "v", 0).Err() // a store call, as the pings make them
+	if fix := storeErrorFix(err); !strings.Contains(fix, "password") {
+		t.Errorf("a store call fails with %v, fix %q; want a fix naming the password", err, fix)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -84,6 +85,14 @@ func LoadScripts(ctx context.Context, cn *redis.Conn) error {
 	known, err := cn.ScriptExists(ctx, hashes...).Result()
 	if err != nil && !pipeline.IsReply(err) {
 		return fmt.Errorf("loading the store's scripts on a new connection: %w", err)
+	}
+	if refusedAccess(err) {
+		// Left to the store's own calls, which say what Redis refused
+		// (and the startup warning its fix): loaded unauthenticated, the
+		// decision script's 20 KB are more than Redis takes before AUTH,
+		// and it closed the connection, which read as a Redis that did
+		// not answer (EOF).
+		return nil
 	}
 	if len(known) != len(scripts) { // SCRIPT EXISTS refused: load them all
 		known = make([]bool, len(scripts))
@@ -317,6 +326,16 @@ func partialRelease(err error, order []int, cmds []pipeline.Cmd) error {
 		}
 	}
 	return e
+}
+
+// refusedAccess reports Redis refusing the connection's user a command: no
+// password given, a wrong one, or an ACL that denies it.
+func refusedAccess(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "NOAUTH") || strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOPERM")
 }
 
 // releaseCall is the script that releases c, with its keys and arguments.
