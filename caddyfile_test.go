@@ -222,6 +222,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"radius 0", "telemetry_dedup {\n\tshape sliding\n\tradius 0\n}", []string{":3", "radius 0", "more than 0", "radius 25"}},
 		{"stuck_ratio 0", "telemetry_dedup {\n\tstuck_ratio 0\n}", []string{":2", "more than 0", "0.95"}},
 		{"stuck_after within the window", "telemetry_dedup {\n\twindow 5m\n\tstuck_after 1m\n}", []string{":3", "not longer than the window", "15m"}},
+		{"stuck_after within the window, sliding", "telemetry_dedup {\n\tshape sliding\n\twindow 4s\n\tstuck_after 3s\n}", []string{":4", "not longer than the window", "12s"}},
 		{"unknown preset", "telemetry_dedup {\n\tpreset teltonika\n}", []string{":2", "owntracks"}},
 		// The floor is new: an operator upgrading with a lower max_body is
 		// told the line, and the fix as the Caddyfile writes it.

@@ -271,7 +271,8 @@ type Handler struct {
 	StuckRatio float64 `json:"stuck_ratio,omitempty"`
 
 	// ...and none was accepted for this long. Default: 3 × window, which a
-	// parked asset never reaches: it is admitted again every window.
+	// parked asset never reaches: it is admitted again every window. With
+	// shape tumbling or sliding it must be longer than the window.
 	StuckAfter caddy.Duration `json:"stuck_after,omitempty"`
 
 	// How many assets stuck detection remembers, least recently seen

@@ -199,9 +199,10 @@ func (h *Handler) resolve() (settings, error) {
 	if s.stuckAfter < 0 {
 		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf("%s is negative; use a duration longer than the window, e.g. 15m", s.stuckAfter)}
 	}
-	if s.policy.Shape == dedup.Tumbling && s.stuckAfter <= s.keyer.Window {
-		// A parked asset is admitted once a window: it would be listed as
-		// stuck between two admissions.
+	if s.policy.Shape != dedup.Session && s.stuckAfter <= s.keyer.Window {
+		// A parked asset is admitted once a window (in tumbling and
+		// sliding alike): it would be listed as stuck between two
+		// admissions.
 		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf(
 			"%s is not longer than the window %s, so every parked asset would be listed as stuck between two admissions; use e.g. %s",
 			s.stuckAfter, s.keyer.Window, 3*s.keyer.Window)}
