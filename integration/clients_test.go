@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"mime"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -147,6 +149,33 @@ func traccarForwarder(r response, retryEnabled bool) fate {
 		return retried
 	}
 	return dropped
+}
+
+// traccarAlarms is what Traccar raises from the OsmAnd positions it
+// stores, in order, at its default event.ignoreDuplicateAlerts true
+// (traccar/traccar 9e5c458: Keys.java:511-514; AlarmEventHandler.java:40-59,
+// with lastPosition the device's latest stored position,
+// BasePositionEventHandler.java:30-35): each alarm of a position's alarm
+// field (a comma-separated list) is an event, unless the device's last
+// stored position carried that alarm too. Each query is one position, its
+// fields as OsmAndProtocolDecoder reads them.
+func traccarAlarms(queries []string) []string {
+	var raised []string
+	var last []string
+	for _, q := range queries {
+		fields, _ := url.ParseQuery(q)
+		var alarms []string
+		if a := fields.Get("alarm"); a != "" {
+			alarms = strings.Split(a, ",")
+		}
+		for _, a := range alarms {
+			if !slices.Contains(last, a) {
+				raised = append(raised, a)
+			}
+		}
+		last = alarms
+	}
+	return raised
 }
 
 // retryAfterAtLeastOne reports an answer whose Retry-After is a whole

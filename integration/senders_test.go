@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -528,6 +529,71 @@ func TestTraccarEventsAndStatesAtAParkedVehicle(t *testing.T) {
 			step(60*time.Second, 52.5200200, 13.4049700, "&ignition=false", "accepted", "")
 			step(60*time.Second, 52.5200200, 13.4049700, "&ignition=false", "suppressed", "redelivery")
 			step(80*time.Second, 52.5200350, 13.4049850, "&ignition=false", "suppressed", "jitter")
+		})
+	}
+}
+
+// Traccar raises an alarm only when the device's last stored position did
+// not carry it already (event.ignoreDuplicateAlerts, on by default;
+// traccarAlarms). A parked phone's second SOS is a new alarm to Traccar
+// because the positions the phone sent between the two, without an alarm,
+// were stored: its last position no longer says sos. Behind the osmand
+// preset those positions are jitter of the parked phone and never reach
+// Traccar, whose last position still carries the first SOS, so the second,
+// accepted and forwarded, raises no event and no notification. The old
+// Traccar Client sends a position every interval while parked (300 s by
+// default, preferences.xml:32; PositionProvider.kt:49-62) and each SOS apart
+// (ShortcutActivity.kt:78-98); so do OsmAnd-protocol trackers.
+func TestASecondSOSAtAParkedPhoneRaisesItsAlarmInTraccar(t *testing.T) {
+	for _, tt := range []struct {
+		shape    string
+		interval time.Duration // the client's
+	}{
+		{"session", 5 * time.Minute}, // the old Traccar Client's default
+		{"sliding", time.Minute},     // both SOS in one 5-minute window
+		// Not tumbling: there the state enters the key, and a position
+		// without an alarm after the first SOS has the key of one before
+		// it (README, Presets).
+	} {
+		t.Run(tt.shape, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := newUpstream(t)
+			answering(up, http.StatusOK, "", "") // what Traccar's OsmAnd port answers
+			tester := startCaddy(t, up, redisOptions(srv, "preset osmand\n\t\tshape "+tt.shape))
+			ts := base()
+			position := func(at time.Duration, jitter float64, extra string) string {
+				return fmt.Sprintf("id=358240051111110&timestamp=%d&lat=%v&lon=%v&speed=0.0&bearing=0.0&altitude=35.0&accuracy=0.0&batt=81.0%s",
+					ts.Add(at).Unix(), 52.5200087+jitter, 13.4049547+jitter, extra)
+			}
+			// What the phone sends, in order: a position every interval,
+			// an SOS after the second and another after the fifth.
+			var sent []string
+			for k := range 7 {
+				jitter := float64(k%3-1) * 3e-6 // a few decimetres
+				sent = append(sent, position(time.Duration(k)*tt.interval, jitter, ""))
+				if k == 1 || k == 4 {
+					sent = append(sent, position(time.Duration(k)*tt.interval+tt.interval/2, jitter, "&alarm=sos"))
+				}
+			}
+			for _, q := range sent {
+				res := send(t, tester.Client, http.MethodPost, q, "", nil)
+				if traccarClientAndroid(res, strings.Contains(q, "alarm=")) != delivered {
+					t.Fatalf("?%s answered %d %q, which the Traccar Client does not take as delivered", q, res.status, res.header.Get("X-Dedup"))
+				}
+				if strings.Contains(q, "alarm=") && res.header.Get("X-Dedup") != "accepted" {
+					t.Fatalf("an SOS was %q (%q); want it accepted", res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"))
+				}
+			}
+			var stored []string
+			for _, r := range up.requests() {
+				stored = append(stored, r.query)
+			}
+			without, behind := traccarAlarms(sent), traccarAlarms(stored)
+			if !slices.Equal(behind, without) {
+				t.Fatalf("Traccar raised the alarms %q behind the module and %q without it: the positions without an alarm "+
+					"after the first SOS never reached it (%d of the %d requests sent were answered here), so it drops the "+
+					"second SOS as a duplicate of the first", behind, without, len(sent)-len(stored), len(sent))
+			}
 		})
 	}
 }

@@ -2,6 +2,7 @@ package ping
 
 import (
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -105,7 +106,7 @@ func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, pl
 	}
 	var state []string
 	for i, path := range p.States {
-		if s, ok := text(fieldValue(root, checks, plan, 2+len(p.Events)+i, path)); ok {
+		if s, ok := text(fieldValue(root, checks, plan, 2+len(p.Events)+i, path)); ok || slices.Contains(p.ClearedWhenAbsent, path) {
 			state = append(state, field(path, s))
 		}
 	}

@@ -155,6 +155,11 @@ type Parser struct {
 	// States are plain paths of fields whose values are the asset's state
 	// (an ignition): those present become Ping.State.
 	States []string
+	// ClearedWhenAbsent are those of States whose absence is a state of
+	// its own, the field's condition over: a position without an alarm
+	// says the alarm has ended, where a position without an ignition says
+	// nothing of it.
+	ClearedWhenAbsent []string
 
 	// TimeZone, when set, reads timestamps without a UTC offset as local
 	// times of this zone instead of refusing them.

@@ -136,7 +136,13 @@ func osmAnd() Parser {
 	// read as metres widens nothing: it is below any radius.
 	p.AccuracyFallback = "hdop"
 	p.Events = []Match{{Path: "alarm"}}
-	p.States = []string{"ignition", "driverUniqueId"}
+	// An alarm is a state too, and its absence one: Traccar raises an
+	// alarm only when the device's last stored position did not carry it
+	// (event.ignoreDuplicateAlerts, on by default), so the first position
+	// without it must reach Traccar, or a parked phone's second SOS
+	// raised nothing.
+	p.States = []string{"ignition", "driverUniqueId", "alarm"}
+	p.ClearedWhenAbsent = []string{"alarm"}
 	p.Skip = []Match{{Path: "lat", Absent: true}, {Path: "timestamp", Absent: true}, {Path: "valid", Values: []string{"true", "1"}, Except: true}}
 	// Traccar stores a position whatever its time (its filter is off by
 	// default), and the old Traccar Client retries a refused one forever
@@ -154,7 +160,8 @@ func transistorsoft() Parser {
 	p.LatPath, p.LonPath = "location.coords.latitude", "location.coords.longitude"
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "location.coords.accuracy", "location.coords.speed", MetresPerSecond
 	p.Events = []Match{{Path: "location.alarm"}, {Path: "location.extras.alarm"}, {Path: "location.event", Values: []string{"geofence"}}}
-	p.States = []string{"location.is_moving"}
+	p.States = []string{"location.is_moving", "location.alarm", "location.extras.alarm"} // the alarm as osmAnd's
+	p.ClearedWhenAbsent = []string{"location.alarm", "location.extras.alarm"}
 	// Without coords Traccar takes the device's last known position.
 	p.Skip = []Match{{Path: "location.coords", Absent: true}}
 	p.PassImplausible = true // as osmAnd's, for the same Traccar

@@ -36,6 +36,10 @@ func fix(asset, at string, lat, lon float64) *Ping {
 
 func (p *Ping) with(f func(*Ping)) *Ping { f(p); return p }
 
+// noAlarm is the state of an OsmAnd position that carries no alarm: the
+// alarm over (Parser.ClearedWhenAbsent).
+func noAlarm(p *Ping) { p.State = "alarm=" }
+
 var notAPing = fixtureOutcome{notAPing: true}
 
 func broke(field string, rule Rule) fixtureOutcome { return fixtureOutcome{field: field, rule: rule} }
@@ -103,23 +107,23 @@ func TestSenderJSONFixturesReadAsTheirTrackerMeant(t *testing.T) {
 
 		{"traccar-osmand/json/transistorsoft_android_moving.json", "osmand",
 			[]fixtureOutcome{reads(fix("8737767034", "2021-07-21T08:06:34.444Z", -6.1148096, 106.6837015).with(func(p *Ping) {
-				p.Accuracy, p.State = 3.8, "location.is_moving=false"
+				p.Accuracy, p.State = 3.8, "location.is_moving=false&location.alarm=&location.extras.alarm="
 				speed(18.67)(p)
 			}))}},
 		{"traccar-osmand/json/transistorsoft_traccar_client9_motionchange.json", "osmand",
 			[]fixtureOutcome{reads(fix("48241179", "2025-06-15T13:45:12.862Z", 37.4219983, -122.084).with(func(p *Ping) {
-				p.Accuracy, p.State = 5, "location.is_moving=false"
+				p.Accuracy, p.State = 5, "location.is_moving=false&location.alarm=&location.extras.alarm="
 				speed(0)(p)
 			}))}},
 		{"traccar-osmand/json/transistorsoft_extras_types.json", "osmand",
 			[]fixtureOutcome{reads(fix("48241179", "2025-06-15T13:45:12.862Z", 37.4219983, -122.084).with(func(p *Ping) {
-				p.Accuracy, p.State = 5, "location.is_moving=false"
+				p.Accuracy, p.State = 5, "location.is_moving=false&location.alarm=&location.extras.alarm="
 				speed(0)(p)
 			}))}},
 		// iOS writes speed -1 for unknown.
 		{"traccar-osmand/json/transistorsoft_ios_mock.json", "osmand",
 			[]fixtureOutcome{reads(fix("658765", "2025-05-09T04:11:30.579Z", 37.785834000000001, -122.406417).with(func(p *Ping) {
-				p.Accuracy, p.State = 5, "location.is_moving=false"
+				p.Accuracy, p.State = 5, "location.is_moving=false&location.alarm=&location.extras.alarm="
 			}))}},
 		// The SDK's uploadJson array has no location object: not a fix of
 		// this format, passed on as it came.
@@ -178,39 +182,39 @@ func TestSenderFormFixturesReadAsTraccarReadsThem(t *testing.T) {
 			broke("id", RuleRequired),
 			// The OsmAnd app's URLs: its accuracy, in metres, comes as hdop
 			// (which Traccar keeps as the hdop attribute).
-			reads(fix("902064", "2016-01-27T18:55:47Z", 42.06288, -88.23412).with(func(p *Ping) { p.Accuracy = 6; knots(0)(p) })),
-			reads(fix("902064", "2015-09-12T14:38:06.579Z", 42.06288, -88.23412).with(func(p *Ping) { p.Accuracy = 6; knots(0)(p) })),
+			reads(fix("902064", "2016-01-27T18:55:47Z", 42.06288, -88.23412).with(noAlarm).with(func(p *Ping) { p.Accuracy = 6; knots(0)(p) })),
+			reads(fix("902064", "2015-09-12T14:38:06.579Z", 42.06288, -88.23412).with(noAlarm).with(func(p *Ping) { p.Accuracy = 6; knots(0)(p) })),
 			broke("timestamp", RuleTimezone), // yyyy-MM-dd HH:mm:ss: Traccar's JVM zone, which we never guess
-			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(knots(0))),
-			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30)),
+			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(noAlarm).with(knots(0))),
+			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(noAlarm)),
 			notAPing, // no timestamp: Traccar takes its own clock
 			notAPing,
 			notAPing, // location=lat,lon
 			reads(fix("123456789012345", "2017-09-07T05:56:50Z", 40.7232948571, -74.0061408571).with(func(p *Ping) {
-				p.State = "ignition=true"
+				p.State = "ignition=true&alarm="
 				knots(40)(p)
 			})),
 		}},
 		// With the zone named, the local time is read in it.
 		{"traccar-osmand/query_strings.txt", true, []fixtureOutcome{
-			4: reads(fix("353861053849681", "2014-06-04T07:10:11Z", 49.60688, 6.15788).with(knots(0))),
+			4: reads(fix("353861053849681", "2014-06-04T07:10:11Z", 49.60688, 6.15788).with(noAlarm).with(knots(0))),
 		}},
 		// Time 0 with the GPS rollover correction, at (0, 0): no fix, which
 		// Traccar stores as it is.
 		{"traccar-client-android/request_urls_test.txt", false, []fixtureOutcome{
 			passedOn("lat", RuleNullIsland), passedOn("lat", RuleNullIsland), passedOn("lat", RuleNullIsland)}},
 		{"traccar-client-android/request_url_composed.txt", false, []fixtureOutcome{
-			reads(fix("123456789012345", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(knots(2.332613))),
-			reads(fix("123456789012345", "2025-01-01T10:00:12Z", 48.85683, 2.2927).with(func(p *Ping) { p.Accuracy = 14; knots(0)(p) })),
+			reads(fix("123456789012345", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(noAlarm).with(knots(2.332613))),
+			reads(fix("123456789012345", "2025-01-01T10:00:12Z", 48.85683, 2.2927).with(noAlarm).with(func(p *Ping) { p.Accuracy = 14; knots(0)(p) })),
 			reads(fix("123456789012345", "2025-01-01T10:00:30Z", 48.85683, 2.2927).with(func(p *Ping) {
-				p.Event = "alarm=sos"
+				p.Event, p.State = "alarm=sos", "alarm=sos"
 				knots(0)(p)
 			})),
 		}},
 		{"traccar-client-sdk/form_body_composed.txt", false, []fixtureOutcome{
-			reads(fix("48241179", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(func(p *Ping) { p.Accuracy = 4.5; knots(2.33)(p) })),
+			reads(fix("48241179", "2025-01-01T10:00:00Z", 48.856826, 2.292713).with(noAlarm).with(func(p *Ping) { p.Accuracy = 4.5; knots(2.33)(p) })),
 			reads(fix("48241179", "2025-01-01T10:00:30Z", 48.85683, 2.2927).with(func(p *Ping) {
-				p.Accuracy, p.Event = 4.5, "alarm=sos"
+				p.Accuracy, p.Event, p.State = 4.5, "alarm=sos", "alarm=sos"
 				knots(0)(p)
 			})),
 		}},
