@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
@@ -68,5 +69,73 @@ func TestANearCachedDuplicateInABatchIsSuppressedWhileRedisHangs(t *testing.T) {
 					res.status, res.header.Get("X-Dedup"), got)
 			}
 		})
+	}
+}
+
+// On a Cluster a hung master holds up only the commands for its slots
+// (README, Pipelining; its breaker zone opens alone): a ping of an asset on
+// a healthy master is judged as usual. A batch holding a ping of an asset
+// on each (a gateway forwarding its fleet's positions together) must
+// give each the decision it would get alone: the healthy master's jitter
+// fix of a parked asset is suppressed, as it is alone at the same moment.
+// The whole batch was answered by the hung master's failure: the jitter fix
+// went upstream "unchecked" beside the new ping.
+func TestABatchSpanningAHungClusterMasterSuppressesTheHealthyOnesJitter(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	a := cluster.Addrs()
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"clus:","shape":"sliding","store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d,"breaker_failures":1}}`,
+		a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds()))
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+	keyer := dedup.Keyer{Prefix: "clus:"}
+	nodeOf := func(asset string) *redistest.Server {
+		state, _ := keyer.TrackKeys(asset, base)
+		return cluster.NodeFor(state)
+	}
+	parked, other := "veh-parked", ""
+	for i := 0; other == ""; i++ {
+		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(parked) {
+			other = id
+		}
+	}
+	pingAt := func(asset string, sec int, lat, lon float64) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
+	}
+	// the parked asset's stay: accepted, then its jitter suppressed
+	if res := tt.post(pingAt(parked, 0, 52.52, 13.40), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("first fix: %d %s", res.status, res.body)
+	}
+	if res := tt.post(pingAt(other, 0, 48.85, 2.35), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("the other asset's first fix: %d %s", res.status, res.body)
+	}
+	for sec := 5; sec <= 15; sec += 5 {
+		if res := tt.post(pingAt(parked, sec, 52.52+float64(sec)*1e-6, 13.40), "application/json", nil); res.header.Get("X-Dedup") != "suppressed" {
+			t.Fatalf("jitter at %ds: %d %s", sec, res.status, res.header.Get("X-Dedup"))
+		}
+	}
+
+	hung := nodeOf(other)
+	hung.Pause()
+	defer hung.Resume()
+	tt.upstream = nil
+	// alone: the healthy master judges it
+	if res := tt.post(pingAt(parked, 20, 52.52001, 13.40001), "application/json", nil); res.header.Get("X-Dedup") != "suppressed" {
+		t.Fatalf("setup: jitter of the parked asset alone while the other master hangs: %d %s, want suppressed", res.status, res.header.Get("X-Dedup"))
+	}
+	// in a batch beside the hung master's asset: first while the hung
+	// master's breaker zone is closed (the call waits for it), then open
+	// (its claims fail at once, the others go to their master)
+	for _, sec := range []int{25, 30} {
+		tt.upstream = nil
+		res := tt.post("["+pingAt(parked, sec, 52.51999, 13.39999)+","+pingAt(other, sec, 48.86, 2.36)+"]", "application/json", nil)
+		for _, body := range tt.upstream {
+			if strings.Contains(string(body), parked) || !strings.Contains(string(body), other) {
+				t.Errorf("at %ds: the upstream got %s (X-Dedup %q, suppressed %q); want only the other asset's fix, unchecked",
+					sec, body, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Suppressed"))
+			}
+		}
+		if got := res.header.Get("X-Dedup-Suppressed"); got != "1" {
+			t.Errorf("at %ds, batch [parked asset's jitter (healthy master), other asset's fix (hung master)]: %d X-Dedup %q, X-Dedup-Suppressed %q; want the jitter suppressed as alone (1)",
+				sec, res.status, res.header.Get("X-Dedup"), got)
+		}
 	}
 }

@@ -125,8 +125,9 @@ func NewBreaker(failures int, cooldown time.Duration, onChange func(from, to Bre
 // ZoneBy splits the breaker into zones: zone names the zone of a key (a
 // claim's is Claim.Key), and each zone counts the failures of the calls on
 // its claims, opens and is probed on its own. A call whose claims lie in
-// several zones goes to the store only if none of them is open (it would
-// wait for that one anyway), and its outcome counts in each. A call with
+// several zones sends those of the zones that let it through and fails
+// the others with ErrBreakerOpen (a DecideError); its outcome counts in
+// each zone by that zone's own claims. A call with
 // no claims goes through and counts nowhere. A zone no call has asked for
 // in zoneIdle is forgotten. onChange, if not nil, replaces NewBreaker's
 // and is told of every transition of every zone, with the zone's name. Set
@@ -408,6 +409,43 @@ func (b *Breaker) count(set zoneSet, err error) {
 	}
 }
 
+// refusing reports, per claim, whether its zone refuses a call now, as
+// letThrough would, without making a probe of it.
+func (b *Breaker) refusing(claims []*Claim) []bool {
+	names := make([]string, len(claims))
+	for i, c := range claims {
+		names[i] = b.zone(c.Key())
+	}
+	refused := make([]bool, len(claims))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	for i, name := range names {
+		refused[i] = !b.admits(b.zoneLocked(name, now))
+	}
+	return refused
+}
+
+// countZonesApart records, in each zone of a call that failed for some of
+// its claims (partial), whether the call failed there.
+func (b *Breaker) countZonesApart(claims []*Claim, partial *DecideError) {
+	failed := map[string]bool{}
+	for i, c := range claims {
+		name := b.zone(c.Key())
+		failed[name] = failed[name] || partial.Failed[i]
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	for name, f := range failed {
+		var err error
+		if f {
+			err = partial.Err
+		}
+		b.record(b.zoneLocked(name, now), err)
+	}
+}
+
 // uncounted ends a call that says nothing of its zones: a probe it was is
 // over, and the next call may probe.
 func (b *Breaker) uncounted(set zoneSet) {
@@ -463,12 +501,55 @@ type guardedStore struct {
 
 func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
 	set, err := g.breaker.enter(ctx, claims)
+	if errors.Is(err, ErrBreakerOpen) && set.more != nil {
+		return g.decideOpenZonesApart(ctx, claims)
+	}
 	if err != nil {
 		return nil, err
 	}
 	v, err := g.next.Decide(ctx, claims)
-	g.breaker.count(set, err)
+	if partial, ok := errors.AsType[*DecideError](err); ok && set.more != nil {
+		g.breaker.countZonesApart(claims, partial)
+	} else {
+		g.breaker.count(set, err)
+	}
 	return v, err
+}
+
+// decideOpenZonesApart decides a call whose claims lie in several zones,
+// some of which refuse calls now: the claims of the others go to the
+// store, and those of the refusing zones fail with ErrBreakerOpen, as
+// each would alone. A batch of a gateway's fleet no longer failed whole
+// for the one master that hung.
+func (g guardedStore) decideOpenZonesApart(ctx context.Context, claims []*Claim) ([]Verdict, error) {
+	refused := g.breaker.refusing(claims)
+	var through []*Claim
+	var at []int
+	for i, c := range claims {
+		if !refused[i] {
+			through, at = append(through, c), append(at, i)
+		}
+	}
+	if len(through) == 0 || len(through) == len(claims) {
+		return nil, ErrBreakerOpen
+	}
+	decided, err := g.Decide(ctx, through)
+	if decided == nil {
+		return nil, err
+	}
+	verdicts := make([]Verdict, len(claims))
+	for j, i := range at {
+		verdicts[i] = decided[j]
+		refused[i] = DecideFailed(err, j)
+	}
+	// The call's error decides whether its failed claims may have been
+	// written (MayHaveWritten); the refused ones were not, and settling or
+	// releasing a claim by its token where it never landed changes nothing.
+	cause := ErrBreakerOpen
+	if partial, ok := errors.AsType[*DecideError](err); ok {
+		cause = partial.Err
+	}
+	return verdicts, &DecideError{Err: cause, Failed: refused}
 }
 
 func (g guardedStore) Settle(claims []*Claim, done func(error)) {

@@ -123,11 +123,16 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 			cmds[i] = trackDecideCmd(c)
 		}
 	}
-	if err := s.do(ctx, cmds); err != nil {
+	err := s.do(ctx, cmds)
+	partial, _ := errors.AsType[*pipeline.PartialError](err)
+	if err != nil && partial == nil {
 		return nil, err
 	}
 	verdicts := make([]Verdict, len(claims))
 	for i, c := range claims {
+		if partial != nil && partial.Failed[i] {
+			continue
+		}
 		var err error
 		if c.Policy.Shape == Tumbling {
 			verdicts[i], err = claimVerdict(c, cmds[i].Result.(*redis.StatusCmd))
@@ -139,6 +144,11 @@ func (s *RedisStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, er
 		}
 	}
 	s.holdLateClaims(ctx, claims, verdicts)
+	if partial != nil {
+		// A Cluster master that did not answer costs only its own claims
+		// their verdicts (see DecideError).
+		return verdicts, &DecideError{Err: partial.Err, Failed: partial.Failed}
+	}
 	return verdicts, nil
 }
 

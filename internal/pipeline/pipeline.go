@@ -99,7 +99,94 @@ type pipelineJob struct {
 	deadline time.Time
 	answered chan error
 	then     func(error)
+	// split, when the commands live on several masters, holds the answers
+	// of the parts sent to each.
+	split *splitJob
 }
+
+// splitJob is a job whose commands went to several masters' shards, a part
+// to each, answered once every part is, or given up by its caller before:
+// a part a hung master holds up does not cost the others their answers.
+type splitJob struct {
+	job  *pipelineJob
+	cmds [][]int // by part, the job's commands in it
+
+	mu       sync.Mutex
+	errs     []error // by part
+	answered []bool  // by part
+	left     int
+	gaveUp   bool
+}
+
+// answerPart records part k's outcome, its commands' results in cmds, and
+// answers the job when it was the last part.
+func (s *splitJob) answerPart(k int, cmds []Cmd, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.left--
+	if s.gaveUp {
+		return // its caller has gone with what it had
+	}
+	for j, i := range s.cmds[k] {
+		s.job.cmds[i].Result = cmds[j].Result
+	}
+	s.errs[k], s.answered[k] = err, true
+	if s.left == 0 {
+		s.job.answer(s.outcome(nil))
+	}
+}
+
+// giveUp ends its caller's wait, with cause for the parts not answered yet:
+// the outcome of those that were. Nothing is written into the job after it.
+func (s *splitJob) giveUp(cause error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gaveUp = true
+	return s.outcome(cause)
+}
+
+// outcome is nil when every part succeeded; the first failure when none
+// did; else a *PartialError naming the commands of the failed parts (and
+// of those not answered, failed with pending). s.mu must be held.
+func (s *splitJob) outcome(pending error) error {
+	var first error
+	failed := make([]bool, len(s.job.cmds))
+	ok := false
+	for k, cmds := range s.cmds {
+		err := s.errs[k]
+		if !s.answered[k] {
+			err = pending
+		}
+		if err == nil {
+			ok = true
+			continue
+		}
+		first = cmp.Or(first, err)
+		for _, i := range cmds {
+			failed[i] = true
+		}
+	}
+	if first == nil || !ok {
+		return first
+	}
+	return &PartialError{Err: first, Failed: failed}
+}
+
+// PartialError answers a Do on a Cluster whose commands went to several
+// masters when some answered and some did not (down, hung, or their part
+// refused): the commands of those that answered hold their results.
+type PartialError struct {
+	// Err is the first failed part's error.
+	Err error
+	// Failed is, per command, whether it has no result.
+	Failed []bool
+}
+
+// Error is the first failed part's.
+func (e *PartialError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the first failed part's error.
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // answer gives the job its outcome: nil or the first command error.
 func (job *pipelineJob) answer(err error) {
@@ -157,7 +244,9 @@ func (p *Pipeline) RoundTrips() (roundTrips, commands uint64) {
 
 // Do runs cmds in one round trip (shared with other requests; on a
 // Cluster, one a master) and returns the first command error; redis.Nil,
-// an absent key, is not one. It gives up with context.DeadlineExceeded once
+// an absent key, is not one. On a Cluster, when some masters answered and
+// others did not, it is a *PartialError naming the commands without a
+// result. It gives up with context.DeadlineExceeded once
 // timeout has passed, or when ctx ends, whichever comes first.
 //
 // The timeout is a parameter rather than a context.WithTimeout of the
@@ -184,10 +273,24 @@ func (p *Pipeline) Do(ctx context.Context, timeout time.Duration, cmds []Cmd) er
 	case err := <-job.answered:
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		return job.giveUp(ctx.Err())
 	case <-timer.C:
-		return context.DeadlineExceeded
+		return job.giveUp(context.DeadlineExceeded)
 	}
+}
+
+// giveUp ends a caller's wait for job with cause: for a job split over
+// masters, what the parts that answered said.
+func (job *pipelineJob) giveUp(cause error) error {
+	if job.split == nil {
+		return cause
+	}
+	select {
+	case err := <-job.answered: // answered whole meanwhile
+		return err
+	default:
+	}
+	return job.split.giveUp(cause)
 }
 
 // Go queues cmds to run as Do's would, within timeout, and returns at once:
@@ -218,8 +321,8 @@ func (p *Pipeline) enqueue(ctx context.Context, job *pipelineJob) (lead *shard) 
 
 // route queues job on the shard of its commands' master or, if they live on
 // several, a part of it on each, answering job once every part has been
-// answered, with the first error of the parts (in the order of their first
-// commands). It hands the sending of
+// answered: with the first error of the parts (in the order of their first
+// commands) when all failed, else with a PartialError (see splitJob). It hands the sending of
 // every shard the caller leads but one to that shard's drain: a caller that
 // sent one batch after the other would hold up a healthy master's queue
 // behind a hung one's.
@@ -255,23 +358,17 @@ func (p *Pipeline) route(ctx context.Context, job *pipelineJob) (lead *shard) {
 		}
 		return nil
 	}
-	errs := make([]error, len(parts))
-	var left atomic.Int32
-	left.Store(int32(len(parts)))
+	split := &splitJob{job: job, errs: make([]error, len(parts)), answered: make([]bool, len(parts)), left: len(parts)}
+	for _, pt := range parts {
+		split.cmds = append(split.cmds, pt.cmds)
+	}
+	job.split = split
 	for k, pt := range parts {
 		cmds := make([]Cmd, len(pt.cmds))
 		for j, i := range pt.cmds {
 			cmds[j] = job.cmds[i]
 		}
-		answered := func(err error) {
-			for j, i := range pt.cmds {
-				job.cmds[i].Result = cmds[j].Result
-			}
-			errs[k] = err
-			if left.Add(-1) == 0 {
-				job.answer(cmp.Or(errs...))
-			}
-		}
+		answered := func(err error) { split.answerPart(k, cmds, err) }
 		if pt.shard.enqueue(&pipelineJob{cmds: cmds, deadline: job.deadline, then: answered}, false) {
 			if lead != nil {
 				lead.wake <- struct{}{}

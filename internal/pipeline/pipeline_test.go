@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -220,14 +221,7 @@ func TestCloseSendsWhatIsQueued(t *testing.T) {
 // another master is answered at once. With one queue for every master, that
 // call waited behind the hung master's batch and timed out too.
 func TestAHungMasterHoldsUpOnlyItsOwnKeys(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	p := New(cluster.Client())
-	t.Cleanup(p.Close) // after Resume: cleanups run last first
-	keys := keysOnDistinctMasters(t, cluster, 2)
-	hung, healthy := keys[0], keys[1]
-	master := cluster.NodeFor(hung)
-	master.Pause()
-	t.Cleanup(master.Resume)
+	p, _, hung, healthy := withAHungMaster(t)
 
 	const hungTimeout = time.Second
 	start := time.Now()
@@ -249,6 +243,31 @@ func TestAHungMasterHoldsUpOnlyItsOwnKeys(t *testing.T) {
 	}
 	if err := <-hungErr; err == nil || time.Since(start) < hungTimeout {
 		t.Fatalf("the call for the hung master's key: %v after %v, want an error after %v", err, time.Since(start), hungTimeout)
+	}
+}
+
+// A call spanning a hung master and a healthy one ends at its timeout
+// with the healthy master's answers: a PartialError names the hung one's
+// commands, and nothing is written into the call's commands after it.
+func TestACallSpanningAHungMasterKeepsTheOthersAnswers(t *testing.T) {
+	p, master, hung, healthy := withAHungMaster(t)
+
+	cmds := []Cmd{setNX(hung, "x"), setNX(healthy, "x"), get(healthy)}
+	err := p.Do(context.Background(), 300*time.Millisecond, cmds)
+	partial, ok := errors.AsType[*PartialError](err)
+	// The hung part fails by the caller's timeout, or by its connection's
+	// write or read deadline, which is the same instant.
+	if !ok || !slices.Equal(partial.Failed, []bool{true, false, false}) {
+		t.Fatalf("a call on a hung and a healthy master: %v; want a PartialError naming the hung master's command", err)
+	}
+	if got, _ := cmds[2].Result.(*redis.StringCmd).Result(); !won(t, cmds[1]) || got != "x" {
+		t.Fatalf("the healthy master's answers: SET NX won %v, GET %q", won(t, cmds[1]), got)
+	}
+	hungResult := cmds[0].Result
+	master.Resume()
+	p.Flush()
+	if cmds[0].Result != hungResult {
+		t.Fatal("the hung master's answer was written into the call after its caller gave up")
 	}
 }
 
@@ -278,8 +297,9 @@ func TestACallSpanningMastersGetsEveryAnswer(t *testing.T) {
 
 	lpush := Cmd{Key: keys[1], Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.LPush(ctx, keys[1], "x") }}
 	cmds = []Cmd{get(keys[0]), lpush, get(keys[2])}
-	if err := p.Do(context.Background(), time.Minute, cmds); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
-		t.Fatalf("LPUSH on a string among other masters' commands: %v, want WRONGTYPE", err)
+	err := p.Do(context.Background(), time.Minute, cmds)
+	if partial, ok := errors.AsType[*PartialError](err); !ok || !strings.HasPrefix(err.Error(), "WRONGTYPE") || !slices.Equal(partial.Failed, []bool{false, true, false}) {
+		t.Fatalf("LPUSH on a string among other masters' commands: %v, want WRONGTYPE, failed for its master's part alone", err)
 	}
 	for _, i := range []int{0, 2} {
 		if got, _ := cmds[i].Result.(*redis.StringCmd).Result(); got != "v-"+keys[i] {
@@ -301,6 +321,21 @@ func TestACallSpanningMastersGetsEveryAnswer(t *testing.T) {
 	if rt, _ := p.RoundTrips(); rt < 3 {
 		t.Fatalf("%d round trips for calls on 3 masters, want one a master at least", rt)
 	}
+}
+
+// withAHungMaster starts a Cluster of 3, pauses the master of hung, and
+// returns a pipeline on it and a key, healthy, of another master.
+func withAHungMaster(t *testing.T) (p *Pipeline, master *redistest.Server, hung, healthy string) {
+	t.Helper()
+	cluster := redistest.StartCluster(t, 3)
+	p = New(cluster.Client())
+	t.Cleanup(p.Close) // after Resume: cleanups run last first
+	keys := keysOnDistinctMasters(t, cluster, 2)
+	hung, healthy = keys[0], keys[1]
+	master = cluster.NodeFor(hung)
+	master.Pause()
+	t.Cleanup(master.Resume)
+	return p, master, hung, healthy
 }
 
 func get(key string) Cmd {
