@@ -968,3 +968,69 @@ func TestTheBackendIsToldWhereAnAssetParkedPastItsLastAcceptedFix(t *testing.T) 
 		}
 	})
 }
+
+// An asset that moves 26 to 37.5 m and stands there, reporting its speed
+// and accuracy as phones and Traccar Client do: the new spot lies outside
+// the stay's radius (25 m) and inside the lag bound (37.5 m) of the last
+// accepted fix, so its first fixes, at rest, are judged outliers at rest
+// of the old stay (outlierAtRest); the stay learns them (learnOutlier) and
+// widens to 37.5 m, and then folds the new spot in as its own. Its anchor
+// moves to the new spot, the learnt radius stays, and the last accepted
+// fix, the old spot, never lies off the stay (offStay): session never
+// tells the backend where the asset stands, as long as it stands there.
+// The README (Window shapes) calls exactly this a fault it fixed: "the
+// backend showed such a car 30 m short of the customer's yard for as long
+// as it stayed parked and reporting". Sliding tells it a window later;
+// session must too.
+func TestTheBackendIsToldWhereAnAssetWasMovedWithinTheLagBound(t *testing.T) {
+	fix := func(sec, x, speed float64) ping.Ping {
+		return withSpeed(withAccuracy(offset(sec, x+2*math.Sin(sec/37), 2*math.Cos(sec/53)), 6), speed)
+	}
+	for _, tc := range []struct {
+		name    string
+		cadence float64
+		wait    float64 // seconds at the first spot
+		roll    float64 // m/s from the first spot to the second, 0: between two reports
+		moved   float64 // metres
+	}{
+		// A yard shuffle: parked 20 minutes, moved across the yard between
+		// two reports 30 s apart.
+		{"yard shuffle, 28 m", 30, 1200, 0, 28},
+		{"yard shuffle, 30 m", 30, 1200, 0, 30},
+		{"yard shuffle, 33 m", 30, 1200, 0, 33},
+		// A car that drives in at 12 m/s, waits a minute at the gate, and
+		// rolls 28 m in at 1.5 m/s to park.
+		{"waited at the gate, rolled in 28 m", 10, 60, 1.5, 28},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				sec := 0.0
+				if tc.roll != 0 {
+					for x := -2000.0; x < 0; x, sec = x+12*tc.cadence, sec+tc.cadence {
+						d.settled(t, withSpeed(withAccuracy(offset(sec, x, 0), 6), 12))
+					}
+				}
+				for end := sec + tc.wait; sec < end; sec += tc.cadence {
+					d.settled(t, fix(sec, 0, 0))
+				}
+				if tc.roll != 0 {
+					for x := tc.roll * tc.cadence; x < tc.moved; x, sec = x+tc.roll*tc.cadence, sec+tc.cadence {
+						d.settled(t, withSpeed(withAccuracy(offset(sec, x, 0), 6), tc.roll))
+					}
+				}
+				arrived, told := sec, -1.0
+				for ; sec < arrived+3600; sec += tc.cadence { // an hour at the second spot
+					if v := d.settled(t, fix(sec, tc.moved, 0)); v.Decision == Accepted && told < 0 {
+						told = sec
+					}
+				}
+				switch {
+				case told < 0:
+					t.Errorf("moved %.0f m and stood there an hour: the backend never heard of the new spot", tc.moved)
+				case told-arrived > DefaultWindow.Seconds():
+					t.Errorf("the new spot reached the backend %.0f s after the asset got there, want within a window", told-arrived)
+				}
+			})
+		})
+	}
+}
