@@ -43,8 +43,9 @@ func (a *analyzer) findRuns(as *assetFixes) {
 	for start := 0; start < len(a.order); {
 		first := at(start)
 		end := a.stationaryEnd(at, start)
-		// Too short: a later start may still open a run within this span.
-		if at(end-1).t.Sub(first.t) < stationaryMinDuration {
+		// Too short, or a slow move: a later start may still open a run
+		// within this span.
+		if at(end-1).t.Sub(first.t) < stationaryMinDuration || a.drifts(fixes, a.order[start:end]) {
 			start++
 			continue
 		}
@@ -101,6 +102,19 @@ func (a *analyzer) stationaryEnd(at func(k int) fixPoint, start int) int {
 	return end
 }
 
+// drifts reports a span whose second half lies elsewhere than its first:
+// their median positions more than stationaryRadiusM apart. A walker whose
+// phone reports 65-100 m stays within two such accuracies of a fix for
+// two minutes and more, and was measured as parked, its walk as jitter (a
+// radius of 100-200 m recommended); a parked receiver's halves share their
+// median, however wide it scatters.
+func (a *analyzer) drifts(fixes []fixPoint, span []int32) bool {
+	half := len(span) / 2
+	lat1, lon1 := a.medianPosition(fixes, span[:half])
+	lat2, lon2 := a.medianPosition(fixes, span[half:])
+	return geo.DistanceM(lat1, lon1, lat2, lon2) > stationaryRadiusM
+}
+
 // runRadiusM is how far apart two fixes of one stationary run may lie:
 // stationaryRadiusM, or, for a receiver that says it scatters wider (a
 // phone parked indoors, at 30-50 m), the two fixes' accuracies added. A
@@ -132,6 +146,18 @@ func maxJitterM(f fixPoint) float64 {
 // sampleRun adds the distance of each fix of a run to the run's median
 // position, but for those no radius should hold (maxJitterM).
 func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
+	lat, lon := a.medianPosition(fixes, run)
+	for _, i := range run {
+		d := geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon)
+		if d <= maxJitterM(fixes[i]) && fixes[i].accuracy <= maxJitterAccuracyM {
+			a.samples = append(a.samples, d)
+		}
+	}
+}
+
+// medianPosition is the component-wise median of the fixes of run, its
+// longitudes taken the short way round from the first's.
+func (a *analyzer) medianPosition(fixes []fixPoint, run []int32) (lat, lon float64) {
 	median := func(coord func(fixPoint) float64) float64 {
 		a.scratch = a.scratch[:0]
 		for _, i := range run {
@@ -140,16 +166,9 @@ func (a *analyzer) sampleRun(fixes []fixPoint, run []int32) {
 		slices.Sort(a.scratch)
 		return nearestRank(a.scratch, 50)
 	}
-	lat := median(func(f fixPoint) float64 { return f.lat })
-	// As offsets from the run's first longitude: the short way round.
 	ref := fixes[run[0]].lon
-	lon := geo.WrapLongitude(ref + median(func(f fixPoint) float64 { return geo.WrapLongitude(f.lon - ref) }))
-	for _, i := range run {
-		d := geo.DistanceM(lat, lon, fixes[i].lat, fixes[i].lon)
-		if d <= maxJitterM(fixes[i]) && fixes[i].accuracy <= maxJitterAccuracyM {
-			a.samples = append(a.samples, d)
-		}
-	}
+	return median(func(f fixPoint) float64 { return f.lat }),
+		geo.WrapLongitude(ref + median(func(f fixPoint) float64 { return geo.WrapLongitude(f.lon - ref) }))
 }
 
 // findMoves keeps the consecutive pairs that may be real moves, with the

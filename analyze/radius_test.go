@@ -212,3 +212,47 @@ func TestFarFixesOfAParkedPhoneNeitherBreakNorBloatTheRadius(t *testing.T) {
 		})
 	}
 }
+
+// A pedestrian's phone reports a wide accuracy in town (65-100 m, a
+// satellite fix's by maxJitterAccuracyM), and walks at 1-1.5 m/s: two
+// minutes of walking stay within the two fixes' accuracies added, so since
+// runs are sized by reported accuracy (runRadiusM) a walker who never
+// stops is measured as parked, its walk as jitter, and analyze recommends
+// a coarse resolution and a radius of 100-200 m that swallows the walk.
+// The same capture without accuracy finds no run and every step a move.
+func TestAWalkerReportingAWideAccuracyIsNotMeasuredAsParked(t *testing.T) {
+	start := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name            string
+		speed, accuracy float64
+	}{
+		{"1.0 m/s, accuracy 65 m", 1.0, 65},
+		{"1.2 m/s, accuracy 80 m", 1.2, 80},
+		{"1.4 m/s, accuracy 100 m", 1.4, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// an hour's straight walk north, a fix every 10 s, as the
+			// phone reports it (speed included)
+			var buf bytes.Buffer
+			enc := json.NewEncoder(&buf)
+			for i := range 360 {
+				northM := tc.speed * 10 * float64(i)
+				if err := enc.Encode(map[string]any{"asset_id": "walker", "occurred_at": start.Add(time.Duration(i) * 10 * time.Second).Format(time.RFC3339),
+					"lat": 52.5 + northM/111_320, "lon": 13.4, "accuracy": tc.accuracy, "speed": tc.speed}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			parser := accuracyParser()
+			parser.SpeedPath = "speed"
+			rep := analyze(t, buf.Bytes(), Options{Parser: parser})
+			without := analyze(t, buf.Bytes(), Options{})
+			rec := rep.Recommended
+			if rep.Jitter.Runs != 0 || rec.RadiusM != without.Recommended.RadiusM || rec.Resolution != without.Recommended.Resolution {
+				t.Errorf("a walk that never stops: %d stationary runs (p95 jitter %.0f m), %d moves; recommended resolution %d, radius %g m; "+
+					"want no run, as without its accuracy (%d runs, %d moves, resolution %d, radius %g m)",
+					rep.Jitter.Runs, rep.Jitter.P95M, rep.Moves.Count, rec.Resolution, rec.RadiusM,
+					without.Jitter.Runs, without.Moves.Count, without.Recommended.Resolution, without.Recommended.RadiusM)
+			}
+		})
+	}
+}

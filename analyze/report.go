@@ -52,8 +52,9 @@ type Report struct {
 // JitterStats measures parked jitter on stationary runs: per asset, in
 // device-time order, maximal runs of consecutive fixes that all lie within
 // 25 m (haversine) of the run's first fix, or within the two fixes'
-// reported accuracies added where those are wider (up to 100 m each), and
-// that last at least 2 minutes of device time. Each fix of a run is one sample: its distance to the
+// reported accuracies added where those are wider (up to 100 m each),
+// that last at least 2 minutes of device time, and whose two halves' median
+// positions lie within 25 m of each other (a walk is no run). Each fix of a run is one sample: its distance to the
 // run's median position (the component-wise median of lat and lon).
 type JitterStats struct {
 	// Runs counts the stationary runs.
