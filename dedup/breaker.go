@@ -264,6 +264,10 @@ func (b *Breaker) Guard(s Store) Store { return guardedStore{next: s, breaker: b
 type zoneSet struct {
 	first *breakerZone
 	more  []*breakerZone
+	// names is, when the claims lie in several zones, each claim's zone's
+	// name as the call found it: a call that fails in part counts each
+	// zone by its own claims, even if a slot moved meanwhile.
+	names []string
 }
 
 // zonesOf returns the zones of a call on claims. Without zones it is the
@@ -287,13 +291,20 @@ func (b *Breaker) zonesIn(claims []*Claim) zoneSet {
 	// asked, each at the cost of a wait.
 	first := b.zone(claims[0].Key())
 	var others []string
-	for _, c := range claims[1:] {
+	names := make([]string, len(claims))
+	names[0] = first
+	for i, c := range claims[1:] {
 		if first == "" {
 			break
 		}
-		if name := b.zone(c.Key()); name != first && !slices.Contains(others, name) {
+		name := b.zone(c.Key())
+		names[i+1] = name
+		if name != first && !slices.Contains(others, name) {
 			others = append(others, name)
 		}
+	}
+	if others != nil {
+		set.names = names
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -426,23 +437,23 @@ func (b *Breaker) refusing(claims []*Claim) []bool {
 	return refused
 }
 
-// countZonesApart records, in each zone of a call that failed for some of
-// its claims (partial), whether the call failed there.
-func (b *Breaker) countZonesApart(claims []*Claim, partial *DecideError) {
-	failed := map[string]bool{}
-	for i, c := range claims {
-		name := b.zone(c.Key())
-		failed[name] = failed[name] || partial.Failed[i]
-	}
+// countZonesApart records, in each zone of set, a call that failed for
+// some of its claims (partial): failed there if any of its claims in that
+// zone did. Each zone is the one the call found its claims in (set.names):
+// named again after the call, a zone whose slot moved meanwhile was
+// recorded nowhere, and its probe stayed out for good.
+func (b *Breaker) countZonesApart(set zoneSet, partial *DecideError) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := b.now()
-	for name, f := range failed {
+	for _, z := range append([]*breakerZone{set.first}, set.more...) {
 		var err error
-		if f {
-			err = partial.Err
+		for i, name := range set.names {
+			if name == z.name && partial.Failed[i] {
+				err = partial.Err
+				break
+			}
 		}
-		b.record(b.zoneLocked(name, now), err)
+		b.record(z, err)
 	}
 }
 
@@ -509,7 +520,7 @@ func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, e
 	}
 	v, err := g.next.Decide(ctx, claims)
 	if partial, ok := errors.AsType[*DecideError](err); ok && set.more != nil {
-		g.breaker.countZonesApart(claims, partial)
+		g.breaker.countZonesApart(set, partial)
 	} else {
 		g.breaker.count(set, err)
 	}

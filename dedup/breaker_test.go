@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -466,4 +467,89 @@ func zonedStoreOnAHungSeed(t *testing.T) Store {
 	b := NewBreaker(2, time.Second, nil)
 	b.ZoneBy(ClusterMasterZone(client, 50*time.Millisecond), nil)
 	return b.Guard(NewRedisStore(pipe, 50*time.Millisecond))
+}
+
+// movingSlotStore answers a call as a Cluster pipeline does while a slot
+// migrates: the claims on the migrating slot (tryAgain) fail, the others
+// are decided, and the call's MOVED answer for a claim whose slot has just
+// moved on (moved) makes the client reload its slot map, so that its key
+// now names another master (moveTo).
+type movingSlotStore struct {
+	tryAgain, moved string // assets
+	moveTo          func()
+}
+
+func (m *movingSlotStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, error) {
+	v := make([]Verdict, len(claims))
+	failed := make([]bool, len(claims))
+	for i, c := range claims {
+		v[i] = accepted
+		if c.Asset == m.tryAgain {
+			v[i], failed[i] = Verdict{}, true
+		}
+		if c.Asset == m.moved && m.moveTo != nil {
+			m.moveTo()
+		}
+	}
+	if !slices.Contains(failed, true) {
+		return v, nil
+	}
+	return v, &DecideError{Err: errors.New("TRYAGAIN Multiple keys request during rehashing of slot"), Failed: failed}
+}
+func (m *movingSlotStore) Settle(_ []*Claim, done func(error)) { done(nil) }
+func (m *movingSlotStore) Release(_ context.Context, claims []*Claim) ([]bool, error) {
+	return make([]bool, len(claims)), nil
+}
+
+// A zone's probe ends with the call it went out with, whatever the keys of
+// that call name once it returns. countZonesApart names each claim's zone
+// anew after a call that failed in part: when resharding moves a slot off
+// the probed master during the probe (its MOVED reloads the slot map), the
+// probed zone is recorded nowhere, stays half open with its probe out for
+// good, and refuses every later call on its other slots (ErrBreakerOpen,
+// on_store_error) however healthy its master is: it is asked for, so never
+// forgotten.
+func TestAProbeSpanningZonesEndsWhenItsSlotMovesDuringIt(t *testing.T) {
+	b := NewBreaker(1, time.Second, nil)
+	zoneOf := map[string]string{} // a claim's key: its master
+	b.ZoneBy(func(key string) string { return zoneOf[key] }, nil)
+	clock := articleBase
+	b.now = func() time.Time { return clock }
+	claim := func(asset, master string) *Claim {
+		p := parked
+		p.Asset = asset
+		c := claimOf(testPolicy(Tumbling), p, 1, clock)
+		zoneOf[c.Key()] = master
+		return c
+	}
+	store := &movingSlotStore{tryAgain: "a-migrating"}
+	s := b.Guard(store)
+	ctx := context.Background()
+	// master a's zone opens: a call on its migrating slot fails
+	if _, err := s.Decide(ctx, []*Claim{claim("a-migrating", "a")}); err == nil {
+		t.Fatal("setup: the migrating slot's call succeeded")
+	}
+	if b.Open() != 1 {
+		t.Fatalf("setup: %d zones open, want a's", b.Open())
+	}
+	// its probe, a gateway's batch on a and b: the migrating slot fails
+	// again (TRYAGAIN), and another of a's slots moves to b meanwhile
+	clock = clock.Add(breakerFirstProbe)
+	moving := claim("a-moving", "a")
+	store.moveTo = func() { zoneOf[moving.Key()] = "b" }
+	store.tryAgain, store.moved = "b-migrating", "a-moving"
+	if _, err := s.Decide(ctx, []*Claim{moving, claim("b-migrating", "b")}); err == nil {
+		t.Fatal("setup: the probe call did not fail in part")
+	}
+	store.tryAgain, store.moved = "", ""
+	// master a answers: its other assets must be decided, at least once
+	// the breaker's longest wait is over
+	clock = clock.Add(time.Minute / 2)
+	for i := range 3 {
+		clock = clock.Add(time.Second)
+		if _, err := s.Decide(ctx, []*Claim{claim(fmt.Sprintf("a-%d", i), "a")}); err != nil {
+			t.Fatalf("call %d on master a, healthy, %s after its probe: %v (breaker %s, %d zones not closed); want it decided",
+				i+1, clock.Sub(articleBase.Add(breakerFirstProbe)), err, b.State(), b.Open())
+		}
+	}
 }

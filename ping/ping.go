@@ -218,8 +218,9 @@ func (p Parser) Parse(body []byte, now time.Time) (Ping, error) {
 // further ahead of now, the server clock, than max_future allows and the
 // earlier is not: a live device in the first pass of the hour means the
 // earlier. Read always as the later, every ping of that hour's first pass
-// was refused as from the future, every year; a retry of one keeps the
-// earlier reading until the clock is past the later one.
+// was refused as from the future, every year. A retry of such a ping
+// keeps the earlier reading until the later one is within max_future of
+// the server clock; after that it is read as the later.
 func (p Parser) AtServerClock(ping Ping, now time.Time) Ping {
 	if ping.setBack != 0 && ping.Time.Sub(now) > p.MaxFuture {
 		ping.Time, ping.setBack = ping.Time.Add(-ping.setBack), 0
