@@ -139,3 +139,78 @@ func TestABatchSpanningAHungClusterMasterSuppressesTheHealthyOnesJitter(t *testi
 		}
 	}
 }
+
+// The same gateway batch, the hung master's asset owing a release (its
+// last request's upstream failed while the master hung, and the release
+// could not reach it): the healthy master's jitter fix of a parked asset
+// is suppressed alone, and must be in the batch too (README, Redis
+// Cluster: "only its pings there go to on_store_error: those on the
+// masters that answered keep their decisions, as alone"). The breaker
+// makes the releases owed first, and their failure (ErrReleasesOwed)
+// failed the whole call: the jitter went upstream unchecked in every such
+// batch for as long as the release stayed owed. That failure counts in no
+// zone, so the hung master's zone never opened to split the call either.
+func TestABatchWithAHungMastersOwedReleaseSuppressesTheHealthyOnesJitter(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	a := cluster.Addrs()
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"owed:","shape":"sliding","store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d}}`,
+		a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds()))
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+	keyer := dedup.Keyer{Prefix: "owed:"}
+	nodeOf := func(asset string) *redistest.Server {
+		state, _ := keyer.TrackKeys(asset, base)
+		return cluster.NodeFor(state)
+	}
+	parked, other := "veh-parked", ""
+	for i := 0; other == ""; i++ {
+		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(parked) {
+			other = id
+		}
+	}
+	pingAt := func(asset string, sec int, lat, lon float64) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
+	}
+	if res := tt.post(pingAt(parked, 0, 52.52, 13.40), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("first fix: %d %s", res.status, res.body)
+	}
+	for sec := 5; sec <= 15; sec += 5 {
+		if res := tt.post(pingAt(parked, sec, 52.52+float64(sec)*1e-6, 13.40), "application/json", nil); res.header.Get("X-Dedup") != "suppressed" {
+			t.Fatalf("jitter at %ds: %d %s", sec, res.status, res.header.Get("X-Dedup"))
+		}
+	}
+
+	// the other asset's fix is accepted, and its upstream fails while its
+	// master hangs: the release cannot reach the master and is owed
+	hung := nodeOf(other)
+	defer hung.Resume()
+	tt.upstreamStatus = func(body []byte) int {
+		if strings.Contains(string(body), other) {
+			hung.Pause()
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusCreated
+	}
+	if res := tt.post(pingAt(other, 0, 48.85, 2.35), "application/json", nil); res.status != http.StatusServiceUnavailable {
+		t.Fatalf("setup: the other asset's fix, its upstream failing: %d %s", res.status, res.header.Get("X-Dedup"))
+	}
+	tt.upstreamStatus = nil
+
+	tt.upstream = nil
+	if res := tt.post(pingAt(parked, 20, 52.52001, 13.40001), "application/json", nil); res.header.Get("X-Dedup") != "suppressed" {
+		t.Fatalf("setup: jitter of the parked asset alone while the other master hangs: %d %s, want suppressed", res.status, res.header.Get("X-Dedup"))
+	}
+	for _, sec := range []int{25, 30, 35} {
+		tt.upstream = nil
+		res := tt.post("["+pingAt(parked, sec, 52.51999, 13.39999)+","+pingAt(other, sec, 48.86, 2.36)+"]", "application/json", nil)
+		for _, body := range tt.upstream {
+			if strings.Contains(string(body), parked) {
+				t.Errorf("at %ds: the upstream got the parked asset's jitter: %s (X-Dedup %q, suppressed %q)",
+					sec, body, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Suppressed"))
+			}
+		}
+		if got := res.header.Get("X-Dedup-Suppressed"); got != "1" {
+			t.Errorf("at %ds, batch [parked asset's jitter (healthy master), fix of the asset owing a release (hung master)]: %d X-Dedup %q, X-Dedup-Suppressed %q; want the jitter suppressed as alone (1)",
+				sec, res.status, res.header.Get("X-Dedup"), got)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 )
 
 // Defaults of the store circuit breaker.
@@ -437,23 +439,31 @@ func (b *Breaker) refusing(claims []*Claim) []bool {
 	return refused
 }
 
-// countZonesApart records, in each zone of set, a call that failed for
-// some of its claims (partial): failed there if any of its claims in that
-// zone did. Each zone is the one the call found its claims in (set.names):
-// named again after the call, a zone whose slot moved meanwhile was
-// recorded nowhere, and its probe stayed out for good.
-func (b *Breaker) countZonesApart(set zoneSet, partial *DecideError) {
+// countByClaim records a call's outcome in each zone of set: when the call
+// failed for some of its claims only, in each zone by its own claims
+// (failed there if any of them did), else as count does. A healthy
+// master's zone is not opened by the failures of a hung one that shared
+// its calls (a gateway's batches, their settlements). Each zone is the one
+// the call found its claims in (set.names): named again after the call, a
+// zone whose slot moved meanwhile was recorded nowhere, and its probe
+// stayed out for good.
+func (b *Breaker) countByClaim(set zoneSet, err error) {
+	failed, cause := failedClaimsOf(err)
+	if failed == nil || set.names == nil || errors.Is(err, context.Canceled) {
+		b.count(set, err)
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, z := range append([]*breakerZone{set.first}, set.more...) {
-		var err error
+		var zoneErr error
 		for i, name := range set.names {
-			if name == z.name && partial.Failed[i] {
-				err = partial.Err
+			if name == z.name && failed[i] {
+				zoneErr = cause
 				break
 			}
 		}
-		b.record(z, err)
+		b.record(z, zoneErr)
 	}
 }
 
@@ -513,27 +523,26 @@ type guardedStore struct {
 func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
 	set, err := g.breaker.enter(ctx, claims)
 	if errors.Is(err, ErrBreakerOpen) && set.more != nil {
-		return g.decideOpenZonesApart(ctx, claims)
+		return g.decideApart(ctx, claims, g.breaker.refusing(claims), err)
+	}
+	if owing, ok := errors.AsType[*DecideError](err); ok && errors.Is(err, ErrReleasesOwed) {
+		return g.decideApart(ctx, claims, owing.Failed, err)
 	}
 	if err != nil {
 		return nil, err
 	}
 	v, err := g.next.Decide(ctx, claims)
-	if partial, ok := errors.AsType[*DecideError](err); ok && set.more != nil {
-		g.breaker.countZonesApart(set, partial)
-	} else {
-		g.breaker.count(set, err)
-	}
+	g.breaker.countByClaim(set, err)
 	return v, err
 }
 
-// decideOpenZonesApart decides a call whose claims lie in several zones,
-// some of which refuse calls now: the claims of the others go to the
-// store, and those of the refusing zones fail with ErrBreakerOpen, as
-// each would alone. A batch of a gateway's fleet no longer failed whole
-// for the one master that hung.
-func (g guardedStore) decideOpenZonesApart(ctx context.Context, claims []*Claim) ([]Verdict, error) {
-	refused := g.breaker.refusing(claims)
+// decideApart decides the claims of a call that cannot go to the store
+// whole, refused (per claim) failing with why (ErrBreakerOpen for those
+// of a zone that refuses calls now, ErrReleasesOwed for those on keys
+// whose owed releases failed), and the others as each would alone. A
+// batch of a gateway's fleet no longer failed whole for the one master
+// that hung, or for the one asset whose release it owed.
+func (g guardedStore) decideApart(ctx context.Context, claims []*Claim, refused []bool, why error) ([]Verdict, error) {
 	var through []*Claim
 	var at []int
 	for i, c := range claims {
@@ -542,25 +551,26 @@ func (g guardedStore) decideOpenZonesApart(ctx context.Context, claims []*Claim)
 		}
 	}
 	if len(through) == 0 || len(through) == len(claims) {
-		return nil, ErrBreakerOpen
+		return nil, why
 	}
+	failed := slices.Clone(refused)
 	decided, err := g.Decide(ctx, through)
 	if decided == nil {
-		return nil, err
+		return nil, why
 	}
 	verdicts := make([]Verdict, len(claims))
 	for j, i := range at {
 		verdicts[i] = decided[j]
-		refused[i] = DecideFailed(err, j)
+		failed[i] = DecideFailed(err, j)
 	}
 	// The call's error decides whether its failed claims may have been
 	// written (MayHaveWritten); the refused ones were not, and settling or
 	// releasing a claim by its token where it never landed changes nothing.
-	cause := ErrBreakerOpen
+	cause := why
 	if partial, ok := errors.AsType[*DecideError](err); ok {
 		cause = partial.Err
 	}
-	return verdicts, &DecideError{Err: cause, Failed: refused}
+	return verdicts, &DecideError{Err: cause, Failed: failed}
 }
 
 func (g guardedStore) Settle(claims []*Claim, done func(error)) {
@@ -573,7 +583,7 @@ func (g guardedStore) Settle(claims []*Claim, done func(error)) {
 		return
 	}
 	g.next.Settle(claims, func(err error) {
-		g.breaker.count(set, err)
+		g.breaker.countByClaim(set, err)
 		done(err)
 	})
 }
@@ -581,7 +591,24 @@ func (g guardedStore) Settle(claims []*Claim, done func(error)) {
 func (g guardedStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
 	released, err := g.next.Release(ctx, claims)
 	if err != nil {
-		g.breaker.count(g.breaker.zonesOf(claims), err)
+		g.breaker.countByClaim(g.breaker.zonesOf(claims), err)
 	}
 	return released, err
+}
+
+// failedClaimsOf says which claims of a store call failed, when it failed
+// for some and not others: a Decide (DecideError), a Release (ReleaseError)
+// or a Settle, whose pipeline call has a command a claim, in order
+// (pipeline.PartialError). Nil when it failed whole, or not at all.
+func failedClaimsOf(err error) (failed []bool, cause error) {
+	if e, ok := errors.AsType[*DecideError](err); ok {
+		return e.Failed, e.Err
+	}
+	if e, ok := errors.AsType[*ReleaseError](err); ok {
+		return e.Failed, e.Err
+	}
+	if e, ok := errors.AsType[*pipeline.PartialError](err); ok {
+		return e.Failed, e.Err
+	}
+	return nil, err
 }

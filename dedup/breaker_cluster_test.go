@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,5 +114,88 @@ func TestBreakerZonesSkipOnlyTheHungClusterMaster(t *testing.T) {
 				t.Errorf("%d zones open, state %s; want at most the hung master's, and not closed", n, state)
 			}
 		})
+	}
+}
+
+// The settlements of gateway batches accepted on two masters just before
+// one of them hangs (their upstreams answered after it did) are one Go
+// job each, split over both masters: the hung master's part fails, the
+// healthy one's is made. Decide counts a call that failed in part in each
+// zone by its own claims (countZonesApart), but Settle, like Release,
+// counted the hung master's timeout in the healthy master's zone too: a
+// burst of them opened it, and every asset on the healthy master was
+// answered ErrBreakerOpen (on_store_error) though its master answered
+// every command.
+func TestASettlementSpanningAHungMasterOpensNoHealthyZone(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
+	pipe := pipeline.New(client)
+	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
+	b := NewBreaker(3, time.Second, nil)
+	zone := ClusterMasterZone(client, 200*time.Millisecond)
+	var mu sync.Mutex
+	var opened []string
+	b.ZoneBy(zone, func(zone string, _, to BreakerState, _ error) {
+		if to == BreakerOpen {
+			mu.Lock()
+			opened = append(opened, zone)
+			mu.Unlock()
+		}
+	})
+	s := b.Guard(NewRedisStore(pipe, 200*time.Millisecond))
+	pol := testPolicy(Tumbling)
+	ctx := context.Background()
+	claim := func(asset string, token uint64) *Claim {
+		p := parked
+		p.Asset = asset
+		return claimOf(pol, p, token, time.Now())
+	}
+	hung := cluster.Nodes()[0]
+	var batches [][]*Claim // each: a claim on a healthy master, one on the hung one
+	var healthy string
+	for i := 0; len(batches) < 3; i++ {
+		c := claim(fmt.Sprintf("veh-%d", i), uint64(i+1))
+		if z := zone(c.Key()); z == hung.Addr() || (healthy != "" && z != healthy) {
+			continue
+		}
+		healthy = zone(c.Key())
+		for j := 0; ; j++ {
+			h := claim(fmt.Sprintf("veh-%d-%d", i, j), uint64(1000*i+j+1))
+			if zone(h.Key()) == hung.Addr() {
+				batches = append(batches, []*Claim{c, h})
+				break
+			}
+		}
+	}
+	for _, claims := range batches {
+		if v, err := s.Decide(ctx, claims); err != nil || v[0].Decision != Accepted || v[1].Decision != Accepted {
+			t.Fatalf("setup: %v %v", v, err)
+		}
+	}
+
+	hung.Pause()
+	defer hung.Resume()
+	for i, claims := range batches {
+		done := make(chan error, 1)
+		s.Settle(claims, func(err error) { done <- err })
+		if err := <-done; err == nil {
+			t.Fatalf("setup: settlement %d with a master hung succeeded", i+1)
+		}
+	}
+	for i := range 3 {
+		c := claim(fmt.Sprintf("after-%d", i), uint64(5000+i))
+		if zone(c.Key()) != healthy {
+			continue
+		}
+		if _, err := s.Decide(ctx, []*Claim{c}); err != nil {
+			mu.Lock()
+			t.Fatalf("an asset on the healthy master %s after 3 settlements that its master made: %v (zones opened: %v)", healthy, err, opened)
+			mu.Unlock()
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Contains(opened, healthy) {
+		t.Fatalf("zones opened %v; want only the hung master's %s: the healthy master %s made every settlement sent to it", opened, hung.Addr(), healthy)
 	}
 }

@@ -729,17 +729,25 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 
 // errFor is the pass's error if it did not release a job on a key of
 // claims: a call whose own keys' releases went through need not fail for
-// another's.
+// another's. When it released those of some of the claims, it is a
+// DecideError naming the others, which the call may be made without.
 func (p *releasePass) errFor(claims []*Claim) error {
 	if p.err == nil {
 		return nil
 	}
-	for _, c := range claims {
-		if p.failed[c.Key()] {
-			return p.err
-		}
+	failed := make([]bool, len(claims))
+	some, all := false, true
+	for i, c := range claims {
+		failed[i] = p.failed[c.Key()]
+		some, all = some || failed[i], all && failed[i]
 	}
-	return nil
+	switch {
+	case !some:
+		return nil
+	case all:
+		return p.err
+	}
+	return &DecideError{Err: p.err, Failed: failed}
 }
 
 // releasePass is one pass of ReleaseOwed, and its outcome once done is
