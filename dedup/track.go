@@ -91,11 +91,6 @@ const (
 	// settledFixes is how many fixes a stay needs before a reported speed
 	// counts as a departure from it.
 	settledFixes = 3
-	// standOffAfter is how long an asset may report from beyond its stay's
-	// own radius, held there only by outliers the stay learnt, before it
-	// counts as standing there: a receiver's outliers come alone or in
-	// short bursts, an asset moved across a yard stays.
-	standOffAfter = 30_000_000 // µs
 	// pastStays is how many stays an asset left are remembered, so that a
 	// backlog uploaded late, one ping a request and shuffled, is judged at
 	// the stay its device time fell in.
@@ -473,10 +468,7 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 			// The accepted ping outside the stay was an outlier.
 			st.learnOutlier(f.separation2(st.last.lat, st.last.lon, st.stay.lat, st.stay.lon))
 		}
-		if st.standsOff(old, f, pol) {
-			return st.moveStay(old, f, pol)
-		}
-		st.settle(f, pol)
+		st.settle(f)
 		if !forced && !returned && st.withinWindow(f, pol) {
 			return suppressed(trackReason(f.trackPoint, st.ref, pol.Shape))
 		}
@@ -665,14 +657,8 @@ func (st *trackState) radius2(f fix, pol *Policy) float64 {
 // widened to the jitter the stay shows and to the outliers it has thrown,
 // up to the lag bound.
 func (st *trackState) stayRadius2(pol *Policy) float64 {
-	return widenedRadius2(st.stay.spread2, st.stay.outlier2, pol)
-}
-
-// widenedRadius2 is the square of a stay's radius whose fixes spread
-// spread2 and whose outliers lie outlier2 (both squares) from its anchor.
-func widenedRadius2(spread2, outlier2 float64, pol *Policy) float64 {
 	lag := LagFactor * pol.Radius
-	r2 := min(max(noiseFactor2*spread2, outlierMargin2*outlier2), lag*lag)
+	r2 := min(max(noiseFactor2*st.stay.spread2, outlierMargin2*st.stay.outlier2), lag*lag)
 	return max(r2, pol.Radius*pol.Radius)
 }
 
@@ -766,51 +752,16 @@ func (st *trackState) offStay(f fix, pol *Policy) bool {
 // settle refines the stay with a fix judged to be there: the anchor is the
 // mean of its latest fixes, so one outlier moves it little and a receiver's
 // slow drift is followed. An accepted ping outside the stay is no longer a
-// departure: the asset is back. A fix the stay holds only by the outliers
-// it learnt (beyond its own radius) is left out of the anchor, and of when
-// the asset was last seen there (standsOff).
-func (st *trackState) settle(f fix, pol *Policy) {
-	st.hasCand = false
+// departure: the asset is back.
+func (st *trackState) settle(f fix) {
 	d2 := f.distance2(st.stay.lat, st.stay.lon)
-	if st.beyondOwnRadius(f, pol) {
-		return
-	}
 	st.stay.n = min(st.stay.n+1, anchorMemory)
 	n := float64(st.stay.n)
 	st.stay.lat += (f.lat - st.stay.lat) / n
 	st.stay.lon = geo.WrapLongitude(st.stay.lon + lonDelta(f.lon, st.stay.lon)/n)
 	st.stay.spread2 += (d2 - st.stay.spread2) / n
 	st.stay.lastT = max(st.stay.lastT, f.t)
-}
-
-// beyondOwnRadius reports a fix at the stay that lies beyond the stay's
-// radius without the outliers it learnt (and beyond its own accuracy).
-func (st *trackState) beyondOwnRadius(f fix, pol *Policy) bool {
-	own2 := max(widenedRadius2(st.stay.spread2, 0, pol), f.accuracy*f.accuracy)
-	return f.distance2(st.stay.lat, st.stay.lon) > own2
-}
-
-// standsOff reports an asset that stands beyond its settled stay's own
-// radius: f lies there, held only by the outliers the stay learnt, and so
-// did the fix before it, standOffAfter or more since the asset was last
-// seen within it. The stay had learnt the first fixes at such a place as
-// outliers at rest, then held the rest there, and a car moved 28 m across
-// a yard was never reported at its new place in session, however long it
-// stood there.
-func (st *trackState) standsOff(old *trackState, f fix, pol *Policy) bool {
-	return st.stay.n >= settledFixes && old.seenMax > st.stay.lastT && f.t-st.stay.lastT >= standOffAfter &&
-		st.beyondOwnRadius(f, pol)
-}
-
-// moveStay starts the stay at f, which is admitted: the asset stands
-// there.
-func (st *trackState) moveStay(old *trackState, f fix, pol *Policy) Verdict {
-	st.leave(pol, st.stay.lastT)
-	st.stay = stay{lat: f.lat, lon: f.lon, n: 1, startT: f.t, lastT: f.t}
-	st.accept(old, f, func(t *track) {
-		t.ref, t.refAccuracy, t.last, t.hasCand = f.trackPoint, f.accuracy, f.trackPoint, false
-	})
-	return accepted
+	st.hasCand = false
 }
 
 // couldBeOutlier reports whether a fix outside the stay may be a receiver's

@@ -62,7 +62,6 @@ local LAST_TOKEN_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8')
 
 -- the constants of track.go
 local LAG, OUTLIER, ACCEL, SPEED, MEMORY, SETTLED, NOISE2, MARGIN2, REST_MARGIN = 1.5, 4, 4, 70, 64, 3, 10.24, 1.5625, 50
-local STAND_OFF = 30000000 -- standOffAfter, µs
 
 local now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local shape, window, idle = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -192,14 +191,10 @@ local function dist2(plat, plon)
 	return separation2(lat, lon, plat, plon)
 end
 
-local function widenedRadius2(spread2, outlier2)
-	local lag = LAG * radius
-	local r2 = math.min(math.max(NOISE2 * spread2, MARGIN2 * outlier2), lag * lag)
-	return math.max(r2, radius * radius)
-end
-
 local function stayRadius2(c)
-	return widenedRadius2(c.spread2, c.outlier2)
+	local lag = LAG * radius
+	local r2 = math.min(math.max(NOISE2 * c.spread2, MARGIN2 * c.outlier2), lag * lag)
+	return math.max(r2, radius * radius)
 end
 
 local function radius2(c)
@@ -253,23 +248,14 @@ local function couldBeOutlier(c)
 	return d2 <= far * far or d2 > r * r
 end
 
--- beyondOwnRadius, settle, standsOff and moveStay as in track.go
-local function beyondOwnRadius(c)
-	local own2 = math.max(widenedRadius2(c.spread2, 0), acc * acc)
-	return dist2(c.alat, c.alon) > own2
-end
-
 local function settle(c)
-	c.hasCand = false
 	local d2 = dist2(c.alat, c.alon)
-	if beyondOwnRadius(c) then
-		return
-	end
 	c.n = math.min(c.n + 1, MEMORY)
 	c.alat = c.alat + (lat - c.alat) / c.n
 	c.alon = wrapLon(c.alon + lonDelta(lon, c.alon) / c.n)
 	c.spread2 = c.spread2 + (d2 - c.spread2) / c.n
 	c.lastT = math.max(c.lastT, t)
+	c.hasCand = false
 end
 
 -- offStay and withinWindow in track.go: in session, a fix at the stay is
@@ -487,14 +473,6 @@ local function judge()
 		local returned = cur.hasCand and not cur.outlier
 		if cur.hasCand and cur.outlier then
 			learnOutlier(cur, separation2(cur.last.lat, cur.last.lon, cur.alat, cur.alon))
-		end
-		if cur.n >= SETTLED and oldSeenMax > cur.lastT and t - cur.lastT >= STAND_OFF and beyondOwnRadius(cur) then
-			-- it stands off the stay: the stay moves to it, and it is admitted
-			leave(cur, cur.lastT)
-			cur.alat, cur.alon, cur.spread2, cur.outlier2, cur.n = lat, lon, 0, 0, 1
-			cur.startT, cur.lastT = t, t
-			accept(function(c) c.ref, c.refAcc, c.last, c.hasCand = fixpoint, acc, fixpoint, false end)
-			return 'accepted', ''
 		end
 		settle(cur)
 		if not forced and not returned and withinWindow(cur) then
