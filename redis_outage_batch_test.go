@@ -81,25 +81,7 @@ func TestANearCachedDuplicateInABatchIsSuppressedWhileRedisHangs(t *testing.T) {
 // The whole batch was answered by the hung master's failure: the jitter fix
 // went upstream "unchecked" beside the new ping.
 func TestABatchSpanningAHungClusterMasterSuppressesTheHealthyOnesJitter(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	a := cluster.Addrs()
-	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"clus:","shape":"sliding","store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d,"breaker_failures":1}}`,
-		a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds()))
-	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
-	keyer := dedup.Keyer{Prefix: "clus:"}
-	nodeOf := func(asset string) *redistest.Server {
-		state, _ := keyer.TrackKeys(asset, base)
-		return cluster.NodeFor(state)
-	}
-	parked, other := "veh-parked", ""
-	for i := 0; other == ""; i++ {
-		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(parked) {
-			other = id
-		}
-	}
-	pingAt := func(asset string, sec int, lat, lon float64) string {
-		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
-	}
+	tt, nodeOf, parked, other, pingAt := gatewayOnACluster(t, "clus:", `,"breaker_failures":1`)
 	// the parked asset's stay: accepted, then its jitter suppressed
 	if res := tt.post(pingAt(parked, 0, 52.52, 13.40), "application/json", nil); res.status != http.StatusCreated {
 		t.Fatalf("first fix: %d %s", res.status, res.body)
@@ -151,25 +133,7 @@ func TestABatchSpanningAHungClusterMasterSuppressesTheHealthyOnesJitter(t *testi
 // batch for as long as the release stayed owed. That failure counts in no
 // zone, so the hung master's zone never opened to split the call either.
 func TestABatchWithAHungMastersOwedReleaseSuppressesTheHealthyOnesJitter(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	a := cluster.Addrs()
-	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"owed:","shape":"sliding","store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d}}`,
-		a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds()))
-	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
-	keyer := dedup.Keyer{Prefix: "owed:"}
-	nodeOf := func(asset string) *redistest.Server {
-		state, _ := keyer.TrackKeys(asset, base)
-		return cluster.NodeFor(state)
-	}
-	parked, other := "veh-parked", ""
-	for i := 0; other == ""; i++ {
-		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(parked) {
-			other = id
-		}
-	}
-	pingAt := func(asset string, sec int, lat, lon float64) string {
-		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
-	}
+	tt, nodeOf, parked, other, pingAt := gatewayOnACluster(t, "owed:", "")
 	if res := tt.post(pingAt(parked, 0, 52.52, 13.40), "application/json", nil); res.status != http.StatusCreated {
 		t.Fatalf("first fix: %d %s", res.status, res.body)
 	}
@@ -213,4 +177,33 @@ func TestABatchWithAHungMastersOwedReleaseSuppressesTheHealthyOnesJitter(t *test
 				sec, res.status, res.header.Get("X-Dedup"), got)
 		}
 	}
+}
+
+// gatewayOnACluster is a sliding handler on a 3-master Cluster (its store
+// block's extra JSON fields in storeExtra), two assets whose state lives on
+// different masters, the master of an asset, and a ping of an asset sec
+// seconds into the test's hour.
+func gatewayOnACluster(t *testing.T, prefix, storeExtra string) (tt *tableTester, nodeOf func(asset string) *redistest.Server,
+	parked, other string, pingAt func(asset string, sec int, lat, lon float64) string) {
+	t.Helper()
+	cluster := redistest.StartCluster(t, 3)
+	a := cluster.Addrs()
+	tt = tableHandler(t, fmt.Sprintf(`{"key_prefix":%q,"shape":"sliding","store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d%s}}`,
+		prefix, a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds(), storeExtra))
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+	keyer := dedup.Keyer{Prefix: prefix}
+	nodeOf = func(asset string) *redistest.Server {
+		state, _ := keyer.TrackKeys(asset, base)
+		return cluster.NodeFor(state)
+	}
+	parked = "veh-parked"
+	for i := 0; other == ""; i++ {
+		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(parked) {
+			other = id
+		}
+	}
+	pingAt = func(asset string, sec int, lat, lon float64) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
+	}
+	return tt, nodeOf, parked, other, pingAt
 }
