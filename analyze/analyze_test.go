@@ -538,19 +538,9 @@ func TestAMixedFleetIsNamedInTheNotes(t *testing.T) {
 // was no stationary run, against the report's own count of runs, and
 // pointed at the wrong cause.
 func TestRunsWithoutJitterAreNotCalledNoRun(t *testing.T) {
-	var b strings.Builder
-	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
-	for i := range 200 {
-		lat := 52.52
-		if i > 100 {
-			lat += float64(i-100) * 0.0005
-		}
-		fmt.Fprintf(&b, `{"asset_id":"a2","occurred_at":"%s","lat":%.7f,"lon":13.4,"acc":150}`+"\n",
-			start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), lat)
-	}
 	p := ping.NewParser()
 	p.AccuracyPath = "acc"
-	rep := analyze(t, []byte(b.String()), Options{Parser: p.Prepared()})
+	rep := analyze(t, parksThenDrivesOff(`,"acc":150`), Options{Parser: p.Prepared()})
 	if rep.Jitter.Runs == 0 {
 		t.Fatalf("setup: no stationary run found")
 	}
@@ -559,4 +549,21 @@ func TestRunsWithoutJitterAreNotCalledNoRun(t *testing.T) {
 			t.Errorf("runs %d, samples %d, yet the note says: %q", rep.Jitter.Runs, rep.Jitter.Samples, n)
 		}
 	}
+}
+
+// parksThenDrivesOff is a capture of one asset at a 10 s cadence: 100
+// fixes at one spot, then driving off at about 5.5 m/s; extra is added to
+// each ping's JSON fields.
+func parksThenDrivesOff(extra string) []byte {
+	var b strings.Builder
+	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
+	for i := range 200 {
+		lat := 52.52
+		if i > 100 {
+			lat += float64(i-100) * 0.0005
+		}
+		fmt.Fprintf(&b, `{"asset_id":"a2","occurred_at":"%s","lat":%.7f,"lon":13.4%s}`+"\n",
+			start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), lat, extra)
+	}
+	return []byte(b.String())
 }

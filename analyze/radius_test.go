@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"math"
-	"strings"
 	"testing"
 	"time"
 
@@ -153,16 +151,7 @@ func (s *simDecider) Deliver(ctx context.Context, del fleetsim.Delivery) ([]bool
 // (0.5 m edges), outside its own candidates: the resolution has a floor,
 // as the radius has (10 m).
 func TestTheResolutionHasAFloorForTrackersThatRepeatTheirPosition(t *testing.T) {
-	var b strings.Builder
-	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
-	for i := range 200 {
-		lat := 52.52
-		if i > 100 {
-			lat += float64(i-100) * 0.0005 // drives off at ~5.5 m/s
-		}
-		fmt.Fprintf(&b, `{"asset_id":"a2","occurred_at":"%s","lat":%.7f,"lon":13.4}`+"\n", start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), lat)
-	}
-	rep := analyze(t, []byte(b.String()), Options{})
+	rep := analyze(t, parksThenDrivesOff(""), Options{})
 	if r := rep.Recommended.Resolution; r > DefaultResolutions[len(DefaultResolutions)-1] {
 		t.Errorf("p95 jitter %.1f m: recommended resolution %d (%.1f m edges); notes %q", rep.Jitter.P95M, r, rep.Recommended.EdgeM, rep.Notes)
 	}

@@ -293,20 +293,20 @@ func (b *Breaker) zonesIn(claims []*Claim) zoneSet {
 	// asked, each at the cost of a wait.
 	first := b.zone(claims[0].Key())
 	var others []string
-	names := make([]string, len(claims))
-	names[0] = first
 	for i, c := range claims[1:] {
 		if first == "" {
 			break
 		}
 		name := b.zone(c.Key())
-		names[i+1] = name
+		if name != first && set.names == nil { // a second zone: the claims' names are kept
+			set.names = slices.Repeat([]string{first}, len(claims))
+		}
+		if set.names != nil {
+			set.names[i+1] = name
+		}
 		if name != first && !slices.Contains(others, name) {
 			others = append(others, name)
 		}
-	}
-	if others != nil {
-		set.names = names
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -422,19 +422,20 @@ func (b *Breaker) count(set zoneSet, err error) {
 	}
 }
 
-// refusing reports, per claim, whether its zone refuses a call now, as
-// letThrough would, without making a probe of it.
-func (b *Breaker) refusing(claims []*Claim) []bool {
-	names := make([]string, len(claims))
-	for i, c := range claims {
-		names[i] = b.zone(c.Key())
-	}
-	refused := make([]bool, len(claims))
+// refusing reports, per claim of a call in several zones (set), whether
+// its zone refuses a call now, as letThrough would, without making a
+// probe of it.
+func (b *Breaker) refusing(set zoneSet) []bool {
+	refused := make([]bool, len(set.names))
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := b.now()
-	for i, name := range names {
-		refused[i] = !b.admits(b.zoneLocked(name, now))
+	for _, z := range append([]*breakerZone{set.first}, set.more...) {
+		if b.admits(z) {
+			continue
+		}
+		for i, name := range set.names {
+			refused[i] = refused[i] || name == z.name
+		}
 	}
 	return refused
 }
@@ -523,7 +524,7 @@ type guardedStore struct {
 func (g guardedStore) Decide(ctx context.Context, claims []*Claim) ([]Verdict, error) {
 	set, err := g.breaker.enter(ctx, claims)
 	if errors.Is(err, ErrBreakerOpen) && set.more != nil {
-		return g.decideApart(ctx, claims, g.breaker.refusing(claims), err)
+		return g.decideApart(ctx, claims, g.breaker.refusing(set), err)
 	}
 	if owing, ok := errors.AsType[*DecideError](err); ok && errors.Is(err, ErrReleasesOwed) {
 		return g.decideApart(ctx, claims, owing.Failed, err)
@@ -553,7 +554,6 @@ func (g guardedStore) decideApart(ctx context.Context, claims []*Claim, refused 
 	if len(through) == 0 || len(through) == len(claims) {
 		return nil, why
 	}
-	failed := slices.Clone(refused)
 	decided, err := g.Decide(ctx, through)
 	if decided == nil {
 		return nil, why
@@ -561,16 +561,18 @@ func (g guardedStore) decideApart(ctx context.Context, claims []*Claim, refused 
 	verdicts := make([]Verdict, len(claims))
 	for j, i := range at {
 		verdicts[i] = decided[j]
-		failed[i] = DecideFailed(err, j)
 	}
 	// The call's error decides whether its failed claims may have been
 	// written (MayHaveWritten); the refused ones were not, and settling or
 	// releasing a claim by its token where it never landed changes nothing.
-	cause := why
-	if partial, ok := errors.AsType[*DecideError](err); ok {
-		cause = partial.Err
+	partial := spreadFailure(err, len(claims), at)
+	if err == nil {
+		partial.Err = why
 	}
-	return verdicts, &DecideError{Err: cause, Failed: failed}
+	for i := range refused {
+		partial.Failed[i] = partial.Failed[i] || refused[i]
+	}
+	return verdicts, partial
 }
 
 func (g guardedStore) Settle(claims []*Claim, done func(error)) {

@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -231,12 +230,8 @@ func (d *Deduper) decideInOrder(ctx context.Context, claims []*Claim, order []in
 	for i, j := range order {
 		verdicts[j] = decided[i]
 	}
-	if partial, ok := errors.AsType[*DecideError](err); ok {
-		failed := make([]bool, len(claims))
-		for i, j := range order {
-			failed[j] = partial.Failed[i]
-		}
-		err = &DecideError{Err: partial.Err, Failed: failed}
+	if err != nil {
+		err = spreadFailure(err, len(claims), order)
 	}
 	return verdicts, err
 }

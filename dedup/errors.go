@@ -35,6 +35,21 @@ func (e *DecideError) Error() string { return e.Err.Error() }
 // Unwrap returns the failed claims' error.
 func (e *DecideError) Unwrap() error { return e.Err }
 
+// spreadFailure is the DecideError, over a call of n claims, of the part
+// of it made of the claims at the indices at, which failed with err
+// (wholly, or in part as a DecideError tells): a claim of the part has
+// no verdict if the part's call gave it none, the others keep theirs.
+func spreadFailure(err error, n int, at []int) *DecideError {
+	failed := make([]bool, n)
+	for j, i := range at {
+		failed[i] = DecideFailed(err, j)
+	}
+	if partial, ok := errors.AsType[*DecideError](err); ok {
+		err = partial.Err
+	}
+	return &DecideError{Err: err, Failed: failed}
+}
+
 // DecideFailed reports whether claim i of a Decide (or ClaimAll) that
 // returned err has no verdict: every claim of a failed call, or those a
 // DecideError names.

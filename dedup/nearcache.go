@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -83,7 +82,7 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 		if decided == nil && len(misses) == len(claims) {
 			return nil, err
 		}
-		err = n.failedMisses(err, len(claims), at)
+		err = spreadFailure(err, len(claims), at) // the cache's own answers stand
 	}
 	for j, c := range misses {
 		if DecideFailed(err, at[j]) {
@@ -107,21 +106,6 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 		}
 	}
 	return verdicts, err
-}
-
-// failedMisses is the DecideError of a call of n claims whose misses (at
-// their indices at) the store failed with err, wholly or in part: the
-// cache's own answers stand.
-func (n *NearCache) failedMisses(err error, claims int, at []int) *DecideError {
-	failed := make([]bool, claims)
-	for j, i := range at {
-		failed[i] = DecideFailed(err, j)
-	}
-	cause := err
-	if partial, ok := errors.AsType[*DecideError](err); ok {
-		cause = partial.Err
-	}
-	return &DecideError{Err: cause, Failed: failed}
 }
 
 // cachedVerdict is the verdict on c of a cached holder: in tumbling judged
