@@ -15,12 +15,13 @@ import (
 // the first sighting the key was claimed for. They are what lets a lost
 // claim be classified (redelivery, re-observation, jitter) without a second
 // round trip; the first sighting itself is not needed, only whether another
-// ping equals it, and fingerprints keep a Redis key at 120 bytes.
+// ping equals it, and fingerprints keep a Redis key at about 136 bytes.
 type record struct {
 	claimedMs int64  // server time, Unix ms: no time.Time, so a record holds no pointer for the GC to follow
 	sighting  uint64 // fingerprint of the first sighting: device time and coordinates
 	token     uint32 // the claiming request's token, folded (recordToken)
 	position  uint32 // fingerprint of its coordinates alone
+	waitMs    uint32 // the claiming request's in_flight_timeout (claimWait)
 	settled   bool
 }
 
@@ -31,7 +32,30 @@ func newRecord(c *Claim) record {
 		claimedMs: c.At.UnixMilli(),
 		sighting:  sightingPrint(c.Ping),
 		position:  positionPrint(c.Ping),
+		waitMs:    waitMsOf(c.Policy),
 	}
+}
+
+// waitMsOf is pol's in_flight_timeout as a claim stores it, in ms: at
+// least 1, as 0 marks a claim stored without it, and at most 49 days,
+// which is all the same (no forward runs so long).
+func waitMsOf(pol *Policy) uint32 {
+	return uint32(min(max(pol.InFlightTimeout.Milliseconds(), 1), math.MaxUint32))
+}
+
+// claimWait is how long a pending claim counts as in flight: the
+// in_flight_timeout of the request that made it, stored with the claim,
+// since that is what bounds its forward (a handler cuts the forward
+// before it). Judged by the reader's own, a handler with a shorter one (a
+// reload that shortened it, another instance on the key space) told a
+// redelivery it was delivered while the first could still fail, and the
+// ping was lost. A claim stored before the timeout was (waitMs 0) waits
+// the reader's.
+func claimWait(waitMs uint32, pol *Policy) time.Duration {
+	if waitMs == 0 {
+		return pol.InFlightTimeout
+	}
+	return time.Duration(waitMs) * time.Millisecond
 }
 
 // recordToken is the 32 bits of a claim's token a record keeps: its two
@@ -80,8 +104,13 @@ func positionPrint(p ping.Ping) uint32 {
 }
 
 // recordSize is the encoded length: small enough for Redis to keep the value
-// inline with its object header in a 48-byte allocation.
-const recordSize = 1 + 4 + 6 + 8 + 4
+// inline with its object header in a 48-byte allocation. Records written
+// before the claim's in_flight_timeout was stored are the first
+// recordSizeBefore bytes of it, and are read as well.
+const (
+	recordSize       = recordSizeBefore + 4
+	recordSizeBefore = 1 + 4 + 6 + 8 + 4
+)
 
 // Claim states, the first byte of an encoded record and of a seen value.
 const (
@@ -92,7 +121,7 @@ const (
 
 // encode lays the record out as fixed-width big-endian fields: state,
 // token (4 bytes), claim time (Unix ms, 6 bytes), the sighting's fingerprint
-// (8) and the position's (4).
+// (8), the position's (4) and the claim's in_flight_timeout (ms, 4).
 func (r record) encode() string {
 	var b [recordSize]byte
 	b[0] = flagPending
@@ -105,22 +134,27 @@ func (r record) encode() string {
 	copy(b[5:11], ms[2:])
 	binary.BigEndian.PutUint64(b[11:], r.sighting)
 	binary.BigEndian.PutUint32(b[19:], r.position)
+	binary.BigEndian.PutUint32(b[23:], r.waitMs)
 	return string(b[:])
 }
 
 func decodeRecord(s string) (record, error) {
-	if len(s) != recordSize || (s[0] != flagPending && s[0] != flagSettled) {
+	if (len(s) != recordSize && len(s) != recordSizeBefore) || (s[0] != flagPending && s[0] != flagSettled) {
 		return record{}, fmt.Errorf("stored value of %d bytes is not a telemetry_dedup claim; is another application writing under the same key_prefix?", len(s))
 	}
 	var ms [8]byte
 	copy(ms[2:], s[5:11])
-	return record{
+	r := record{
 		settled:   s[0] == flagSettled,
 		token:     binary.BigEndian.Uint32([]byte(s[1:5])),
 		claimedMs: int64(binary.BigEndian.Uint64(ms[:])),
 		sighting:  binary.BigEndian.Uint64([]byte(s[11:19])),
 		position:  binary.BigEndian.Uint32([]byte(s[19:23])),
-	}, nil
+	}
+	if len(s) == recordSize {
+		r.waitMs = binary.BigEndian.Uint32([]byte(s[23:]))
+	}
+	return r, nil
 }
 
 // judgeHeld classifies a tumbling claim that found its key held: the same
@@ -130,7 +164,7 @@ func judgeHeld(held record, c *Claim) Verdict {
 	c.holder, c.held = held, true
 	sameObservation := held.sighting == sightingPrint(c.Ping)
 	switch {
-	case sameObservation && inFlight(!held.settled, held.claimedMs, c):
+	case sameObservation && inFlight(!held.settled, held.claimedMs, held.waitMs, c):
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	case sameObservation:
 		return suppressed(Redelivery)
@@ -141,18 +175,19 @@ func judgeHeld(held record, c *Claim) Verdict {
 	}
 }
 
-// inFlight reports whether a pending claim made at claimedMs may still be
-// waiting for its upstream. A claim older than the in-flight timeout counts
-// as settled even if its request vanished (a killed process never settles),
-// unless waitFromLanding finds it reached the store later.
-func inFlight(pending bool, claimedMs int64, c *Claim) bool {
-	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < c.Policy.InFlightTimeout
+// inFlight reports whether a pending claim made at claimedMs, waiting
+// waitMs (claimWait), may still be waiting for its upstream. A claim older
+// than that counts as settled even if its request vanished (a killed
+// process never settles), unless waitFromLanding finds it reached the
+// store later.
+func inFlight(pending bool, claimedMs int64, waitMs uint32, c *Claim) bool {
+	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < claimWait(waitMs, c.Policy)
 }
 
 // waitFromLanding is v, or in_flight if v suppresses a redelivery that
 // found a pending claim (older than in_flight_timeout by its claim time,
 // or v would say in_flight already) which reached the store less than
-// in_flight_timeout ago. The two differ for a claim a hung Redis ran from
+// in_flight_timeout ago (the claim's own, waitMs: claimWait). The two differ for a claim a hung Redis ran from
 // its socket buffer on resuming, long after its request gave up: by its
 // claim time it would count as settled at once, and a redelivery told 200
 // before the reconciler released it would be lost. left is the claim's
@@ -160,8 +195,8 @@ func inFlight(pending bool, claimedMs int64, c *Claim) bool {
 // clock; a negative one (the key gone since, or unreadable) counts as just
 // landed, and one over the TTL (written under a longer TTL, since
 // reconfigured) cannot be dated, so the claim time stands.
-func waitFromLanding(v Verdict, pending bool, left time.Duration, pol *Policy) Verdict {
-	landedLately := left < 0 || (left <= pol.TTL && pol.TTL-left < pol.InFlightTimeout)
+func waitFromLanding(v Verdict, pending bool, left time.Duration, waitMs uint32, pol *Policy) Verdict {
+	landedLately := left < 0 || (left <= pol.TTL && pol.TTL-left < claimWait(waitMs, pol))
 	if settledByClaimTime(v, pending) && landedLately {
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	}

@@ -181,7 +181,7 @@ func (s *RedisStore) holdLateClaims(ctx context.Context, claims []*Claim, verdic
 				left = ttl
 			}
 		}
-		verdicts[i] = waitFromLanding(verdicts[i], true, left, claims[i].Policy)
+		verdicts[i] = waitFromLanding(verdicts[i], true, left, claims[i].holder.waitMs, claims[i].Policy)
 	}
 }
 
@@ -215,7 +215,7 @@ func trackDecideCmd(c *Claim) pipeline.Cmd {
 	pol := c.Policy
 	return pipeline.EvalSha(trackDecideScript, []string{c.StateKey, c.SeenKey},
 		encodeFix(fixOf(c), pol.Radius), seenField(c), c.At.UnixMilli(), pol.TTL.Milliseconds(), string(pol.Shape),
-		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(), pol.InFlightTimeout.Milliseconds())
+		pol.Window.Microseconds(), pol.SessionIdle.Microseconds(), waitMsOf(pol))
 }
 
 // trackVerdict reads the decision script's answer: the verdict and, for a

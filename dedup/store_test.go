@@ -397,55 +397,147 @@ func TestRedisTracksWithoutAnUndoRecordReadTheSameInEitherLayout(t *testing.T) {
 }
 
 // Redis-specific: an accepted ping's seen value carries the time it
-// reached Redis, which earlier versions did not write. A value without it
-// must be judged by its claim time alone, and settle and release it as
-// before, so that instances of either version can share a Redis while they
-// are upgraded.
-func TestRedisSeenValuesWithoutALandingTimeReadAsBefore(t *testing.T) {
-	const withLanding, withoutLanding = 1 + 8 + 8 + 8, 1 + 8 + 8 // flag, token, claim time[, landing]
+// reached Redis and its request's in_flight_timeout, which earlier versions
+// did not write. A value without them (17 bytes, or 25 without the
+// timeout) must be judged by its claim time alone and the judging
+// request's timeout, and settle and release as before, so that instances
+// of either version can share a Redis while they are upgraded.
+func TestRedisSeenValuesOfEarlierVersionsReadAsBefore(t *testing.T) {
+	const now = 1 + 8 + 8 + 8 + 1 + 8 // flag, token, claim time, landing, retried, in-flight timeout
 	for _, shape := range []Shape{Sliding, Session} {
-		t.Run(string(shape), func(t *testing.T) {
-			ctx, pol := context.Background(), testPolicy(shape)
-			srv := redistest.Start(t)
-			s, rdb := newRedisStore(t, srv), srv.Client()
-			at := time.Now()
-			asEarlierVersions := func(c *Claim) {
-				t.Helper()
-				v := rdb.HGet(ctx, c.SeenKey, seenField(c)).Val()
-				if len(v) != withLanding {
-					t.Fatalf("an accepted ping's seen value is %d bytes, want %d", len(v), withLanding)
-				}
-				rdb.HSet(ctx, c.SeenKey, seenField(c), v[:withoutLanding])
-			}
-
-			old := claimOf(pol, parked, 1, at)
-			decide(t, s, old)
-			asEarlierVersions(old)
-			if v := decide(t, s, claimOf(pol, parked, 2, at.Add(time.Second))); v.Decision != InFlight {
-				t.Fatalf("a redelivery while the claim is young: %+v, want in flight", v)
-			}
-			if v := decide(t, s, claimOf(pol, parked, 3, at.Add(pol.InFlightTimeout))); v != suppressed(Redelivery) {
-				t.Fatalf("a redelivery in_flight_timeout after the claim: %+v, want suppressed (counts as settled by its claim time)", v)
-			}
-
-			other := parked
-			other.Asset = "veh-89"
-			settled, released := claimOf(pol, other, 4, at), claimOf(pol, ping.Ping{Asset: "veh-90", Time: articleBase, Lat: 1, Lon: 1}, 5, at)
-			for _, c := range []*Claim{settled, released} {
-				decide(t, s, c)
-				asEarlierVersions(c)
-			}
-			if err := settleOne(ctx, s, settled); err != nil {
-				t.Fatal(err)
-			}
-			if v := decide(t, s, claimOf(pol, other, 6, at.Add(time.Second))); v != suppressed(Redelivery) {
-				t.Fatalf("a redelivery after settling: %+v, want suppressed", v)
-			}
-			if ok, err := releaseOne(ctx, s, released); err != nil || !ok {
-				t.Fatalf("releasing: %v %v", ok, err)
-			}
-		})
+		for _, earlier := range []int{1 + 8 + 8, 1 + 8 + 8 + 8} {
+			t.Run(fmt.Sprintf("%s/%d bytes", shape, earlier), func(t *testing.T) {
+				testSeenValuesOfAnEarlierVersion(t, shape, now, earlier)
+			})
+		}
 	}
+}
+
+func testSeenValuesOfAnEarlierVersion(t *testing.T, shape Shape, now, earlier int) {
+	ctx, pol := context.Background(), testPolicy(shape)
+	srv := redistest.Start(t)
+	s, rdb := newRedisStore(t, srv), srv.Client()
+	at := time.Now()
+	asEarlierVersions := func(c *Claim) {
+		t.Helper()
+		v := rdb.HGet(ctx, c.SeenKey, seenField(c)).Val()
+		if len(v) != now {
+			t.Fatalf("an accepted ping's seen value is %d bytes, want %d", len(v), now)
+		}
+		rdb.HSet(ctx, c.SeenKey, seenField(c), v[:earlier])
+	}
+
+	claimant, judge := shorterJudge(pol)
+	old := claimOf(claimant, parked, 1, time.Now())
+	decide(t, s, old)
+	asEarlierVersions(old)
+	judgedByItsOwnTimeout(t, s, judge, parked)
+
+	other := parked
+	other.Asset = "veh-89"
+	settled, released := claimOf(pol, other, 4, at), claimOf(pol, ping.Ping{Asset: "veh-90", Time: articleBase, Lat: 1, Lon: 1}, 5, at)
+	for _, c := range []*Claim{settled, released} {
+		decide(t, s, c)
+		asEarlierVersions(c)
+	}
+	if err := settleOne(ctx, s, settled); err != nil {
+		t.Fatal(err)
+	}
+	if v := decide(t, s, claimOf(pol, other, 6, at.Add(time.Second))); v != suppressed(Redelivery) {
+		t.Fatalf("a redelivery after settling: %+v, want suppressed", v)
+	}
+	if ok, err := releaseOne(ctx, s, released); err != nil || !ok {
+		t.Fatalf("releasing: %v %v", ok, err)
+	}
+}
+
+// Redis-specific: a tumbling record carries its request's
+// in_flight_timeout, which earlier versions did not write. A record of 23
+// bytes, without it, must be judged by the judging request's timeout, and
+// settle and release as before.
+func TestRedisClaimsOfEarlierVersionsReadAsBefore(t *testing.T) {
+	ctx, pol := context.Background(), testPolicy(Tumbling)
+	srv := redistest.Start(t)
+	s, rdb := newRedisStore(t, srv), srv.Client()
+	asEarlierVersions := func(c *Claim) {
+		t.Helper()
+		v := rdb.Get(ctx, c.Key()).Val()
+		if len(v) != recordSize {
+			t.Fatalf("a claim's record is %d bytes, want %d", len(v), recordSize)
+		}
+		rdb.SetArgs(ctx, c.Key(), v[:recordSizeBefore], redis.SetArgs{KeepTTL: true})
+	}
+
+	claimant, judge := shorterJudge(pol)
+	old := claimOf(claimant, parked, 1, time.Now())
+	decide(t, s, old)
+	asEarlierVersions(old)
+	judgedByItsOwnTimeout(t, s, judge, parked)
+
+	other := parked
+	other.Asset = "veh-89"
+	settled, released := claimOf(pol, other, 4, articleBase), claimOf(pol, ping.Ping{Asset: "veh-90", Time: articleBase, Lat: 1, Lon: 1}, 5, articleBase)
+	for _, c := range []*Claim{settled, released} {
+		decide(t, s, c)
+		asEarlierVersions(c)
+	}
+	if err := settleOne(ctx, s, settled); err != nil {
+		t.Fatal(err)
+	}
+	if v := decide(t, s, claimOf(pol, other, 6, articleBase.Add(time.Second))); v != suppressed(Redelivery) {
+		t.Fatalf("a redelivery after settling: %+v, want suppressed", v)
+	}
+	if ok, err := releaseOne(ctx, s, released); err != nil || !ok {
+		t.Fatalf("releasing: %v %v", ok, err)
+	}
+}
+
+// shorterJudge is two copies of pol: one a claim is made under, with a
+// long in_flight_timeout, and one its redeliveries are judged under, with
+// a short one.
+func shorterJudge(pol *Policy) (claimant, judge *Policy) {
+	c, j := *pol, *pol
+	c.InFlightTimeout, j.InFlightTimeout = 5*time.Second, 400*time.Millisecond
+	return &c, &j
+}
+
+// judgedByItsOwnTimeout checks that a pending claim of p that carries no
+// in_flight_timeout of its own, as earlier versions wrote them, waits the
+// judging request's: in flight while young, delivered after it.
+func judgedByItsOwnTimeout(t *testing.T, s Store, judge *Policy, p ping.Ping) {
+	t.Helper()
+	if v := decide(t, s, claimOf(judge, p, 2, time.Now())); v.Decision != InFlight {
+		t.Fatalf("a redelivery while the claim is young: %+v, want in flight", v)
+	}
+	time.Sleep(judge.InFlightTimeout + 200*time.Millisecond)
+	if v := decide(t, s, claimOf(judge, p, 3, time.Now())); v != suppressed(Redelivery) {
+		t.Fatalf("a redelivery the judge's in_flight_timeout after a claim that carries none: %+v, want suppressed (the judge's timeout stands for the claim's)", v)
+	}
+}
+
+// A claim waits in flight for the in_flight_timeout of the request that
+// made it, which bounds that request's forward, not for the timeout of the
+// handler judging its redelivery. After a reload that shortened it, or on
+// another instance configured otherwise, a redelivery told it was
+// delivered while the first forward could still fail was a ping lost. A
+// claim made under a shorter timeout than the judge's counts as settled
+// after its own: its forward is over.
+func TestAClaimWaitsTheInFlightTimeoutOfItsOwnRequest(t *testing.T) {
+	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
+		long, short := shorterJudge(pol)
+		other := parked
+		other.Asset = "veh-89"
+		at := time.Now()
+		decide(t, s, claimOf(long, parked, 1, at))
+		decide(t, s, claimOf(short, other, 2, at))
+		time.Sleep(short.InFlightTimeout + 200*time.Millisecond)
+		if v := decide(t, s, claimOf(short, parked, 3, time.Now())); v != (Verdict{Decision: InFlight, Reason: Redelivery}) {
+			t.Fatalf("a redelivery judged under a shorter in_flight_timeout than its claim's, while the claim's forward may still run: %+v, want in_flight (told it was delivered, the ping is lost if that forward fails)", v)
+		}
+		if v := decide(t, s, claimOf(long, other, 4, time.Now())); v != suppressed(Redelivery) {
+			t.Fatalf("a redelivery judged under a longer in_flight_timeout than its claim's, after the claim's: %+v, want suppressed (its forward is over)", v)
+		}
+	})
 }
 
 func TestRedisStoreReportsAnUnreachableServer(t *testing.T) {

@@ -326,6 +326,12 @@ type seenValue struct {
 	retried   bool
 	token     uint64
 	claimedMs int64
+	waitMs    uint32 // the in_flight_timeout of a pending entry's request (claimWait)
+}
+
+// pendingSeen is the seen value of c's ping once c is accepted.
+func pendingSeen(c *Claim) *seenValue {
+	return &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli(), waitMs: waitMsOf(c.Policy)}
 }
 
 // holdSettledSeen makes a settled seen entry, found by a redelivery, the
@@ -347,7 +353,7 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 			// ran (the Redis store's client resends after a lost reply).
 			return accepted, nil, nil
 		}
-		if inFlight(seen.flag == flagPending, seen.claimedMs, c) {
+		if inFlight(seen.flag == flagPending, seen.claimedMs, seen.waitMs, c) {
 			return Verdict{Decision: InFlight, Reason: Redelivery}, nil, nil
 		}
 		if seen.flag == flagUndoable && st != nil {
@@ -357,17 +363,19 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 			return suppressed(Redelivery), nil, nil
 		}
 		if st != nil {
-			return accepted, nil, &seenValue{flag: flagPending, retried: true, token: c.Token, claimedMs: c.At.UnixMilli()}
+			retry := pendingSeen(c)
+			retry.retried = true
+			return accepted, nil, retry
 		}
 	}
 	f := fixOf(c)
 	if st == nil {
-		return accepted, newTrackState(f), &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
+		return accepted, newTrackState(f), pendingSeen(c)
 	}
 	v, next := st.next(f, c.Policy)
 	switch {
 	case v.Decision == Accepted:
-		return v, next, &seenValue{flag: flagPending, token: c.Token, claimedMs: c.At.UnixMilli()}
+		return v, next, pendingSeen(c)
 	case sameRequest(next.last.token, f.token):
 		return v, next, &seenValue{flag: flagUndoable}
 	default:

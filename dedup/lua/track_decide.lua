@@ -35,7 +35,10 @@
 -- 'p' (pending) / 'a' (settled) + token (8 bytes) + claim time ms (i8) +
 -- the time it reached Redis, Redis's clock, ms (i8; absent from values
 -- written before it was added) + 'r' when it is an 'r' ping's retry, which
--- left the track as it was (retried in Go).
+-- left the track as it was (retried in Go), else '-' + the in-flight
+-- timeout of the request that made it, ms (i8; claimWait in Go). The last
+-- two are absent from values written before they were added, which had
+-- the 'r' alone, and a pending one of those waits this call's timeout.
 -- Answer: the decision and reason, and for a redelivery of a settled ping
 -- its claim time (8 bytes), for a suppression flagged 'u' the 'u'.
 
@@ -86,6 +89,9 @@ if seen then
 	end
 	if string.sub(seen, 1, 1) == 'p' then
 		local wait = tonumber(ARGV[8])
+		if #seen >= 34 then
+			wait = struct.unpack('>i8', seen, 27)
+		end
 		if now - struct.unpack('>i8', seen, 10) < wait or (#seen >= 25 and redisMs() - struct.unpack('>i8', seen, 18) < wait) then
 			return { 'in_flight', 'redelivery' }
 		end
@@ -120,7 +126,7 @@ end
 
 local function remember(decision, flag)
 	if decision == 'accepted' then
-		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()))
+		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. '-' .. struct.pack('>i8', tonumber(ARGV[8])))
 	else
 		redis.call('HSET', KEYS[2], ARGV[2], flag)
 	end
@@ -135,7 +141,7 @@ if seen == 'r' and raw then
 	-- the retry of a ping its release left in the track: accepted, and the
 	-- track, which holds it already, is left as it is; the trailing 'r'
 	-- (retried in Go) makes its release mark it 'r' again
-	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. 'r')
+	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. 'r' .. struct.pack('>i8', tonumber(ARGV[8])))
 	redis.call('PEXPIRE', KEYS[2], ttl)
 	return { 'accepted', '' }
 end
