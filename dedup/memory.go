@@ -103,7 +103,7 @@ func (m *MemoryStore) Decide(_ context.Context, claims []*Claim) ([]Verdict, err
 func (m *MemoryStore) decideTumbling(c *Claim, now int64) Verdict {
 	k := m.keys.key(c.Observation.Key)
 	if slot, ok := liveSlot(m.claims, k, now); ok {
-		return waitFromLanding(judgeHeld(slot.value, c), !slot.value.settled, slot.left(now), slot.value.waitMs, c.Policy)
+		return waitFromLanding(judgeHeld(slot.value, c), !slot.value.settled, slot.left(now), slot.value.wait(c.Policy), slot.value.claimTTL(c.Policy))
 	}
 	put(m, m.claims, kindClaim, k, newRecord(c), c.Policy.TTL, now)
 	return accepted
@@ -115,7 +115,7 @@ func (m *MemoryStore) decideTrack(c *Claim, now int64) Verdict {
 	st, prior := optional(live(m.tracks, stateKey, now)), optional(seen.value, ok)
 	v, next, record := judgeTrack(st, prior, c)
 	if ok {
-		v = waitFromLanding(v, seen.value.flag == flagPending, seen.left(now), seen.value.waitMs, c.Policy)
+		v = waitFromLanding(v, seen.value.flag == flagPending, seen.left(now), claimWait(seen.value.waitMs, c.Policy), c.Policy.TTL)
 		holdSettledSeen(c, seen.value)
 	}
 	if next != nil {

@@ -221,6 +221,37 @@ func TestClaimThatLandsLateWaitsFromItsLanding(t *testing.T) {
 	}
 }
 
+// A tumbling claim that lands late (a hung Redis runs it from its socket
+// buffer on resuming, TestClaimThatLandsLateWaitsFromItsLanding) is dated
+// by its key's remaining TTL: landed = TTL - PTTL. That TTL is the one the
+// claim was written with, the claimant's; the judge subtracts its own.
+// Two instances (or a reload) with a different ttl, retry_ladder or
+// outage_margin on one key space, and the same window, share the keys:
+// the judge dates the claim an hour off (or cannot date it at all) and
+// tells the redelivery 200 suppressed while the claimant's reconciler has
+// not yet released the claim whose request failed. The claim's own TTL
+// (or its landing time) must be stored with it, as its in_flight_timeout
+// now is. The same judge with the claimant's TTL holds it (the control).
+func TestALateClaimIsDatedByTheTTLItWasWrittenWith(t *testing.T) {
+	for _, judgeTTL := range []time.Duration{time.Hour, 2 * time.Hour, 30 * time.Minute} {
+		t.Run(fmt.Sprintf("claimant ttl 1h, judge ttl %s", judgeTTL), func(t *testing.T) {
+			srv := redistest.Start(t)
+			s := newRedisStore(t, srv)
+			claimant := testPolicy(Tumbling)
+			claimant.TTL, claimant.InFlightTimeout = time.Hour, 5*time.Second
+			judge := *claimant
+			judge.TTL = judgeTTL
+			// Made 10 s ago, landed now: what a Redis that hung 10 s runs
+			// from its socket buffer the moment it resumes.
+			decide(t, s, claimOf(claimant, parked, 1, time.Now().Add(-10*time.Second)))
+			if v := decide(t, s, claimOf(&judge, parked, 2, time.Now())); v != (Verdict{Decision: InFlight, Reason: Redelivery}) {
+				t.Fatalf("a redelivery just after the claim landed, judged under ttl %s (claim written under 1h): %+v, want in_flight "+
+					"(told it was delivered before the claimant's reconciler released the failed claim: the ping is lost)", judgeTTL, v)
+			}
+		})
+	}
+}
+
 // downStore fails every call until up is set.
 type downStore struct {
 	Store

@@ -21,7 +21,8 @@ type record struct {
 	sighting  uint64 // fingerprint of the first sighting: device time and coordinates
 	token     uint32 // the claiming request's token, folded (recordToken)
 	position  uint32 // fingerprint of its coordinates alone
-	waitMs    uint32 // the claiming request's in_flight_timeout (claimWait)
+	ttlS      uint32 // the TTL the claim was written with, seconds (claimTTL)
+	waitDs    uint16 // the claiming request's in_flight_timeout, tenths of a second (wait)
 	settled   bool
 }
 
@@ -32,30 +33,74 @@ func newRecord(c *Claim) record {
 		claimedMs: c.At.UnixMilli(),
 		sighting:  sightingPrint(c.Ping),
 		position:  positionPrint(c.Ping),
-		waitMs:    waitMsOf(c.Policy),
+		waitDs:    waitDsOf(c.Policy),
+		ttlS:      ttlSOf(c.Policy),
 	}
 }
 
-// waitMsOf is pol's in_flight_timeout as a claim stores it, in ms: at
-// least 1, as 0 marks a claim stored without it, and at most 49 days,
-// which is all the same (no forward runs so long).
-func waitMsOf(pol *Policy) uint32 {
-	return uint32(min(max(pol.InFlightTimeout.Milliseconds(), 1), math.MaxUint32))
-}
-
 // claimWait is how long a pending claim counts as in flight: the
-// in_flight_timeout of the request that made it, stored with the claim,
-// since that is what bounds its forward (a handler cuts the forward
-// before it). Judged by the reader's own, a handler with a shorter one (a
-// reload that shortened it, another instance on the key space) told a
-// redelivery it was delivered while the first could still fail, and the
-// ping was lost. A claim stored before the timeout was (waitMs 0) waits
-// the reader's.
+// in_flight_timeout of the request that made it, stored with the claim
+// (waitMs ms: a seen entry's), since that is what bounds its forward (a
+// handler cuts the forward before it). Judged by the reader's own, a
+// handler with a shorter one (a reload that shortened it, another
+// instance on the key space) told a redelivery it was delivered while the
+// first could still fail, and the ping was lost. A claim stored without it
+// (waitMs 0: an earlier version's) waits the reader's.
 func claimWait(waitMs uint32, pol *Policy) time.Duration {
 	if waitMs == 0 {
 		return pol.InFlightTimeout
 	}
 	return time.Duration(waitMs) * time.Millisecond
+}
+
+// waitMsOf is pol's in_flight_timeout as a seen entry stores it, in ms:
+// at least 1, as 0 marks an entry stored without it, and at most 49 days,
+// which is all the same (no forward runs so long).
+func waitMsOf(pol *Policy) uint32 {
+	return uint32(min(max(pol.InFlightTimeout.Milliseconds(), 1), math.MaxUint32))
+}
+
+// wait is how long r counts as in flight (claimWait).
+func (r record) wait(pol *Policy) time.Duration {
+	if r.waitDs == 0 {
+		return pol.InFlightTimeout
+	}
+	return time.Duration(r.waitDs) * 100 * time.Millisecond
+}
+
+// claimTTL is the TTL r was written with, which dates its landing
+// (waitFromLanding): a judge with another TTL (another instance, a reload
+// that changed ttl, retry_ladder or outage_margin) dated a claim that
+// landed late an hour off, or not at all, and told a redelivery it was
+// delivered before the claim's reconciler released it. A record stored
+// without it is dated by the judge's, as before.
+func (r record) claimTTL(pol *Policy) time.Duration {
+	if r.ttlS == 0 {
+		return pol.TTL
+	}
+	return time.Duration(r.ttlS) * time.Second
+}
+
+// waitDsOf and ttlSOf are pol's in_flight_timeout and TTL as a tumbling
+// record stores them, in 2 and 3 bytes, so that the record keeps the size
+// at which Redis stores a key in 120 bytes: the timeout in tenths of a
+// second rounded up (a claim waits a little longer, never shorter), the
+// TTL in seconds. 0, for a timeout over 109 minutes, or a TTL over 194
+// days or not whole seconds, leaves the judge's own, as for records stored
+// before they were.
+func waitDsOf(pol *Policy) uint16 {
+	ds := (pol.InFlightTimeout + 100*time.Millisecond - 1) / (100 * time.Millisecond)
+	if ds > math.MaxUint16 {
+		return 0
+	}
+	return uint16(max(ds, 1))
+}
+
+func ttlSOf(pol *Policy) uint32 {
+	if pol.TTL >= 1<<24*time.Second || pol.TTL%time.Second != 0 {
+		return 0
+	}
+	return uint32(pol.TTL / time.Second)
 }
 
 // recordToken is the 32 bits of a claim's token a record keeps: its two
@@ -104,12 +149,15 @@ func positionPrint(p ping.Ping) uint32 {
 }
 
 // recordSize is the encoded length: small enough for Redis to keep the value
-// inline with its object header in a 48-byte allocation. Records written
-// before the claim's in_flight_timeout was stored are the first
-// recordSizeBefore bytes of it, and are read as well.
+// inline with its object header in a 48-byte allocation. Records written before the claim's in_flight_timeout and
+// TTL were stored are the first recordSizeBefore bytes of it, and are read
+// as well; so are longer ones, a later version's, by the fields this one
+// knows, so that instances of both can share a store during an upgrade or
+// a rollback.
 const (
-	recordSize       = recordSizeBefore + 4
+	recordSize       = recordSizeBefore + 2 + 3
 	recordSizeBefore = 1 + 4 + 6 + 8 + 4
+	recordSizeMax    = 44 // the longest value Redis embeds in its object
 )
 
 // Claim states, the first byte of an encoded record and of a seen value.
@@ -121,7 +169,8 @@ const (
 
 // encode lays the record out as fixed-width big-endian fields: state,
 // token (4 bytes), claim time (Unix ms, 6 bytes), the sighting's fingerprint
-// (8), the position's (4) and the claim's in_flight_timeout (ms, 4).
+// (8), the position's (4), and the claim's in_flight_timeout (2) and TTL
+// (3: waitDsOf, ttlSOf).
 func (r record) encode() string {
 	var b [recordSize]byte
 	b[0] = flagPending
@@ -134,12 +183,15 @@ func (r record) encode() string {
 	copy(b[5:11], ms[2:])
 	binary.BigEndian.PutUint64(b[11:], r.sighting)
 	binary.BigEndian.PutUint32(b[19:], r.position)
-	binary.BigEndian.PutUint32(b[23:], r.waitMs)
+	binary.BigEndian.PutUint16(b[23:], r.waitDs)
+	var ttl [4]byte
+	binary.BigEndian.PutUint32(ttl[:], r.ttlS)
+	copy(b[25:28], ttl[1:])
 	return string(b[:])
 }
 
 func decodeRecord(s string) (record, error) {
-	if (len(s) != recordSize && len(s) != recordSizeBefore) || (s[0] != flagPending && s[0] != flagSettled) {
+	if len(s) < recordSizeBefore || len(s) > recordSizeMax || (s[0] != flagPending && s[0] != flagSettled) {
 		return record{}, fmt.Errorf("stored value of %d bytes is not a telemetry_dedup claim; is another application writing under the same key_prefix?", len(s))
 	}
 	var ms [8]byte
@@ -151,8 +203,11 @@ func decodeRecord(s string) (record, error) {
 		sighting:  binary.BigEndian.Uint64([]byte(s[11:19])),
 		position:  binary.BigEndian.Uint32([]byte(s[19:23])),
 	}
-	if len(s) == recordSize {
-		r.waitMs = binary.BigEndian.Uint32([]byte(s[23:]))
+	if len(s) >= recordSize {
+		r.waitDs = binary.BigEndian.Uint16([]byte(s[23:25]))
+		var ttl [4]byte
+		copy(ttl[1:], s[25:28])
+		r.ttlS = binary.BigEndian.Uint32(ttl[:])
 	}
 	return r, nil
 }
@@ -164,7 +219,7 @@ func judgeHeld(held record, c *Claim) Verdict {
 	c.holder, c.held = held, true
 	sameObservation := held.sighting == sightingPrint(c.Ping)
 	switch {
-	case sameObservation && inFlight(!held.settled, held.claimedMs, held.waitMs, c):
+	case sameObservation && inFlight(!held.settled, held.claimedMs, held.wait(c.Policy), c):
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	case sameObservation:
 		return suppressed(Redelivery)
@@ -176,27 +231,27 @@ func judgeHeld(held record, c *Claim) Verdict {
 }
 
 // inFlight reports whether a pending claim made at claimedMs, waiting
-// waitMs (claimWait), may still be waiting for its upstream. A claim older
+// wait (claimWait), may still be waiting for its upstream. A claim older
 // than that counts as settled even if its request vanished (a killed
 // process never settles), unless waitFromLanding finds it reached the
 // store later.
-func inFlight(pending bool, claimedMs int64, waitMs uint32, c *Claim) bool {
-	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < claimWait(waitMs, c.Policy)
+func inFlight(pending bool, claimedMs int64, wait time.Duration, c *Claim) bool {
+	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < wait
 }
 
 // waitFromLanding is v, or in_flight if v suppresses a redelivery that
-// found a pending claim (older than in_flight_timeout by its claim time,
-// or v would say in_flight already) which reached the store less than
-// in_flight_timeout ago (the claim's own, waitMs: claimWait). The two differ for a claim a hung Redis ran from
-// its socket buffer on resuming, long after its request gave up: by its
-// claim time it would count as settled at once, and a redelivery told 200
-// before the reconciler released it would be lost. left is the claim's
-// remaining time to live, which dates its landing on the store's own
-// clock; a negative one (the key gone since, or unreadable) counts as just
-// landed, and one over the TTL (written under a longer TTL, since
-// reconfigured) cannot be dated, so the claim time stands.
-func waitFromLanding(v Verdict, pending bool, left time.Duration, waitMs uint32, pol *Policy) Verdict {
-	landedLately := left < 0 || (left <= pol.TTL && pol.TTL-left < claimWait(waitMs, pol))
+// found a pending claim (older than its wait by its claim time, or v would
+// say in_flight already) which reached the store less than wait ago. The
+// two differ for a claim a hung Redis ran from its socket buffer on
+// resuming, long after its request gave up: by its claim time it would
+// count as settled at once, and a redelivery told 200 before the
+// reconciler released it would be lost. left is the claim's remaining
+// time to live of ttl, the one it was written with, which dates its
+// landing on the store's own clock; a negative one (the key gone since, or
+// unreadable) counts as just landed, and one over the TTL cannot be dated,
+// so the claim time stands.
+func waitFromLanding(v Verdict, pending bool, left, wait, ttl time.Duration) Verdict {
+	landedLately := left < 0 || (left <= ttl && ttl-left < wait)
 	if settledByClaimTime(v, pending) && landedLately {
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	}

@@ -181,7 +181,8 @@ func (s *RedisStore) holdLateClaims(ctx context.Context, claims []*Claim, verdic
 				left = ttl
 			}
 		}
-		verdicts[i] = waitFromLanding(verdicts[i], true, left, claims[i].holder.waitMs, claims[i].Policy)
+		held, pol := claims[i].holder, claims[i].Policy
+		verdicts[i] = waitFromLanding(verdicts[i], true, left, held.wait(pol), held.claimTTL(pol))
 	}
 }
 

@@ -3,6 +3,7 @@ package dedup
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
@@ -524,4 +525,58 @@ func TestAResentBatchWithAnOlderMessageFoldsNoFixTwice(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The retry of a ping a release left in the track ('r') is accepted with a
+// seen value of its own form ('p' ... 'r' + its request's
+// in_flight_timeout). It too waits its own request's timeout, not a
+// shorter judge's, and settles and releases as before: its release marks
+// it 'r' again, so the next retry is accepted.
+func TestARetriedClaimWaitsItsOwnInFlightTimeout(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		retried := retriedPending(t, d)
+		d.Policy.InFlightTimeout = 400 * time.Millisecond // the judge, after a reload
+		time.Sleep(600 * time.Millisecond)
+		d.clock = d.clock.Add(600 * time.Millisecond)
+		if v := d.verdict(t, retried.Ping); v != (Verdict{Decision: InFlight, Reason: Redelivery}) {
+			t.Fatalf("a redelivery of a retried ping whose claim waits 5 s, 600 ms after it, judged under 400 ms: %+v, want in_flight", v)
+		}
+		if n, err := d.Release(t.Context(), retried); err != nil || n != 1 {
+			t.Fatalf("releasing the retry: %d %v", n, err)
+		}
+		if v := d.settled(t, retried.Ping); v.Decision != Accepted {
+			t.Fatalf("the next retry after the retry's release: %+v, want accepted (the backend never had it)", v)
+		}
+		if v := d.settled(t, retried.Ping); v != suppressed(Redelivery) {
+			t.Fatalf("its redelivery, delivered: %+v, want suppressed", v)
+		}
+	})
+}
+
+// retriedPending makes, under a 5 s in_flight_timeout, a pending claim of
+// the retry of a ping a release left in the track (flagReleased), as
+// TestARetryReleasedBehindAnotherRequestIsAccepted does, and returns it.
+func retriedPending(t *testing.T, d *testDeduper) *Claim {
+	t.Helper()
+	d.Policy.InFlightTimeout = 5 * time.Second
+	park(t, d)
+	moved, ignition := offset(62, 30, 0), withState(offset(80, 1, 1), "position.attributes.ignition=true")
+	cm, vm := d.claim(t, moved)
+	ci, vi := d.claim(t, ignition)
+	if vm.Decision != Accepted || vi.Decision != Accepted {
+		t.Fatalf("the fix 30 m off: %+v, the ignition: %+v, want both accepted", vm, vi)
+	}
+	for _, c := range []*Claim{cm, ci} {
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+	}
+	if v := d.settled(t, ignition); v.Decision != Accepted {
+		t.Fatalf("the ignition's retry: %+v, want accepted", v)
+	}
+	retry, v := d.claim(t, moved)
+	if v.Decision != Accepted {
+		t.Fatalf("the retry of the fix 30 m off: %+v, want accepted", v)
+	}
+	return retry
 }

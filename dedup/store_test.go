@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -756,5 +757,74 @@ func TestMemoryStoreKeepsAClaimInFlightAcrossAWallClockStep(t *testing.T) {
 	stepped := start.Add(time.Second + pol.InFlightTimeout) // the wall clock stepped 30 s
 	if v := decide(t, m, claimOf(pol, parked, 2, stepped)); v.Decision != InFlight {
 		t.Fatalf("the redelivery a second after the claim, the wall clock stepped since: %+v, want in_flight", v)
+	}
+}
+
+// Redis-specific: the retry's seen value as earlier versions wrote it, 26
+// bytes ('p', token, claim time, landing, 'r'), carries no
+// in_flight_timeout: it waits the judge's, and its release still marks it
+// 'r' (the 'r' stays at byte 26).
+func TestRedisRetriedSeenValuesOfEarlierVersionsReadAsBefore(t *testing.T) {
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			rdb := srv.Client()
+			d := newTestDeduper(newRedisStore(t, srv), shape)
+			retried := retriedPending(t, d)
+			v := rdb.HGet(ctx, retried.SeenKey, seenField(retried)).Val()
+			if len(v) != 34 || v[25] != 'r' {
+				t.Fatalf("the retry's seen value: %d bytes %q, want 34 with the 'r' at byte 26", len(v), v)
+			}
+			rdb.HSet(ctx, retried.SeenKey, seenField(retried), v[:26])
+			d.Policy.InFlightTimeout = 400 * time.Millisecond
+			if v := d.verdict(t, retried.Ping); v.Decision != InFlight {
+				t.Fatalf("a redelivery while the retry is young: %+v, want in flight", v)
+			}
+			time.Sleep(600 * time.Millisecond)
+			d.clock = d.clock.Add(600 * time.Millisecond)
+			if v := d.verdict(t, retried.Ping); v != suppressed(Redelivery) {
+				t.Fatalf("a redelivery the judge's in_flight_timeout after a retry that carries none: %+v, want suppressed", v)
+			}
+			if n, err := d.Release(t.Context(), retried); err != nil || n != 1 {
+				t.Fatalf("releasing the retry: %d %v", n, err)
+			}
+			if got := rdb.HGet(ctx, retried.SeenKey, seenField(retried)).Val(); got != "r" {
+				t.Fatalf("the released retry's seen value: %q, want \"r\" (its next retry accepted)", got)
+			}
+		})
+	}
+}
+
+// The memory store's seen entry (one per ping seen, in sliding and
+// session: most of its keys) was 24 bytes; the claim's in_flight_timeout,
+// put after the two int64s, made it 32 (its slot 40, with the 16-byte key
+// 56 a map slot), though 4 bytes fit in the padding after flag and
+// retried: 8 bytes more a key for nothing, on a store sized by max_keys.
+func TestASeenEntryOfTheMemoryStoreKeepsItsSize(t *testing.T) {
+	if n := unsafe.Sizeof(seenValue{}); n > 24 {
+		t.Fatalf("a seen entry takes %d bytes, 24 before it carried its claim's in_flight_timeout (a uint32 fits the padding after flag and retried)", n)
+	}
+}
+
+// Redis-specific: the upgrade to longer records had instances of the
+// version before, sharing the Redis, fail every claim whose key a new
+// instance wrote ("stored value of 28 bytes is not a telemetry_dedup
+// claim"): the batch forwarded unchecked (or 503), and five in a row
+// opened their breaker. A record longer than this version's, written by a
+// later one that appends a field as this one did, is read by the fields
+// this one knows, as the Lua scripts read longer seen values, so that the
+// next such change, and a rollback to this version, cost no errors.
+func TestRedisClaimsOfLaterVersionsAreRead(t *testing.T) {
+	ctx, pol := context.Background(), testPolicy(Tumbling)
+	srv := redistest.Start(t)
+	s, rdb := newRedisStore(t, srv), srv.Client()
+	first := claimOf(pol, parked, 1, time.Now())
+	decide(t, s, first)
+	v := rdb.Get(ctx, first.Key()).Val()
+	rdb.Set(ctx, first.Key(), v+"\x00\x00\x00\x00", time.Hour) // a field a later version appends
+	if v, err := decideOne(ctx, s, claimOf(pol, parked, 2, time.Now())); err != nil || v.Decision != InFlight {
+		t.Fatalf("a redelivery of a ping whose claim a later version wrote: %+v %v, want in_flight "+
+			"(an error fails the whole batch: unchecked or 503, and the breaker counts it)", v, err)
 	}
 }

@@ -324,9 +324,9 @@ type seenValue struct {
 	// value): its release marks it flagReleased again, whatever its
 	// request's other releases did to the track.
 	retried   bool
+	waitMs    uint32 // the in_flight_timeout of a pending entry's request, ms (claimWait)
 	token     uint64
 	claimedMs int64
-	waitMs    uint32 // the in_flight_timeout of a pending entry's request (claimWait)
 }
 
 // pendingSeen is the seen value of c's ping once c is accepted.
@@ -353,7 +353,7 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 			// ran (the Redis store's client resends after a lost reply).
 			return accepted, nil, nil
 		}
-		if inFlight(seen.flag == flagPending, seen.claimedMs, seen.waitMs, c) {
+		if inFlight(seen.flag == flagPending, seen.claimedMs, claimWait(seen.waitMs, c.Policy), c) {
 			return Verdict{Decision: InFlight, Reason: Redelivery}, nil, nil
 		}
 		if seen.flag == flagUndoable && st != nil {
