@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -89,8 +90,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// option -> where it was written, to report semantic errors there: the
 	// file too, since an option may come from an imported file.
 	lines := make(map[string]optionAt)
+	var previous string
 	for d.NextBlock(0) {
 		name := d.Val()
+		if o, ok := caddyfileOption(previous); ok && name == "{" {
+			return d.Errf("%s takes no block; write its value on its line (%s %s), or remove the braces", previous, previous, o.syntax)
+		}
+		previous = name
 		if at, seen := lines[name]; seen {
 			return d.Errf("%s already specified on line %d; give each option once", name, at.line)
 		}
@@ -135,8 +141,8 @@ var caddyfileOptions = []option{
 	{"accuracy", "<json path>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.Accuracy) }},
 	{"speed", "<json path> [m/s|km/h|knots|mph]", func(h *Handler, d *caddyfile.Dispenser) error {
 		args := d.RemainingArgs()
-		if len(args) == 0 || len(args) > 2 {
-			return d.Err("speed needs a JSON path and optionally its unit, e.g. speed vel km/h")
+		if len(args) == 0 || len(args) > 2 || slices.Contains(args, "") {
+			return d.Err("speed needs a JSON path and optionally its unit, neither empty, e.g. speed vel km/h")
 		}
 		h.Speed = args[0]
 		if len(args) == 2 {
@@ -168,7 +174,10 @@ var caddyfileOptions = []option{
 	}},
 	{"key_prefix", "<prefix>", func(h *Handler, d *caddyfile.Dispenser) error {
 		h.KeyPrefix = new(string)
-		return oneArg(d, h.KeyPrefix)
+		if !d.AllArgs(h.KeyPrefix) { // "" too: keys of the bare hash
+			return d.WrapErr(&argCountError{d.Val()})
+		}
+		return nil
 	}},
 	{"key_scope", "<placeholder template>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.KeyScope) }},
 	{"retry_ladder", "<duration>...", (*Handler).unmarshalRetryLadder},
@@ -353,10 +362,16 @@ func withSyntax(d *caddyfile.Dispenser, err error, option, syntax string) error 
 	return d.Errf("%s takes one value: %s %s%s", option, option, syntax, example)
 }
 
+// oneArg reads the option's one value, which may not be empty.
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	option := d.Val()
 	if !d.AllArgs(dst) {
 		return d.WrapErr(&argCountError{option})
+	}
+	if *dst == "" {
+		// Read as left out, it took the default: a key_scope or a Redis
+		// password ran without one.
+		return d.Errf(`%s "": the value is empty (as a quoted {$VARIABLE} that is not set reads); write a value, or leave %s out for its default`, option, option)
 	}
 	return nil
 }

@@ -1026,3 +1026,117 @@ func TestATimeZoneBesideAPresetOfEpochTimesNamesThePreset(t *testing.T) {
 		t.Errorf("error %q blames time_format, which is not written; want it to name preset owntracks", err)
 	}
 }
+
+// A key_scope written with a quoted environment variable that is not set
+// in this process (a tenant header name kept in the environment, say)
+// reaches the handler as an empty value, and the handler runs unscoped:
+// every tenant's truck-1 shares one key, and one tenant's pings suppress
+// another's. The README says a key_scope template "without a placeholder
+// ... is a configuration error"; an empty one has none, and loads.
+func TestAnEmptyKeyScopeIsAnError(t *testing.T) {
+	t.Setenv("TELEMETRY_DEDUP_TEST_TENANT_SCOPE", "")
+	src := ":8080 {\n\ttelemetry_dedup {\n\t\tkey_scope \"{$TELEMETRY_DEDUP_TEST_TENANT_SCOPE}\"\n\t}\n\trespond ok\n}\n"
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	if err == nil {
+		t.Fatal("an empty key_scope loaded: the handler runs unscoped, and tenants with the same asset ids suppress each other")
+	}
+	for _, w := range []string{"key_scope", "Caddyfile:3"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
+	}
+}
+
+// An option written with an empty value is a mistake to be told about
+// (asset "" and state "" are: "the path is empty"), not a quiet default:
+// lat "" reads the default path lat, accuracy "" keeps the preset's path,
+// speed "" km/h applies km/h to the preset's speed path, time_zone ""
+// refuses naive timestamps after all. Each comes from a quoted {$VAR} that
+// is unset as easily as from a typo.
+func TestAnEmptyOptionValueIsAnError(t *testing.T) {
+	for _, tt := range []struct{ name, input string }{
+		{"lat", "telemetry_dedup {\n\tlat \"\"\n}"},
+		{"lon", "telemetry_dedup {\n\tlon \"\"\n}"},
+		{"accuracy", "telemetry_dedup {\n\tpreset osmand\n\taccuracy \"\"\n}"},
+		{"speed", "telemetry_dedup {\n\tpreset owntracks\n\tspeed \"\" knots\n}"},
+		{"time_zone", "telemetry_dedup {\n\ttime_zone \"\"\n}"},
+		{"key_scope", "telemetry_dedup {\n\tkey_scope \"\"\n}"},
+		{"preset", "telemetry_dedup {\n\tpreset \"\"\n}"},
+		{"crs", "telemetry_dedup {\n\tcrs \"\"\n}"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parse(t, tt.input)
+			if err == nil {
+				t.Fatalf("%s \"\" loaded as if it were left out", tt.name)
+			}
+			if !strings.Contains(err.Error(), tt.name) || !strings.Contains(err.Error(), "Testfile:") {
+				t.Errorf("error %q does not name %s and its line", err, tt.name)
+			}
+		})
+	}
+}
+
+// A preset's batch wrapper beside encoding form is the conflict that
+// batch <path> beside encoding form is refused for ("a form ping is one
+// request"), but it loads: preset overland with encoding form answers
+// every Overland post (a JSON body) 400.
+func TestAPresetsBatchBesideEncodingFormIsAnError(t *testing.T) {
+	_, err := parse(t, "telemetry_dedup {\n\tpreset overland\n\tencoding form\n}")
+	if err == nil {
+		t.Fatal("preset overland with encoding form loaded: every Overland batch is then refused 400")
+	}
+	if !strings.Contains(err.Error(), "encoding") || !strings.Contains(err.Error(), "Testfile:3") {
+		t.Errorf("error %q does not name encoding at its line", err)
+	}
+}
+
+// The README promises that a master or credential "that is empty once
+// [its placeholders] are filled (the variable is not set) refuses the
+// config, asking whether it is: an unset password connected without AUTH,
+// and every ping went unchecked". That holds for {env.REDIS_PASSWORD};
+// written with Caddy's own {$REDIS_PASSWORD} in quotes (the form the
+// module's own key_prefix and dead_letter_stream errors recommend), an unset variable reaches
+// the store as "" and loads: the connection goes without AUTH (or, for
+// master, as a Cluster client to the sentinels), and every ping is
+// unchecked. The URL and addresses written "" are refused at parse; these
+// are not.
+func TestAnEmptyRedisMasterOrCredentialIsRefused(t *testing.T) {
+	for _, tt := range []struct{ option, block string }{
+		{"master", "addresses a:26379 b:26379\n\t\tmaster \"\""},
+		{"password", "password \"\""},
+		{"username", "username \"\"\n\t\tpassword x"},
+		{"sentinel_password", "addresses a:26379 b:26379\n\t\tmaster m\n\t\tsentinel_password \"\""},
+	} {
+		t.Run(tt.option, func(t *testing.T) {
+			url := "redis://127.0.0.1:1/0 "
+			if strings.Contains(tt.block, "addresses") {
+				url = ""
+			}
+			_, err := parse(t, "telemetry_dedup {\n\tstore redis "+url+"{\n\t\t"+tt.block+"\n\t}\n}")
+			if err == nil {
+				t.Fatalf("store redis with %s \"\" loaded", tt.option)
+			}
+			if !strings.Contains(err.Error(), tt.option) || !strings.Contains(err.Error(), "Testfile:") {
+				t.Errorf("error %q does not name %s and its line", err, tt.option)
+			}
+		})
+	}
+}
+
+// A block opened after an option that takes none (preset owntracks {,
+// mode shadow {, as store memory { is written) is reported as an unknown
+// option "{", with the list of all 43 options: the line is right, but the
+// message points at the wrong thing. It should say that the option takes
+// no block.
+func TestABlockAfterAnOptionThatTakesNoneSaysSo(t *testing.T) {
+	for _, option := range []string{"preset owntracks", "mode shadow", "window 5m"} {
+		name := strings.Fields(option)[0]
+		_, err := parse(t, "telemetry_dedup {\n\t"+option+" {\n\t}\n}")
+		if err == nil {
+			t.Fatalf("%s with a block loaded", option)
+		}
+		if strings.Contains(err.Error(), `option "{"`) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "block") {
+			t.Errorf("%s {: error %q does not say that %s takes no block", option, err, name)
+		}
+	}
+}

@@ -279,6 +279,10 @@ func (h *Handler) resolveFormat(s *settings) error {
 		return &dedup.ConfigError{Option: "batch", Problem: "splits JSON bodies, and encoding form reads none: " +
 			"a form ping is one request; remove batch, or use encoding auto for senders of both"}
 	}
+	if s.encoding == encodingForm && s.splitter.Wrapper != "" {
+		return &dedup.ConfigError{Option: "encoding", Problem: fmt.Sprintf("form reads no JSON body, and preset %s's senders post their pings as a JSON batch (%q): "+
+			"every one would be refused 400; remove encoding, or use encoding auto for senders of both", h.Preset, s.splitter.Wrapper)}
+	}
 	return nil
 }
 
