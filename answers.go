@@ -42,7 +42,9 @@ type errorBody struct {
 	Error string `json:"error"`
 	// Field is the JSON path of the offending field of an invalid ping.
 	Field string `json:"field,omitempty"`
-	// Rule is the rule the field broke.
+	// Rule is the rule the field broke, or malformed or too_large for a
+	// body that could not be read as pings: what X-Dedup-Reason, the
+	// reason placeholder and a batch's rejection entries say.
 	Rule string `json:"rule,omitempty"`
 }
 
@@ -55,14 +57,14 @@ func rejectionFor(err error) (rejection, bool) {
 	var batchTooLarge *ping.BatchTooLargeError
 	switch {
 	case errors.As(err, &batchTooLarge):
-		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error()}}, true
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error(), Rule: reasonTooLarge}}, true
 	case errors.As(err, &invalid):
 		return rejection{http.StatusUnprocessableEntity, errorBody{
 			Decision: decisionRejected, Error: invalid.Error(), Field: invalid.Field, Rule: string(invalid.Rule)}}, true
 	case errors.As(err, &malformed):
-		return rejection{http.StatusBadRequest, errorBody{Decision: decisionRejected, Error: malformed.Error()}}, true
+		return rejection{http.StatusBadRequest, errorBody{Decision: decisionRejected, Error: malformed.Error(), Rule: reasonMalformed}}, true
 	case errors.As(err, &tooLarge):
-		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: tooLarge.Error()}}, true
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: tooLarge.Error(), Rule: reasonTooLarge}}, true
 	default:
 		return rejection{}, false
 	}

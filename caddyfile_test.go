@@ -374,6 +374,8 @@ func TestCaddyfileRedisTopologies(t *testing.T) {
 	for _, tt := range []struct{ block, want string }{
 		{"store redis redis://a:6379 {\n addresses b:6379\n}", "either a URL or addresses"},
 		{"store redis {\n addresses a:1 b:2\n master m\n cluster\n}", "exclude each other"},
+		{"store redis {\n addresses a:1 b:2\n sentinel_password s\n}", "add master"},
+		{"store redis redis://a {\n sentinel_username u\n}", "add master"},
 		{"store redis {\n addresses a:1 b:2\n db 3\n}", "only database 0"},
 		{"store redis {\n pool_size 20\n}", "needs a URL"},
 		{"store redis redis://a {\n pool_size none\n}", "pool_size"},

@@ -41,10 +41,14 @@ type Answer struct {
 	// rule for dead_lettered.
 	Body *string `json:"body,omitempty"`
 	// RetryAfter is the Retry-After of an in_flight answer, in whole
-	// seconds, at least 1: OkHttp (OwnTracks Android) resends a 503 with
-	// Retry-After: 0 at once. Default: 1.
+	// seconds, at least 1 (OkHttp, in OwnTracks Android, resends a 503
+	// with Retry-After: 0 at once) and at most 3600. Default: 1.
 	RetryAfter int `json:"retry_after,omitempty"`
 }
+
+// maxRetryAfter is the longest Retry-After an in_flight answer may ask
+// for, in seconds.
+const maxRetryAfter = 3600
 
 // answers are the handler's own answers, resolved.
 type answers struct {
@@ -208,6 +212,9 @@ func (a *Answer) retry() (retryAnswer, error) {
 		return retryAnswer{}, answerError("in_flight", "the body of an in_flight answer is the JSON report of what is in flight; give only the status and retry_after")
 	case a.RetryAfter < 0:
 		return retryAnswer{}, answerError("in_flight", "retry_after %d is negative; use at least 1 second", a.RetryAfter)
+	case a.RetryAfter > maxRetryAfter:
+		return retryAnswer{}, answerError("in_flight", "retry_after %d is over an hour (%d s): a claim is in flight for in_flight_timeout at most, "+
+			"and a sender that honours it would hold its queue that long; use a few seconds, such as 1", a.RetryAfter, maxRetryAfter)
 	}
 	after := a.RetryAfter
 	if after == 0 {

@@ -61,6 +61,7 @@ func TestAnswersFromPresetsAndTheOption(t *testing.T) {
 		`{"answers":{"in_flight":{"status":200}}}`,
 		`{"answers":{"in_flight":{"status":503,"body":"later"}}}`,
 		`{"answers":{"in_flight":{"status":503,"retry_after":-1}}}`,
+		`{"answers":{"in_flight":{"status":503,"retry_after":99999999999}}}`, // 3,000 years: a sender that honours it never comes back
 		`{"answers":{"suppressed":{"status":204,"body":"[]"}}}`,
 	} {
 		h := new(Handler)

@@ -336,6 +336,11 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 	if r.Master != "" && r.Cluster {
 		return nil, errors.New("store redis: master (Sentinel) and cluster exclude each other")
 	}
+	if r.Master == "" && (r.SentinelUsername != "" || r.SentinelPassword != "") {
+		// go-redis would send them to no sentinel, and the operator would
+		// take the sentinels for guarded.
+		return nil, errors.New("store redis: sentinel_username and sentinel_password are for Sentinel, and do nothing without master; add master <name>, or remove them")
+	}
 	if r.db() != 0 && (r.Cluster || (len(opts.Addrs) > 1 && r.Master == "")) {
 		return nil, errors.New("store redis: a Cluster has only database 0; drop db")
 	}
