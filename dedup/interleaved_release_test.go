@@ -468,21 +468,7 @@ func decisions(vs []Verdict) string {
 // second it is admitted. The backend never heard of it.
 func TestARetryReleasedBehindAnotherRequestIsAccepted(t *testing.T) {
 	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
-		park(t, d)
-		moved, ignition := offset(62, 30, 0), withState(offset(80, 1, 1), "position.attributes.ignition=true")
-		cm, vm := d.claim(t, moved)
-		ci, vi := d.claim(t, ignition)
-		if vm.Decision != Accepted || vi.Decision != Accepted {
-			t.Fatalf("the fix 30 m off: %+v, the ignition: %+v, want both accepted", vm, vi)
-		}
-		for _, c := range []*Claim{cm, ci} {
-			if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
-				t.Fatalf("release: %d %v", n, err)
-			}
-		}
-		if v := d.settled(t, ignition); v.Decision != Accepted {
-			t.Fatalf("the ignition's retry: %+v, want accepted", v)
-		}
+		moved := releasedBehindAnother(t, d)
 		if v := d.settled(t, moved); v.Decision != Accepted {
 			t.Fatalf("the retry of the fix 30 m off: %+v, want accepted (as alone after the ignition)", v)
 		}
@@ -490,6 +476,30 @@ func TestARetryReleasedBehindAnotherRequestIsAccepted(t *testing.T) {
 			t.Fatalf("its redelivery, delivered: %+v, want suppressed", v)
 		}
 	})
+}
+
+// releasedBehindAnother parks d's asset, has a fix 30 m off and then an
+// ignition change accepted in two requests, releases both (the first
+// behind the second), and has the ignition's retry accepted: it returns
+// the fix, whose retry comes next.
+func releasedBehindAnother(t *testing.T, d *testDeduper) ping.Ping {
+	t.Helper()
+	park(t, d)
+	moved, ignition := offset(62, 30, 0), withState(offset(80, 1, 1), "position.attributes.ignition=true")
+	cm, vm := d.claim(t, moved)
+	ci, vi := d.claim(t, ignition)
+	if vm.Decision != Accepted || vi.Decision != Accepted {
+		t.Fatalf("the fix 30 m off: %+v, the ignition: %+v, want both accepted", vm, vi)
+	}
+	for _, c := range []*Claim{cm, ci} {
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+	}
+	if v := d.settled(t, ignition); v.Decision != Accepted {
+		t.Fatalf("the ignition's retry: %+v, want accepted", v)
+	}
+	return moved
 }
 
 // Two Caddy instances on one Redis each pipeline a batch of one asset: the

@@ -559,21 +559,7 @@ func TestARetriedClaimWaitsItsOwnInFlightTimeout(t *testing.T) {
 func retriedPending(t *testing.T, d *testDeduper) *Claim {
 	t.Helper()
 	d.Policy.InFlightTimeout = 5 * time.Second
-	park(t, d)
-	moved, ignition := offset(62, 30, 0), withState(offset(80, 1, 1), "position.attributes.ignition=true")
-	cm, vm := d.claim(t, moved)
-	ci, vi := d.claim(t, ignition)
-	if vm.Decision != Accepted || vi.Decision != Accepted {
-		t.Fatalf("the fix 30 m off: %+v, the ignition: %+v, want both accepted", vm, vi)
-	}
-	for _, c := range []*Claim{cm, ci} {
-		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
-			t.Fatalf("release: %d %v", n, err)
-		}
-	}
-	if v := d.settled(t, ignition); v.Decision != Accepted {
-		t.Fatalf("the ignition's retry: %+v, want accepted", v)
-	}
+	moved := releasedBehindAnother(t, d)
 	retry, v := d.claim(t, moved)
 	if v.Decision != Accepted {
 		t.Fatalf("the retry of the fix 30 m off: %+v, want accepted", v)

@@ -418,7 +418,6 @@ func testSeenValuesOfAnEarlierVersion(t *testing.T, shape Shape, now, earlier in
 	ctx, pol := context.Background(), testPolicy(shape)
 	srv := redistest.Start(t)
 	s, rdb := newRedisStore(t, srv), srv.Client()
-	at := time.Now()
 	asEarlierVersions := func(c *Claim) {
 		t.Helper()
 		v := rdb.HGet(ctx, c.SeenKey, seenField(c)).Val()
@@ -434,22 +433,7 @@ func testSeenValuesOfAnEarlierVersion(t *testing.T, shape Shape, now, earlier in
 	asEarlierVersions(old)
 	judgedByItsOwnTimeout(t, s, judge, parked)
 
-	other := parked
-	other.Asset = "veh-89"
-	settled, released := claimOf(pol, other, 4, at), claimOf(pol, ping.Ping{Asset: "veh-90", Time: articleBase, Lat: 1, Lon: 1}, 5, at)
-	for _, c := range []*Claim{settled, released} {
-		decide(t, s, c)
-		asEarlierVersions(c)
-	}
-	if err := settleOne(ctx, s, settled); err != nil {
-		t.Fatal(err)
-	}
-	if v := decide(t, s, claimOf(pol, other, 6, at.Add(time.Second))); v != suppressed(Redelivery) {
-		t.Fatalf("a redelivery after settling: %+v, want suppressed", v)
-	}
-	if ok, err := releaseOne(ctx, s, released); err != nil || !ok {
-		t.Fatalf("releasing: %v %v", ok, err)
-	}
+	settlesAndReleasesAsBefore(t, s, pol, asEarlierVersions)
 }
 
 // Redis-specific: a tumbling record carries its request's
@@ -475,12 +459,20 @@ func TestRedisClaimsOfEarlierVersionsReadAsBefore(t *testing.T) {
 	asEarlierVersions(old)
 	judgedByItsOwnTimeout(t, s, judge, parked)
 
+	settlesAndReleasesAsBefore(t, s, pol, asEarlierVersions)
+}
+
+// settlesAndReleasesAsBefore checks that claims rewritten by asEarlier,
+// as an earlier version stored them, settle and release as before.
+func settlesAndReleasesAsBefore(t *testing.T, s Store, pol *Policy, asEarlier func(*Claim)) {
+	t.Helper()
+	ctx := context.Background()
 	other := parked
 	other.Asset = "veh-89"
 	settled, released := claimOf(pol, other, 4, articleBase), claimOf(pol, ping.Ping{Asset: "veh-90", Time: articleBase, Lat: 1, Lon: 1}, 5, articleBase)
 	for _, c := range []*Claim{settled, released} {
 		decide(t, s, c)
-		asEarlierVersions(c)
+		asEarlier(c)
 	}
 	if err := settleOne(ctx, s, settled); err != nil {
 		t.Fatal(err)
