@@ -380,6 +380,7 @@ func TestCaddyfileRedisTopologies(t *testing.T) {
 		{"store redis {\n pool_size 20\n}", "needs a URL"},
 		{"store redis redis://a {\n pool_size none\n}", "pool_size"},
 		{"store redis redis://a {\n tls {\n verify\n }\n}", "server_name"},
+		{"store redis redis://a {\n tls {\n cert /etc/redis/client.pem\n }\n}", "Testfile:5"}, // no key: said at its line, not only when the config loads
 		{"store redis redis://a {\n sharding on\n}", "breaker_cooldown"},
 	} {
 		if _, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}"); err == nil || !strings.Contains(err.Error(), tt.want) {

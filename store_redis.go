@@ -988,6 +988,11 @@ func (r *RedisStore) unmarshalTLS(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized tls option %q; use ca, cert, key, server_name or insecure_skip_verify", d.Val())
 		}
 	}
+	if (r.TLS.Cert == "") != (r.TLS.Key == "") {
+		// Said here with its line; loading the files waits for the config
+		// to run, where the line is gone.
+		return d.Errf("tls cert and key go together (a client certificate and its private key); give both or neither")
+	}
 	return nil
 }
 
