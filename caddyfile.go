@@ -173,9 +173,10 @@ var caddyfileOptions = []option{
 		return floatArg(d, &h.Hysteresis, "m", "a distance in metres; hysteresis is retired: remove it, and set radius if needed")
 	}},
 	{"key_prefix", "<prefix>", func(h *Handler, d *caddyfile.Dispenser) error {
+		option := d.Val()
 		h.KeyPrefix = new(string)
 		if !d.AllArgs(h.KeyPrefix) { // "" too: keys of the bare hash
-			return d.WrapErr(&argCountError{d.Val()})
+			return d.WrapErr(&argCountError{option})
 		}
 		return nil
 	}},

@@ -1143,3 +1143,26 @@ func TestABlockAfterAnOptionThatTakesNoneSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// key_prefix left oneArg to take "" as a value, and reads its one value
+// with AllArgs itself; given two words (a prefix with a space in it, or a
+// second one pasted beside it) its argCountError is built after AllArgs
+// has moved the cursor to the first value, so the error names the value
+// as the option ("fleet: takes exactly one value") and withSyntax, which
+// matches the option's name, cannot add the syntax: before, it was
+// "key_prefix takes one value: key_prefix <prefix>", as for every other
+// one-value option (lat a b, master my master).
+func TestKeyPrefixInTwoWordsNamesKeyPrefix(t *testing.T) {
+	_, err := parse(t, "telemetry_dedup {\n\tkey_prefix fleet: staging:\n}")
+	if err == nil {
+		t.Fatal("key_prefix with two values loaded")
+	}
+	for _, w := range []string{"key_prefix takes one value: key_prefix <prefix>", "Testfile:2"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
+	}
+	if strings.HasPrefix(err.Error(), "fleet:") {
+		t.Errorf("error %q names the value fleet: as the option", err)
+	}
+}

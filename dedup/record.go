@@ -15,14 +15,15 @@ import (
 // the first sighting the key was claimed for. They are what lets a lost
 // claim be classified (redelivery, re-observation, jitter) without a second
 // round trip; the first sighting itself is not needed, only whether another
-// ping equals it, and fingerprints keep a Redis key at about 136 bytes.
+// ping equals it, and fingerprints keep a Redis key at 120 bytes (136 with
+// a key_prefix over 12 bytes).
 type record struct {
 	claimedMs int64  // server time, Unix ms: no time.Time, so a record holds no pointer for the GC to follow
 	sighting  uint64 // fingerprint of the first sighting: device time and coordinates
 	token     uint32 // the claiming request's token, folded (recordToken)
 	position  uint32 // fingerprint of its coordinates alone
 	ttlS      uint32 // the TTL the claim was written with, seconds (claimTTL)
-	waitDs    uint16 // the claiming request's in_flight_timeout, tenths of a second (wait)
+	waitCode  uint16 // the claiming request's in_flight_timeout (waitCodeOf)
 	settled   bool
 }
 
@@ -33,7 +34,7 @@ func newRecord(c *Claim) record {
 		claimedMs: c.At.UnixMilli(),
 		sighting:  sightingPrint(c.Ping),
 		position:  positionPrint(c.Ping),
-		waitDs:    waitDsOf(c.Policy),
+		waitCode:  waitCodeOf(c.Policy),
 		ttlS:      ttlSOf(c.Policy),
 	}
 }
@@ -62,10 +63,14 @@ func waitMsOf(pol *Policy) uint32 {
 
 // wait is how long r counts as in flight (claimWait).
 func (r record) wait(pol *Policy) time.Duration {
-	if r.waitDs == 0 {
+	switch {
+	case r.waitCode == 0:
 		return pol.InFlightTimeout
+	case r.waitCode&waitInSeconds != 0:
+		return time.Duration(r.waitCode&^waitInSeconds) * time.Second
+	default:
+		return time.Duration(r.waitCode) * 100 * time.Millisecond
 	}
-	return time.Duration(r.waitDs) * 100 * time.Millisecond
 }
 
 // claimTTL is the TTL r was written with, which dates its landing
@@ -81,20 +86,29 @@ func (r record) claimTTL(pol *Policy) time.Duration {
 	return time.Duration(r.ttlS) * time.Second
 }
 
-// waitDsOf and ttlSOf are pol's in_flight_timeout and TTL as a tumbling
-// record stores them, in 2 and 3 bytes, so that the record keeps the size
-// at which Redis stores a key in 120 bytes: the timeout in tenths of a
-// second rounded up (a claim waits a little longer, never shorter), the
-// TTL in seconds. 0, for a timeout over 109 minutes, or a TTL over 194
-// days or not whole seconds, leaves the judge's own, as for records stored
-// before they were.
-func waitDsOf(pol *Policy) uint16 {
-	ds := (pol.InFlightTimeout + 100*time.Millisecond - 1) / (100 * time.Millisecond)
-	if ds > math.MaxUint16 {
-		return 0
+// waitCodeOf and ttlSOf are pol's in_flight_timeout and TTL as a
+// tumbling record stores them, in 2 and 3 bytes, so that the record keeps
+// the size at which Redis stores a key in 120 bytes. The timeout is in
+// tenths of a second up to 54 minutes, and beyond in seconds
+// (waitInSeconds) up to 9 hours, rounded up: a claim waits a little
+// longer, never shorter. The TTL is in seconds. 0, for a longer timeout,
+// or a TTL over 194 days or not whole seconds, leaves the judge's own, as
+// for records stored before they were.
+func waitCodeOf(pol *Policy) uint16 {
+	if ds := ceilDiv(pol.InFlightTimeout, 100*time.Millisecond); ds < waitInSeconds {
+		return uint16(max(ds, 1))
 	}
-	return uint16(max(ds, 1))
+	if s := ceilDiv(pol.InFlightTimeout, time.Second); s < waitInSeconds {
+		return waitInSeconds | uint16(s)
+	}
+	return 0
 }
+
+// waitInSeconds marks a stored timeout counted in seconds.
+const waitInSeconds = 1 << 15
+
+// ceilDiv is d/unit, rounded up.
+func ceilDiv(d, unit time.Duration) time.Duration { return (d + unit - 1) / unit }
 
 func ttlSOf(pol *Policy) uint32 {
 	if pol.TTL >= 1<<24*time.Second || pol.TTL%time.Second != 0 {
@@ -170,7 +184,7 @@ const (
 // encode lays the record out as fixed-width big-endian fields: state,
 // token (4 bytes), claim time (Unix ms, 6 bytes), the sighting's fingerprint
 // (8), the position's (4), and the claim's in_flight_timeout (2) and TTL
-// (3: waitDsOf, ttlSOf).
+// (3: waitCodeOf, ttlSOf).
 func (r record) encode() string {
 	var b [recordSize]byte
 	b[0] = flagPending
@@ -183,7 +197,7 @@ func (r record) encode() string {
 	copy(b[5:11], ms[2:])
 	binary.BigEndian.PutUint64(b[11:], r.sighting)
 	binary.BigEndian.PutUint32(b[19:], r.position)
-	binary.BigEndian.PutUint16(b[23:], r.waitDs)
+	binary.BigEndian.PutUint16(b[23:], r.waitCode)
 	var ttl [4]byte
 	binary.BigEndian.PutUint32(ttl[:], r.ttlS)
 	copy(b[25:28], ttl[1:])
@@ -204,7 +218,7 @@ func decodeRecord(s string) (record, error) {
 		position:  binary.BigEndian.Uint32([]byte(s[19:23])),
 	}
 	if len(s) >= recordSize {
-		r.waitDs = binary.BigEndian.Uint16([]byte(s[23:25]))
+		r.waitCode = binary.BigEndian.Uint16([]byte(s[23:25]))
 		var ttl [4]byte
 		copy(ttl[1:], s[25:28])
 		r.ttlS = binary.BigEndian.Uint32(ttl[:])
