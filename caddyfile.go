@@ -94,7 +94,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		name := d.Val()
 		if o, ok := caddyfileOption(previous); ok && name == "{" {
-			return d.Errf("%s takes no block; write its value on its line (%s %s), or remove the braces", previous, previous, o.syntax)
+			return noBlockError(d, previous, o.syntax)
 		}
 		previous = name
 		if at, seen := lines[name]; seen {
@@ -361,6 +361,15 @@ func withSyntax(d *caddyfile.Dispenser, err error, option, syntax string) error 
 		example = " (one word, such as 1MiB or 512KB)"
 	}
 	return d.Errf("%s takes one value: %s %s%s", option, option, syntax, example)
+}
+
+// noBlockError reports a block opened after an option that takes none
+// (preset owntracks {), which read as an option named "{".
+func noBlockError(d *caddyfile.Dispenser, option, syntax string) error {
+	if syntax == "" {
+		return d.Errf("%s takes no block; write it on one line, or remove the braces", option)
+	}
+	return d.Errf("%s takes no block; write its value on its line (%s %s), or remove the braces", option, option, syntax)
 }
 
 // oneArg reads the option's one value, which may not be empty.

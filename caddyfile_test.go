@@ -1132,8 +1132,9 @@ func TestAnEmptyRedisMasterOrCredentialIsRefused(t *testing.T) {
 // message points at the wrong thing. It should say that the option takes
 // no block.
 func TestABlockAfterAnOptionThatTakesNoneSaysSo(t *testing.T) {
-	for _, option := range []string{"preset owntracks", "mode shadow", "window 5m"} {
-		name := strings.Fields(option)[0]
+	for _, option := range []string{"preset owntracks", "mode shadow", "window 5m", "store redis redis://a {\n\t\tpassword x", "store redis redis://a {\n\t\tcluster"} {
+		lines := strings.Split(option, "\n")
+		name := strings.Fields(lines[len(lines)-1])[0]
 		_, err := parse(t, "telemetry_dedup {\n\t"+option+" {\n\t}\n}")
 		if err == nil {
 			t.Fatalf("%s with a block loaded", option)

@@ -864,8 +864,13 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	lines := map[string]int{} // option -> the line it was first given on
+	var previous string
 	for d.NextBlock(0) {
 		option := d.Val()
+		if option == "{" && previous != "" {
+			return noBlockError(d, previous, redisOptionSyntax[previous])
+		}
+		previous = option
 		if line, seen := lines[option]; seen {
 			return d.Errf("%s already specified on line %d; give each option once", option, line)
 		}
