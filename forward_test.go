@@ -205,3 +205,77 @@ func TestAnUpstreamRequestIsCutAtExitOnly(t *testing.T) {
 		}
 	}
 }
+
+// Overland keeps and resends a
+// whole batch until it reads {"result":"ok"}. A batch of two new fixes,
+// an invalid one and one whose first delivery is still in flight is sent
+// back whole (503); its resend goes upstream with only the new fixes, the
+// other members as sent; an upstream 500 gives their claims back, and the
+// next resend delivers them; the resend of a delivered batch is answered
+// {"result":"ok"} without reaching the backend. Every valid fix reaches
+// the backend with a 2xx exactly once, in each shape.
+func TestAnOverlandBatchResentThroughInFlightAndFailureDeliversEachFixOnce(t *testing.T) {
+	for _, shape := range []string{"tumbling", "sliding", "session"} {
+		t.Run(shape, func(t *testing.T) {
+			h := tableHandler(t, `{"preset":"overland","key_prefix":"h5-overland-`+shape+`:","shape":"`+shape+`"}`)
+			at := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+			feature := func(sec int, lon, lat float64) string {
+				return fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[%v,%v]},"properties":{"timestamp":%q,"device_id":"phone1","speed":12}}`,
+					lon, lat, at.Add(time.Duration(sec)*time.Second).Format(time.RFC3339))
+			}
+			a, b, invalid, d := feature(0, 13.40, 52.50), feature(30, 13.41, 52.51), feature(60, 13.42, 91), feature(90, 13.43, 52.53)
+			wrap := func(fs ...string) string {
+				return `{"locations":[` + strings.Join(fs, ",") + `],"trip":{"mode":"car"}}`
+			}
+			delivered := map[string]int{}
+			count := func(body []byte) {
+				for _, f := range []string{a, b, invalid, d} {
+					if strings.Contains(string(body), f) {
+						delivered[f]++
+					}
+				}
+			}
+
+			answer := make(chan int)
+			done := make(chan struct{})
+			go func() { // d alone, its upstream slow
+				defer close(done)
+				r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(wrap(d)))
+				r.Header.Set("Content-Type", "application/json")
+				r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+				_ = h.h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+					status := <-answer
+					w.WriteHeader(status)
+					return nil
+				}))
+			}()
+			waitFor(t, func() bool { return inFlightNow(t) > 0 })
+			batch := wrap(a, b, invalid, d)
+			if res := h.post(batch, "application/json", nil); res.status != http.StatusServiceUnavailable || len(h.upstream) != 0 {
+				t.Fatalf("the batch while d is in flight: %d %s, %d forwarded; want 503, nothing forwarded", res.status, res.header.Get("X-Dedup"), len(h.upstream))
+			}
+			answer <- http.StatusOK
+			<-done
+			delivered[d]++
+
+			h.upstreamStatus = func([]byte) int { return http.StatusInternalServerError }
+			if res := h.post(batch, "application/json", nil); res.status != http.StatusInternalServerError {
+				t.Fatalf("the resend, upstream failing: %d %s", res.status, res.header.Get("X-Dedup"))
+			}
+			if want := wrap(a, b); string(h.upstream[0]) != want {
+				t.Fatalf("the upstream got\n%s\nwant only the new fixes, the rest as sent:\n%s", h.upstream[0], want)
+			}
+			h.upstreamStatus = nil
+			if res := h.post(batch, "application/json", nil); res.status != http.StatusCreated {
+				t.Fatalf("the next resend: %d %s %s", res.status, res.header.Get("X-Dedup"), res.body)
+			}
+			count(h.upstream[len(h.upstream)-1])
+			if res := h.post(batch, "application/json", nil); res.status != http.StatusOK || res.body != `{"result":"ok"}` || len(h.upstream) != 2 {
+				t.Fatalf("the resend of the delivered batch: %d %q, %d forwarded in all; want 200 {\"result\":\"ok\"}, nothing more forwarded", res.status, res.body, len(h.upstream))
+			}
+			if delivered[a] != 1 || delivered[b] != 1 || delivered[d] != 1 {
+				t.Fatalf("delivered with a 2xx: a %d, b %d, d %d times; want each once", delivered[a], delivered[b], delivered[d])
+			}
+		})
+	}
+}

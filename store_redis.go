@@ -448,7 +448,11 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	check, cancel := context.WithTimeout(ctx, startupCheckTimeout)
 	defer cancel()
 	err := client.Ping(check).Err()
-	if err == nil || ctx.Err() != nil { // the config was unloaded meanwhile
+	if err == nil {
+		warnIfEvicting(check, client, where, logger)
+		return
+	}
+	if ctx.Err() != nil { // the config was unloaded meanwhile
 		return
 	}
 	msg := "redis store does not answer; until it does, pings are handled " + whileRedisFails
@@ -464,6 +468,27 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 			": is Redis reachable from here, paused or overloaded? With Sentinel, sentinels that require a password need sentinel_password"))
 	}
 	logger.Warn(msg, fields...)
+}
+
+// warnIfEvicting tells the operator at start that Redis may evict the
+// store's keys: every key it writes has a TTL, so with maxmemory and any
+// policy but noeviction (managed Redis often runs volatile-lru) a claim
+// can go while its request still waits for the upstream. Its redelivery
+// is then forwarded beside it instead of told to come back, and in
+// sliding and session the release of a state change finds nothing to
+// undo, and the retry can be suppressed: the backend never gets it. A
+// Redis that does not let the user read its config (CONFIG is often
+// renamed or denied on managed services) is not judged.
+func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
+	config, err := client.ConfigGet(ctx, "maxmemory*").Result()
+	if err != nil || config["maxmemory"] == "0" || config["maxmemory-policy"] == "" || config["maxmemory-policy"] == "noeviction" {
+		return
+	}
+	logger.Warn("redis store may evict claims: a claim evicted while its request waits for the upstream lets its redelivery through a second time, "+
+		"and in sliding and session can lose a state change's retry",
+		zap.String("redis", where), zap.String("maxmemory", config["maxmemory"]), zap.String("maxmemory-policy", config["maxmemory-policy"]),
+		zap.String("fix", "set maxmemory-policy noeviction (a full Redis then refuses new claims, which on_store_error answers), "+
+			"or maxmemory 0, and size Redis for the keys of a TTL (the README's Sizing)"))
 }
 
 // describeTopology names a connection for logs, without secrets.

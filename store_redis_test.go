@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -584,4 +585,45 @@ func inProcessOfItsOwn(t *testing.T) bool {
 	}
 	t.Logf("in a process of its own:\n%s", out)
 	return false
+}
+
+// Nothing keeps a Redis that runs maxmemory with an eviction policy from
+// evicting claims (managed Redis often runs volatile-lru, and every key
+// this module writes has a TTL): under memory pressure a claim whose
+// request still waits for its upstream goes (volatile-ttl: a short-TTL
+// site's first), and the redelivery of its ping is forwarded again; in
+// sliding and session an evicted pending seen entry loses what its
+// release must forget. The store cannot prevent it, so the operator is
+// told at start, with the fix, and only then.
+func TestTheStartupWarningSaysRedisMayEvictClaims(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		warn bool
+	}{
+		{"volatile-ttl under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "volatile-ttl"}, true},
+		{"allkeys-lru under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}, true},
+		{"noeviction under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "noeviction"}, false},
+		{"an eviction policy without maxmemory", []string{"--maxmemory-policy", "volatile-lru"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.StartWith(t, tt.args...)
+			core, logs := observer.New(zap.WarnLevel)
+			warnIfUnreachable(context.Background(), srv.Client(), srv.Addr(), zap.New(core))
+			entries := logs.All()
+			if !tt.warn {
+				if len(entries) != 0 {
+					t.Fatalf("warned %q; want nothing", entries[0].Message)
+				}
+				return
+			}
+			if len(entries) != 1 {
+				t.Fatalf("%d warnings, want 1 saying Redis may evict claims", len(entries))
+			}
+			fix, _ := entries[0].ContextMap()["fix"].(string)
+			if !strings.Contains(entries[0].Message, "evict") || !strings.Contains(fix, "noeviction") {
+				t.Errorf("startup warning %q, fix %q; want it to say claims may be evicted and the fix noeviction", entries[0].Message, fix)
+			}
+		})
+	}
 }

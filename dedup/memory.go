@@ -303,17 +303,61 @@ func put[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], kind memory
 }
 
 // makeRoom drops expired keys, then, if the store is still full, the key
-// closest to expiry.
+// closest to expiry that holds no claim in flight. Evicted, such a claim's
+// redelivery was forwarded beside its first request instead of told to
+// come back, and a track shape's release, finding no seen entry, left the
+// state its ping reported in the track, where the retry was then judged
+// no change and suppressed: the backend never got it. Another site of the
+// process with a shorter TTL made its claims in flight the first to go.
+// While more than maxPendingSkips claims are in flight at the front, the
+// store holds a key more than max_keys instead (a store sized below the
+// requests in flight), rather than search further on every claim.
 func (m *MemoryStore) makeRoom(now int64) {
 	m.dropExpired(now)
 	if m.len() < m.maxKeys {
 		return
 	}
-	for len(m.byExpiry) > 0 {
-		if m.removeIfCurrent(m.byExpiry.pop()) {
-			m.evictions++
-			return
+	var skipped [maxPendingSkips]expiryItem
+	n, nowMs := 0, time.Now().UnixMilli()
+	for len(m.byExpiry) > 0 && n < maxPendingSkips {
+		it := m.byExpiry.pop()
+		if m.holdsInFlight(it, nowMs) {
+			skipped[n] = it
+			n++
+			continue
 		}
+		if m.removeIfCurrent(it) {
+			m.evictions++
+			break
+		}
+	}
+	for _, it := range skipped[:n] {
+		m.byExpiry.push(it)
+	}
+}
+
+// maxPendingSkips is how many claims in flight makeRoom passes over to
+// find a key to evict.
+const maxPendingSkips = 64
+
+// holdsInFlight reports whether the heap item is its key's current expiry
+// and the key holds a claim in flight at nowMs (the wall clock claims are
+// dated by): pending, a tumbling record or a seen entry, and younger than
+// its request's in_flight_timeout, which bounds that request. One older
+// is a claim its request left (a test's, or a clock stepped), and goes as
+// any key does.
+func (m *MemoryStore) holdsInFlight(it expiryItem, nowMs int64) bool {
+	switch it.kind {
+	case kindClaim:
+		slot, ok := m.claims[it.key]
+		r := slot.value
+		return ok && slot.expires == it.expires && !r.settled && (r.waitCode == 0 || nowMs-r.claimedMs < r.storedWait().Milliseconds())
+	case kindSeen:
+		slot, ok := m.seen[it.key]
+		v := slot.value
+		return ok && slot.expires == it.expires && v.flag == flagPending && nowMs-v.claimedMs < int64(v.waitMs)
+	default:
+		return false
 	}
 }
 

@@ -63,14 +63,18 @@ func waitMsOf(pol *Policy) uint32 {
 
 // wait is how long r counts as in flight (claimWait).
 func (r record) wait(pol *Policy) time.Duration {
-	switch {
-	case r.waitCode == 0:
+	if r.waitCode == 0 {
 		return pol.InFlightTimeout
-	case r.waitCode&waitInSeconds != 0:
-		return time.Duration(r.waitCode&^waitInSeconds) * time.Second
-	default:
-		return time.Duration(r.waitCode) * 100 * time.Millisecond
 	}
+	return r.storedWait()
+}
+
+// storedWait is the in_flight_timeout r stores; 0 when it stores none.
+func (r record) storedWait() time.Duration {
+	if r.waitCode&waitInSeconds != 0 {
+		return time.Duration(r.waitCode&^waitInSeconds) * time.Second
+	}
+	return time.Duration(r.waitCode) * 100 * time.Millisecond
 }
 
 // claimTTL is the TTL r was written with, which dates its landing
