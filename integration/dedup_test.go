@@ -270,9 +270,9 @@ func TestBadPingsAreRejectedAndNeverForwarded(t *testing.T) {
 		field  string
 		rule   string
 	}{
-		{"malformed JSON", `{"asset_id":"veh-88",`, http.StatusBadRequest, "", ""},
-		{"empty body", ``, http.StatusBadRequest, "", ""},
-		{"oversize", `{"asset_id":"` + strings.Repeat("x", 600) + `"}`, http.StatusRequestEntityTooLarge, "", ""},
+		{"malformed JSON", `{"asset_id":"veh-88",`, http.StatusBadRequest, "", "malformed"},
+		{"empty body", ``, http.StatusBadRequest, "", "malformed"},
+		{"oversize", `{"asset_id":"` + strings.Repeat("x", 600) + `"}`, http.StatusRequestEntityTooLarge, "", "too_large"},
 		{"latitude 91", `{"asset_id":"a","occurred_at":"` + at + `","lat":91,"lon":13.4}`, http.StatusUnprocessableEntity, "lat", "range"},
 		{"naive time", `{"asset_id":"a","occurred_at":"2026-08-08T12:00:00","lat":52.5,"lon":13.4}`, http.StatusUnprocessableEntity, "occurred_at", "timezone"},
 		{"null island", `{"asset_id":"a","occurred_at":"` + at + `","lat":0,"lon":0}`, http.StatusUnprocessableEntity, "lat", "null_island"},
