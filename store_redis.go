@@ -476,19 +476,44 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 // can go while its request still waits for the upstream. Its redelivery
 // is then forwarded beside it instead of told to come back, and in
 // sliding and session the release of a state change finds nothing to
-// undo, and the retry can be suppressed: the backend never gets it. A
-// Redis that does not let the user read its config (CONFIG is often
-// renamed or denied on managed services) is not judged.
+// undo, and the retry can be suppressed: the backend never gets it. It
+// reads INFO memory, which managed services allow where they deny CONFIG
+// (and which shows no password), on every master of a Cluster: each has a
+// config of its own. A Redis that does not answer it is not judged.
 func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
-	config, err := client.ConfigGet(ctx, "maxmemory*").Result()
-	if err != nil || config["maxmemory"] == "0" || config["maxmemory-policy"] == "" || config["maxmemory-policy"] == "noeviction" {
+	judge := func(ctx context.Context, node redis.Cmdable, where string) {
+		info, err := node.Info(ctx, "memory").Result()
+		if err != nil {
+			return
+		}
+		maxmemory, policy := infoField(info, "maxmemory"), infoField(info, "maxmemory_policy")
+		if maxmemory == "" || maxmemory == "0" || policy == "" || policy == "noeviction" {
+			return
+		}
+		logger.Warn("redis store may evict claims: a claim evicted while its request waits for the upstream lets its redelivery through a second time, "+
+			"and in sliding and session can lose a state change's retry",
+			zap.String("redis", where), zap.String("maxmemory", maxmemory), zap.String("maxmemory_policy", policy),
+			zap.String("fix", "set maxmemory-policy noeviction (a full Redis then refuses new claims, which on_store_error answers), "+
+				"or maxmemory 0, and size Redis for the keys of a TTL (the README's Sizing)"))
+	}
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		_ = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			judge(ctx, node, node.Options().Addr)
+			return nil
+		})
 		return
 	}
-	logger.Warn("redis store may evict claims: a claim evicted while its request waits for the upstream lets its redelivery through a second time, "+
-		"and in sliding and session can lose a state change's retry",
-		zap.String("redis", where), zap.String("maxmemory", config["maxmemory"]), zap.String("maxmemory-policy", config["maxmemory-policy"]),
-		zap.String("fix", "set maxmemory-policy noeviction (a full Redis then refuses new claims, which on_store_error answers), "+
-			"or maxmemory 0, and size Redis for the keys of a TTL (the README's Sizing)"))
+	judge(ctx, client, where)
+}
+
+// infoField is the value of name in an INFO reply, or "".
+func infoField(info, name string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // describeTopology names a connection for logs, without secrets.

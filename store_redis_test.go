@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -625,5 +626,46 @@ func TestTheStartupWarningSaysRedisMayEvictClaims(t *testing.T) {
 				t.Errorf("startup warning %q, fix %q; want it to say claims may be evicted and the fix noeviction", entries[0].Message, fix)
 			}
 		})
+	}
+}
+
+// On a Cluster, CONFIG GET or INFO has no key: go-redis sends it to one master
+// (its shard picker's next), and the check judges the whole Cluster by
+// that node's config. Each master has a config of its own (a node
+// restarted from another config file, one resized under memory pressure,
+// a managed cluster's shards of different node types), and claims on any
+// master can be evicted: with one master of three running an eviction
+// policy, whether Caddy warns depends on which node answered. Here each
+// master in turn is the one that evicts, with a fresh client as each
+// start makes; the check warns for at most one of them.
+func TestTheStartupWarningJudgesEveryClusterMaster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	for i, evicting := range c.Nodes() {
+		for _, n := range c.Nodes() {
+			policy := "noeviction"
+			if n == evicting {
+				policy = "volatile-ttl"
+			}
+			if err := n.Client().ConfigSet(ctx, "maxmemory", "100mb").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := n.Client().ConfigSet(ctx, "maxmemory-policy", policy).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		opts, err := RedisStore{Addresses: c.Addrs(), Cluster: true}.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.OnConnect = nil
+		client := redis.NewUniversalClient(opts)
+		core, logs := observer.New(zap.WarnLevel)
+		warnIfUnreachable(ctx, client, "cluster", zap.New(core))
+		_ = client.Close()
+		if logs.Len() != 1 {
+			t.Errorf("master %d of 3 (%s) runs maxmemory 100mb with volatile-ttl, the others noeviction: %d warnings at start, want 1 "+
+				"(the check asked one master only)", i+1, evicting.Addr(), logs.Len())
+		}
 	}
 }

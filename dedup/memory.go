@@ -233,9 +233,7 @@ func (m *MemoryStore) SetMaxKeys(maxKeys int) {
 	m.maxKeys = maxKeys
 	m.dropExpired(m.clock())
 	for m.len() > m.maxKeys && len(m.byExpiry) > 0 {
-		if m.removeIfCurrent(m.byExpiry.pop()) {
-			m.evictions++
-		}
+		m.evictOne()
 	}
 }
 
@@ -302,41 +300,50 @@ func put[V any](m *MemoryStore, entries map[hashedKey]memorySlot[V], kind memory
 	}
 }
 
-// makeRoom drops expired keys, then, if the store is still full, the key
-// closest to expiry that holds no claim in flight. Evicted, such a claim's
-// redelivery was forwarded beside its first request instead of told to
-// come back, and a track shape's release, finding no seen entry, left the
-// state its ping reported in the track, where the retry was then judged
-// no change and suppressed: the backend never got it. Another site of the
-// process with a shorter TTL made its claims in flight the first to go.
-// While more than maxPendingSkips claims are in flight at the front, the
-// store holds a key more than max_keys instead (a store sized below the
-// requests in flight), rather than search further on every claim.
+// makeRoom drops expired keys, then, if the store is still full, evicts
+// one (evictOne).
 func (m *MemoryStore) makeRoom(now int64) {
 	m.dropExpired(now)
-	if m.len() < m.maxKeys {
-		return
+	if m.len() >= m.maxKeys {
+		m.evictOne()
 	}
+}
+
+// evictOne evicts the key closest to expiry that holds no claim in
+// flight. Evicted, such a claim's redelivery was forwarded beside its
+// first request instead of told to come back, and a track shape's
+// release, finding no seen entry, left the state its ping reported in the
+// track, where the retry was then judged no change and suppressed: the
+// backend never got it. Another site of the process with a shorter TTL
+// made its claims in flight the first to go. It passes over
+// maxPendingSkips of them at most, and then evicts the next key even if
+// in flight, so that max_keys bounds the store whatever is in flight.
+func (m *MemoryStore) evictOne() {
 	var skipped [maxPendingSkips]expiryItem
 	n, nowMs := 0, time.Now().UnixMilli()
-	for len(m.byExpiry) > 0 && n < maxPendingSkips {
+	evicted := false
+	for len(m.byExpiry) > 0 && !evicted {
 		it := m.byExpiry.pop()
-		if m.holdsInFlight(it, nowMs) {
+		if n < len(skipped) && m.holdsInFlight(it, nowMs) {
 			skipped[n] = it
 			n++
 			continue
 		}
-		if m.removeIfCurrent(it) {
-			m.evictions++
-			break
-		}
+		evicted = m.removeIfCurrent(it)
 	}
-	for _, it := range skipped[:n] {
+	kept := skipped[:n]
+	if !evicted && n > 0 { // every key left is in flight: the closest to expiry goes
+		evicted, kept = m.removeIfCurrent(kept[0]), kept[1:]
+	}
+	if evicted {
+		m.evictions++
+	}
+	for _, it := range kept {
 		m.byExpiry.push(it)
 	}
 }
 
-// maxPendingSkips is how many claims in flight makeRoom passes over to
+// maxPendingSkips is how many claims in flight evictOne passes over to
 // find a key to evict.
 const maxPendingSkips = 64
 

@@ -820,3 +820,121 @@ func TestRedisClaimsOfLaterVersionsAreRead(t *testing.T) {
 			"(an error fails the whole batch: unchecked or 503, and the breaker counts it)", v, err)
 	}
 }
+
+// The memory store passes over claims in flight when it evicts, but
+// max_keys still bounds it. Two sites of one process share the store; the
+// one with the shorter ttl has its claims first in line, and one Overland
+// batch of 100 points waiting for its upstream is 100 claims in flight.
+// A first version passed over 64 and then evicted nothing: every key of
+// the other site was added on top, and the excess was never given back
+// (each put then evicted one key and added one), so every upstream stall
+// ratcheted the store further above max_keys.
+func TestAFullMemoryStoreStaysNearMaxKeysWhileClaimsAreInFlight(t *testing.T) {
+	const maxKeys, batch, otherPings = 200, 100, 2000
+	m := NewMemoryStore(maxKeys)
+	short, long := testPolicy(Tumbling), testPolicy(Tumbling)
+	short.TTL, long.TTL = 10*time.Minute, 6*time.Hour+30*time.Minute
+	now := time.Now() // claims in flight are dated by the wall clock
+	claimAt := func(pol *Policy, asset string, token uint64) *Claim {
+		c := claimOf(pol, ping.Ping{Asset: asset, Time: articleBase, Lat: 52.52, Lon: 13.40}, token, now)
+		if v := decide(t, m, c); v.Decision != Accepted {
+			t.Fatalf("%s: %+v, want accepted", asset, v)
+		}
+		return c
+	}
+	settle := func(c *Claim) {
+		if err := settleOne(context.Background(), m, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The long-ttl site has filled the store with settled keys.
+	for i := range maxKeys {
+		settle(claimAt(long, fmt.Sprintf("long-%d", i), uint64(i)))
+	}
+	// The short-ttl site's batch waits for its upstream: its claims are
+	// the closest to expiry, all in flight.
+	var inFlight []*Claim
+	for i := range batch {
+		inFlight = append(inFlight, claimAt(short, fmt.Sprintf("batch-%d", i), uint64(10_000+i)))
+	}
+	// Meanwhile the long-ttl site goes on.
+	for i := range otherPings {
+		settle(claimAt(long, fmt.Sprintf("during-%d", i), uint64(20_000+i)))
+	}
+	during := m.Len()
+	t.Logf("max_keys %d, %d claims in flight: %d keys after %d other pings", maxKeys, batch, during, otherPings)
+	if during > maxKeys+batch {
+		t.Errorf("%d keys held while %d claims were in flight, max_keys %d: each of the other site's %d keys was added without an eviction "+
+			"(the store gave up evicting after 64 claims in flight); want at most max_keys plus the claims it passes over (%d)",
+			during, batch, maxKeys, otherPings, maxKeys+batch)
+	}
+	// The batch is answered; the store is full and goes on evicting.
+	for _, c := range inFlight {
+		settle(c)
+	}
+	for i := range otherPings {
+		settle(claimAt(long, fmt.Sprintf("after-%d", i), uint64(40_000+i)))
+	}
+	if n := m.Len(); n > maxKeys {
+		t.Errorf("%d keys held after the claims in flight settled and %d more pings, max_keys %d: the excess is never given back "+
+			"(each put evicts one key and adds one), so every stall ratchets the store further above max_keys",
+			n, otherPings, maxKeys)
+	}
+}
+
+// The same with one site and one ttl: an Overland batch of more than 64
+// points whose upstream is slow, on a store whose oldest keys are younger
+// than in_flight_timeout.
+func TestAMemoryStoreAboveThePingsInFlightHoldsMaxKeys(t *testing.T) {
+	const maxKeys, batch = 300, 65
+	m := NewMemoryStore(maxKeys)
+	pol := testPolicy(Tumbling)
+	now := time.Now()
+	token := uint64(0)
+	claim := func(asset string) *Claim {
+		token++
+		c := claimOf(pol, ping.Ping{Asset: asset, Time: articleBase, Lat: 52.52, Lon: 13.40}, token, now)
+		if v := decide(t, m, c); v.Decision != Accepted {
+			t.Fatalf("%s: %+v, want accepted", asset, v)
+		}
+		return c
+	}
+	for i := range batch { // the oldest keys: a batch still in flight
+		claim(fmt.Sprintf("batch-%d", i))
+	}
+	for i := range 3 * maxKeys { // the next pings, answered at once
+		if err := settleOne(context.Background(), m, claim(fmt.Sprintf("veh-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := m.Len(); n > maxKeys+1 {
+		t.Errorf("%d keys with max_keys %d (above the %d pings in flight): want at most a key more", n, maxKeys, batch)
+	}
+}
+
+// A reload that lowers max_keys (SetMaxKeys, once the old config is gone)
+// passes over claims in flight as a put does: the redelivery of a ping
+// whose request is still waiting for its upstream is told to come back.
+func TestLoweringMaxKeysPassesOverClaimsInFlight(t *testing.T) {
+	m := NewMemoryStore(10)
+	short, long := testPolicy(Tumbling), testPolicy(Tumbling)
+	short.TTL, long.TTL = 10*time.Minute, 6*time.Hour
+	now := time.Now()
+	pingOf := func(asset string) ping.Ping {
+		return ping.Ping{Asset: asset, Time: articleBase, Lat: 52.52, Lon: 13.40}
+	}
+	if v := decide(t, m, claimOf(short, pingOf("in-flight"), 1, now)); v.Decision != Accepted {
+		t.Fatalf("first claim: %+v", v)
+	}
+	for i := range 9 {
+		c := claimOf(long, pingOf(fmt.Sprintf("settled-%d", i)), uint64(100+i), now)
+		decide(t, m, c)
+		if err := settleOne(context.Background(), m, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.SetMaxKeys(5)
+	if v := decide(t, m, claimOf(short, pingOf("in-flight"), 2, now)); v.Decision != InFlight {
+		t.Errorf("the redelivery of a ping still in flight after a reload lowered max_keys to 5: %+v (forwarded a second time); want in_flight", v)
+	}
+}
