@@ -173,12 +173,8 @@ var caddyfileOptions = []option{
 		return floatArg(d, &h.Hysteresis, "m", "a distance in metres; hysteresis is retired: remove it, and set radius if needed")
 	}},
 	{"key_prefix", "<prefix>", func(h *Handler, d *caddyfile.Dispenser) error {
-		option := d.Val()
 		h.KeyPrefix = new(string)
-		if !d.AllArgs(h.KeyPrefix) { // "" too: keys of the bare hash
-			return d.WrapErr(&argCountError{option})
-		}
-		return nil
+		return anyArg(d, h.KeyPrefix) // "" too: keys of the bare hash
 	}},
 	{"key_scope", "<placeholder template>", func(h *Handler, d *caddyfile.Dispenser) error { return oneArg(d, &h.KeyScope) }},
 	{"retry_ladder", "<duration>...", (*Handler).unmarshalRetryLadder},
@@ -363,6 +359,15 @@ func withSyntax(d *caddyfile.Dispenser, err error, option, syntax string) error 
 	return d.Errf("%s takes one value: %s %s%s", option, option, syntax, example)
 }
 
+// anyArg reads the option's one value, empty or not.
+func anyArg(d *caddyfile.Dispenser, dst *string) error {
+	option := d.Val()
+	if !d.AllArgs(dst) {
+		return d.WrapErr(&argCountError{option})
+	}
+	return nil
+}
+
 // noBlockError reports a block opened after an option that takes none
 // (preset owntracks {), which read as an option named "{".
 func noBlockError(d *caddyfile.Dispenser, option, syntax string) error {
@@ -375,8 +380,8 @@ func noBlockError(d *caddyfile.Dispenser, option, syntax string) error {
 // oneArg reads the option's one value, which may not be empty.
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	option := d.Val()
-	if !d.AllArgs(dst) {
-		return d.WrapErr(&argCountError{option})
+	if err := anyArg(d, dst); err != nil {
+		return err
 	}
 	if *dst == "" {
 		// Read as left out, it took the default: a key_scope or a Redis

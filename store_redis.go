@@ -482,11 +482,11 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 // config of its own. A Redis that does not answer it is not judged.
 func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
 	judge := func(ctx context.Context, node redis.Cmdable, where string) {
-		info, err := node.Info(ctx, "memory").Result()
-		if err != nil {
+		info := node.InfoMap(ctx, "memory")
+		if info.Err() != nil {
 			return
 		}
-		maxmemory, policy := infoField(info, "maxmemory"), infoField(info, "maxmemory_policy")
+		maxmemory, policy := info.Item("Memory", "maxmemory"), info.Item("Memory", "maxmemory_policy")
 		if maxmemory == "" || maxmemory == "0" || policy == "" || policy == "noeviction" {
 			return
 		}
@@ -504,16 +504,6 @@ func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where str
 		return
 	}
 	judge(ctx, client, where)
-}
-
-// infoField is the value of name in an INFO reply, or "".
-func infoField(info, name string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
 }
 
 // describeTopology names a connection for logs, without secrets.

@@ -115,7 +115,7 @@ func (m *MemoryStore) decideTrack(c *Claim, now int64) Verdict {
 	st, prior := optional(live(m.tracks, stateKey, now)), optional(seen.value, ok)
 	v, next, record := judgeTrack(st, prior, c)
 	if ok {
-		v = waitFromLanding(v, seen.value.flag == flagPending, seen.left(now), claimWait(seen.value.waitMs, c.Policy), c.Policy.TTL)
+		v = waitFromLanding(v, seen.value.flag == flagPending, seen.left(now), seen.value.wait(c.Policy), c.Policy.TTL)
 		holdSettledSeen(c, seen.value)
 	}
 	if next != nil {
@@ -320,11 +320,11 @@ func (m *MemoryStore) makeRoom(now int64) {
 // in flight, so that max_keys bounds the store whatever is in flight.
 func (m *MemoryStore) evictOne() {
 	var skipped [maxPendingSkips]expiryItem
-	n, nowMs := 0, time.Now().UnixMilli()
+	n, now := 0, time.Now()
 	evicted := false
 	for len(m.byExpiry) > 0 && !evicted {
 		it := m.byExpiry.pop()
-		if n < len(skipped) && m.holdsInFlight(it, nowMs) {
+		if n < len(skipped) && m.holdsInFlight(it, now) {
 			skipped[n] = it
 			n++
 			continue
@@ -348,21 +348,22 @@ func (m *MemoryStore) evictOne() {
 const maxPendingSkips = 64
 
 // holdsInFlight reports whether the heap item is its key's current expiry
-// and the key holds a claim in flight at nowMs (the wall clock claims are
+// and the key holds a claim in flight at now (the wall clock claims are
 // dated by): pending, a tumbling record or a seen entry, and younger than
 // its request's in_flight_timeout, which bounds that request. One older
 // is a claim its request left (a test's, or a clock stepped), and goes as
-// any key does.
-func (m *MemoryStore) holdsInFlight(it expiryItem, nowMs int64) bool {
+// any key does; one that stores no timeout counts as in flight while
+// pending.
+func (m *MemoryStore) holdsInFlight(it expiryItem, now time.Time) bool {
 	switch it.kind {
 	case kindClaim:
 		slot, ok := m.claims[it.key]
 		r := slot.value
-		return ok && slot.expires == it.expires && !r.settled && (r.waitCode == 0 || nowMs-r.claimedMs < r.storedWait().Milliseconds())
+		return ok && slot.expires == it.expires && !r.settled && (r.waitCode == 0 || inFlight(true, r.claimedMs, r.storedWait(), now))
 	case kindSeen:
 		slot, ok := m.seen[it.key]
 		v := slot.value
-		return ok && slot.expires == it.expires && v.flag == flagPending && nowMs-v.claimedMs < int64(v.waitMs)
+		return ok && slot.expires == it.expires && inFlight(v.flag == flagPending, v.claimedMs, time.Duration(v.waitMs)*time.Millisecond, now)
 	default:
 		return false
 	}

@@ -39,21 +39,6 @@ func newRecord(c *Claim) record {
 	}
 }
 
-// claimWait is how long a pending claim counts as in flight: the
-// in_flight_timeout of the request that made it, stored with the claim
-// (waitMs ms: a seen entry's), since that is what bounds its forward (a
-// handler cuts the forward before it). Judged by the reader's own, a
-// handler with a shorter one (a reload that shortened it, another
-// instance on the key space) told a redelivery it was delivered while the
-// first could still fail, and the ping was lost. A claim stored without it
-// (waitMs 0: an earlier version's) waits the reader's.
-func claimWait(waitMs uint32, pol *Policy) time.Duration {
-	if waitMs == 0 {
-		return pol.InFlightTimeout
-	}
-	return time.Duration(waitMs) * time.Millisecond
-}
-
 // waitMsOf is pol's in_flight_timeout as a seen entry stores it, in ms:
 // at least 1, as 0 marks an entry stored without it, and at most 49 days,
 // which is all the same (no forward runs so long).
@@ -61,7 +46,14 @@ func waitMsOf(pol *Policy) uint32 {
 	return uint32(min(max(pol.InFlightTimeout.Milliseconds(), 1), math.MaxUint32))
 }
 
-// wait is how long r counts as in flight (claimWait).
+// wait is how long r counts as in flight: the in_flight_timeout of the
+// request that made it, stored with the claim (as a seen entry stores it
+// too: seenValue.wait), since that is what bounds its forward (a handler
+// cuts the forward before it). Judged by the reader's own (pol's), a
+// handler with a shorter one (a reload that shortened it, another
+// instance on the key space) told a redelivery it was delivered while the
+// first could still fail, and the ping was lost. A claim stored without it
+// (an earlier version's) waits the reader's.
 func (r record) wait(pol *Policy) time.Duration {
 	if r.waitCode == 0 {
 		return pol.InFlightTimeout
@@ -166,12 +158,12 @@ func positionPrint(p ping.Ping) uint32 {
 	return h.Sum32()
 }
 
-// recordSize is the encoded length: small enough for Redis to keep the value
-// inline with its object header in a 48-byte allocation. Records written before the claim's in_flight_timeout and
-// TTL were stored are the first recordSizeBefore bytes of it, and are read
-// as well; so are longer ones, a later version's, by the fields this one
-// knows, so that instances of both can share a store during an upgrade or
-// a rollback.
+// recordSize is the encoded length: small enough for Redis to keep the
+// value inline with its object header in a 48-byte allocation. Records
+// written before the claim's in_flight_timeout and TTL were stored are the
+// first recordSizeBefore bytes of it, and are read as well; so are longer
+// ones, a later version's, by the fields this one knows, so that instances
+// of both can share a store during an upgrade or a rollback.
 const (
 	recordSize       = recordSizeBefore + 2 + 3
 	recordSizeBefore = 1 + 4 + 6 + 8 + 4
@@ -237,7 +229,7 @@ func judgeHeld(held record, c *Claim) Verdict {
 	c.holder, c.held = held, true
 	sameObservation := held.sighting == sightingPrint(c.Ping)
 	switch {
-	case sameObservation && inFlight(!held.settled, held.claimedMs, held.wait(c.Policy), c):
+	case sameObservation && inFlight(!held.settled, held.claimedMs, held.wait(c.Policy), c.At):
 		return Verdict{Decision: InFlight, Reason: Redelivery}
 	case sameObservation:
 		return suppressed(Redelivery)
@@ -249,12 +241,12 @@ func judgeHeld(held record, c *Claim) Verdict {
 }
 
 // inFlight reports whether a pending claim made at claimedMs, waiting
-// wait (claimWait), may still be waiting for its upstream. A claim older
-// than that counts as settled even if its request vanished (a killed
-// process never settles), unless waitFromLanding finds it reached the
-// store later.
-func inFlight(pending bool, claimedMs int64, wait time.Duration, c *Claim) bool {
-	return pending && c.At.Sub(time.UnixMilli(claimedMs)) < wait
+// wait (record.wait), may still be waiting for its upstream at time at. A
+// claim older than that counts as settled even if its request vanished (a
+// killed process never settles), unless waitFromLanding finds it reached
+// the store later.
+func inFlight(pending bool, claimedMs int64, wait time.Duration, at time.Time) bool {
+	return pending && at.Sub(time.UnixMilli(claimedMs)) < wait
 }
 
 // waitFromLanding is v, or in_flight if v suppresses a redelivery that

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
@@ -324,9 +325,19 @@ type seenValue struct {
 	// value): its release marks it flagReleased again, whatever its
 	// request's other releases did to the track.
 	retried   bool
-	waitMs    uint32 // the in_flight_timeout of a pending entry's request, ms (claimWait)
+	waitMs    uint32 // the in_flight_timeout of a pending entry's request, ms (wait)
 	token     uint64
 	claimedMs int64
+}
+
+// wait is how long a pending seen entry counts as in flight, as
+// record.wait: its request's in_flight_timeout, or pol's for an entry
+// stored without it (an earlier version's).
+func (v seenValue) wait(pol *Policy) time.Duration {
+	if v.waitMs == 0 {
+		return pol.InFlightTimeout
+	}
+	return time.Duration(v.waitMs) * time.Millisecond
 }
 
 // pendingSeen is the seen value of c's ping once c is accepted.
@@ -353,7 +364,7 @@ func judgeTrack(st *trackState, seen *seenValue, c *Claim) (Verdict, *trackState
 			// ran (the Redis store's client resends after a lost reply).
 			return accepted, nil, nil
 		}
-		if inFlight(seen.flag == flagPending, seen.claimedMs, claimWait(seen.waitMs, c.Policy), c) {
+		if inFlight(seen.flag == flagPending, seen.claimedMs, seen.wait(c.Policy), c.At) {
 			return Verdict{Decision: InFlight, Reason: Redelivery}, nil, nil
 		}
 		if seen.flag == flagUndoable && st != nil {

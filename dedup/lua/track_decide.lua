@@ -36,7 +36,7 @@
 -- the time it reached Redis, Redis's clock, ms (i8; absent from values
 -- written before it was added) + 'r' when it is an 'r' ping's retry, which
 -- left the track as it was (retried in Go), else '-' + the in-flight
--- timeout of the request that made it, ms (i8; claimWait in Go). The last
+-- timeout of the request that made it, ms (i8; seenValue.wait in Go). The last
 -- two are absent from values written before they were added, which had
 -- the 'r' alone, and a pending one of those waits this call's timeout.
 -- Answer: the decision and reason, and for a redelivery of a settled ping
@@ -124,9 +124,12 @@ local function encode(c)
 		p[3].lat, p[3].lon, p[3].radius2, p[3].startT, p[3].endT, c.outlier2)
 end
 
-local function remember(decision, flag)
+-- remember records the ping in its seen set: accepted, pending with its
+-- token, times, retried mark ('r', else '-') and in-flight timeout; else
+-- flag.
+local function remember(decision, flag, retried)
 	if decision == 'accepted' then
-		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. '-' .. struct.pack('>i8', tonumber(ARGV[8])))
+		redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. (retried or '-') .. struct.pack('>i8', tonumber(ARGV[8])))
 	else
 		redis.call('HSET', KEYS[2], ARGV[2], flag)
 	end
@@ -141,8 +144,7 @@ if seen == 'r' and raw then
 	-- the retry of a ping its release left in the track: accepted, and the
 	-- track, which holds it already, is left as it is; the trailing 'r'
 	-- (retried in Go) makes its release mark it 'r' again
-	redis.call('HSET', KEYS[2], ARGV[2], 'p' .. token .. struct.pack('>i8i8', now, redisMs()) .. 'r' .. struct.pack('>i8', tonumber(ARGV[8])))
-	redis.call('PEXPIRE', KEYS[2], ttl)
+	remember('accepted', nil, 'r')
 	return { 'accepted', '' }
 end
 if not raw then
