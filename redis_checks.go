@@ -1,0 +1,149 @@
+package telemetrydedup
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
+)
+
+// redisReplyFixes say what to do about the error replies a Redis that
+// answers refuses commands with, by the reply's first word.
+var redisReplyFixes = map[string]string{
+	"OOM":         "Redis is at maxmemory and refuses writes: raise maxmemory, or let it evict keys with a TTL (maxmemory-policy volatile-ttl)",
+	"NOAUTH":      "Redis requires a password: set password (and username) in the store's block, or in the URL",
+	"WRONGPASS":   "Redis refused the username or password: check password and username in the store's block or URL",
+	"NOPERM":      "the Redis user may not run a command or key the store needs: give it the README's ACL rule (Stores): the key_prefix's keys (and dead_letter_stream's) and PING SET GET DEL PTTL PEXPIRE HGET HSET HDEL TIME EVALSHA SCRIPT|LOAD SCRIPT|EXISTS XADD TYPE; with Sentinel or Cluster also EVAL WAIT ROLE; with Cluster also CLUSTER|SLOTS COMMAND",
+	"READONLY":    "the store is connected to a replica: point it at the master, or give master and the sentinels' addresses",
+	"LOADING":     "Redis is loading its data set after a restart; it answers once loaded",
+	"MASTERDOWN":  "the replica lost its master: see the sentinels or the master",
+	"CLUSTERDOWN": "the Redis Cluster is down or not all its slots are served",
+}
+
+// scriptACLRefusals start the replies of a Redis that refuses a script a
+// command or key its user may not use: it says ERR there, not NOPERM
+// (7.0, then 7.2 and later).
+var scriptACLRefusals = []string{
+	"ERR The user executing the script can't",
+	"ERR ACL failure in script",
+}
+
+// storeErrorFix says what to do about a store error, if the error says
+// enough: Redis's own error replies, and a wait that timed out.
+func storeErrorFix(err error) string {
+	if refusal := (*deadLetterRefusal)(nil); errors.As(err, &refusal) {
+		return refusal.fix()
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) && !errors.Is(err, redis.Nil) {
+		msg := reply.Error()
+		if slices.ContainsFunc(scriptACLRefusals, func(prefix string) bool { return strings.HasPrefix(msg, prefix) }) {
+			return redisReplyFixes["NOPERM"]
+		}
+		word, _, _ := strings.Cut(msg, " ")
+		return redisReplyFixes[word]
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "Redis did not answer within the store's timeout: is it reachable, paused or overloaded? " +
+			"(With Sentinel, sentinels that require a password need sentinel_password; the startup warning says why they did not answer.)"
+	}
+	return ""
+}
+
+// whileRedisFails says what becomes of the pings while Redis fails, in the
+// lines of a store or connection: the handlers that share it may differ in
+// mode and options, so it says what each kind of them does.
+const whileRedisFails = "in enforce mode as on_store_error says (and invalid ones 503 with on_invalid dead_letter), " +
+	"while shadow mode forwards them all and only records what enforce would do"
+
+// startupCheckTimeout bounds the startup check of a Redis store.
+const startupCheckTimeout = 2 * time.Second
+
+// warnIfUnreachable tells the operator at start that Redis does not answer,
+// or refuses to (a password or ACL rule missing, with the fix), instead of
+// letting the first store error in traffic be the news.
+func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
+	check, cancel := context.WithTimeout(ctx, startupCheckTimeout)
+	defer cancel()
+	err := client.Ping(check).Err()
+	if err == nil {
+		warnIfEvicting(check, client, where, logger)
+		return
+	}
+	if ctx.Err() != nil { // the config was unloaded meanwhile
+		return
+	}
+	msg := "redis store does not answer; until it does, pings are handled " + whileRedisFails
+	fields := []zap.Field{zap.String("redis", where), zap.Error(err)}
+	switch {
+	case pipeline.IsReply(err):
+		msg = "redis store refuses the startup check (PING); until it accepts it, pings are handled " + whileRedisFails
+		if fix := storeErrorFix(err); fix != "" {
+			fields = append(fields, zap.String("fix", fix))
+		}
+	case check.Err() != nil: // the PING ran out of the check's time, whatever error the wait ended in
+		fields = append(fields, zap.String("fix", "no answer within "+startupCheckTimeout.String()+
+			": is Redis reachable from here, paused or overloaded? With Sentinel, sentinels that require a password need sentinel_password"))
+	}
+	logger.Warn(msg, fields...)
+}
+
+// warnIfEvicting tells the operator at start that Redis may evict the
+// store's keys: every key it writes has a TTL, so with maxmemory and any
+// policy but noeviction (managed Redis often runs volatile-lru) a claim
+// can go while its request still waits for the upstream. Its redelivery
+// is then forwarded beside it instead of told to come back, and in
+// sliding and session the release of a state change finds nothing to
+// undo, and the retry can be suppressed: the backend never gets it. It
+// reads INFO memory, which managed services allow where they deny CONFIG
+// (and which shows no password), on every master of a Cluster: each has a
+// config of its own. A Redis that does not answer it is not judged.
+func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
+	judge := func(ctx context.Context, node redis.Cmdable, where string) {
+		info := node.InfoMap(ctx, "memory")
+		if info.Err() != nil {
+			return
+		}
+		maxmemory, policy := info.Item("Memory", "maxmemory"), info.Item("Memory", "maxmemory_policy")
+		if maxmemory == "" || maxmemory == "0" || policy == "" || policy == "noeviction" {
+			return
+		}
+		logger.Warn("redis store may evict claims: a claim evicted while its request waits for the upstream lets its redelivery through a second time, "+
+			"and in sliding and session can lose a state change's retry",
+			zap.String("redis", where), zap.String("maxmemory", maxmemory), zap.String("maxmemory_policy", policy),
+			zap.String("fix", "set maxmemory-policy noeviction (a full Redis then refuses new claims, which on_store_error answers), "+
+				"or maxmemory 0, and size Redis for the keys of a TTL (the README's Sizing)"))
+	}
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		_ = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			judge(ctx, node, node.Options().Addr)
+			return nil
+		})
+		return
+	}
+	judge(ctx, client, where)
+}
+
+// describeTopology names a connection for logs, without secrets.
+func describeTopology(r RedisStore) string {
+	addrs := r.Addresses
+	if r.URL != "" {
+		if u, err := redis.ParseURL(r.URL); err == nil {
+			addrs = []string{u.Addr}
+		}
+	}
+	switch {
+	case r.Master != "":
+		return "sentinel master " + r.Master + " via " + strings.Join(addrs, ",")
+	case r.Cluster || len(addrs) > 1:
+		return "cluster via " + strings.Join(addrs, ",")
+	default:
+		return strings.Join(addrs, ",")
+	}
+}
