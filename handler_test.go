@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
@@ -718,5 +719,60 @@ func TestTheHandlerReadsTheHourAClockIsSetBackAtTheServerClock(t *testing.T) {
 		if err != nil || !p.Time.Equal(tc.want) {
 			t.Errorf("02:30 local at server time %s: got %s, %v; want %s", tc.now.Format(time.TimeOnly), p.Time.Format(time.RFC3339), err, tc.want.Format(time.RFC3339))
 		}
+	}
+}
+
+// A telemetry_dedup handler inside another on the same request (one at the
+// site's top and one in a handle, or two in one route) passes the request
+// on as it is, and says so once: judged again, each ping found its own
+// claim in flight and was answered 409, which the outer handler took for a
+// failed upstream and released, so no ping was ever delivered. A handler
+// that runs after another on the same request, not inside it, still judges
+// (TestPlaceholdersFollowTheLastHandler).
+func TestADedupHandlerInsideAnotherPassesTheRequestOn(t *testing.T) {
+	outerPrefix, innerPrefix := "nested-outer:", "nested-inner:"
+	outer := provisioned(t, &Handler{KeyPrefix: &outerPrefix})
+	inner := provisioned(t, &Handler{KeyPrefix: &innerPrefix})
+	core, logs := observer.New(zap.WarnLevel)
+	inner.logger = zap.New(core)
+	delivered := 0
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		delivered++
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	throughInner := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, upstream)
+	})
+	send := func(body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		w := httptest.NewRecorder()
+		if err := outer.ServeHTTP(w, r, throughInner); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	first := `{"asset_id":"veh-nested","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`
+	second := `{"asset_id":"veh-nested-2","occurred_at":"` + at + `","lat":48.1371,"lon":11.5754}`
+	for i, step := range []struct {
+		body      string
+		status    int
+		decision  string
+		delivered int
+	}{
+		{first, http.StatusCreated, "accepted", 1},
+		{first, http.StatusOK, "suppressed", 1}, // its redelivery, answered by the outer handler
+		{second, http.StatusCreated, "accepted", 2},
+	} {
+		w := send(step.body)
+		if w.Code != step.status || w.Header().Get("X-Dedup") != step.decision || delivered != step.delivered {
+			t.Fatalf("request %d: answered %d X-Dedup=%q %s, upstream got %d; want %d %q, upstream %d",
+				i+1, w.Code, w.Header().Get("X-Dedup"), w.Body, delivered, step.status, step.decision, step.delivered)
+		}
+	}
+	if n := logs.FilterMessageSnippet("inside another telemetry_dedup").Len(); n != 1 {
+		t.Errorf("the inner handler warned %d times, want once: %v", n, logs.All())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
@@ -304,7 +305,10 @@ type Handler struct {
 	// running are cut, and their claims released, before the process ends
 	// them unfinished.
 	exiting context.Context
-	logger  *zap.Logger
+	// nested warns, once, that the handler runs inside another on the
+	// same request (see ServeHTTP).
+	nested *sync.Once
+	logger *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -333,6 +337,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if s.encoding != encodingJSON {
 		s.formExtracts = ping.NewExtractCache(s.formParser)
 	}
+	h.nested = new(sync.Once)
 	h.claimErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.settleErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.releaseErrors = newThrottledLog(h.logger, storeErrorLogEvery)
@@ -470,6 +475,10 @@ func (h *Handler) storeErrorLines() []*throttledLog {
 // came alone or in a batch, then answers or forwards it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	earlier := earlierOutcome(repl)
+	if earlier != nil && earlier.judging {
+		return h.passNested(w, r, next)
+	}
 	if h.storeUsers != nil {
 		h.storeUsers.Add(1)
 		defer h.storeUsers.Add(-1)
@@ -484,12 +493,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.claim(req)
 	// 4. Record each outcome: metrics, dead letters, stuck assets,
 	// placeholders, debug log.
-	h.record(r, repl, req)
+	outcome := h.record(r, repl, req, earlier)
 
+	outcome.judging = true
+	defer func() { outcome.judging = false }()
 	if req.unsure != nil {
 		return h.respondUnsure(w, r, next, req)
 	}
 	return h.respond(w, r, next, req)
+}
+
+// passNested passes on a request that another telemetry_dedup handler is
+// judging: this one runs inside it (one at the site's top and one in a
+// handle or route, or two in one route). Judged again, every ping found
+// its own claim in flight and was answered 409, which the outer handler
+// took for a failed upstream: it released the claim, and the sender's
+// retry met the same 409, forever. The outer handler has judged the
+// pings, so this one lets them through as they are.
+func (h *Handler) passNested(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.nested.Do(func() {
+		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup on the same request; this one passes such requests on unjudged, " +
+			"since the outer one has judged their pings: remove one of them (two in one route, or one at the site's top and one in a handle or route)")
+	})
+	return next.ServeHTTP(w, r)
 }
 
 // Interface guards

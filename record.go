@@ -37,7 +37,9 @@ const (
 
 // record records what became of each ping of the request, then sets the
 // request's placeholders.
-func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
+// earlier is what an earlier run of a handler on the request published,
+// if any; it returns what this one publishes.
+func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request, earlier *outcomePlaceholders) *outcomePlaceholders {
 	req.sendBack()
 	if h.deadLetters != nil {
 		h.keepInvalid(r, req)
@@ -45,7 +47,7 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request) {
 	for i := range req.elements {
 		h.recordOutcome(&req.elements[i])
 	}
-	publishPlaceholders(repl, req, &h.deduper.Keyer)
+	return publishPlaceholders(repl, req, &h.deduper.Keyer, earlier)
 }
 
 // keepInvalid dead-letters the request's pings that cannot be keyed. A
@@ -182,6 +184,10 @@ type outcomePlaceholders struct {
 	// keyer computes the cell of a ping that was decided without one (in
 	// the sliding and session shapes), if a placeholder asks for it.
 	keyer *dedup.Keyer
+	// judging is set while a handler answers or forwards the request: a
+	// telemetry_dedup handler that the request meets meanwhile runs inside
+	// that one, and passes it on (Handler.passNested).
+	judging bool
 }
 
 // placeholderOutcome names, to the replacer, the outcomePlaceholders that
@@ -191,15 +197,26 @@ type outcomePlaceholders struct {
 // on most requests, which set nothing else.
 const placeholderOutcome = placeholderPrefix + "_outcome"
 
-// publishPlaceholders makes the request's outcome readable as placeholders.
-func publishPlaceholders(repl *caddy.Replacer, req *request, keyer *dedup.Keyer) {
-	op := &req.placeholders
+// earlierOutcome is the outcomePlaceholders a handler registered on the
+// request before, if one did.
+func earlierOutcome(repl *caddy.Replacer) *outcomePlaceholders {
 	if v, ok := repl.Get(placeholderOutcome); ok {
-		op = v.(*outcomePlaceholders)
-	} else {
+		return v.(*outcomePlaceholders)
+	}
+	return nil
+}
+
+// publishPlaceholders makes the request's outcome readable as
+// placeholders, through earlier if a handler registered it on the
+// request before, and returns what answers them.
+func publishPlaceholders(repl *caddy.Replacer, req *request, keyer *dedup.Keyer, earlier *outcomePlaceholders) *outcomePlaceholders {
+	op := earlier
+	if op == nil {
+		op = &req.placeholders
 		repl.Map(op.get)
 	}
 	op.req, op.keyer = req, keyer
+	return op
 }
 
 // get is the value of placeholder key: a single ping's decision, reason and

@@ -37,15 +37,15 @@ type Ping struct {
 	Speed float64
 	// HasSpeed reports a ping that carried a speed.
 	HasSpeed bool
+	// assetAt and timeAt are the indexes in the parser's AssetPaths and
+	// TimePaths of the paths the asset id and time were read at, so that
+	// Validate names the field the sender filled.
+	assetAt, timeAt uint16 // beside HasSpeed: the three share a word
 	// setBack is, for a device time written in local time that its zone's
 	// clock passes twice (the hour it is set back), how much earlier the
 	// time's other reading is: Time is the later one, until AtServerClock
 	// tells them apart.
 	setBack time.Duration
-	// assetAt and timeAt are the indexes in the parser's AssetPaths and
-	// TimePaths of the paths the asset id and time were read at, so that
-	// Validate names the field the sender filled.
-	assetAt, timeAt uint16
 
 	// Event names what the ping reports besides its position (an alarm, a
 	// manual publish, a region transition); empty for a plain position. A
