@@ -1079,17 +1079,31 @@ func TestAnEmptyOptionValueIsAnError(t *testing.T) {
 	}
 }
 
-// A preset's batch wrapper beside encoding form is the conflict that
-// batch <path> beside encoding form is refused for ("a form ping is one
-// request"), but it loads: preset overland with encoding form answers
-// every Overland post (a JSON body) 400.
-func TestAPresetsBatchBesideEncodingFormIsAnError(t *testing.T) {
-	_, err := parse(t, "telemetry_dedup {\n\tpreset overland\n\tencoding form\n}")
-	if err == nil {
-		t.Fatal("preset overland with encoding form loaded: every Overland batch is then refused 400")
+// A preset whose senders post only JSON, beside encoding form, is refused
+// at its line: every post of theirs would be answered 400. Overland's
+// batches first (its wrapper is the conflict batch <path> beside encoding
+// form is refused for), then helper 2's finding: the OwnTracks apps post a
+// JSON object a request (Android's HttpMessageProcessorEndpoint.kt sends
+// application/json), Traccar's forwarder a JSON position
+// (PositionForwarderJson.java), and GeoJSON is JSON; with encoding form
+// they loaded, and OwnTracks Android then resent every location forever
+// at the head of its queue, iOS deleted each with an alert, and Traccar's
+// forwarder dropped every position. osmand, whose senders post form
+// fields, keeps encoding form.
+func TestAPresetWhoseSendersPostOnlyJSONRefusesEncodingForm(t *testing.T) {
+	for _, preset := range []string{"overland", "owntracks", "traccar", "geojson"} {
+		t.Run(preset, func(t *testing.T) {
+			_, err := parse(t, "telemetry_dedup {\n\tpreset "+preset+"\n\tencoding form\n}")
+			if err == nil {
+				t.Fatalf("preset %s with encoding form loaded: every post of its senders, a JSON body, is then refused 400", preset)
+			}
+			if !strings.Contains(err.Error(), "encoding") || !strings.Contains(err.Error(), "Testfile:3") {
+				t.Errorf("error %q does not name encoding at its line", err)
+			}
+		})
 	}
-	if !strings.Contains(err.Error(), "encoding") || !strings.Contains(err.Error(), "Testfile:3") {
-		t.Errorf("error %q does not name encoding at its line", err)
+	if _, err := parse(t, "telemetry_dedup {\n\tpreset osmand\n\tencoding form\n}"); err != nil {
+		t.Errorf("preset osmand with encoding form refused: %v", err)
 	}
 }
 

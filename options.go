@@ -283,6 +283,10 @@ func (h *Handler) resolveFormat(s *settings) error {
 		return &dedup.ConfigError{Option: "encoding", Problem: fmt.Sprintf("form reads no JSON body, and preset %s's senders post their pings as a JSON batch (%q): "+
 			"every one would be refused 400; remove encoding, or use encoding auto for senders of both", h.Preset, s.splitter.Wrapper)}
 	}
+	if s.encoding == encodingForm && h.Preset != "" && preset.Form == nil {
+		return &dedup.ConfigError{Option: "encoding", Problem: fmt.Sprintf("form reads no JSON body, and preset %s's senders post each ping as JSON: "+
+			"every one would be refused 400; remove encoding, or use encoding auto for senders of both", h.Preset)}
+	}
 	return nil
 }
 
