@@ -154,7 +154,14 @@ func (a *answers) writeDeadLettered(w http.ResponseWriter, r rejection) {
 	writeJSON(w, a.deadLettered.status, r.body)
 }
 
+// writeJSON answers status with body as JSON; a 204 (an operator's
+// dead_lettered answer) with none: it must not carry one (RFC 9110), and
+// OkHttp fails a 204 whose Content-Length is not 0.
 func writeJSON(w http.ResponseWriter, status int, body any) {
+	if status == http.StatusNoContent {
+		w.WriteHeader(status)
+		return
+	}
 	b, _ := json.Marshal(body) // structs of strings and numbers always marshal
 	b = append(b, '\n')
 	h := w.Header()

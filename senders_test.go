@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // Each preset's answers, and the answers option replacing them one by one.
@@ -82,6 +83,31 @@ func TestBodyAnswerIsWrittenAsGiven(t *testing.T) {
 	bodyAnswer{status: 200, contentType: "application/json", body: []byte(`{"result":"ok"}`), hasBody: true}.write(w)
 	if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" || w.Header().Get("Content-Length") != "15" || w.Body.String() != `{"result":"ok"}` {
 		t.Fatalf("wrote %d %v %q", w.Code, w.Header(), w.Body.String())
+	}
+}
+
+// A dead letter answered 204 without a body of its own carries no body
+// and no Content-Length: a 204 with a non-zero Content-Length is a
+// protocol error to OkHttp (the OwnTracks Android app's client), which
+// fails the call, and the app then resends the message forever. The
+// handler wrote its JSON report under the 204 (helper 2's finding).
+func TestADeadLetterAnswered204CarriesNoBody(t *testing.T) {
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(`{"answers":{"dead_lettered":{"status":204}}}`), h); err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rej, _ := rejectionFor(&ping.InvalidPingError{Field: "lat", Rule: ping.RuleRange})
+	w := httptest.NewRecorder()
+	s.answers.writeDeadLettered(w, rej)
+	if w.Code != http.StatusNoContent || w.Body.Len() != 0 || w.Header().Get("Content-Length") != "" || w.Header().Get("Content-Type") != "" {
+		t.Fatalf("answered %d with %v and %q; want 204 with no body, Content-Length or Content-Type", w.Code, w.Header(), w.Body)
+	}
+	if w.Header().Get(headerReason) != string(ping.RuleRange) {
+		t.Errorf("X-Dedup-Reason %q, want the rule %q", w.Header().Get(headerReason), ping.RuleRange)
 	}
 }
 
