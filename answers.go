@@ -154,11 +154,15 @@ func (a *answers) writeDeadLettered(w http.ResponseWriter, r rejection) {
 	writeJSON(w, a.deadLettered.status, r.body)
 }
 
-// writeJSON answers status with body as JSON; a 204 (an operator's
-// dead_lettered answer) with none: it must not carry one (RFC 9110), and
-// OkHttp fails a 204 whose Content-Length is not 0.
+// writeJSON answers status with body as JSON; a 204 or 205 (an
+// operator's dead_lettered answer) with none: neither carries one (RFC
+// 9110), and OkHttp fails either when its Content-Length is not 0.
 func writeJSON(w http.ResponseWriter, status int, body any) {
-	if status == http.StatusNoContent {
+	switch status {
+	case http.StatusResetContent:
+		w.Header().Set("Content-Length", "0") // how RFC 9110 would have a 205 say it holds nothing
+		fallthrough
+	case http.StatusNoContent: // which must not carry a Content-Length either
 		w.WriteHeader(status)
 		return
 	}

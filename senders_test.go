@@ -86,28 +86,31 @@ func TestBodyAnswerIsWrittenAsGiven(t *testing.T) {
 	}
 }
 
-// A dead letter answered 204 without a body of its own carries no body
-// and no Content-Length: a 204 with a non-zero Content-Length is a
-// protocol error to OkHttp (the OwnTracks Android app's client), which
-// fails the call, and the app then resends the message forever. The
-// handler wrote its JSON report under the 204 (helper 2's finding).
-func TestADeadLetterAnswered204CarriesNoBody(t *testing.T) {
-	h := new(Handler)
-	if err := json.Unmarshal([]byte(`{"answers":{"dead_lettered":{"status":204}}}`), h); err != nil {
-		t.Fatal(err)
-	}
-	s, err := h.resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rej, _ := rejectionFor(&ping.InvalidPingError{Field: "lat", Rule: ping.RuleRange})
-	w := httptest.NewRecorder()
-	s.answers.writeDeadLettered(w, rej)
-	if w.Code != http.StatusNoContent || w.Body.Len() != 0 || w.Header().Get("Content-Length") != "" || w.Header().Get("Content-Type") != "" {
-		t.Fatalf("answered %d with %v and %q; want 204 with no body, Content-Length or Content-Type", w.Code, w.Header(), w.Body)
-	}
-	if w.Header().Get(headerReason) != string(ping.RuleRange) {
-		t.Errorf("X-Dedup-Reason %q, want the rule %q", w.Header().Get(headerReason), ping.RuleRange)
+// A dead letter answered 204 or 205 without a body of its own carries no
+// body: either with a non-zero Content-Length is a protocol error to
+// OkHttp (the OwnTracks Android app's client), which fails the call, and
+// the app then resends the message forever. The handler wrote its JSON
+// report under them (helper 2's finding).
+func TestADeadLetterAnsweredWithoutContentCarriesNoBody(t *testing.T) {
+	for _, status := range []int{http.StatusNoContent, http.StatusResetContent} {
+		h := new(Handler)
+		if err := json.Unmarshal(fmt.Appendf(nil, `{"answers":{"dead_lettered":{"status":%d}}}`, status), h); err != nil {
+			t.Fatal(err)
+		}
+		s, err := h.resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rej, _ := rejectionFor(&ping.InvalidPingError{Field: "lat", Rule: ping.RuleRange})
+		w := httptest.NewRecorder()
+		s.answers.writeDeadLettered(w, rej)
+		length := map[int]string{http.StatusNoContent: "", http.StatusResetContent: "0"}[status] // a 204 has none (RFC 9110)
+		if w.Code != status || w.Body.Len() != 0 || w.Header().Get("Content-Length") != length || w.Header().Get("Content-Type") != "" {
+			t.Errorf("answered %d with %v and %q; want %d with no body or Content-Type, and Content-Length %q", w.Code, w.Header(), w.Body, status, length)
+		}
+		if w.Header().Get(headerReason) != string(ping.RuleRange) {
+			t.Errorf("%d: X-Dedup-Reason %q, want the rule %q", status, w.Header().Get(headerReason), ping.RuleRange)
+		}
 	}
 }
 
