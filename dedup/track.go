@@ -650,14 +650,15 @@ func (st *trackState) takeUndo(old *trackState, f fix) {
 
 // holds reports whether f is at the stay: within the radius of the anchor
 // (or of the fix's own uncertainty, which is no evidence of a move), not
-// reporting a speed of travel away from a settled stay, and close enough to
+// reporting a speed of travel away from a settled stay (a speed at the
+// very place of last is none: see at), and close enough to
 // last, the accepted ping the backend last heard of before f (the last
 // accepted ping, whatever it was; for a late ping, the stay's), whose
 // uncertainty is lastAccuracy, that the backend's picture stays true: a
 // suppressed fix of an asset under way never lies farther than LagFactor
 // radii from it.
 func (st *trackState) holds(f fix, pol *Policy, last trackPoint, lastAccuracy float64) bool {
-	if f.moving && st.stay.n >= settledFixes {
+	if f.moving && st.stay.n >= settledFixes && !f.at(last) {
 		return false
 	}
 	if f.distance2(st.stay.lat, st.stay.lon) > st.radius2(f, pol) {
@@ -798,6 +799,14 @@ func (st *trackState) couldBeOutlier(f fix, pol *Policy) bool {
 func (st *trackState) learnOutlier(d2 float64) {
 	st.stay.outlier2 = max(st.stay.outlier2, d2)
 }
+
+// at reports f at the very place of p, to the bit: a receiver without a
+// fix repeats its last one, speed and all (Traccar's OutdatedHandler
+// copies it into every status message that has none), and a fix that has
+// not moved by a centimetre is no departure, whatever speed it reports.
+// Taken for one, every third repeat of a fix taken under way began a stay
+// anew and was admitted, for as long as the tracker was without a fix.
+func (f fix) at(p trackPoint) bool { return f.lat == p.lat && f.lon == p.lon }
 
 // distance2 is the squared distance in metres from f to a position.
 func (f fix) distance2(lat, lon float64) float64 {

@@ -683,3 +683,56 @@ func TestTraccarStatusWithoutAFixIsJudgedAtItsOwnTime(t *testing.T) {
 		})
 	}
 }
+
+// A GT06-class tracker drives down into an underground car park at 5 m/s
+// (9.7 knots), loses GPS on the ramp, and parks there for 20 minutes
+// sending its status every 10 s. Traccar's OutdatedHandler copies the
+// last fix's coordinates, speed and fixTime into each such position, at
+// the message's own deviceTime (traccar/traccar,
+// src/main/java/org/traccar/handler/OutdatedHandler.java), and the
+// forwarder posts them as the traccar preset reads them. 120 repeats of
+// one point tell the backend nothing new: sliding should pass one a
+// window (4 here, with one for slack), session one a burst, as tumbling,
+// whose key is that one place, passes one a bucket. Through a real Caddy
+// the track shapes pass every third repeat (40 of 120) to Traccar: the
+// departure-by-speed rule takes each third repeat, at the very point of
+// the last accepted one, for a departure.
+func TestTraccarStatusRepeatsOfAFixTakenUnderWayAreNoDeparture(t *testing.T) {
+	start := base()
+	at := func(d time.Duration) string { return start.Add(d).Format("2006-01-02T15:04:05.000+00:00") }
+	position := func(fix, device time.Duration, lat float64, knots float64) []byte {
+		return fmt.Appendf(nil, `{"position":{"id":0,"attributes":{"ignition":true},"deviceId":7,"protocol":"gt06","fixTime":%q,"deviceTime":%q,`+
+			`"valid":true,"latitude":%.7f,"longitude":13.4049547,"speed":%.1f,"accuracy":0.0},"device":{"id":7,"uniqueId":"358240051111112"}}`,
+			at(fix), at(device), lat, knots)
+	}
+	for _, tc := range []struct {
+		shape string
+		most  int
+	}{{"tumbling", 5}, {"sliding", 5}, {"session", 5}} {
+		t.Run(tc.shape, func(t *testing.T) {
+			up := newUpstream(t)
+			answering(up, http.StatusOK, "", "")
+			tester := startCaddy(t, up, "preset traccar\n\t\tshape "+tc.shape)
+			// The drive in: a fix every 10 s, 50 m apart, at 9.7 knots.
+			lat := 52.5200087
+			var last time.Duration
+			for i := range 6 {
+				last = time.Duration(i) * 10 * time.Second
+				lat += 50.0 / 111_195
+				send(t, tester.Client, http.MethodPost, "", "application/json", position(last, last, lat, 9.7)).expect(t, http.StatusOK, "accepted")
+			}
+			sent := up.count()
+			for i := 1; i <= 120; i++ {
+				res := send(t, tester.Client, http.MethodPost, "", "application/json", position(last, last+time.Duration(i)*10*time.Second, lat, 9.7))
+				if res.status != http.StatusOK {
+					t.Fatalf("status %d: %d", i, res.status)
+				}
+			}
+			passed := up.count() - sent
+			t.Logf("%s: %d of 120 status repeats reached Traccar", tc.shape, passed)
+			if passed > tc.most {
+				t.Errorf("%s: %d of 120 status repeats of the last fix reached Traccar, want at most %d", tc.shape, passed, tc.most)
+			}
+		})
+	}
+}

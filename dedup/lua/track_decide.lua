@@ -224,7 +224,8 @@ end
 -- last: the accepted ping the backend last heard of before the fix (the
 -- last accepted one; for a late ping, the stay's), lastAcc its uncertainty
 local function holds(c, last, lastAcc)
-	if moving == 1 and c.n >= SETTLED then
+	-- a speed at the very place of last is a stale fix repeated: no departure
+	if moving == 1 and c.n >= SETTLED and (lat ~= last.lat or lon ~= last.lon) then
 		return false
 	end
 	if dist2(c.alat, c.alon) > radius2(c) then
