@@ -97,16 +97,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return noBlockError(d, previous, o.syntax)
 		}
 		previous = name
+		option, ok := caddyfileOption(name)
+		if !ok {
+			return d.Errf("unrecognized telemetry_dedup option %q%s; the options are %s", name, misplacedHandlerOption(name), strings.Join(caddyfileOptionNames(), ", "))
+		}
 		if at, seen := lines[name]; seen {
 			return d.Errf("%s already specified on line %d; give each option once", name, at.line)
 		}
 		lines[name] = optionAt{d.File(), d.Line()}
 		if name == "speed" {
 			lines["speed_unit"] = lines[name] // JSON's speed_unit is written on the speed line
-		}
-		option, ok := caddyfileOption(name)
-		if !ok {
-			return d.Errf("unrecognized telemetry_dedup option %q; the options are %s", name, strings.Join(caddyfileOptionNames(), ", "))
 		}
 		if err := option.parse(h, d); err != nil {
 			return withSyntax(d, err, name, option.syntax)
@@ -116,6 +116,29 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return optionError(d, lines, err)
 	}
 	return nil
+}
+
+// misplacedHandlerOption says where an option the telemetry_dedup block
+// does not know goes, if it belongs to another block: "" if it does not.
+func misplacedHandlerOption(name string) string {
+	switch {
+	case name == "speed_unit":
+		return " (JSON's speed_unit): the unit goes on the speed line, speed <json path> km/h"
+	case name == "max_keys":
+		return ": it is the memory store's, store memory { max_keys <n> }"
+	case slices.Contains(redisOptionNames, name):
+		return fmt.Sprintf(": it is the redis store's, store redis [<url>] { %s ... }", name)
+	}
+	return ""
+}
+
+// optionOfHandler is the error of an option a store's block does not know
+// that is telemetry_dedup's own, saying where it goes; nil for any other.
+func optionOfHandler(d *caddyfile.Dispenser, store, name string) error {
+	if _, ok := caddyfileOption(name); !ok {
+		return nil
+	}
+	return d.Errf("%s is a telemetry_dedup option, not the %s store's: write it in the telemetry_dedup block, beside store", name, store)
 }
 
 // option is one subdirective of the telemetry_dedup block: its name, its
@@ -292,6 +315,10 @@ func (h *Handler) unmarshalAnswers(d *caddyfile.Dispenser) error {
 					"(OwnTracks Android resends a 503 with Retry-After: 0 at once)", args[1])
 			}
 		case len(args) >= 2:
+			if args[1] == "" {
+				return d.Errf("answer %s: the content type is empty (a quoted {$VARIABLE} that is not set?); give one, such as application/json, "+
+					"or leave out the content type and the body", kind)
+			}
 			a.ContentType = args[1]
 			if len(args) == 3 {
 				a.Body = &args[2]

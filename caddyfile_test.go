@@ -1181,3 +1181,133 @@ func TestKeyPrefixInTwoWordsNamesKeyPrefix(t *testing.T) {
 		t.Errorf("error %q names the value fleet: as the option", err)
 	}
 }
+
+// An option written one block off (a store's timeout, max_keys or
+// password beside store instead of in its block, near_cache inside the
+// store's block)
+// is "unrecognized", followed by the list of the block's options, which
+// does not hold it: the line is named, the fix is not. Each error should
+// say the block the option belongs in.
+func TestAnOptionWrittenOneBlockOffSaysWhereItGoes(t *testing.T) {
+	for _, tt := range []struct{ input, want string }{
+		{"telemetry_dedup {\n\tstore redis redis://a\n\ttimeout 50ms\n}", "store redis"},
+		{"telemetry_dedup {\n\tmax_keys 1000000\n}", "store memory"},
+		{"telemetry_dedup {\n\tstore redis redis://a\n\tpassword {env.REDIS_PASSWORD}\n}", "store redis"},
+		{"telemetry_dedup {\n\tstore redis redis://a {\n\t\tnear_cache 1000\n\t}\n}", "telemetry_dedup"},
+	} {
+		_, err := parse(t, tt.input)
+		if err == nil {
+			t.Errorf("%q loaded", tt.input)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: error %q names the line but not where the option goes (%q)", tt.input, err, tt.want)
+		}
+	}
+}
+
+// JSON's speed_unit written as a Caddyfile option after speed (the README
+// names both fields) is refused as a repeat: "speed_unit already specified
+// on line 2; give each option once", for an option written once, on a line
+// that holds none of that name. The parser files the speed line under
+// speed_unit too, to report JSON's speed_unit errors there, and the
+// duplicate check finds it. It should say that the unit goes on the speed
+// line (speed vel km/h), as it does, if less helpfully, without speed.
+func TestSpeedUnitAfterSpeedIsNotCalledARepeat(t *testing.T) {
+	_, err := parse(t, "telemetry_dedup {\n\tspeed vel\n\tspeed_unit km/h\n}")
+	if err == nil {
+		t.Fatal("speed_unit loaded")
+	}
+	if strings.Contains(err.Error(), "already specified") {
+		t.Errorf("error %q says speed_unit was given twice; it was written once, and the unit goes on the speed line", err)
+	}
+	if !strings.Contains(err.Error(), "Testfile:3") {
+		t.Errorf("error %q does not name line 3", err)
+	}
+}
+
+// Guard: the default column of the README's options table is what an
+// option left out resolves to, for the defaults TestCaddyfileDefaults does
+// not hold to the README (dead letters, batches, stuck detection, the
+// clock bounds, the near cache, the answers, a preset's encoding and
+// batch).
+func TestTheOptionsTableDefaultsAreWhatAnOptionLeftOutGets(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolved := func(block string) settings {
+		t.Helper()
+		h, err := parse(t, "telemetry_dedup {\n"+block+"\n}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := h.resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s, osmand, overland := resolved(""), resolved("preset osmand"), resolved("preset overland")
+	nearCache := func(store any) int { return new(Handler).nearCacheSize(store) }
+	for _, tt := range []struct {
+		option, stated string // the table's default column holds stated
+		holds          bool
+	}{
+		{"dead_letter_stream", "`<key_prefix>dead_letter`", s.deadLetterStream == "dedup:dead_letter"},
+		{"dead_letter_maxlen", "`100000`", s.deadLetterMaxLen == 100000},
+		{"max_batch", "`1000`", s.maxBatch == 1000 && s.splitter.Max == 1000},
+		{"max_future", "`5m`", s.parser.MaxFuture == 5*time.Minute && s.formParser.MaxFuture == 5*time.Minute},
+		{"max_past", "`365d`", s.parser.MaxPast == 365*24*time.Hour},
+		{"null_island", "`reject`", !s.parser.AllowNullIsland},
+		{"stuck_ratio", "`0.95`", s.stuckRatio == 0.95},
+		{"stuck_after", "3 × `window`", s.stuckAfter == 15*time.Minute && resolved("window 1m").stuckAfter == 3*time.Minute},
+		{"stuck_track", "`10000`", s.stuckTrack == 10000},
+		{"near_cache", "`100000` with `store redis`, off with `memory`", nearCache(&RedisStore{}) == 100000 && nearCache(&MemoryStore{}) == 0},
+		{"encoding", "`json`; `auto` with `preset osmand`", s.encoding == encodingJSON && osmand.encoding == encodingAuto},
+		{"batch", "`locations` with `preset overland`, else none", s.splitter.Wrapper == "" && overland.splitter.Wrapper == "locations"},
+		{"answers", "else `suppressed 200`, `in_flight 409 1`, `dead_lettered 202`", s.answers.suppressed.status == 200 && !s.answers.suppressed.hasBody &&
+			s.answers.inFlight == retryAnswer{status: 409, retryAfter: "1"} && s.answers.deadLettered.status == 202 && !s.answers.deadLettered.hasBody},
+		{"ttl", "`6h30m`", s.policy.TTL == 6*time.Hour+30*time.Minute && resolved("window 7h").policy.TTL == 7*time.Hour},
+	} {
+		row := regexp.MustCompile("(?m)^\\| `" + tt.option + "` \\| ([^|]*) \\|").FindSubmatch(readme)
+		if row == nil {
+			t.Errorf("README's options table has no row for %s", tt.option)
+			continue
+		}
+		if !strings.Contains(string(row[1]), tt.stated) {
+			t.Errorf("README's %s row gives the default %q, not %q", tt.option, row[1], tt.stated)
+		}
+		if !tt.holds {
+			t.Errorf("%s left out does not resolve to the README's default %s", tt.option, tt.stated)
+		}
+	}
+}
+
+// Guard: Caddyfile.example's handler, as caddy adapt writes it, provisions
+// (its store loaded, its metrics registered) in process, without the
+// xcaddy build that integration's test of the example needs (skipped with
+// -short).
+func TestTheExamplesHandlerProvisions(t *testing.T) {
+	src, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil || len(warnings) > 0 {
+		t.Fatalf("adapt: %v %v", err, warnings)
+	}
+	h := new(Handler)
+	if err := json.Unmarshal(findHandler(t, out), h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("Caddyfile.example's handler does not provision: %v", err)
+	}
+	defer h.Cleanup()
+	if h.deduper == nil || h.deduper.Store == nil {
+		t.Fatal("provisioned without a store")
+	}
+}

@@ -61,13 +61,13 @@ Both read pings with the same paths and presets as the directive.`,
 // as flags: what both commands need.
 func pingFlags(fs *pflag.FlagSet) {
 	fs.String("preset", "", "tracker format: owntracks, overland, osmand, traccar or geojson")
-	fs.StringSlice("asset", nil, "JSON path(s) of the asset id (default asset_id)")
-	fs.StringSlice("time", nil, "JSON path(s) of the device timestamp (default occurred_at)")
-	fs.String("time-format", "", "auto, rfc3339, unix or unix_ms (default auto)")
+	fs.StringSlice("asset", nil, "JSON path(s) of the asset id (default the preset's, else asset_id)")
+	fs.StringSlice("time", nil, "JSON path(s) of the device timestamp (default the preset's, else occurred_at)")
+	fs.String("time-format", "", "auto, rfc3339, unix or unix_ms (default the preset's, else auto)")
 	fs.String("time-zone", "", "IANA zone of timestamps written without an offset, as time_zone")
 	fs.String("encoding", "", "json, form or auto, as encoding (a form ping is a query string, a form body or a whole URL)")
-	fs.String("lat", "", "JSON path of the latitude (default lat)")
-	fs.String("lon", "", "JSON path of the longitude (default lon)")
+	fs.String("lat", "", "JSON path of the latitude (default the preset's, else lat)")
+	fs.String("lon", "", "JSON path of the longitude (default the preset's, else lon)")
 	fs.String("crs", "", "coordinate system: EPSG:4326, EPSG:3857, EPSG:326xx, EPSG:327xx")
 	fs.String("shape", "", "tumbling, sliding or session (default tumbling)")
 	fs.String("null-island", "reject", "reject or allow the position (0, 0), as null_island")
@@ -104,13 +104,24 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 // at fault (--radius, not radius) when the directive's option has one.
 func resolveFlags(fs caddycmd.Flags, h *Handler) (settings, error) {
 	s, err := h.resolve()
+	return s, namingFlag(fs, err)
+}
+
+// namingFlag names the flag at fault in a directive option's error: the
+// option's own (--radius, not radius), or the list of candidates it was
+// one of (--windows for a window), when that flag was given.
+func namingFlag(fs caddycmd.Flags, err error) error {
 	var ce *dedup.ConfigError
-	if errors.As(err, &ce) {
-		if f := fs.Lookup(strings.ReplaceAll(ce.Option, "_", "-")); f != nil && f.Changed {
-			return s, fmt.Errorf("--%s %s: %s", f.Name, f.Value, ce.Problem)
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name := strings.ReplaceAll(ce.Option, "_", "-")
+	for _, flag := range []string{name, name + "s"} {
+		if f := fs.Lookup(flag); f != nil && f.Changed {
+			return fmt.Errorf("--%s %s: %s", f.Name, f.Value, ce.Problem)
 		}
 	}
-	return s, err
+	return err
 }
 
 // readListFlags sets each list option whose flag was given; a flag not
@@ -347,7 +358,7 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 	}
 	report, err := analyze.Analyze(in, opts)
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return caddy.ExitCodeFailedStartup, namingFlag(fs, err)
 	}
 	if report.Pings == 0 {
 		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0)

@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/uber/h3-go/v4"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/analyze"
@@ -615,6 +618,105 @@ func TestAnalyzeRefusesReportedFieldFlagsAsTheDirective(t *testing.T) {
 		_, err := runAnalyzeCmd(t, articlePing+"\n", append(tc.flags, "-")...)
 		if want := tc.flags[0] + " " + tc.flags[1]; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%v: got %v, want an error naming %s", tc.flags, err, want)
+		}
+	}
+}
+
+// The README says which of analyze's ping-reading flags key takes: all
+// but those it names. key had no --accuracy, --speed or --speed-unit,
+// while the README said it took all but --batch: an operator who copied
+// an analyze invocation to look up one ping's key was told "unknown flag"
+// (helper 3's finding). Each flag the README lists is either key's or
+// named as not taken.
+func TestKeyCommandTakesAnalyzesPingReadingFlagsTheREADMESays(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := regexp.MustCompile("(?s)It reads pings with the directive's paths and presets \\((.*?)\\), one request body a line").FindSubmatch(readme)
+	if list == nil {
+		t.Fatal("README's analyze section no longer lists its ping-reading flags")
+	}
+	but := regexp.MustCompile("(?s)with `analyze`'s\\s+ping-reading flags but (.*?) \\(none of them enters a key\\)").FindSubmatch(readme)
+	if but == nil {
+		t.Fatal("README's key section no longer says which of analyze's ping-reading flags it leaves out")
+	}
+	flagsOf := func(text []byte) []string {
+		var names []string
+		for _, f := range regexp.MustCompile("`--([a-z-]+)`").FindAllSubmatch(text, -1) {
+			names = append(names, string(f[1]))
+		}
+		return names
+	}
+	flags, notTaken := flagsOf(list[1]), flagsOf(but[1])
+	if len(flags) < 10 || len(notTaken) == 0 {
+		t.Fatalf("found %d flags in %q and %d left out in %q", len(flags), list[1], len(notTaken), but[1])
+	}
+	key, analyzeCmd := keyCommand(), analyzeCommand()
+	for _, name := range flags {
+		if analyzeCmd.Flags().Lookup(name) == nil {
+			t.Errorf("README lists --%s among analyze's ping-reading flags, and analyze has no such flag", name)
+		}
+		if taken := key.Flags().Lookup(name) != nil; taken == slices.Contains(notTaken, name) {
+			t.Errorf("README says key takes --%s: %v; key has it: %v", name, !slices.Contains(notTaken, name), taken)
+		}
+	}
+}
+
+// Guard: every flag of analyze is named in the README's section on it,
+// and every flag of key in its own section or among the ping-reading flags
+// of analyze's that it says key takes; a flag added without a word in the
+// README would be found only by --help.
+func TestREADMENamesEveryFlagOfTheSubcommands(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := func(title string) string {
+		_, s, ok := strings.Cut(string(readme), "\n### "+title)
+		if !ok {
+			t.Fatalf("README has no section ### %s", title)
+		}
+		s, _, _ = strings.Cut(s, "\n### ")
+		return s
+	}
+	analyzeDoc := section("Sizing from your own traffic: `caddy telemetry-dedup analyze`")
+	keyDoc := section("Debugging one key: `caddy telemetry-dedup key`")
+	for _, tt := range []struct {
+		command string
+		flags   *pflag.FlagSet
+		doc     string
+	}{
+		{"analyze", analyzeCommand().Flags(), analyzeDoc},
+		{"key", keyCommand().Flags(), keyDoc + analyzeDoc},
+	} {
+		tt.flags.VisitAll(func(f *pflag.Flag) {
+			if !regexp.MustCompile("`--" + regexp.QuoteMeta(f.Name) + "[` ]").MatchString(tt.doc) {
+				t.Errorf("README does not name %s --%s (%s)", tt.command, f.Name, f.Usage)
+			}
+		})
+	}
+}
+
+// analyze names the flag at fault when the directive's check refuses a
+// value (resolveFlags: "--radius, not radius"), but not for its candidate
+// lists and its ladder, which are checked later: --windows 0s is refused
+// as "window: 0s is not a whole number of seconds ...", --resolutions 16 as
+// "resolution: 16 ...", --retry-ladder "5m 1m" as "retry_ladder: ...",
+// options of a site the command was never given.
+func TestAnalyzeNamesTheListFlagAtFault(t *testing.T) {
+	for _, flags := range [][]string{
+		{"--windows", "1m,0s"},
+		{"--resolutions", "12,16"},
+		{"--retry-ladder", "5m 1m"},
+	} {
+		_, err := runAnalyzeCmd(t, articlePing+"\n", append(flags, "-")...)
+		if err == nil {
+			t.Errorf("%s %s: no error", flags[0], flags[1])
+			continue
+		}
+		if !strings.Contains(err.Error(), flags[0]) {
+			t.Errorf("%s %s: error %q does not name %s", flags[0], flags[1], err, flags[0])
 		}
 	}
 }

@@ -369,13 +369,23 @@ func (s *settings) claimFailedLine() string {
 // contentType is a request's media type as sent, without its parameters.
 type contentType string
 
-func contentTypeOf(r *http.Request) contentType {
-	v, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";")
+func contentTypeOf(r *http.Request) contentType { return mediaType(r.Header.Get("Content-Type")) }
+
+// mediaType is the media type of a Content-Type value, without its
+// parameters.
+func mediaType(value string) contentType {
+	v, _, _ := strings.Cut(value, ";")
 	return contentType(strings.TrimSpace(v))
 }
 
 // is compares media types as RFC 9110 does: case-insensitively.
 func (ct contentType) is(mediaType string) bool { return strings.EqualFold(string(ct), mediaType) }
+
+// json reports a JSON body: application/json, or any type with the +json
+// suffix (RFC 6839).
+func (ct contentType) json() bool {
+	return ct.is("application/json") || len(ct) > len("+json") && strings.EqualFold(string(ct[len(ct)-len("+json"):]), "+json")
+}
 
 // ndjson reports a newline-delimited JSON body: a batch, one ping a line.
 func (ct contentType) ndjson() bool {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,164 @@ func TestStoreCountersNeverDropWhileAConnectionCloses(t *testing.T) {
 	}
 	if lowest < before.roundTrips {
 		t.Fatalf("redis_round_trips_total went from %d down to %d while the connection closed", before.roundTrips, lowest)
+	}
+}
+
+// Guard: the README's Metrics table names every metric the module exports,
+// with its type and labels, and no other; and its Placeholders table every
+// placeholder the handler answers, and no other. The dashboard is held to
+// the exported names (TestDashboardUsesOnlyExportedMetrics), the README
+// was not: a metric renamed or a label added would leave its row wrong.
+func TestREADMEMetricsAndPlaceholdersAreTheCodes(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	metrics.decisions.WithLabelValues("accepted", "")
+	metrics.storeDuration.WithLabelValues("memory", "decide")
+	metrics.storeErrors.WithLabelValues("memory", "decide")
+	metrics.releases.WithLabelValues("released")
+	metrics.breakerTransitions.WithLabelValues("open")
+	metrics.reconciled.WithLabelValues("released")
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]string{} // name -> "type labels"
+	for _, f := range families {
+		var labels []string
+		if len(f.GetMetric()) > 0 {
+			for _, l := range f.GetMetric()[0].GetLabel() {
+				labels = append(labels, l.GetName())
+			}
+		}
+		slices.Sort(labels)
+		exported[f.GetName()] = strings.ToLower(f.GetType().String()) + " " + strings.Join(labels, ",")
+	}
+	section := readmeSection(t, "Operations")
+	documented := map[string]string{}
+	for _, row := range regexp.MustCompile("(?m)^\\| `(caddy_telemetry_dedup_[a-z_]+)` \\| ([a-z]+) \\|([^|]*)\\|").FindAllStringSubmatch(section, -1) {
+		var labels []string
+		for _, l := range regexp.MustCompile("`([a-z_]+)`").FindAllStringSubmatch(row[3], -1) {
+			labels = append(labels, l[1])
+		}
+		slices.Sort(labels)
+		documented[row[1]] = row[2] + " " + strings.Join(labels, ",")
+	}
+	for name, want := range exported {
+		if got, ok := documented[name]; !ok {
+			t.Errorf("README's Metrics table has no row for %s (%s)", name, want)
+		} else if got != want {
+			t.Errorf("README's Metrics table gives %s as %q; the module exports %q", name, got, want)
+		}
+	}
+	for name := range documented {
+		if _, ok := exported[name]; !ok {
+			t.Errorf("README's Metrics table lists %s, which the module does not export", name)
+		}
+	}
+
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, placeholders, _ := strings.Cut(string(readme), "\n### Placeholders and logs\n")
+	placeholders, _, _ = strings.Cut(placeholders, "\n### ")
+	var named []string
+	for _, row := range regexp.MustCompile("(?m)^\\| (`\\{http\\.telemetry_dedup\\.[^|]*) \\|").FindAllStringSubmatch(placeholders, -1) {
+		for _, m := range regexp.MustCompile("`\\{(http\\.telemetry_dedup\\.[a-z_]+)\\}`|`\\.([a-z_]+)`").FindAllStringSubmatch(row[1], -1) {
+			if m[1] != "" {
+				named = append(named, m[1])
+			} else {
+				named = append(named, placeholderPrefix+m[2])
+			}
+		}
+	}
+	slices.Sort(named)
+	code := slices.Clone(placeholderNames)
+	slices.Sort(code)
+	if !slices.Equal(named, code) {
+		t.Errorf("README's Placeholders table names %q; the handler answers %q", named, code)
+	}
+}
+
+// Guard: every label a dashboard query groups or filters by, and every
+// label its legend shows, is a label of a metric that query reads (le for
+// a histogram's buckets). TestDashboardUsesOnlyExportedMetrics holds the
+// metric names; a label misspelt (by (outcomes), {results="hit"}) would
+// leave a panel empty or its legend blank just the same.
+func TestDashboardQueriesOnlyLabelsTheirMetricsHave(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	metrics.decisions.WithLabelValues("accepted", "")
+	metrics.storeDuration.WithLabelValues("memory", "decide")
+	metrics.storeErrors.WithLabelValues("memory", "decide")
+	metrics.releases.WithLabelValues("released")
+	metrics.breakerTransitions.WithLabelValues("open")
+	metrics.reconciled.WithLabelValues("released")
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labelsOf := map[string][]string{}
+	for _, f := range families {
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			labelsOf[f.GetName()] = append(labelsOf[f.GetName()], l.GetName())
+		}
+		if f.GetType().String() == "HISTOGRAM" {
+			labelsOf[f.GetName()+"_bucket"] = append(slices.Clone(labelsOf[f.GetName()]), "le")
+		}
+	}
+	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr         string `json:"expr"`
+				LegendFormat string `json:"legendFormat"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	metricName := regexp.MustCompile(`caddy_telemetry_dedup_[a-z_]+`)
+	grouped := regexp.MustCompile(`by \(([a-z_, ]+)\)`)
+	matched := regexp.MustCompile(`([a-z_]+)\s*(?:=~|!=|!~|=)\s*"`)
+	legend := regexp.MustCompile(`\{\{\s*([a-z_]+)\s*\}\}`)
+	checked := 0
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			var have []string
+			for _, m := range metricName.FindAllString(q.Expr, -1) {
+				have = append(have, labelsOf[m]...)
+			}
+			var used []string
+			for _, g := range grouped.FindAllStringSubmatch(q.Expr, -1) {
+				for _, l := range strings.Split(g[1], ",") {
+					used = append(used, strings.TrimSpace(l))
+				}
+			}
+			for _, m := range matched.FindAllStringSubmatch(q.Expr, -1) {
+				used = append(used, m[1])
+			}
+			for _, m := range legend.FindAllStringSubmatch(q.LegendFormat, -1) {
+				used = append(used, m[1])
+			}
+			for _, l := range used {
+				checked++
+				if !slices.Contains(have, l) {
+					t.Errorf("panel %q: %q uses the label %s, which none of its metrics has (%v)", p.Title, q.Expr, l, have)
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("checked only %d labels: the dashboard's queries are no longer read", checked)
 	}
 }

@@ -215,7 +215,7 @@ type Handler struct {
 
 	// How long a claim whose request is still waiting for its upstream
 	// makes exact redeliveries wait (the in_flight answer: 409, or 503 with
-	// a preset). After this the claim counts as
+	// a preset other than geojson). After this the claim counts as
 	// settled even if its request vanished. The upstream request is cut
 	// at in_flight_timeout less the store's timeout and 100ms after the
 	// claim (and when Caddy exits past its grace_period), and the claim
@@ -245,11 +245,12 @@ type Handler struct {
 	DeadLetterMaxLen int64 `json:"dead_letter_maxlen,omitempty"`
 
 	// Largest request body read, in bytes; larger ones are answered 413.
-	// Default: 1048576 (1 MiB).
+	// At least 64, and with preset owntracks at least 262144 (256 KiB, its
+	// largest messages). Default: 1048576 (1 MiB).
 	MaxBody int64 `json:"max_body,omitempty"`
 
 	// Most pings in one batch body (a JSON array, or NDJSON); more are
-	// answered 413. Default: 1000.
+	// answered 413. At most 65536. Default: 1000.
 	MaxBatch int `json:"max_batch,omitempty"`
 
 	// How far ahead of the server clock a device time may be. Later pings

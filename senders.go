@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -192,6 +193,13 @@ func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 			"sent as application/json; give a body too, or drop the content type", a.ContentType)
 	case a.Body != nil && *a.Body != "" && (a.Status == http.StatusNoContent || a.Status == http.StatusResetContent):
 		return bodyAnswer{}, answerError(kind, "status %d carries no body; drop the body or use 200", a.Status)
+	case mediaType(a.ContentType).json() && (a.Body == nil || !json.Valid([]byte(*a.Body))):
+		body := "is missing"
+		if a.Body != nil {
+			body = fmt.Sprintf("%q is not JSON", *a.Body)
+		}
+		return bodyAnswer{}, answerError(kind, "content type %s says JSON, and the body %s: a client that reads the answer would not take it "+
+			"for delivered (OwnTracks Android wants [], Overland {\"result\":\"ok\"}) and resend the ping; give a JSON body, or another content type", a.ContentType, body)
 	}
 	b := bodyAnswer{status: a.Status, contentType: a.ContentType, hasBody: a.Body != nil}
 	if b.hasBody {

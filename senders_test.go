@@ -317,3 +317,54 @@ func TestOwnTracksPingsOfAParkedPhoneReachTheBackend(t *testing.T) {
 		})
 	}
 }
+
+// The README: "A value written `""`, or a quoted `{$VARIABLE}` that is not
+// set, is refused with its line rather than read as left out". An answer's
+// content type written "" (answers { suppressed 200 "{$ANSWER_TYPE}"
+// `{"result":"ok"}` } with the variable unset) is read as left out: the
+// answer goes without a Content-Type, and Overland, which counts as
+// delivered only a JSON-typed {"result":"ok"} (README, Senders), resends
+// the batch forever.
+func TestAnEmptyAnswerContentTypeIsRefused(t *testing.T) {
+	for _, kind := range []string{"suppressed", "dead_lettered"} {
+		input := "telemetry_dedup {\n\tpreset overland\n\tanswers {\n\t\t" + kind + " 200 \"\" `{\"result\":\"ok\"}`\n\t}\n}"
+		if kind == "dead_lettered" {
+			input = strings.Replace(input, " 200 ", " 202 ", 1)
+		}
+		_, err := parse(t, input)
+		if err == nil {
+			t.Errorf("answers { %s <status> \"\" <body> } loaded: the answer goes without a Content-Type, as if the type were left out", kind)
+			continue
+		}
+		if !strings.Contains(err.Error(), "Testfile:4") {
+			t.Errorf("%s with an empty content type: error %q does not name line 4", kind, err)
+		}
+	}
+}
+
+// An answer the handler gives itself typed application/json goes out with
+// whatever body the line has: none (suppressed 200 application/json, the
+// [] forgotten) or JSON cut short by a typo. The README's Senders table
+// says what that does: OwnTracks Android 2.5.7-2.5.9 retries "a 2xx with
+// an empty or other body: forever, at the head of its queue", and Overland
+// counts as delivered only a JSON object with "result":"ok", resending the
+// batch otherwise. The answers are checked so that a sender does not
+// resend forever (a suppressed answer that is not a 2xx is refused for
+// that); a JSON answer that is not JSON does the same and loads.
+func TestAJSONAnswerWithoutAJSONBodyIsRefused(t *testing.T) {
+	for _, tt := range []struct{ preset, line string }{
+		{"owntracks", "suppressed 200 application/json"},
+		{"overland", "suppressed 200 application/json `{\"result\":\"ok\"`"},
+		{"owntracks", "dead_lettered 202 application/json `[`"},
+	} {
+		input := "telemetry_dedup {\n\tpreset " + tt.preset + "\n\tanswers {\n\t\t" + tt.line + "\n\t}\n}"
+		_, err := parse(t, input)
+		if err == nil {
+			t.Errorf("preset %s, answers { %s } loaded: the answer is typed JSON and its body is not JSON", tt.preset, tt.line)
+			continue
+		}
+		if !strings.Contains(err.Error(), "Testfile:4") {
+			t.Errorf("%s: error %q does not name line 4", tt.line, err)
+		}
+	}
+}

@@ -104,6 +104,9 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.MaxKeys = n
 		default:
+			if err := optionOfHandler(d, "memory", d.Val()); err != nil {
+				return err
+			}
 			return d.Errf("unrecognized store memory option %q; the memory store takes max_keys", d.Val())
 		}
 	}

@@ -535,12 +535,17 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "breaker_cooldown":
 		return positiveDurationArg(d, &r.BreakerCooldown)
 	default:
-		return d.Errf("unrecognized store redis option %q; the options are addresses, cluster, master, username, password, "+
-			"sentinel_username, sentinel_password, db, tls, timeout, dial_timeout, read_timeout, write_timeout, pool_size, "+
-			"breaker_failures and breaker_cooldown", option)
+		if err := optionOfHandler(d, "redis", option); err != nil {
+			return err
+		}
+		return d.Errf("unrecognized store redis option %q; the options are %s", option, strings.Join(redisOptionNames, ", "))
 	}
 	return nil
 }
+
+// redisOptionNames are the options of the store redis block.
+var redisOptionNames = []string{"addresses", "cluster", "master", "username", "password", "sentinel_username", "sentinel_password",
+	"db", "tls", "timeout", "dial_timeout", "read_timeout", "write_timeout", "pool_size", "breaker_failures", "breaker_cooldown"}
 
 // tlsOptionSyntax is how each one-value option of the tls block is written.
 var tlsOptionSyntax = map[string]string{"ca": "<pem file>", "cert": "<pem file>", "key": "<pem file>", "server_name": "<name>"}
