@@ -633,11 +633,11 @@ func TestKeyCommandTakesAnalyzesPingReadingFlagsTheREADMESays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	list := regexp.MustCompile("(?s)It reads pings with the directive's paths and presets \\((.*?)\\), one request body a line").FindSubmatch(readme)
+	list := regexp.MustCompile(`(?s)It reads pings with the directive's paths and presets \((.*?)\), one request body a line`).FindSubmatch(readme)
 	if list == nil {
 		t.Fatal("README's analyze section no longer lists its ping-reading flags")
 	}
-	but := regexp.MustCompile("(?s)with `analyze`'s\\s+ping-reading flags but (.*?) \\(none of them enters a key\\)").FindSubmatch(readme)
+	but := regexp.MustCompile("(?s)with `analyze`'s" + `\s+ping-reading flags but (.*?) \(none of them enters a key\)`).FindSubmatch(readme)
 	if but == nil {
 		t.Fatal("README's key section no longer says which of analyze's ping-reading flags it leaves out")
 	}

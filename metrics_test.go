@@ -12,31 +12,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
-// exportedMetricNames registers the module's collectors into a fresh
-// registry and returns the names it exposes.
+// exportedMetricNames returns the names the module's collectors expose.
 func exportedMetricNames(t *testing.T) map[string]bool {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := registerMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
-	// Vectors only show up once a series exists.
-	metrics.decisions.WithLabelValues("accepted", "")
-	metrics.storeDuration.WithLabelValues("memory", "decide")
-	metrics.storeErrors.WithLabelValues("memory", "decide")
-	metrics.releases.WithLabelValues("released")
-	metrics.breakerTransitions.WithLabelValues("open")
-	metrics.reconciled.WithLabelValues("released")
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	names := map[string]bool{}
-	for _, f := range families {
+	for _, f := range everyMetric(t) {
 		names[f.GetName()] = true
 	}
 	return names
@@ -167,20 +152,7 @@ func TestStoreCountersNeverDropWhileAConnectionCloses(t *testing.T) {
 // the exported names (TestDashboardUsesOnlyExportedMetrics), the README
 // was not: a metric renamed or a label added would leave its row wrong.
 func TestREADMEMetricsAndPlaceholdersAreTheCodes(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	if err := registerMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
-	metrics.decisions.WithLabelValues("accepted", "")
-	metrics.storeDuration.WithLabelValues("memory", "decide")
-	metrics.storeErrors.WithLabelValues("memory", "decide")
-	metrics.releases.WithLabelValues("released")
-	metrics.breakerTransitions.WithLabelValues("open")
-	metrics.reconciled.WithLabelValues("released")
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := everyMetric(t)
 	exported := map[string]string{} // name -> "type labels"
 	for _, f := range families {
 		var labels []string
@@ -245,20 +217,7 @@ func TestREADMEMetricsAndPlaceholdersAreTheCodes(t *testing.T) {
 // metric names; a label misspelt (by (outcomes), {results="hit"}) would
 // leave a panel empty or its legend blank just the same.
 func TestDashboardQueriesOnlyLabelsTheirMetricsHave(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	if err := registerMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
-	metrics.decisions.WithLabelValues("accepted", "")
-	metrics.storeDuration.WithLabelValues("memory", "decide")
-	metrics.storeErrors.WithLabelValues("memory", "decide")
-	metrics.releases.WithLabelValues("released")
-	metrics.breakerTransitions.WithLabelValues("open")
-	metrics.reconciled.WithLabelValues("released")
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := everyMetric(t)
 	labelsOf := map[string][]string{}
 	for _, f := range families {
 		for _, l := range f.GetMetric()[0].GetLabel() {
@@ -318,4 +277,26 @@ func TestDashboardQueriesOnlyLabelsTheirMetricsHave(t *testing.T) {
 	if checked < 10 {
 		t.Fatalf("checked only %d labels: the dashboard's queries are no longer read", checked)
 	}
+}
+
+// everyMetric registers the module's collectors into a fresh registry and
+// gathers them, each vector with one series: vectors only show up, with
+// their labels, once a series exists.
+func everyMetric(t *testing.T) []*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	metrics.decisions.WithLabelValues("accepted", "")
+	metrics.storeDuration.WithLabelValues("memory", "decide")
+	metrics.storeErrors.WithLabelValues("memory", "decide")
+	metrics.releases.WithLabelValues("released")
+	metrics.breakerTransitions.WithLabelValues("open")
+	metrics.reconciled.WithLabelValues("released")
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
 }

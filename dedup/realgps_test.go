@@ -8,7 +8,9 @@ import (
 
 // gpsFix is one fix of a scripted sender: its device time, where the
 // asset truly is and where the fix says it is (metres east and north of
-// the parked spot), what else the fix reports, and whether the asset moves.
+// the parked spot), what else the fix reports, and whether the asset
+// moves; and, where a script sets them, the asset (when another than the
+// test's) and how far the server clock is ahead of the device's, in s.
 type gpsFix struct {
 	sec        float64
 	tx, ty     float64
@@ -16,6 +18,8 @@ type gpsFix struct {
 	acc, speed float64
 	hasSpeed   bool
 	moving     bool
+	asset      string
+	lead       float64
 }
 
 // replayFixes decides fixes in order, each settled, and reports the parked

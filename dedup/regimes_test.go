@@ -8,21 +8,6 @@ import (
 	"time"
 )
 
-// scriptedFix is one fix of a scripted asset: its device time, where the asset
-// truly is, where the fix says it is (metres east and north of the parked
-// spot), what else it reports, and the server clock's lead over the device
-// clock when it arrives.
-type scriptedFix struct {
-	sec        float64
-	tx, ty     float64
-	rx, ry     float64
-	acc, speed float64
-	hasSpeed   bool
-	moving     bool
-	asset      string
-	lead       float64 // s the server clock is ahead of the device's
-}
-
 // scriptResult is what a replay found: the verdicts in order, the parked
 // admissions per window of parked device time (parkedSecs, or the sum of
 // the gaps between parked fixes when 0), and the farthest a suppressed
@@ -35,7 +20,7 @@ type scriptResult struct {
 	worstAt   float64
 }
 
-func replayScript(t *testing.T, s Store, pol Policy, fixes []scriptedFix, parkedSecs float64) scriptResult {
+func replayScript(t *testing.T, s Store, pol Policy, fixes []gpsFix, parkedSecs float64) scriptResult {
 	t.Helper()
 	d := newTestDeduper(s, pol.Shape)
 	d.Policy = pol
@@ -88,7 +73,7 @@ func longTTLPolicy(shape Shape) Policy {
 // lights 150 to 600 m apart at 8 to 14 m/s (1.5 m/s² away, 2.5 m/s² to a
 // stop), waits 30 to 90 s at each, and reports every cadence seconds with
 // σ 3 m of noise, and, when speed is set, its speed and a 5 m accuracy.
-func stopAndGo(seed uint64, cadence float64, speed bool, dur float64) []scriptedFix {
+func stopAndGo(seed uint64, cadence float64, speed bool, dur float64) []gpsFix {
 	r := rand.New(rand.NewPCG(seed, uint64(cadence)))
 	const dt = 0.1
 	type state struct{ x, v float64 }
@@ -110,10 +95,10 @@ func stopAndGo(seed uint64, cadence float64, speed bool, dur float64) []scripted
 		x += v * dt
 		truth = append(truth, state{x, v})
 	}
-	var out []scriptedFix
+	var out []gpsFix
 	for sec := 0.0; sec < dur-1; sec += cadence {
 		s := truth[int(sec/dt)]
-		f := scriptedFix{sec: sec, tx: s.x, rx: s.x + r.NormFloat64()*3, ry: r.NormFloat64() * 3, moving: s.v > 0}
+		f := gpsFix{sec: sec, tx: s.x, rx: s.x + r.NormFloat64()*3, ry: r.NormFloat64() * 3, moving: s.v > 0}
 		if speed {
 			f.hasSpeed, f.speed, f.acc = true, max(0, s.v+r.NormFloat64()*0.3), 5
 		}
@@ -124,7 +109,7 @@ func stopAndGo(seed uint64, cadence float64, speed bool, dur float64) []scripted
 
 // motorwayDrive parks 30 min, then drives east at v m/s for 30 min, then parks
 // again for 30 min, a fix every cadence seconds, σ 3 m.
-func motorwayDrive(seed uint64, cadence, v float64, speed bool) (fixes []scriptedFix, parkedSecs float64) {
+func motorwayDrive(seed uint64, cadence, v float64, speed bool) (fixes []gpsFix, parkedSecs float64) {
 	r := rand.New(rand.NewPCG(seed, uint64(cadence)))
 	x := 0.0
 	for sec := 0.0; sec < 5400; sec += cadence {
@@ -132,7 +117,7 @@ func motorwayDrive(seed uint64, cadence, v float64, speed bool) (fixes []scripte
 		if moving {
 			x += v * cadence
 		}
-		f := scriptedFix{sec: sec, tx: x, rx: x + r.NormFloat64()*3, ry: r.NormFloat64() * 3, moving: moving}
+		f := gpsFix{sec: sec, tx: x, rx: x + r.NormFloat64()*3, ry: r.NormFloat64() * 3, moving: moving}
 		if speed {
 			f.hasSpeed, f.acc = true, 5
 			if moving {
@@ -149,18 +134,18 @@ func motorwayDrive(seed uint64, cadence, v float64, speed bool) (fixes []scripte
 // walkerAt10s walks at 1.4 m/s (heading wandering) and pauses 10 to 30 min
 // in turn, a fix every 10 s with a phone's accuracy (8 to 20 m, its
 // fixes scattered as far) and OwnTracks' speed, whole km/h truncated.
-func walkerAt10s(seed uint64) []scriptedFix {
+func walkerAt10s(seed uint64) []gpsFix {
 	r := rand.New(rand.NewPCG(seed, 10))
-	var out []scriptedFix
+	var out []gpsFix
 	sec, x, y, h := 0.0, 0.0, 0.0, 0.0
 	for range 6 {
 		for end := sec + 600 + 1200*r.Float64(); sec < end; sec += 10 {
-			out = append(out, scriptedFix{sec: sec, tx: x, ty: y})
+			out = append(out, gpsFix{sec: sec, tx: x, ty: y})
 		}
 		for end := sec + 600 + 1200*r.Float64(); sec < end; sec += 10 {
 			h += r.NormFloat64() * 0.3
 			x, y = x+14*math.Cos(h), y+14*math.Sin(h)
-			out = append(out, scriptedFix{sec: sec, tx: x, ty: y, moving: true})
+			out = append(out, gpsFix{sec: sec, tx: x, ty: y, moving: true})
 		}
 	}
 	for i := range out {
@@ -187,7 +172,7 @@ func walkerAt10s(seed uint64) []scriptedFix {
 func TestCadencesAndSpeedsTheSimulatorSkipsLoseNoMove(t *testing.T) {
 	type tc struct {
 		name       string
-		fixes      []scriptedFix
+		fixes      []gpsFix
 		parkedSecs float64
 		sliding    float64 // most parked admissions per window in sliding, 0: unchecked
 	}
@@ -232,7 +217,7 @@ func TestADeviceClockMinutesOffChangesNoDecision(t *testing.T) {
 			eachStore(t, func(t *testing.T, s Store) {
 				want := replayScript(t, NewMemoryStore(0), longTTLPolicy(shape), base, 0).verdicts
 				for i, lead := range []float64{1800, 120, -240} {
-					fixes := append([]scriptedFix(nil), base...)
+					fixes := append([]gpsFix(nil), base...)
 					for j := range fixes {
 						fixes[j].lead, fixes[j].asset = lead, fmt.Sprintf("veh-%d", i)
 					}
@@ -314,21 +299,21 @@ func TestTwoDevicesOnOneAssetLoseNoMove(t *testing.T) {
 			xs, ys, mv = append(xs, x), append(ys, y), append(mv, true)
 		}
 	}
-	var fixes []scriptedFix
+	var fixes []gpsFix
 	parked := 0.0
 	for sec := range xs {
 		if !mv[sec] {
 			parked++
 		}
 		if sec%10 == 0 {
-			fixes = append(fixes, scriptedFix{sec: float64(sec), tx: xs[sec], ty: ys[sec], rx: xs[sec] + r.NormFloat64()*3, ry: ys[sec] + r.NormFloat64()*3, moving: mv[sec]})
+			fixes = append(fixes, gpsFix{sec: float64(sec), tx: xs[sec], ty: ys[sec], rx: xs[sec] + r.NormFloat64()*3, ry: ys[sec] + r.NormFloat64()*3, moving: mv[sec]})
 		}
 		if sec%30 == 7 {
 			acc, v := 8+10*r.Float64(), 0.0
 			if mv[sec] {
 				v = math.Hypot(xs[sec]-xs[sec-1], ys[sec]-ys[sec-1])
 			}
-			fixes = append(fixes, scriptedFix{sec: float64(sec), tx: xs[sec], ty: ys[sec], rx: xs[sec] + r.NormFloat64()*acc/1.51, ry: ys[sec] + r.NormFloat64()*acc/1.51,
+			fixes = append(fixes, gpsFix{sec: float64(sec), tx: xs[sec], ty: ys[sec], rx: xs[sec] + r.NormFloat64()*acc/1.51, ry: ys[sec] + r.NormFloat64()*acc/1.51,
 				acc: acc, speed: v, hasSpeed: true, moving: mv[sec]})
 		}
 	}
