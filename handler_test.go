@@ -722,17 +722,17 @@ func TestTheHandlerReadsTheHourAClockIsSetBackAtTheServerClock(t *testing.T) {
 	}
 }
 
-// A telemetry_dedup handler inside another on the same request (one at the
-// site's top and one in a handle, or two in one route) passes the request
-// on as it is, and says so once: judged again, each ping found its own
+// A telemetry_dedup handler inside another of the same key space on the
+// same request (one at the site's top and one in a handle, or two in one
+// route) passes the request on as it is, and says so once: judged again, each ping found its own
 // claim in flight and was answered 409, which the outer handler took for a
 // failed upstream and released, so no ping was ever delivered. A handler
 // that runs after another on the same request, not inside it, still judges
 // (TestPlaceholdersFollowTheLastHandler).
 func TestADedupHandlerInsideAnotherPassesTheRequestOn(t *testing.T) {
-	outerPrefix, innerPrefix := "nested-outer:", "nested-inner:"
-	outer := provisioned(t, &Handler{KeyPrefix: &outerPrefix})
-	inner := provisioned(t, &Handler{KeyPrefix: &innerPrefix})
+	prefix := "nested:" // one key space, as two handlers left at the defaults share
+	outer := provisioned(t, &Handler{KeyPrefix: &prefix})
+	inner := provisioned(t, &Handler{KeyPrefix: &prefix})
 	core, logs := observer.New(zap.WarnLevel)
 	inner.logger = zap.New(core)
 	delivered := 0
@@ -774,5 +774,46 @@ func TestADedupHandlerInsideAnotherPassesTheRequestOn(t *testing.T) {
 	}
 	if n := logs.FilterMessageSnippet("inside another telemetry_dedup").Len(); n != 1 {
 		t.Errorf("the inner handler warned %d times, want once: %v", n, logs.All())
+	}
+}
+
+// A shadow telemetry_dedup in front of the enforcing one, in its own key
+// space (its own key_prefix), is how the README's Shadow mode section has
+// an operator try a new setting on live traffic ("Put it in front of live
+// traffic ... you know what enforcing would remove"). The two never meet
+// in one key space, so the inner handler never finds its own claim in
+// flight: the 409 loop that 499dcb6 guards against cannot happen. Since
+// 499dcb6 the inner, enforcing handler passes every request on unjudged,
+// and every duplicate reaches the upstream: enforcement is silently off,
+// with one warning at the first request that tells the operator to remove
+// a handler. Before 499dcb6 the inner handler suppressed the redelivery.
+func TestAnEnforcingHandlerBehindAShadowOneInAnotherKeySpaceStillSuppresses(t *testing.T) {
+	trial, live := "nested-trial:", "nested-live:"
+	outer := provisioned(t, &Handler{KeyPrefix: &trial, Mode: "shadow"})
+	inner := provisioned(t, &Handler{KeyPrefix: &live})
+	delivered := 0
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		delivered++
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	throughInner := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, upstream)
+	})
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	body := `{"asset_id":"veh-nested-shadow","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`
+	var last *httptest.ResponseRecorder
+	for range 2 { // the ping, then its redelivery
+		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		last = httptest.NewRecorder()
+		if err := outer.ServeHTTP(last, r, throughInner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if delivered != 1 || last.Code != http.StatusOK {
+		t.Fatalf("the redelivery was answered %d X-Dedup=%q and the upstream got %d requests; want 200 suppressed by the "+
+			"enforcing handler and 1 request upstream: the shadow handler in front (key_prefix %q) shares no key with it (%q), "+
+			"yet the enforcing one now passes every request on unjudged", last.Code, last.Header().Get("X-Dedup"), delivered, trial, live)
 	}
 }

@@ -306,10 +306,12 @@ type Handler struct {
 	// running are cut, and their claims released, before the process ends
 	// them unfinished.
 	exiting context.Context
-	// nested warns, once, that the handler runs inside another on the
-	// same request (see ServeHTTP).
-	nested *sync.Once
-	logger *zap.Logger
+	// keySpace names the store's data and the key_prefix: a handler inside
+	// another of the same key space on one request passes it on
+	// (passNested), and nested warns of that once.
+	keySpace string
+	nested   *sync.Once
+	logger   *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -363,6 +365,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.storeUsers = d.drainWithin(s.policy.InFlightTimeout) // the longest a request holds a claim open
 	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
+	h.keySpace = storeName
+	if ks, ok := mod.(keySpacer); ok {
+		h.keySpace = ks.keySpace()
+	}
+	h.keySpace += "\x00" + s.keyer.Prefix
 	var claims dedup.Store = newInstrumentedStore(mod.(storeModule).Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
@@ -477,7 +484,7 @@ func (h *Handler) storeErrorLines() []*throttledLog {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	earlier := earlierOutcome(repl)
-	if earlier != nil && earlier.judging {
+	if earlier != nil && earlier.judging != nil && earlier.judging.keySpace == h.keySpace {
 		return h.passNested(w, r, next)
 	}
 	if h.storeUsers != nil {
@@ -496,25 +503,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// placeholders, debug log.
 	outcome := h.record(r, repl, req, earlier)
 
-	outcome.judging = true
-	defer func() { outcome.judging = false }()
+	judging := outcome.judging // an outer handler's, of another key space
+	outcome.judging = h
+	defer func() { outcome.judging = judging }()
 	if req.unsure != nil {
 		return h.respondUnsure(w, r, next, req)
 	}
 	return h.respond(w, r, next, req)
 }
 
-// passNested passes on a request that another telemetry_dedup handler is
-// judging: this one runs inside it (one at the site's top and one in a
-// handle or route, or two in one route). Judged again, every ping found
-// its own claim in flight and was answered 409, which the outer handler
-// took for a failed upstream: it released the claim, and the sender's
-// retry met the same 409, forever. The outer handler has judged the
-// pings, so this one lets them through as they are.
+// passNested passes on a request that another telemetry_dedup handler of
+// the same key space (store and key_prefix) is judging: this one runs
+// inside it (one at the site's top and one in a handle or route, or two in
+// one route). Judged again, every ping found its own claim in flight and
+// was answered 409, which the outer handler took for a failed upstream: it
+// released the claim, and the sender's retry met the same 409, forever.
+// The outer handler has judged the pings, so this one lets them through as
+// they are. One of another key space meets none of the outer one's claims,
+// and judges: a shadow trial in front of the live handler, say.
 func (h *Handler) passNested(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	h.nested.Do(func() {
-		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup on the same request; this one passes such requests on unjudged, " +
-			"since the outer one has judged their pings: remove one of them (two in one route, or one at the site's top and one in a handle or route)")
+		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup of the same store and key_prefix on the same request; "+
+			"this one passes such requests on unjudged, since the outer one has judged their pings: remove one of them "+
+			"(two in one route, or one at the site's top and one in a handle or route), or give them key spaces of their own",
+			zap.String("key_prefix", h.settings.keyer.Prefix))
 	})
 	return next.ServeHTTP(w, r)
 }

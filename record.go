@@ -184,10 +184,11 @@ type outcomePlaceholders struct {
 	// keyer computes the cell of a ping that was decided without one (in
 	// the sliding and session shapes), if a placeholder asks for it.
 	keyer *dedup.Keyer
-	// judging is set while a handler answers or forwards the request: a
-	// telemetry_dedup handler that the request meets meanwhile runs inside
-	// that one, and passes it on (Handler.passNested).
-	judging bool
+	// judging is the handler answering or forwarding the request, nil
+	// when none is: a telemetry_dedup handler of its key space that the
+	// request meets meanwhile runs inside that one, and passes it on
+	// (Handler.passNested).
+	judging *Handler
 }
 
 // placeholderOutcome names, to the replacer, the outcomePlaceholders that

@@ -176,6 +176,7 @@ func (a *Answer) check(kind string) error {
 
 // delivered checks an answer that must tell the sender it is done.
 func (a *Answer) delivered(kind string) (bodyAnswer, error) {
+	noContent := a.Status == http.StatusNoContent || a.Status == http.StatusResetContent
 	switch {
 	case a.Status == 0:
 		return bodyAnswer{}, answerError(kind, "status 0 (or none) is no HTTP status; give one, such as 200")
@@ -188,11 +189,12 @@ func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 			"use a 2xx such as %d", a.Status, kind, byDefault)
 	case a.RetryAfter != 0:
 		return bodyAnswer{}, answerError(kind, "retry_after belongs to in_flight: a %s ping must not come back", kind)
+	case noContent && a.Body != nil && *a.Body != "":
+		return bodyAnswer{}, answerError(kind, "status %d carries no body; drop the body or use 200", a.Status)
+	case noContent: // the rules below are for a body a client reads
 	case kind == "dead_lettered" && a.ContentType != "" && a.Body == nil:
 		return bodyAnswer{}, answerError(kind, "content type %q without a body: the answer is then the JSON report, "+
 			"sent as application/json; give a body too, or drop the content type", a.ContentType)
-	case a.Body != nil && *a.Body != "" && (a.Status == http.StatusNoContent || a.Status == http.StatusResetContent):
-		return bodyAnswer{}, answerError(kind, "status %d carries no body; drop the body or use 200", a.Status)
 	case mediaType(a.ContentType).json() && (a.Body == nil || !json.Valid([]byte(*a.Body))):
 		body := "is missing"
 		if a.Body != nil {

@@ -368,3 +368,45 @@ func TestAJSONAnswerWithoutAJSONBodyIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A suppressed answer of 204 (or 205) typed application/json, as many
+// backends answer, loaded before 10ca1da and is harmless: the status
+// carries no body (RFC 9110 15.3.5, 15.3.6), so no client reads one, and
+// writeJSON and bodyAnswer.write send none. 10ca1da refuses it as "JSON
+// without a JSON body", advising "give a JSON body" — which the very next
+// rule refuses ("status 204 carries no body"). A dead_lettered 204 or 205
+// typed JSON is refused as "the answer is then the JSON report ... give a
+// body too", which since 3af40f5 it is not, and the body is refused too.
+// Either the line loads, or the advice it gives leads to a config that
+// loads.
+func TestANoContentAnswerTypedJSONLoadsOrItsAdviceDoes(t *testing.T) {
+	for _, status := range []string{"204", "205"} {
+		for _, line := range []string{
+			"suppressed " + status + " application/json",
+			"suppressed " + status + " application/json ``",
+			// "the answer is then the JSON report ... give a body too":
+			// since 3af40f5 a 204 or 205 dead_lettered answer has no report.
+			"dead_lettered " + status + " application/json",
+		} {
+			load := func(line string) error {
+				h, err := parse(t, "telemetry_dedup {\n\tanswers {\n\t\t"+line+"\n\t}\n}")
+				if err == nil {
+					_, err = h.resolve()
+				}
+				return err
+			}
+			err := load(line)
+			if err == nil {
+				continue
+			}
+			if !strings.Contains(err.Error(), "give a JSON body") && !strings.Contains(err.Error(), "give a body too") {
+				continue
+			}
+			kind, _, _ := strings.Cut(line, " ")
+			advised := kind + " " + status + " application/json `[]`"
+			if err2 := load(advised); err2 != nil {
+				t.Errorf("answers { %s } is refused: %v\nand its advice, answers { %s }, is refused too: %v", line, err, advised, err2)
+			}
+		}
+	}
+}

@@ -76,6 +76,9 @@ func (m *MemoryStore) Cleanup() error {
 // Store returns the claim store.
 func (m *MemoryStore) Store() dedup.Store { return m.shared.MemoryStore }
 
+// keySpace is the process's one memory store, which every config shares.
+func (m *MemoryStore) keySpace() string { return "memory" }
+
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
 //
 //	store memory {

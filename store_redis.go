@@ -109,6 +109,7 @@ type RedisStore struct {
 	handOver   func() bool // the connection's (redisConnection.handOver)
 	timeout    time.Duration
 	username   string // the data nodes' ACL user, the URL's or Username; "" for the default user
+	dataID     string // the connection's keyspaceOf
 }
 
 // RedisTLS configures TLS to Redis. Placeholders are expanded in every field.
@@ -186,6 +187,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.store, r.breaker = conn.store, conn.breaker
 	r.reconciler, r.handOver = conn.reconciler, conn.handOver
 	r.username = opts.Username
+	r.dataID = conn.keyspaceID
 
 	go warnIfUnreachable(ctx, conn.client, describeTopology(resolved), logger)
 	return nil
@@ -388,6 +390,9 @@ func (t RedisTLS) config(fromURL *tls.Config) (*tls.Config, error) {
 
 // Store returns the claim store.
 func (r *RedisStore) Store() dedup.Store { return r.store }
+
+// keySpace is the Redis data the store's connection reaches.
+func (r *RedisStore) keySpace() string { return "redis " + r.dataID }
 
 // Reconciler returns the connection's reconciler: the claims of calls that
 // timed out are released or settled by token through it.
@@ -614,4 +619,5 @@ var (
 	_ reconciling           = (*RedisStore)(nil)
 	_ drainer               = (*RedisStore)(nil)
 	_ timeoutStore          = (*RedisStore)(nil)
+	_ keySpacer             = (*RedisStore)(nil)
 )

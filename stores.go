@@ -65,6 +65,13 @@ type timeoutStore interface {
 	operationTimeout() time.Duration
 }
 
+// keySpacer is a store that names the data its keys live in: two handlers
+// whose stores name the same, with the same key_prefix, meet each other's
+// claims.
+type keySpacer interface {
+	keySpace() string
+}
+
 // statsReporter is a shared store value that reports to the metrics.
 // Each fills in what it has.
 type statsReporter interface {

@@ -67,3 +67,75 @@ func TestTwoDedupHandlersOnOneRequestStillDeliverAFirstSighting(t *testing.T) {
 		})
 	}
 }
+
+// The README's Shadow mode: "Put it in front of live traffic, log
+// {http.telemetry_dedup.decision} ... and you know what enforcing would
+// remove". An operator who already enforces in a handle puts a shadow
+// handler with another key_prefix (a fresh key space, to try another
+// window or resolution) at the site's top, in front of it. The two never
+// share a key, so the enforcing one never meets its own claim in flight.
+// Through a real Caddy, since 499dcb6 the enforcing handler passes every
+// request on unjudged and the redelivery reaches the upstream: enforcement
+// is off, with one warning telling the operator to remove a handler.
+func TestEnforcingHandleBehindAShadowSiteHandlerInAnotherKeySpaceStillSuppresses(t *testing.T) {
+	up := newUpstream(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	telemetry_dedup /telemetry {
+		key_prefix "%[1]strial:"
+		mode shadow
+		window 1m
+	}
+	handle /telemetry {
+		telemetry_dedup {
+			key_prefix "%[1]slive:"
+		}
+		reverse_proxy %[2]s
+	}
+}`, keyPrefix(t), strings.TrimPrefix(up.URL, "http://")))
+	body := ping("veh-nested-shadow-front", base(), 52.5200087, 13.4049547)
+	post(t, caddytestClient(), body).expect(t, http.StatusCreated, "accepted")
+	res := post(t, caddytestClient(), body) // the redelivery
+	if res.status != http.StatusOK || up.count() != 1 {
+		t.Fatalf("the redelivery was answered %d X-Dedup=%q, and the upstream got %d requests; want 200 from the enforcing "+
+			"handler and 1 request upstream: the shadow handler in front shares no key with it", res.status, res.header.Get("X-Dedup"), up.count())
+	}
+}
+
+// Guard: a handler that runs after another on one request, not inside it,
+// still judges. The upstream is down, so the site's handler releases the
+// ping's claim and returns reverse_proxy's error; Caddy then runs
+// handle_errors on the same request and replacer, whose telemetry_dedup
+// (same key space) forwards the ping to a fallback. Had the first
+// handler's judging mark outlived its return, the second would pass every
+// ping on unjudged and the fallback would get each redelivery too.
+func TestHandleErrorsAfterAFailedUpstreamStillJudges(t *testing.T) {
+	fallback := newUpstream(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	route /telemetry {
+		telemetry_dedup {
+			key_prefix %[1]q
+		}
+		reverse_proxy 127.0.0.1:1
+	}
+	handle_errors {
+		telemetry_dedup {
+			key_prefix %[1]q
+		}
+		reverse_proxy %[2]s
+	}
+}`, keyPrefix(t), strings.TrimPrefix(fallback.URL, "http://")))
+	body := ping("veh-nested-errors", base(), 52.5200087, 13.4049547)
+	first := post(t, caddytestClient(), body)
+	if first.status != http.StatusCreated || fallback.count() != 1 {
+		t.Fatalf("the ping was answered %d X-Dedup=%q %s, fallback got %d; want 201 from the fallback",
+			first.status, first.header.Get("X-Dedup"), first.body, fallback.count())
+	}
+	again := post(t, caddytestClient(), body)
+	if fallback.count() != 1 {
+		t.Fatalf("the redelivery was answered %d X-Dedup=%q and reached the fallback (%d requests): the handler in handle_errors passed it unjudged",
+			again.status, again.header.Get("X-Dedup"), fallback.count())
+	}
+	t.Logf("redelivery: %d X-Dedup=%q", again.status, again.header.Get("X-Dedup"))
+}
