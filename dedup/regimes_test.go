@@ -6,6 +6,9 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // scriptResult is what a replay found: the verdicts in order, the parked
@@ -394,5 +397,224 @@ func TestAStaleFixRepeatedWithItsSpeedIsNoDeparture(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// departureFix is one fix of a departure script: its device time, the
+// coordinates it reports and the speed it reports (m/s).
+type departureFix struct {
+	sec, lat, lon, speed float64
+}
+
+// pullingAway parks a receiver for 10 min (σ 2 m, speed under 0.6 m/s),
+// then pulls away at 1.5 m/s² up to v, a fix every cadence seconds, for
+// 3 min. Coordinates are rounded to dec decimals (0: not rounded); the
+// first pinned moving fixes repeat the parked point (a receiver that
+// pins its position while parked, every parked fix at one point, and
+// releases it a fix late, or a speed from the vehicle's bus before the
+// position moves).
+func pullingAway(seed uint64, dec int, v, cadence float64, pinned int) []departureFix {
+	r := rand.New(rand.NewPCG(seed, uint64(dec)*1000+uint64(v*10)+uint64(cadence)))
+	const lat0, lon0 = 52.5200087, 13.4049547
+	kx := metresPerDegree * math.Cos(lat0*math.Pi/180)
+	round := func(x float64) float64 {
+		if dec == 0 {
+			return x
+		}
+		p := math.Pow(10, float64(dec))
+		return math.Round(x*p) / p
+	}
+	pos := func(x, y float64) (float64, float64) { return round(lat0 + y/metresPerDegree), round(lon0 + x/kx) }
+	px, py := r.NormFloat64()*2, r.NormFloat64()*2
+	var out []departureFix
+	for sec := 0.0; sec < 600; sec += cadence {
+		x, y := r.NormFloat64()*2, r.NormFloat64()*2
+		if pinned > 0 {
+			x, y = px, py
+		}
+		lat, lon := pos(x, y)
+		out = append(out, departureFix{sec, lat, lon, math.Abs(r.NormFloat64() * 0.2)})
+	}
+	d, vv, h := 0.0, 0.0, r.Float64()*2*math.Pi
+	for i, sec := 0, 600.0; sec < 780; i, sec = i+1, sec+cadence {
+		for s := 0.0; s < cadence; s += 0.1 {
+			vv = min(v, vv+0.15)
+			d += vv * 0.1
+		}
+		x, y := d*math.Cos(h)+r.NormFloat64()*2, d*math.Sin(h)+r.NormFloat64()*2
+		if i < pinned {
+			x, y = px, py
+		}
+		lat, lon := pos(x, y)
+		out = append(out, departureFix{sec, lat, lon, vv + r.NormFloat64()*0.2})
+	}
+	return out
+}
+
+// a fix at the very coordinates of the last
+// accepted one is no departure whatever speed it reports (c40bcea), but a
+// real departure is still admitted at the first fix that has moved off
+// that point. Receivers whose first moving fixes repeat the parked point
+// to the bit: one that pins its position while parked and releases it a
+// fix or three late, and ones that round their coordinates to 4 or 5
+// decimals (11 m or 1.1 m of latitude), so that a vehicle pulling away
+// at 3 to 10 m/s reports its last accepted point again for a few
+// seconds. README (How sliding and session judge a fix): a speed of
+// travel (2.5 m/s or more) away from a stay of three fixes or more is a
+// departure, admitted at once even inside the radius. In sliding and
+// session, both stores, the first fix reporting such a speed at
+// coordinates other than the last accepted one's is admitted, and no
+// moving fix is suppressed farther than the lag bound from it.
+func TestADepartureIsAdmittedAtTheFirstFixOffTheRepeatedPoint(t *testing.T) {
+	type tc struct {
+		dec, pinned int
+		v, cadence  float64
+	}
+	var cases []tc
+	for _, v := range []float64{3, 5, 10} {
+		for _, cad := range []float64{1, 5} {
+			cases = append(cases, tc{0, 1, v, cad}, tc{0, 3, v, cad}, tc{4, 0, v, cad}, tc{5, 0, v, cad})
+		}
+	}
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, s Store) {
+				for i, c := range cases {
+					for seed := range uint64(3) {
+						name := fmt.Sprintf("%d decimals, %d pinned, %.0f m/s, a fix every %.0f s, seed %d", c.dec, c.pinned, c.v, c.cadence, seed)
+						d := newTestDeduper(s, shape)
+						d.Policy.TTL = 30 * time.Hour
+						asset := fmt.Sprintf("veh-%d-%d", i, seed)
+						var last ping.Ping
+						departed := false
+						for _, f := range pullingAway(seed, c.dec, c.v, c.cadence, c.pinned) {
+							p := ping.Ping{Asset: asset, Time: articleBase.Add(time.Duration(f.sec * float64(time.Second))), Lat: f.lat, Lon: f.lon, Speed: f.speed, HasSpeed: true, Accuracy: 5}
+							d.clock = p.Time
+							v := d.settled(t, p)
+							moving := f.sec >= 600 && f.speed >= movingSpeed
+							off := p.Lat != last.Lat || p.Lon != last.Lon
+							if moving && !departed && off && v.Decision != Accepted {
+								t.Errorf("%s: the first moving fix off the last accepted point, %.0f s after the start, %.1f m/s: %+v, want accepted",
+									name, f.sec-600, f.speed, v)
+							}
+							if moving && v.Decision != Accepted {
+								judged := fixOf(&Claim{Observation: d.Observe(p)})
+								if dist := math.Sqrt(judged.distance2(last.Lat, last.Lon)); dist > LagFactor*DefaultRadius {
+									t.Errorf("%s: a moving fix at +%.0f s suppressed %.1f m from the last accepted one", name, f.sec-600, dist)
+								}
+							}
+							if v.Decision == Accepted {
+								last = p
+								if moving {
+									departed = true
+								}
+							}
+						}
+						if !departed {
+							t.Errorf("%s: no moving fix admitted in 3 min", name)
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// a late ping reporting a speed of travel is
+// always admitted (README: "a late ping that reports a speed of travel is
+// always admitted"), also at the very coordinates of the stay's last
+// accepted ping, which c40bcea's rule (a speed at the very place of the
+// last accepted ping is no departure) would take for a stale repeat if
+// judgeLate ran holds on a moving fix: a backlog's fix under way, queued
+// where the asset had stood, fills the backend's track.
+func TestALateFixUnderWayAtTheStaysPointIsAdmitted(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d) // the stay's last accepted ping is offset(0, 0, 0)
+		if v := d.settled(t, withSpeed(offset(120, 300, 0), 10)); v.Decision != Accepted {
+			t.Fatalf("a departure 300 m off: %+v", v)
+		}
+		late := withSpeed(offset(60, 0, 0), 6)
+		late.Lat, late.Lon = offset(0, 0, 0).Lat, offset(0, 0, 0).Lon
+		if v := d.settled(t, late); v.Decision != Accepted {
+			t.Errorf("a late fix under way at the stay's accepted point: %+v, want accepted", v)
+		}
+		early := withSpeed(offset(-30, 0, 0), 6)
+		if v := d.settled(t, early); v.Decision != Accepted {
+			t.Errorf("a fix under way at the stay's accepted point before the stay began: %+v, want accepted", v)
+		}
+	})
+}
+
+// a departure reported by its speed inside the
+// radius, its request failed and released, is admitted again on retry;
+// the tracker then loses GPS and its status messages repeat that fix,
+// speed and all (Traccar's OutdatedHandler), at most once a window in
+// sliding, once a session in session; and the first fix 40 m on when GPS
+// returns is admitted.
+func TestARetriedDepartureBySpeedThenItsStaleRepeats(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		dep := withSpeed(offset(60, 6, 0), 5)
+		c, v := d.claim(t, dep)
+		if v.Decision != Accepted {
+			t.Fatalf("a departure by speed: %+v", v)
+		}
+		if n, err := d.Release(t.Context(), c); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if v := d.settled(t, dep); v.Decision != Accepted {
+			t.Fatalf("its retry: %+v, want accepted", v)
+		}
+		admitted := 0
+		sec := 70.0
+		for ; sec < 670; sec += 10 {
+			p := dep
+			p.Time = articleBase.Add(time.Duration(sec) * time.Second)
+			d.clock = p.Time
+			if d.settled(t, p).Decision == Accepted {
+				admitted++
+			}
+		}
+		if most := int(600/d.Policy.Window.Seconds()) + 1; admitted > most {
+			t.Errorf("%d of 60 stale repeats admitted, want at most %d", admitted, most)
+		}
+		d.clock = articleBase.Add(time.Duration(sec) * time.Second)
+		if v := d.settled(t, withSpeed(offset(sec, 46, 0), 5)); v.Decision != Accepted {
+			t.Errorf("the first fix 40 m on: %+v, want accepted", v)
+		}
+	})
+}
+
+// Go and Lua agree on the rule of c40bcea (a
+// speed at the very coordinates of the last accepted fix is no
+// departure) on the departures above and on stale repeats of a fix taken
+// under way: the memory store and the Redis store give every fix the same
+// verdict. The random streams of the property tests rarely repeat the
+// last accepted point with a speed of travel at a settled stay.
+func TestStoresAgreeOnRepeatedPointDepartures(t *testing.T) {
+	redisStore := newRedisStore(t, redistest.Start(t))
+	for _, shape := range []Shape{Sliding, Session} {
+		mem := NewMemoryStore(0)
+		for i, c := range []struct {
+			dec, pinned int
+			v, cadence  float64
+		}{{0, 1, 3, 1}, {0, 3, 5, 5}, {4, 0, 3, 1}, {4, 0, 10, 1}, {5, 0, 3, 1}} {
+			fixes := pullingAway(uint64(i), c.dec, c.v, c.cadence, c.pinned)
+			// then the tracker loses GPS and repeats its last fix, speed
+			// and all, every 10 s for 15 min
+			lastFix := fixes[len(fixes)-1]
+			for sec := lastFix.sec + 10; sec < lastFix.sec+900; sec += 10 {
+				fixes = append(fixes, departureFix{sec, lastFix.lat, lastFix.lon, lastFix.speed})
+			}
+			dm, dr := newTestDeduper(mem, shape), newTestDeduper(redisStore, shape)
+			asset := fmt.Sprintf("%s-%d", shape, i)
+			for _, f := range fixes {
+				p := ping.Ping{Asset: asset, Time: articleBase.Add(time.Duration(f.sec * float64(time.Second))), Lat: f.lat, Lon: f.lon, Speed: f.speed, HasSpeed: true, Accuracy: 5}
+				dm.clock, dr.clock = p.Time, p.Time
+				if vm, vr := dm.settled(t, p), dr.settled(t, p); vm != vr {
+					t.Fatalf("%s, case %d, fix at %.0f s: memory %+v, redis %+v", shape, i, f.sec, vm, vr)
+				}
+			}
+		}
 	}
 }
