@@ -451,7 +451,7 @@ func pullingAway(seed uint64, dec int, v, cadence float64, pinned int) []departu
 	return out
 }
 
-// a fix at the very coordinates of the last
+// A fix at the very coordinates of the last
 // accepted one is no departure whatever speed it reports (c40bcea), but a
 // real departure is still admitted at the first fix that has moved off
 // that point. Receivers whose first moving fixes repeat the parked point
@@ -520,7 +520,7 @@ func TestADepartureIsAdmittedAtTheFirstFixOffTheRepeatedPoint(t *testing.T) {
 	}
 }
 
-// a late ping reporting a speed of travel is
+// A late ping reporting a speed of travel is
 // always admitted (README: "a late ping that reports a speed of travel is
 // always admitted"), also at the very coordinates of the stay's last
 // accepted ping, which c40bcea's rule (a speed at the very place of the
@@ -545,7 +545,7 @@ func TestALateFixUnderWayAtTheStaysPointIsAdmitted(t *testing.T) {
 	})
 }
 
-// a departure reported by its speed inside the
+// A departure reported by its speed inside the
 // radius, its request failed and released, is admitted again on retry;
 // the tracker then loses GPS and its status messages repeat that fix,
 // speed and all (Traccar's OutdatedHandler), at most once a window in
