@@ -365,12 +365,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.storeUsers = d.drainWithin(s.policy.InFlightTimeout) // the longest a request holds a claim open
 	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
-	h.keySpace = storeName
-	if ks, ok := mod.(keySpacer); ok {
-		h.keySpace = ks.keySpace()
-	}
-	h.keySpace += "\x00" + s.keyer.Prefix
-	var claims dedup.Store = newInstrumentedStore(mod.(storeModule).Store(), storeName)
+	store := mod.(storeModule)
+	h.keySpace = store.keySpace() + "\x00" + s.keyer.Prefix
+	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
 	}

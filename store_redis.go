@@ -619,5 +619,4 @@ var (
 	_ reconciling           = (*RedisStore)(nil)
 	_ drainer               = (*RedisStore)(nil)
 	_ timeoutStore          = (*RedisStore)(nil)
-	_ keySpacer             = (*RedisStore)(nil)
 )

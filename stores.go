@@ -25,9 +25,12 @@ const storesNamespace = "http.handlers.telemetry_dedup.stores"
 // may report to the metrics (statsReporter).
 var stores = caddy.NewUsagePool()
 
-// storeModule is what every store module implements: the claim store.
+// storeModule is what every store module implements: the claim store, and
+// the name of the data its keys live in (two handlers whose stores name
+// the same, with the same key_prefix, meet each other's claims).
 type storeModule interface {
 	Store() dedup.Store
+	keySpace() string
 }
 
 // deadLetterer is a store that can keep the pings that cannot be keyed
@@ -63,13 +66,6 @@ type drainer interface {
 // upstream request leaves room for.
 type timeoutStore interface {
 	operationTimeout() time.Duration
-}
-
-// keySpacer is a store that names the data its keys live in: two handlers
-// whose stores name the same, with the same key_prefix, meet each other's
-// claims.
-type keySpacer interface {
-	keySpace() string
 }
 
 // statsReporter is a shared store value that reports to the metrics.
