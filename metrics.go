@@ -92,6 +92,24 @@ func initMetrics() {
 	metrics.reconcilePending = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("reconcile_pending",
 		"Claims waiting for the store to answer so they can be settled or released by token.")),
 		func() float64 { return float64(sumStoreStats().reconciling) })
+	startAtZero()
+}
+
+// startAtZero makes the series of every label value known in advance, at
+// 0: rate() and increase() cannot count the first event of a series that
+// did not exist, so a process's first release (a whole batch's claims, it
+// may be) or the first opening of a breaker in an outage was on no panel.
+func startAtZero() {
+	for _, outcome := range []string{releaseReleased, releaseNotHeld, releaseError} {
+		metrics.releases.WithLabelValues(outcome)
+	}
+	for _, to := range []dedup.BreakerState{dedup.BreakerOpen, dedup.BreakerHalfOpen, dedup.BreakerClosed} {
+		metrics.breakerTransitions.WithLabelValues(to.String())
+	}
+	for _, outcome := range []dedup.ReconcileOutcome{dedup.ReconcileReleased, dedup.ReconcileReleasedLate, dedup.ReconcileNotHeld,
+		dedup.ReconcileSettled, dedup.ReconcileDropped, dedup.ReconcileExpired, dedup.ReconcileUnconfirmed} {
+		metrics.reconciled.WithLabelValues(string(outcome))
+	}
 }
 
 func countNearCacheLookup(hit bool) {

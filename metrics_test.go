@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -299,4 +301,82 @@ func everyMetric(t *testing.T) []*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	return families
+}
+
+// A fresh Caddy's metrics endpoint must already show, at 0, every series a
+// counter's README-documented labels can take. A labelled counter that is
+// born on its first event is born at that event's value, and Prometheus's
+// rate() and increase() cannot see the step from "absent" to N: the first
+// upstream failure of a process (a whole batch's claims, up to max_batch,
+// released at once) and the first breaker opening of an outage are
+// invisible on grafana/telemetry_dedup.json's "releases" and breaker panels,
+// which show "No data" until then. Seen on a live xcaddy build: after the
+// first 500 from upstream, /metrics showed
+// caddy_telemetry_dedup_releases_total{outcome="released"} 1 where a scrape
+// before showed no releases_total series at all. Prometheus's own guidance
+// (instrumentation best practices, "avoid missing metrics") is to
+// initialise label values known in advance; the README's Metrics table lists
+// them. The check runs in a child process, since other tests of the package
+// touch these series in the shared registry.
+func TestFreshMetricsShowEveryKnownCounterSeriesAtZero(t *testing.T) {
+	if os.Getenv("TD_FRESH_METRICS_CHILD") == "1" {
+		checkFreshMetrics(t)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestFreshMetricsShowEveryKnownCounterSeriesAtZero$", "-test.count", "1")
+	cmd.Env = append(os.Environ(), "TD_FRESH_METRICS_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in a fresh process:\n%s", out)
+	}
+}
+
+func checkFreshMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	// A memory-store handler provisioned and serving, as Caddyfile.example.
+	_, unload := loadConfig(t, `{}`)
+	defer unload()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			sort.Strings(labels)
+			have[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = true
+		}
+	}
+	want := []string{
+		// already initialised by the module (a check of this test itself)
+		`caddy_telemetry_dedup_near_cache_lookups_total{result=hit}`,
+		// README, Metrics: releases_total, outcome released | not_held | error
+		`caddy_telemetry_dedup_releases_total{outcome=released}`,
+		`caddy_telemetry_dedup_releases_total{outcome=not_held}`,
+		`caddy_telemetry_dedup_releases_total{outcome=error}`,
+		// near_cache_lookups_total is initialised (hit, miss): the same for
+		// breaker_transitions_total, to open | half_open | closed
+		`caddy_telemetry_dedup_breaker_transitions_total{to=open}`,
+		`caddy_telemetry_dedup_breaker_transitions_total{to=half_open}`,
+		`caddy_telemetry_dedup_breaker_transitions_total{to=closed}`,
+	}
+	for _, outcome := range []string{"released", "released_late", "not_held", "settled", "dropped", "expired", "unconfirmed"} {
+		want = append(want, `caddy_telemetry_dedup_reconciled_total{outcome=`+outcome+`}`)
+	}
+	var missing []string
+	for _, w := range want {
+		if !have[w] {
+			missing = append(missing, w)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("a freshly provisioned handler exports no series for %v: their first event is lost to rate()/increase()", missing)
+	}
 }

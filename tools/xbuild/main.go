@@ -59,5 +59,9 @@ func run(output string, caddyArgs []string) error {
 	caddy := exec.CommandContext(ctx, binary, caddyArgs...)
 	caddy.Stdin, caddy.Stdout, caddy.Stderr = os.Stdin, os.Stdout, os.Stderr
 	caddy.Cancel = func() error { return caddy.Process.Signal(os.Interrupt) } // let Caddy shut down gracefully
-	return caddy.Run()
+	err = caddy.Run()
+	if ctx.Err() != nil && caddy.ProcessState != nil && caddy.ProcessState.Success() {
+		return nil // stopped with Ctrl-C, and Caddy shut down cleanly: Run reports the cancellation as an error
+	}
+	return err
 }
