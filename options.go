@@ -441,9 +441,6 @@ func (h *Handler) applyReportedFields(p *ping.Parser) error {
 		p.AccuracyPath, p.AccuracyFallback = h.Accuracy, ""
 	}
 	p.SpeedPath = cmp.Or(h.Speed, p.SpeedPath)
-	if h.Speed != "" || h.SpeedUnit != "" {
-		p.FallbackSpeedUnit = "" // the speed written is read so from every sender
-	}
 	for _, o := range [][2]string{{"accuracy", h.Accuracy}, {"speed", h.Speed}} {
 		if o[1] == "" {
 			continue

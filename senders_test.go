@@ -2,11 +2,11 @@ package telemetrydedup
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
@@ -414,134 +412,38 @@ func TestANoContentAnswerTypedJSONLoadsOrItsAdviceDoes(t *testing.T) {
 	}
 }
 
-// getQuery sends a GET with the fields in the URL's query, as the OsmAnd
-// app sends its live tracking URL, and returns the X-Dedup decision.
-func (tt *tableTester) getQuery(query string) string {
-	r := httptest.NewRequest(http.MethodGet, "/?"+query, nil)
-	repl := caddyhttp.NewTestReplacer(r)
-	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
-	w := httptest.NewRecorder()
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		tt.upstream = append(tt.upstream, []byte(r.URL.RawQuery))
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
-	if err := tt.h.ServeHTTP(w, r, next); err != nil {
-		return "error: " + err.Error()
-	}
-	return w.Header().Get("X-Dedup")
-}
-
-// An OsmAnd phone parked, then pulling away at 4 m/s (14 km/h): the first
-// fix of the departure, 3 m from the stay, reports a speed of travel, and
-// the README promises "a speed of travel (2.5 m/s or more) away from a
-// stay of three fixes or more ... is a departure, admitted at once even
-// inside the radius". The OsmAnd app sends that speed as 4.0, in m/s
-// (LiveMonitoringHelper.java: location.getSpeed() into {5}); the preset
-// reads it as knots, 2.06 m/s, and suppresses the departure as jitter. The
-// same departure from Traccar Client (speed=7.775376, knots, as its
-// Position.kt converts it) is admitted.
-func TestAnOsmAndPhonesDepartureBySpeedIsAdmitted(t *testing.T) {
-	const metre = 1 / 111195.0 // degrees of latitude
-	for _, shape := range []string{"sliding", "session"} {
-		for _, client := range []struct {
-			name string
-			// fix writes the request for a fix dm metres north of the stay
-			// at speed mps, at device time at
-			fix func(at time.Time, dm, mps float64) string
-		}{
-			{"OsmAnd", func(at time.Time, dm, mps float64) string {
-				return fmt.Sprintf("id=osmand-%s&lat=%.6f&lon=2.292713&timestamp=%d&hdop=5.0&altitude=35.0&speed=%.1f&bearing=0.0",
-					shape, 48.856827+dm*metre, at.UnixMilli(), mps)
-			}},
-			{"Traccar Client", func(at time.Time, dm, mps float64) string {
-				return fmt.Sprintf("id=tc-%s&timestamp=%d&lat=%.6f&lon=2.292713&speed=%v&bearing=0.0&altitude=35.0&accuracy=5.0&batt=81.0",
-					shape, at.Unix(), 48.856827+dm*metre, mps*1.943844)
-			}},
-		} {
-			t.Run(shape+"/"+client.name, func(t *testing.T) {
-				tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"osmandspeed:%s:","preset":"osmand","shape":%q}`, shape, shape))
-				start := time.Now().Add(-2 * time.Minute).Truncate(time.Second)
-				if got := tt.getQuery(client.fix(start, 0, 0)); got != "accepted" {
-					t.Fatalf("first fix: %q, want accepted", got)
-				}
-				for i, dm := range []float64{2, -2, 1, -1} { // parked: jitter, speed 0
-					if got := tt.getQuery(client.fix(start.Add(time.Duration(10*(i+1))*time.Second), dm, 0)); got != "suppressed" {
-						t.Fatalf("parked fix %d: %q, want suppressed", i+1, got)
-					}
-				}
-				if got := tt.getQuery(client.fix(start.Add(60*time.Second), 3, 4)); got != "accepted" {
-					t.Errorf("pulling away at 4 m/s, 3 m from the stay: %q, want accepted (a departure by its speed)", got)
-				}
-			})
-		}
-	}
-}
-
-// An OsmAnd phone parked indoors (accuracy 35 m, sent as hdop), whose
-// owner then walks off slowly at 0.9 m/s: a fix 60 m from the stay,
-// beyond its 35 m accuracy, is a move. The README: the margin of "as much
-// again" is for a fix reporting "a speed under 0.5 m/s", and "a creep
-// reported at 0.5 m/s or more ... keep[s] the bound of [its] own
-// uncertainty" (stillSpeed, "below a slow walker's"). OsmAnd sends 0.9
-// (m/s, LiveMonitoringHelper.java); read as knots it is 0.46 m/s,
-// standing still, its uncertainty doubled to 70 m: the walk is jitter.
-// Traccar Client's 1.75 knots for the same walk is admitted.
-func TestAnOsmAndPhoneWalkingOffSlowlyIsAMove(t *testing.T) {
-	const metre = 1 / 111195.0 // degrees of latitude
-	for _, shape := range []string{"sliding", "session"} {
-		for _, client := range []struct {
-			name string
-			fix  func(at time.Time, dm, mps float64) string
-		}{
-			{"OsmAnd", func(at time.Time, dm, mps float64) string {
-				return fmt.Sprintf("id=osmand-walk-%s&lat=%.6f&lon=2.292713&timestamp=%d&hdop=35.0&altitude=35.0&speed=%.1f&bearing=0.0",
-					shape, 48.856827+dm*metre, at.UnixMilli(), mps)
-			}},
-			{"Traccar Client", func(at time.Time, dm, mps float64) string {
-				return fmt.Sprintf("id=tc-walk-%s&timestamp=%d&lat=%.6f&lon=2.292713&speed=%v&bearing=0.0&altitude=35.0&accuracy=35.0&batt=81.0",
-					shape, at.Unix(), 48.856827+dm*metre, mps*1.943844)
-			}},
-		} {
-			t.Run(shape+"/"+client.name, func(t *testing.T) {
-				tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"osmandwalk:%s:","preset":"osmand","shape":%q}`, shape, shape))
-				start := time.Now().Add(-2 * time.Minute).Truncate(time.Second)
-				if got := tt.getQuery(client.fix(start, 0, 0)); got != "accepted" {
-					t.Fatalf("first fix: %q, want accepted", got)
-				}
-				for i, dm := range []float64{2, -2, 1, -1} {
-					if got := tt.getQuery(client.fix(start.Add(time.Duration(10*(i+1))*time.Second), dm, 0)); got != "suppressed" {
-						t.Fatalf("parked fix %d: %q, want suppressed", i+1, got)
-					}
-				}
-				if got := tt.getQuery(client.fix(start.Add(110*time.Second), 60, 0.9)); got != "accepted" {
-					t.Errorf("walking at 0.9 m/s, 60 m from the stay (accuracy 35 m): %q, want accepted (a move)", got)
-				}
-			})
-		}
-	}
-}
-
-// A speed unit written beside preset osmand is the unit of every sender's
-// speed, the OsmAnd app's (hdop, no accuracy) included: the preset reads
-// the app's in m/s only while the route leaves the unit to it.
-func TestASpeedUnitWrittenBesideOsmAndIsEverySendersUnit(t *testing.T) {
-	h := new(Handler)
-	if err := json.Unmarshal([]byte(`{"preset":"osmand","speed_unit":"km/h"}`), h); err != nil {
-		t.Fatal(err)
-	}
-	s, err := h.resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+// The OsmAnd protocol's speed is knots, and preset osmand reads it so from
+// every request, a tracker sending a true HDOP and no accuracy included (the
+// Arduino TraccarClient library: &hdop=..., speed in knots). The OsmAnd
+// app sends m/s with the same fields (helper 6), so the README gives its
+// phones a route of their own with speed_unit m/s, which reads its speed
+// right (helper 8: telling the app apart by hdop without accuracy misread
+// those trackers' knots).
+func TestOsmAndSpeedIsKnotsButOnARouteThatSaysMetresPerSecond(t *testing.T) {
 	now := time.Now().UTC()
-	query := fmt.Sprintf("id=pixel7&lat=48.85683&lon=2.292713&timestamp=%d&hdop=5.0&speed=36.0", now.Add(-time.Minute).UnixMilli())
-	batch, err := s.formParser.SplitForm(query, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := s.formParser.Parse(batch.Elements[0], now)
-	if err != nil || !p.HasSpeed || p.Speed != 10 {
-		t.Fatalf("speed=36.0 with speed_unit km/h read as %v m/s (%v), want 10", p.Speed, err)
+	query := fmt.Sprintf("id=4711&lat=48.85683&lon=2.292713&timestamp=%d&hdop=1.20&speed=4.0", now.Add(-time.Minute).Unix())
+	for _, tt := range []struct {
+		config string
+		want   float64 // m/s
+	}{
+		{`{"preset":"osmand"}`, 4 * 1852.0 / 3600},
+		{`{"preset":"osmand","speed_unit":"m/s"}`, 4},
+	} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
+			t.Fatal(err)
+		}
+		s, err := h.resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch, err := s.formParser.SplitForm(query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.formParser.Parse(batch.Elements[0], now)
+		if err != nil || !p.HasSpeed || math.Abs(p.Speed-tt.want) > 1e-9 {
+			t.Errorf("%s: speed=4.0 read as %v m/s (%v), want %v", tt.config, p.Speed, err, tt.want)
+		}
 	}
 }

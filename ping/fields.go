@@ -83,19 +83,16 @@ func (p *Parser) skipped(root gjson.Result, checks []keyCheck, plan *parsePlan) 
 // as not reported, rather than refusing a position for a field nothing
 // keys on.
 func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, plan *parsePlan) {
-	accuracy, unit := fieldValue(root, checks, plan, 0, p.AccuracyPath), p.SpeedUnit
+	accuracy := fieldValue(root, checks, plan, 0, p.AccuracyPath)
 	if !accuracy.Exists() {
 		// The fallback is the last of fieldPaths.
 		accuracy = fieldValue(root, checks, plan, len(plan.fields)-1, p.AccuracyFallback)
-		if accuracy.Exists() && p.FallbackSpeedUnit != "" {
-			unit = p.FallbackSpeedUnit
-		}
 	}
 	if acc, ok := measure(accuracy); ok {
 		ping.Accuracy = acc
 	}
 	if speed, ok := measure(fieldValue(root, checks, plan, 1, p.SpeedPath)); ok {
-		ping.Speed, ping.HasSpeed = speed*unit.metresPerSecond(), true
+		ping.Speed, ping.HasSpeed = speed*p.SpeedUnit.metresPerSecond(), true
 	}
 	for i, m := range p.Events {
 		if v := fieldValue(root, checks, plan, 2+i, m.Path); m.matches(v) {

@@ -141,11 +141,8 @@ type Parser struct {
 	AccuracyPath, SpeedPath string
 	SpeedUnit               SpeedUnit
 	// AccuracyFallback, when set, is read for the accuracy of a ping that
-	// has none at AccuracyPath, and FallbackSpeedUnit, when set, is the
-	// unit of the speed of a ping that has one there: its sender writes its
-	// speed in another unit than those that write AccuracyPath.
-	AccuracyFallback  string
-	FallbackSpeedUnit SpeedUnit
+	// has none at AccuracyPath.
+	AccuracyFallback string
 	// Events lists the fields that make a ping an event (an alarm, a
 	// manual publish): the first that matches becomes Ping.Event.
 	Events []Match

@@ -133,11 +133,8 @@ func osmAnd() Parser {
 	// The OsmAnd app has no accuracy field: the live tracking URL Traccar
 	// documents for it (...&hdop={3}...) sends the fix's accuracy, in
 	// metres, as hdop (LiveMonitoringHelper). A true HDOP, a few units,
-	// read as metres widens nothing: it is below any radius. It sends
-	// Android's speed as it is, in m/s (LiveSender's getLiveUrl), where
-	// Traccar Client converts it to knots: read as knots, a car pulling
-	// away at 4 m/s was no departure and a walker's fixes were still.
-	p.AccuracyFallback, p.FallbackSpeedUnit = "hdop", MetresPerSecond
+	// read as metres widens nothing: it is below any radius.
+	p.AccuracyFallback = "hdop"
 	p.Events = []Match{{Path: "alarm"}}
 	// An alarm is a state too, and its absence one: Traccar raises an
 	// alarm only when the device's last stored position did not carry it

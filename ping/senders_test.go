@@ -3,8 +3,6 @@ package ping
 import (
 	"bufio"
 	"errors"
-	"fmt"
-	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -290,43 +288,3 @@ func (want fixtureOutcome) check(t *testing.T, got Ping, err error) {
 }
 
 func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
-
-// The OsmAnd app's live tracking sends Android's Location.getSpeed(), in
-// m/s, unconverted: osmandapp/OsmAnd
-// OsmAnd/src/net/osmand/plus/monitoring/LiveMonitoringHelper.java
-// (updateLocation: new LiveMonitoringData(..., location.getSpeed(), ...);
-// getLiveUrl: case 5, prm.add(data.speed + "")), into the URL Traccar
-// documents for it (...&timestamp={2}&hdop={3}&altitude={4}&speed={5}).
-// Traccar Client converts to knots before sending (traccar-client-android
-// Position.kt: speed = location.speed * 1.943844; traccar-client-sdk
-// HttpUploader.kt: round(it * 1.94384 * 100) / 100). The preset reads both
-// as knots, so an OsmAnd phone's speed is read 1.94 times too slow: a car
-// pulling away at 4 m/s reads 2.06 m/s, under movingSpeed (2.5), and a
-// walker at 0.9 m/s reads 0.46 m/s, under stillSpeed (0.5, "below a slow
-// walker's"), which doubles its uncertainty. The OsmAnd app's request is
-// told apart by its own fields: hdop and no accuracy (the preset already
-// reads its accuracy from hdop for that reason), and a time in ms
-// (System.currentTimeMillis()).
-func TestOsmAndAppsSpeedIsReadInMetresPerSecond(t *testing.T) {
-	parser := *mustPreset("osmand").Form
-	now := time.Now().UTC()
-	ms, s := now.Add(-time.Minute).UnixMilli(), now.Add(-time.Minute).Unix()
-	for _, tt := range []struct {
-		name, query string
-		want        float64 // m/s
-	}{
-		{"OsmAnd app, 4 m/s", fmt.Sprintf("id=pixel7&lat=48.85683&lon=2.292713&timestamp=%d&hdop=5.0&altitude=35.0&speed=4.0&bearing=90.0", ms), 4},
-		{"OsmAnd app, 0.9 m/s", fmt.Sprintf("id=pixel7&lat=48.85683&lon=2.292713&timestamp=%d&hdop=30.0&altitude=35.0&speed=0.9&bearing=90.0", ms), 0.9},
-		// The control: Traccar Client's knots are read right.
-		{"Traccar Client, 4 m/s", fmt.Sprintf("id=123456789012345&timestamp=%d&lat=48.85683&lon=2.292713&speed=7.775376&bearing=90.0&altitude=35.0&accuracy=5.0&batt=81.0", s), 4},
-	} {
-		batch, err := parser.SplitForm(tt.query, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := parser.Parse(batch.Elements[0], now)
-		if err != nil || !got.HasSpeed || math.Abs(got.Speed-tt.want) > 0.01 {
-			t.Errorf("%s: speed %.3f m/s (%v), want %.3f m/s", tt.name, got.Speed, err, tt.want)
-		}
-	}
-}
