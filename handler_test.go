@@ -817,3 +817,71 @@ func TestAnEnforcingHandlerBehindAShadowOneInAnotherKeySpaceStillSuppresses(t *t
 			"yet the enforcing one now passes every request on unjudged", last.Code, last.Header().Get("X-Dedup"), delivered, trial, live)
 	}
 }
+
+// serveNested sends body twice through outer, whose next is inner, whose next
+// is an upstream answering 201, and returns the last answer and how many
+// requests reached the upstream.
+func serveNested(t *testing.T, outer, inner *Handler, body string) (*httptest.ResponseRecorder, int) {
+	t.Helper()
+	delivered := 0
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		delivered++
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	throughInner := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, upstream)
+	})
+	var last *httptest.ResponseRecorder
+	for range 2 { // the ping, then its redelivery
+		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r))) // with the request's placeholders, for key_scope
+		last = httptest.NewRecorder()
+		if err := outer.ServeHTTP(last, r, throughInner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return last, delivered
+}
+
+func nestedPing(asset string) string {
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	return `{"asset_id":"` + asset + `","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`
+}
+
+// key_scope is part of every key (README: "whose value becomes part of
+// every key ... Key contract"), yet not of Handler.keySpace (store +
+// key_prefix). A shadow trial of key_scope in front of the live handler
+// (or the live one scoped behind an unscoped trial), same store and
+// default key_prefix, never meets the live handler's claims, exactly as a
+// trial with its own key_prefix (TestAnEnforcingHandlerBehindAShadowOneIn
+// AnotherKeySpaceStillSuppresses); but the live handler takes itself for
+// nested in the same key space and passes every request on unjudged, so
+// enforcement is silently off and every redelivery reaches the upstream.
+func TestEnforcingHandlerBehindAShadowTrialOfAnotherKeyScopeStillSuppresses(t *testing.T) {
+	outer := provisioned(t, &Handler{Mode: "shadow"})
+	inner := provisioned(t, &Handler{KeyScope: "{http.request.host}"})
+	last, delivered := serveNested(t, outer, inner, nestedPing("veh-nested-scope"))
+	if delivered != 1 || last.Code != http.StatusOK {
+		t.Fatalf("the redelivery was answered %d X-Dedup=%q and the upstream got %d requests; want 200 suppressed by the "+
+			"enforcing handler and 1 request upstream: its keys are scoped, the shadow one's are not, so the two share no key",
+			last.Code, last.Header().Get("X-Dedup"), delivered)
+	}
+}
+
+// The README: "Changing key_prefix, or shape between tumbling and a track
+// shape, invalidates every key in the store": a tumbling key is
+// key_prefix + hex(hash), a track shape's key_prefix + "{" hash "}" ...
+// Trying shape session in shadow in front of the live tumbling handler,
+// the first thing an operator would try Shadow mode for, leaves the two
+// with no key in common, yet the live handler passes every request on.
+func TestEnforcingHandlerBehindAShadowTrialOfAnotherShapeStillSuppresses(t *testing.T) {
+	outer := provisioned(t, &Handler{Mode: "shadow", Shape: "session"})
+	inner := provisioned(t, &Handler{}) // tumbling, the default
+	last, delivered := serveNested(t, outer, inner, nestedPing("veh-nested-shape"))
+	if delivered != 1 || last.Code != http.StatusOK {
+		t.Fatalf("the redelivery was answered %d X-Dedup=%q and the upstream got %d requests; want 200 suppressed by the "+
+			"enforcing tumbling handler and 1 request upstream: the shadow session trial shares no key with it",
+			last.Code, last.Header().Get("X-Dedup"), delivered)
+	}
+}

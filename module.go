@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -306,9 +307,9 @@ type Handler struct {
 	// running are cut, and their claims released, before the process ends
 	// them unfinished.
 	exiting context.Context
-	// keySpace names the store's data and the key_prefix: a handler inside
-	// another of the same key space on one request passes it on
-	// (passNested), and nested warns of that once.
+	// keySpace names the store's data and how keys are made on it
+	// (keySpaceOn): a handler inside another of the same key space on one
+	// request passes it on (passNested), and nested warns of that once.
 	keySpace string
 	nested   *sync.Once
 	logger   *zap.Logger
@@ -366,7 +367,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
 	store := mod.(storeModule)
-	h.keySpace = store.keySpace() + "\x00" + s.keyer.Prefix
+	h.keySpace = h.keySpaceOn(store.keySpace())
 	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
@@ -509,8 +510,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.respond(w, r, next, req)
 }
 
+// keySpaceOn names where the handler's keys live on the store's data, and
+// how they are made: the key_prefix, the key_scope, and the layout
+// (tumbling's window and resolution; sliding and session share theirs).
+// Two handlers of one name meet each other's claims; a shadow trial that
+// differs in any of these meets none of the live handler's.
+func (h *Handler) keySpaceOn(data string) string {
+	s := &h.settings
+	layout := "track"
+	if s.policy.Shape == dedup.Tumbling {
+		layout = fmt.Sprintf("tumbling %s %d", s.keyer.Window, s.keyer.Resolution)
+	}
+	return strings.Join([]string{data, s.keyer.Prefix, h.KeyScope, layout}, "\x00")
+}
+
 // passNested passes on a request that another telemetry_dedup handler of
-// the same key space (store and key_prefix) is judging: this one runs
+// the same key space (keySpaceOn) is judging: this one runs
 // inside it (one at the site's top and one in a handle or route, or two in
 // one route). Judged again, every ping found its own claim in flight and
 // was answered 409, which the outer handler took for a failed upstream: it
@@ -520,7 +535,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // and judges: a shadow trial in front of the live handler, say.
 func (h *Handler) passNested(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	h.nested.Do(func() {
-		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup of the same store and key_prefix on the same request; "+
+		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup of the same store and keys on the same request; "+
 			"this one passes such requests on unjudged, since the outer one has judged their pings: remove one of them "+
 			"(two in one route, or one at the site's top and one in a handle or route), or give them key spaces of their own",
 			zap.String("key_prefix", h.settings.keyer.Prefix))

@@ -3,6 +3,8 @@ package ping
 import (
 	"bufio"
 	"errors"
+	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -288,3 +290,58 @@ func (want fixtureOutcome) check(t *testing.T, got Ping, err error) {
 }
 
 func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+
+// The OsmAnd protocol, as Traccar documents it and its OsmAndProtocolDecoder
+// reads it, carries speed in knots and hdop as a dilution of precision.
+// Hardware senders write exactly that, without an accuracy: the
+// Arduino/ESP32 TraccarClient library (TraccarClient.cpp,
+// traccar_build_osmand_url and traccar_build_osmand_form_body) appends
+// "&hdop=%.2f" from the receiver and "&speed=%d" as round(speedKmh / 1.852),
+// knots, and "&accuracy=" only when the sketch sets one (NAN omits it); its
+// README: "Speed is converted to knots for OsmAnd". Since c65a3c8 a request
+// with hdop and no accuracy has its speed read in m/s, so such a tracker
+// reads 1.94 times too fast: parked GPS noise of 1 knot (0.51 m/s) reads
+// 1 m/s, no longer still (0.5 m/s), and a creep at 3 knots (1.54 m/s) reads
+// 3 m/s, a departure (2.5 m/s) admitted at once inside the radius.
+func TestOsmAndProtocolTrackerWithTrueHDOPKeepsKnots(t *testing.T) {
+	parser := *mustPreset("osmand").Form
+	now := time.Now().UTC()
+	ms := now.Add(-time.Minute).UnixMilli()
+	for _, tt := range []struct {
+		name, query string
+		want        float64 // m/s
+	}{
+		// traccar_build_osmand_url's field order: id, lat, lon, altitude, hdop, speed, valid, timestamp, heading, batt.
+		{"ESP32 TraccarClient, 3 kn", fmt.Sprintf("id=esp32-01&lat=45.4642035&lon=9.1899820&altitude=122.0&hdop=0.90&speed=3&valid=true&timestamp=%d&heading=90.0&batt=88&charge=false", ms), 3 * 1852.0 / 3600},
+		{"ESP32 TraccarClient, 1 kn parked", fmt.Sprintf("id=esp32-01&lat=45.4642035&lon=9.1899820&altitude=122.0&hdop=1.20&speed=1&valid=true&timestamp=%d", ms), 1852.0 / 3600},
+	} {
+		batch, err := parser.SplitForm(tt.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := parser.Parse(batch.Elements[0], now)
+		if err != nil || !got.HasSpeed || math.Abs(got.Speed-tt.want) > 0.01 {
+			t.Errorf("%s: speed %.3f m/s (%v), want %.3f m/s (knots, as the sender writes them)", tt.name, got.Speed, err, tt.want)
+		}
+	}
+}
+
+// Guard: a request carrying both accuracy and hdop (Traccar Client with a
+// user's extra parameter, the ESP32 library with both set) keeps knots,
+// and a cached second read of the same bytes gives the same speed.
+func TestOsmAndAccuracyBesideHDOPKeepsKnotsThroughTheExtractCache(t *testing.T) {
+	parser := *mustPreset("osmand").Form
+	now := time.Now().UTC()
+	q := fmt.Sprintf("id=123456789012345&timestamp=%d&lat=48.85683&lon=2.292713&speed=7.775376&accuracy=5.0&hdop=1.2", now.Add(-time.Minute).Unix())
+	batch, err := parser.SplitForm(q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := NewExtractCache(parser.Prepared())
+	for i := range 2 {
+		got, err := cache.Extract(batch.Elements[0])
+		if err != nil || !got.HasSpeed || math.Abs(got.Speed-4) > 0.01 || got.Accuracy != 5 {
+			t.Errorf("read %d: speed %.3f m/s accuracy %v (%v), want 4 m/s (7.775 knots) and 5 m", i, got.Speed, got.Accuracy, err)
+		}
+	}
+}
