@@ -56,12 +56,34 @@ func run(output string, caddyArgs []string) error {
 	if err != nil {
 		return err
 	}
-	caddy := exec.CommandContext(ctx, binary, caddyArgs...)
+	stop()
+	return runCaddy(binary, caddyArgs)
+}
+
+// runCaddy runs the built Caddy until it exits. Ctrl-C reaches Caddy from
+// the terminal, with the rest of its process group: passed on a second
+// time, it was Caddy's "force quit", which skips the graceful shutdown (and
+// the module's releases at exit). Only a SIGTERM sent to this command is
+// passed on.
+func runCaddy(binary string, args []string) error {
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	caddy := exec.Command(binary, args...)
 	caddy.Stdin, caddy.Stdout, caddy.Stderr = os.Stdin, os.Stdout, os.Stderr
-	caddy.Cancel = func() error { return caddy.Process.Signal(os.Interrupt) } // let Caddy shut down gracefully
-	err = caddy.Run()
-	if ctx.Err() != nil && caddy.ProcessState != nil && caddy.ProcessState.Success() {
-		return nil // stopped with Ctrl-C, and Caddy shut down cleanly: Run reports the cancellation as an error
+	if err := caddy.Start(); err != nil {
+		return err
 	}
-	return err
+	exited := make(chan error, 1)
+	go func() { exited <- caddy.Wait() }()
+	for {
+		select {
+		case err := <-exited:
+			return err
+		case s := <-signals:
+			if s == syscall.SIGTERM {
+				_ = caddy.Process.Signal(s) // Caddy shuts down gracefully on it too
+			}
+		}
+	}
 }
