@@ -735,41 +735,13 @@ func TestADedupHandlerInsideAnotherPassesTheRequestOn(t *testing.T) {
 	inner := provisioned(t, &Handler{KeyPrefix: &prefix})
 	core, logs := observer.New(zap.WarnLevel)
 	inner.logger = zap.New(core)
-	delivered := 0
-	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		delivered++
-		w.WriteHeader(http.StatusCreated)
-		return nil
-	})
-	throughInner := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		return inner.ServeHTTP(w, r, upstream)
-	})
-	send := func(body string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-		w := httptest.NewRecorder()
-		if err := outer.ServeHTTP(w, r, throughInner); err != nil {
-			t.Fatal(err)
-		}
-		return w
-	}
-	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
-	first := `{"asset_id":"veh-nested","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`
-	second := `{"asset_id":"veh-nested-2","occurred_at":"` + at + `","lat":48.1371,"lon":11.5754}`
-	for i, step := range []struct {
-		body      string
-		status    int
-		decision  string
-		delivered int
-	}{
-		{first, http.StatusCreated, "accepted", 1},
-		{first, http.StatusOK, "suppressed", 1}, // its redelivery, answered by the outer handler
-		{second, http.StatusCreated, "accepted", 2},
-	} {
-		w := send(step.body)
-		if w.Code != step.status || w.Header().Get("X-Dedup") != step.decision || delivered != step.delivered {
-			t.Fatalf("request %d: answered %d X-Dedup=%q %s, upstream got %d; want %d %q, upstream %d",
-				i+1, w.Code, w.Header().Get("X-Dedup"), w.Body, delivered, step.status, step.decision, step.delivered)
+	for _, asset := range []string{"veh-nested", "veh-nested-2"} {
+		// Each ping reaches the upstream once, and its redelivery is
+		// answered by the outer handler.
+		last, delivered := serveNested(t, outer, inner, nestedPing(asset))
+		if delivered != 1 || last.Code != http.StatusOK || last.Header().Get("X-Dedup") != "suppressed" {
+			t.Fatalf("%s: the redelivery was answered %d X-Dedup=%q %s, the upstream got %d requests; want 200 suppressed, 1 upstream",
+				asset, last.Code, last.Header().Get("X-Dedup"), last.Body, delivered)
 		}
 	}
 	if n := logs.FilterMessageSnippet("inside another telemetry_dedup").Len(); n != 1 {
@@ -791,26 +763,7 @@ func TestAnEnforcingHandlerBehindAShadowOneInAnotherKeySpaceStillSuppresses(t *t
 	trial, live := "nested-trial:", "nested-live:"
 	outer := provisioned(t, &Handler{KeyPrefix: &trial, Mode: "shadow"})
 	inner := provisioned(t, &Handler{KeyPrefix: &live})
-	delivered := 0
-	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		delivered++
-		w.WriteHeader(http.StatusCreated)
-		return nil
-	})
-	throughInner := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		return inner.ServeHTTP(w, r, upstream)
-	})
-	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
-	body := `{"asset_id":"veh-nested-shadow","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}`
-	var last *httptest.ResponseRecorder
-	for range 2 { // the ping, then its redelivery
-		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-		last = httptest.NewRecorder()
-		if err := outer.ServeHTTP(last, r, throughInner); err != nil {
-			t.Fatal(err)
-		}
-	}
+	last, delivered := serveNested(t, outer, inner, nestedPing("veh-nested-shadow"))
 	if delivered != 1 || last.Code != http.StatusOK {
 		t.Fatalf("the redelivery was answered %d X-Dedup=%q and the upstream got %d requests; want 200 suppressed by the "+
 			"enforcing handler and 1 request upstream: the shadow handler in front (key_prefix %q) shares no key with it (%q), "+
