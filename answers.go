@@ -154,15 +154,19 @@ func (a *answers) writeDeadLettered(w http.ResponseWriter, r rejection) {
 	writeJSON(w, a.deadLettered.status, r.body)
 }
 
-// writeJSON answers status with body as JSON; a 204 or 205 (an
-// operator's dead_lettered answer) with none: neither carries one (RFC
-// 9110), and OkHttp fails either when its Content-Length is not 0.
+// carriesNoContent reports a status whose answer has no body (RFC 9110):
+// 204 and 205. OkHttp fails either when its Content-Length is not 0.
+func carriesNoContent(status int) bool {
+	return status == http.StatusNoContent || status == http.StatusResetContent
+}
+
+// writeJSON answers status with body as JSON, or with none for a status
+// that carries none (an operator's dead_lettered 204 or 205).
 func writeJSON(w http.ResponseWriter, status int, body any) {
-	switch status {
-	case http.StatusResetContent:
-		w.Header().Set("Content-Length", "0") // how RFC 9110 would have a 205 say it holds nothing
-		fallthrough
-	case http.StatusNoContent: // which must not carry a Content-Length either
+	if carriesNoContent(status) {
+		if status == http.StatusResetContent {
+			w.Header().Set("Content-Length", "0") // how RFC 9110 would have a 205 say it holds nothing; a 204 has none
+		}
 		w.WriteHeader(status)
 		return
 	}

@@ -176,7 +176,7 @@ func (a *Answer) check(kind string) error {
 
 // delivered checks an answer that must tell the sender it is done.
 func (a *Answer) delivered(kind string) (bodyAnswer, error) {
-	noContent := a.Status == http.StatusNoContent || a.Status == http.StatusResetContent
+	noContent := carriesNoContent(a.Status)
 	switch {
 	case a.Status == 0:
 		return bodyAnswer{}, answerError(kind, "status 0 (or none) is no HTTP status; give one, such as 200")
