@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -19,8 +20,10 @@ func init() {
 
 // MemoryStore keeps claims inside the Caddy process: the embedded default.
 // Every handler of the process shares one store, which survives config
-// reloads, a reload that changes max_keys included, but not restarts; it
-// is not shared between Caddy instances: use the redis store for that.
+// reloads, a reload that changes max_keys included, and one through a
+// config that uses it nowhere (kept until its keys have expired), but not
+// restarts; it is not shared between Caddy instances: use the redis store
+// for that.
 type MemoryStore struct {
 	// The most keys held at once. When full, the key closest to expiry is
 	// evicted. The shared store holds the largest max_keys any loaded
@@ -51,6 +54,9 @@ func (m *MemoryStore) Provision(caddy.Context) error {
 		m.MaxKeys = dedup.DefaultMaxKeys
 	}
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
+		if v := idleMemory.take(); v != nil {
+			return v, nil
+		}
 		v := &memoryStoreValue{MemoryStore: dedup.NewMemoryStore(m.MaxKeys), bounds: map[int]int{}}
 		report(v)
 		return v, nil
@@ -119,7 +125,8 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // memoryStoreValue lets the memory store live in the usage pool, and
 // keeps how many loaded configs ask for each max_keys: during a reload the
 // old config and the new one both hold it. The store has nothing to close:
-// it is garbage once the pool drops it.
+// once the pool drops it, idleMemory keeps it until its keys have expired,
+// and it is garbage after that.
 type memoryStoreValue struct {
 	*dedup.MemoryStore
 	mu     sync.Mutex
@@ -141,9 +148,55 @@ func (v *memoryStoreValue) bound(maxKeys, delta int) {
 	}
 }
 
+// Destruct hands the store no loaded config uses any more to idleMemory.
 func (v *memoryStoreValue) Destruct() error {
-	retire(v)
+	idleMemory.keep(v)
 	return nil
+}
+
+// idleMemory holds the memory store while no loaded config uses it, until
+// the last key it holds has expired: a reload to a config without it (a
+// trial of the redis store, the directive taken out for a while) and one
+// back is no restart, and the store comes back with its claims. Dropped
+// with the pool, it came back empty, and every redelivery of the last TTL
+// was delivered again. Kept for good, a process that no longer uses it
+// would hold its keys until restart; once they have expired it holds
+// nothing a new store would not.
+var idleMemory idleStore
+
+// idleStore is a memory store no loaded config uses, and the timer that
+// drops it once its keys have expired.
+type idleStore struct {
+	mu    sync.Mutex
+	value *memoryStoreValue
+	drop  *time.Timer
+}
+
+// keep holds v until its keys have expired, then lets go of it.
+func (s *idleStore) keep(v *memoryStoreValue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.value = v
+	s.drop = time.AfterFunc(v.ExpiresIn(), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.value == v {
+			s.value = nil
+			retire(v)
+		}
+	})
+}
+
+// take returns the store held, if any, for a config that uses it again.
+func (s *idleStore) take() *memoryStoreValue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.value
+	if v != nil {
+		s.drop.Stop()
+		s.value = nil
+	}
+	return v
 }
 
 func (v *memoryStoreValue) stats() storeStats {

@@ -14,6 +14,11 @@ import (
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
+// forgetIdleMemory lets go of the memory store no loaded config holds, as
+// a restart would: a test that counts on an empty store starts with one,
+// whatever the tests before it left there.
+func forgetIdleMemory() { idleMemory.take() }
+
 // loadMemoryConfig loads a handler on the memory store with maxKeys.
 func loadMemoryConfig(t *testing.T, maxKeys int) (*tableTester, func()) {
 	t.Helper()
@@ -29,6 +34,7 @@ func TestAReloadThatChangesMaxKeysKeepsTheClaims(t *testing.T) {
 	pingOf := func(i int) string {
 		return fmt.Sprintf(`{"asset_id":"veh-%d","occurred_at":%q,"lat":52.52,"lon":13.4}`, i, at.Format(time.RFC3339))
 	}
+	forgetIdleMemory()
 	first, unloadFirst := loadMemoryConfig(t, 100)
 	for i := range 10 {
 		if res := first.post(pingOf(i), "application/json", nil); res.status != http.StatusCreated {
@@ -233,5 +239,48 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out waiting")
 		}
+	}
+}
+
+// A reload to a config that uses the memory store nowhere (a trial of the
+// redis store, the directive taken out for a while) and one back is no
+// restart: the store must come back with its claims, or every redelivery
+// of the last TTL is delivered again. Dropped with the usage pool, it
+// came back empty (helper 3's finding).
+func TestTheMemoryStoreOutlivesAConfigWithoutIt(t *testing.T) {
+	body := fmt.Sprintf(`{"asset_id":"veh-idle","occurred_at":%q,"lat":52.52,"lon":13.4}`,
+		time.Now().UTC().Add(-time.Minute).Truncate(time.Second).Format(time.RFC3339))
+	const config = `{"key_prefix":"idle-memory:"}`
+	first, unloadFirst := loadConfig(t, config)
+	if res := first.post(body, "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("first sighting: %d %s", res.status, res.body)
+	}
+	unloadFirst() // the config without it is loaded: no handler holds the store
+	again, unloadAgain := loadConfig(t, config)
+	defer unloadAgain()
+	if res := again.post(body, "application/json", nil); res.header.Get("X-Dedup") != "suppressed" {
+		t.Fatalf("the redelivery after a reload through a config without the memory store: %d %s, want suppressed",
+			res.status, res.header.Get("X-Dedup"))
+	}
+}
+
+// The store no config uses is let go of once every key it holds has
+// expired: a process that no longer uses it holds nothing for good.
+func TestAnIdleMemoryStoreIsLetGoOfOnceItsKeysHaveExpired(t *testing.T) {
+	var idle idleStore
+	held := &memoryStoreValue{MemoryStore: dedup.NewMemoryStore(10), bounds: map[int]int{}}
+	claim := &dedup.Claim{Observation: dedup.Observation{Key: "idle-test:k"}, Policy: &dedup.Policy{Shape: dedup.Tumbling, TTL: 300 * time.Millisecond},
+		Token: 1, At: time.Now()}
+	if _, err := held.Decide(context.Background(), []*dedup.Claim{claim}); err != nil {
+		t.Fatal(err)
+	}
+	idle.keep(held)
+	if got := idle.take(); got != held {
+		t.Fatalf("took %p within its keys' TTL, want the store kept (%p)", got, held)
+	}
+	idle.keep(held)
+	time.Sleep(time.Second)
+	if got := idle.take(); got != nil {
+		t.Fatalf("a second after its last key expired, the idle store is still held")
 	}
 }

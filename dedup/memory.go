@@ -247,6 +247,18 @@ func (m *MemoryStore) Len() int {
 
 func (m *MemoryStore) len() int { return len(m.claims) + len(m.seen) + len(m.tracks) }
 
+// ExpiresIn returns how long until every key the store holds now has
+// expired (0 when it holds none).
+func (m *MemoryStore) ExpiresIn() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now, last := m.clock(), int64(0)
+	for _, it := range m.byExpiry { // items of keys stored again since expire earlier: harmless
+		last = max(last, it.expires)
+	}
+	return time.Duration(max(last-now, 0))
+}
+
 // Evictions returns how many unexpired keys were dropped to stay within
 // max_keys since the store was created.
 func (m *MemoryStore) Evictions() uint64 {

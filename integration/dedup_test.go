@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 func TestAcceptedPingReachesUpstreamByteForByte(t *testing.T) {
@@ -304,6 +306,35 @@ func TestClaimsSurviveAConfigReload(t *testing.T) {
 
 	tester = startCaddy(t, up, "max_future 10m") // a different config, the same memory store
 	post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
+}
+
+// A reload through a config that uses the memory store nowhere (a trial of
+// the redis store, or the directive taken out for a while) and back is no
+// restart: the claims are still there (helper 3's finding; the store was
+// dropped with the last config that held it).
+func TestClaimsSurviveAReloadThroughAConfigWithoutTheMemoryStore(t *testing.T) {
+	for _, between := range []string{"the redis store", "no telemetry_dedup"} {
+		t.Run(between, func(t *testing.T) {
+			up := newUpstream(t)
+			body := ping("veh-memory-kept", base(), 52.5200087, 13.4049547)
+			tester := startCaddy(t, up, "")
+			post(t, tester.Client, body).expect(t, http.StatusCreated, "accepted")
+
+			if between == "the redis store" {
+				startCaddy(t, up, redisOptions(redistest.Start(t), ""))
+			} else {
+				caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	reverse_proxy %s
+}`, strings.TrimPrefix(up.URL, "http://")))
+			}
+			tester = startCaddy(t, up, "")
+			post(t, tester.Client, body).expect(t, http.StatusOK, "suppressed")
+			if n := up.received(body); n != 1 {
+				t.Fatalf("the upstream has the ping %d times, want once", n)
+			}
+		})
+	}
 }
 
 func TestConcurrentRedeliveriesReachTheUpstreamOnce(t *testing.T) {
