@@ -64,7 +64,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		time_format rfc3339
 		lat position.latitude
 		lon position.longitude
-		crs EPSG:32633
+		crs EPSG:4326
 		shape session
 		window 10m
 		session_idle 20m
@@ -113,7 +113,7 @@ func TestCaddyfileEveryOption(t *testing.T) {
 		`"event":["position.attributes.alarm","position.attributes.event=geofence|sos"],"state":["position.attributes.ignition"],` +
 		`"time_zone":"Europe/Berlin","encoding":"auto","batch":"positions","preset":"traccar",` +
 		`"answers":{"suppressed":{"status":200,"content_type":"application/json","body":"{\"result\":\"ok\"}"},"in_flight":{"status":503,"retry_after":2},` +
-		`"dead_lettered":{"status":202,"content_type":"text/plain","body":"kept"}},"crs":"EPSG:32633","shape":"session","window":600000000000,` +
+		`"dead_lettered":{"status":202,"content_type":"text/plain","body":"kept"}},"crs":"EPSG:4326","shape":"session","window":600000000000,` +
 		`"session_idle":1200000000000,"resolution":10,"radius":30,"hysteresis":12.5,"key_prefix":"","key_scope":"{http.request.host}","retry_ladder":[30000000000,120000000000,3600000000000],` +
 		`"outage_margin":0,"ttl":10800000000000,"store":{"timeout":75000000,"type":"redis","url":"redis://user:secret@127.0.0.1:6390/2"},` +
 		`"near_cache":0,"on_store_error":"closed","release_on_failure":false,"in_flight_timeout":45000000000,"mode":"shadow","on_invalid":"dead_letter",` +
@@ -202,6 +202,15 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"near_cache too large", "telemetry_dedup {\n\tstore redis redis://x\n\tnear_cache 99999999999\n}", []string{":3", "near_cache", "6400.0 GB", "at most 50000000"}},
 		{"redis timeout shorter than a round trip", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 1ns\n\t}\n}", []string{":3", "timeout 1ns", "shorter than 1ms", "50ms"}},
 		{"redis negative dial_timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tdial_timeout -5s\n\t}\n}", []string{":3", "more than 0"}},
+		// Read as metres, every fix landed by (0, 0), and a car driving on
+		// was answered "jitter", which OwnTracks takes as delivered.
+		{"projected crs beside a preset of degrees", "telemetry_dedup {\n\tpreset owntracks\n\tcrs EPSG:3857\n}", []string{":3", "WGS 84 degrees", "remove crs"}},
+		{"redis read_timeout shorter than a round trip", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tread_timeout 5ns\n\t}\n}", []string{":3", "read_timeout 5ns", "shorter than 1ms"}},
+		// go-redis reserves room for the whole pool as the config loads:
+		// this one was a fatal out-of-memory error, every site down with it.
+		{"redis pool_size no server takes", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tpool_size 100000000\n\t}\n}", []string{":3", "pool_size 100000000", "at most 10000"}},
+		// go-redis drops the URL's database for a Cluster without a word.
+		{"redis cluster with a database in the URL", "telemetry_dedup {\n\tstore redis redis://127.0.0.1:1/3 {\n\t\tcluster\n\t}\n}", []string{"database 0", "drop the URL's /3"}},
 		{"placeholder in key_prefix", "telemetry_dedup {\n\tkey_prefix {http.request.host}:\n}", []string{":2", "key_prefix", "not expanded", "key_scope {http.request.host}"}},
 		{"placeholder in dead_letter_stream", "telemetry_dedup {\n\tdead_letter_stream {env.STREAM}\n}", []string{":2", "dead_letter_stream", "not expanded", "{$NAME}"}},
 		{"off beside other events", "telemetry_dedup {\n\tevent alarm off\n}", []string{":2", "off clears the preset's and goes alone"}},
@@ -697,6 +706,13 @@ func TestJSONRefusesNegativeStoreSettings(t *testing.T) {
 		{`"timeout":1`, "shorter than 1ms"},
 		{`"read_timeout":-1`, "read_timeout -1ns is negative"},
 		{`"dial_timeout":-5000000000`, "dial_timeout -5s is negative"},
+		// A bare number is nanoseconds in JSON: 5 was written for seconds,
+		// and every store call failed, duplicates forwarded unchecked.
+		{`"read_timeout":5`, "read_timeout 5ns is shorter than 1ms"},
+		{`"write_timeout":5`, "write_timeout 5ns is shorter than 1ms"},
+		{`"dial_timeout":5`, "dial_timeout 5ns is shorter than 1ms"},
+		{`"pool_size":100000000`, "pool_size 100000000 is more connections than a Redis server takes"},
+		{`"cluster":true,"db":3`, "a Cluster has only database 0"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(`{"store":{"type":"redis","url":"redis://127.0.0.1:1",`+tt.setting+`}}`), h); err != nil {
@@ -707,6 +723,35 @@ func TestJSONRefusesNegativeStoreSettings(t *testing.T) {
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("store with %s: got %v, want %q", tt.setting, err, tt.want)
+		}
+	}
+}
+
+// In Caddy's JSON a bare number is nanoseconds. A sender's clock and
+// retries are durations of seconds at least, and one written as a number
+// of seconds loaded without a word (helper 1's finding): max_past 86400
+// refused every ping 2 s old (OwnTracks iOS deletes a message on a 4xx),
+// session_idle 600 admitted every ping of a parked asset, a ladder in
+// seconds made the TTL 30 minutes. window, ttl, in_flight_timeout and
+// stuck_after had floors already.
+func TestJSONRefusesDurationsWrittenAsSeconds(t *testing.T) {
+	for _, tt := range []struct{ config, option string }{
+		{`{"max_past":86400}`, "max_past"},
+		{`{"max_future":300}`, "max_future"},
+		{`{"shape":"session","session_idle":600}`, "session_idle"},
+		{`{"retry_ladder":[60,300,1800,7200,21600]}`, "retry_ladder"},
+		{`{"outage_margin":1800}`, "outage_margin"},
+	} {
+		h := new(Handler)
+		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		err := h.Provision(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), tt.option) || !strings.Contains(err.Error(), "with its unit") {
+			_ = h.Cleanup()
+			t.Errorf("%s: got %v, want it refused, naming %s and asking for a unit", tt.config, err, tt.option)
 		}
 	}
 }

@@ -126,7 +126,8 @@ type Handler struct {
 	// The coordinate system of lat and lon: EPSG:4326 (WGS 84 degrees),
 	// EPSG:3857 (Web Mercator metres) or a WGS 84 UTM zone, EPSG:326xx
 	// (north) or EPSG:327xx (south). Positions are reprojected to WGS 84
-	// before validation and keying. Default: EPSG:4326.
+	// before validation and keying; a projected one goes with no preset
+	// but geojson (the apps' senders write degrees). Default: EPSG:4326.
 	CRS string `json:"crs,omitempty"`
 
 	// How the window is laid over an asset's pings: tumbling (a time bucket
@@ -145,7 +146,7 @@ type Handler struct {
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// The device-time gap that ends a session (shape session only).
-	// Default: 10m.
+	// At least 1s. Default: 10m.
 	SessionIdle caddy.Duration `json:"session_idle,omitempty"`
 
 	// H3 resolution of the position cell, 0 to 15; choose a cell wider than
@@ -178,10 +179,11 @@ type Handler struct {
 
 	// The sender's retry schedule: offsets of its attempts after the first
 	// delivery. The key TTL is the last one plus outage_margin.
-	// Default: 1m 5m 30m 2h 6h.
+	// The first at least 1s. Default: 1m 5m 30m 2h 6h.
 	RetryLadder []caddy.Duration `json:"retry_ladder,omitempty"`
 
-	// Outage to survive beyond the sender's last retry. Default: 30m.
+	// Outage to survive beyond the sender's last retry: 0, or at least 1s.
+	// Default: 30m.
 	OutageMargin *caddy.Duration `json:"outage_margin,omitempty"`
 
 	// Key lifetime, instead of retry_ladder + outage_margin. It may not be
@@ -256,12 +258,12 @@ type Handler struct {
 
 	// How far ahead of the server clock a device time may be. Later pings
 	// are rejected: they would claim keys of buckets not yet lived.
-	// Default: 5m.
+	// At least 1s. Default: 5m.
 	MaxFuture caddy.Duration `json:"max_future,omitempty"`
 
 	// How far behind the server clock a device time may be. Older pings
 	// are rejected: their clock was never set (1970, the GPS epoch, the
-	// year 1). Default: 365d.
+	// year 1). At least 1s. Default: 365d.
 	MaxPast caddy.Duration `json:"max_past,omitempty"`
 
 	// "reject" refuses the exact position (0, 0), which GPS modules report

@@ -393,6 +393,13 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 		if err != nil {
 			return p, "", &dedup.ConfigError{Option: "crs", Problem: err.Error()}
 		}
+		if !crs.IsWGS84() && h.Preset != "" && h.Preset != "geojson" {
+			// Read as metres, every fix of every device lands a few
+			// metres off (0, 0): a car driving on is answered "jitter",
+			// which its app takes as delivered, and its track is lost.
+			return p, "", &dedup.ConfigError{Option: "crs", Problem: fmt.Sprintf(
+				"%s: preset %s's senders always write WGS 84 degrees; remove crs", h.CRS, h.Preset)}
+		}
 		p.CRS = crs
 	}
 	if err := h.applyReportedFields(&p); err != nil {
@@ -402,9 +409,15 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 	if p.MaxFuture < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
 	}
+	if err := dedup.CheckSeconds("max_future", p.MaxFuture, `"5m"`); err != nil {
+		return p, "", err
+	}
 	p.MaxPast = orDefault(h.MaxPast, ping.DefaultMaxPast)
 	if p.MaxPast < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_past", Problem: fmt.Sprintf("%s is negative; use a duration such as 365d", p.MaxPast)}
+	}
+	if err := dedup.CheckSeconds("max_past", p.MaxPast, `"365d"`); err != nil {
+		return p, "", err
 	}
 	var err error
 	if p.AllowNullIsland, err = choice("null_island", h.NullIsland, nullIslandReject, nullIslandAllow); err != nil {

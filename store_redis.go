@@ -73,18 +73,20 @@ type RedisStore struct {
 	// store error (and on_store_error decides). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	// How long opening a connection may take. Default: go-redis's, 5s.
+	// How long opening a connection may take, at least 1ms. Default:
+	// go-redis's, 5s.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
-	// How long reading a reply may take on a connection. Default:
+	// How long reading a reply may take on a connection, at least 1ms. Default:
 	// go-redis's, 5s; Timeout bounds each operation's wait anyway. Below
 	// Timeout, a reply later than this has go-redis send the call again
 	// on a new connection, after it ran (README, Stores).
 	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
-	// How long writing a command may take on a connection. Default:
+	// How long writing a command may take on a connection, at least 1ms. Default:
 	// ReadTimeout, as go-redis does; Timeout bounds each operation's wait anyway.
 	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
 
-	// Connections per node. Default: 10 per CPU.
+	// Connections per node, at most 10000 (a Redis server's default
+	// maxclients). Default: 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// Consecutive store failures that open the circuit breaker. Default: 5.
@@ -207,6 +209,19 @@ func checkTimeoutFloor(timeout time.Duration) error {
 	return nil
 }
 
+// connectionTimeoutArg reads one of the store's timeouts, which no Redis
+// round trip must fit in (checkTimeoutFloor).
+func connectionTimeoutArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	option := d.Val()
+	if err := positiveDurationArg(d, dst); err != nil {
+		return err
+	}
+	if err := checkTimeoutFloor(time.Duration(*dst)); err != nil {
+		return d.Errf("%s %s %v", option, time.Duration(*dst), err)
+	}
+	return nil
+}
+
 // checkNumbers refuses numbers no connection can have, which go-redis
 // would not: a negative pool size panics it, and a negative database or
 // failure count would silently mean the default.
@@ -223,11 +238,30 @@ func (r *RedisStore) checkNumbers() error {
 			return fmt.Errorf("store redis: %s %s is negative, which turns go-redis's timeout off; "+
 				"use one such as 3s, or leave it out for its default", name, time.Duration(value))
 		}
+		if err := checkTimeoutFloor(time.Duration(value)); err != nil {
+			return fmt.Errorf("store redis: %s %s %w", name, time.Duration(value), err)
+		}
 	}
 	for name, value := range map[string]int{"pool_size": r.PoolSize, "db": r.db(), "breaker_failures": r.BreakerFailures} {
 		if value < 0 {
 			return fmt.Errorf("store redis: %s %d is negative; use %s, or leave it out for its default", name, value, redisCountUse[name])
 		}
+	}
+	return checkPoolSize(r.PoolSize)
+}
+
+// maxPoolSize is the largest pool_size: a Redis server takes 10000
+// clients by default (maxclients), and go-redis reserves room for every
+// connection of the pool when the client is made, on each node.
+const maxPoolSize = 10000
+
+// checkPoolSize refuses a pool no server takes, for the Caddyfile and JSON
+// alike: pool_size 100000000 was a fatal out-of-memory error at load, every
+// site of the process down with it, not a configuration error.
+func checkPoolSize(n int) error {
+	if n > maxPoolSize {
+		return fmt.Errorf("store redis: pool_size %d is more connections than a Redis server takes by default (maxclients %d), "+
+			"and go-redis reserves room for each when the config loads; use %s, at most %d", n, maxPoolSize, redisCountUse["pool_size"], maxPoolSize)
 	}
 	return nil
 }
@@ -340,8 +374,15 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 		// take the sentinels for guarded.
 		return nil, errors.New("store redis: sentinel_username and sentinel_password are for Sentinel, and do nothing without master; add master <name>, or remove them")
 	}
-	if r.db() != 0 && (r.Cluster || (len(opts.Addrs) > 1 && r.Master == "")) {
-		return nil, errors.New("store redis: a Cluster has only database 0; drop db")
+	if r.Cluster || (len(opts.Addrs) > 1 && r.Master == "") {
+		switch {
+		case r.db() != 0:
+			return nil, errors.New("store redis: a Cluster has only database 0; drop db")
+		case r.DB == nil && opts.DB != 0:
+			// go-redis drops it for a Cluster without a word: two
+			// deployments told apart by it would share one key space.
+			return nil, fmt.Errorf("store redis: a Cluster has only database 0; drop the URL's /%d", opts.DB)
+		}
 	}
 	opts.Username = cmp.Or(r.Username, opts.Username)
 	opts.Password = cmp.Or(r.Password, opts.Password)
@@ -520,21 +561,21 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "tls":
 		return r.unmarshalTLS(d)
 	case "timeout":
-		if err := positiveDurationArg(d, &r.Timeout); err != nil {
+		return connectionTimeoutArg(d, &r.Timeout)
+	case "dial_timeout":
+		return connectionTimeoutArg(d, &r.DialTimeout)
+	case "read_timeout":
+		return connectionTimeoutArg(d, &r.ReadTimeout)
+	case "write_timeout":
+		return connectionTimeoutArg(d, &r.WriteTimeout)
+	case "pool_size":
+		if err := intArg(d, &r.PoolSize, 1, redisCountUse[option]); err != nil {
 			return err
 		}
-		if err := checkTimeoutFloor(time.Duration(r.Timeout)); err != nil {
-			return d.Errf("timeout %s: %v", d.Val(), err)
+		if err := checkPoolSize(r.PoolSize); err != nil {
+			return d.Err(err.Error())
 		}
 		return nil
-	case "dial_timeout":
-		return positiveDurationArg(d, &r.DialTimeout)
-	case "read_timeout":
-		return positiveDurationArg(d, &r.ReadTimeout)
-	case "write_timeout":
-		return positiveDurationArg(d, &r.WriteTimeout)
-	case "pool_size":
-		return intArg(d, &r.PoolSize, 1, redisCountUse[option])
 	case "breaker_failures":
 		return intArg(d, &r.BreakerFailures, 1, redisCountUse[option])
 	case "breaker_cooldown":

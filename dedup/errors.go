@@ -1,6 +1,10 @@
 package dedup
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"time"
+)
 
 // ConfigError names the option that is wrong and says what to do about it.
 // The Caddyfile parser turns it into an error that points at the option's
@@ -14,6 +18,20 @@ type ConfigError struct {
 
 // Error names the option and says what to change.
 func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }
+
+// CheckSeconds refuses a duration option of a sender's clock or retries
+// (max_past, max_future, session_idle, the retry ladder's offsets,
+// outage_margin) above 0 and under a second: no sender measures one so
+// finely, and in Caddy's JSON a bare number is nanoseconds, so a max_past
+// of 86400 written for a day loaded as 86 µs and refused every ping 2 s
+// old. example is the option with a value to write instead.
+func CheckSeconds(option string, d time.Duration, example string) error {
+	if d > 0 && d < time.Second {
+		return &ConfigError{Option: option, Problem: fmt.Sprintf(
+			"%s is under a second (in JSON a bare number is nanoseconds); write the duration with its unit, e.g. %s", d, example)}
+	}
+	return nil
+}
 
 // DecideError is a Decide answered for some of its claims and failed for
 // the others: a batch whose redeliveries the near cache answered while
