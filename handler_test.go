@@ -653,6 +653,15 @@ func TestAFormFieldGivenTwiceSaysSo(t *testing.T) {
 			fmt.Sprintf("id=veh-a&deviceid=veh-b&timestamp=%d&lat=52.5&lon=13.4", ts), "id",
 			`id: given as both id ("veh-a") and deviceid ("veh-b"), two names of the asset id, and parsers disagree on which counts ` +
 				`(Traccar's the one given last, here deviceid): send one`},
+		// One number to gjson's String: quoted as that, the error told
+		// of two different values and showed the same one twice.
+		{"numbers that differ as written", `{"key_prefix":"twice:","preset":"osmand"}`,
+			fmt.Sprintf("id=4711&id=4711.0&timestamp=%d&lat=52.5&lon=13.4", ts), "id",
+			`id: given 2 times with different values ("4711", "4711.0"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},
+		{"id and deviceid as numbers", `{"key_prefix":"twice:","preset":"osmand"}`,
+			fmt.Sprintf("id=4711&deviceid=4711.0&timestamp=%d&lat=52.5&lon=13.4", ts), "id",
+			`id: given as both id ("4711") and deviceid ("4711.0"), two names of the asset id, and parsers disagree on which counts ` +
+				`(Traccar's the one given last, here deviceid): send one`},
 		{"a custom form route", `{"key_prefix":"twice:","encoding":"form","asset":["device"],"time":["t"],"time_format":"unix"}`,
 			fmt.Sprintf("device=a&device=b&t=%d&lat=52.5&lon=13.4", ts), "device",
 			`device: given 2 times with different values ("a", "b"), and parsers disagree on which counts (Traccar's the last, Go's the first): send it once`},

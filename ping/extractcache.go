@@ -27,7 +27,8 @@ const (
 // It holds numbers only, in a fixed table (about 400 KB), so the garbage
 // collector has nothing in it to scan and a miss allocates nothing. A ping
 // whose strings Extract had to make rather than read in place (an escaped
-// id, an event or a state) is not remembered; nor is an error. It is safe
+// id, an event or a state) is not remembered, nor one whose local time has
+// two readings, nor an error. It is safe
 // for concurrent use.
 type ExtractCache struct {
 	parser Parser
@@ -100,7 +101,11 @@ func (s *extractSlot) store(h0, h1 uint64, body []byte, p Ping) {
 	event, okE := spanOf(body, p.Event)
 	state, okS := spanOf(body, p.State)
 	sec, nsec := p.Time.Unix(), p.Time.Nanosecond()
-	if !okA || !okE || !okS || time.Unix(sec, int64(nsec)).UTC() != p.Time {
+	// A local time of the hour its zone's clock is set back has a second
+	// reading (setBack), which the server clock picks from (AtServerClock)
+	// and a slot does not keep: a retry answered from it was read as the
+	// later instant, an hour ahead, and refused as from the future.
+	if !okA || !okE || !okS || time.Unix(sec, int64(nsec)).UTC() != p.Time || p.setBack != 0 {
 		return
 	}
 	seq, ok := s.lock.TryLock()

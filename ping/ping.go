@@ -278,13 +278,23 @@ func givenSeveralTimes(root gjson.Result, checks []keyCheck, read []pathLeaf) er
 		}
 		var values []string
 		v.ForEach(func(_, e gjson.Result) bool {
-			values = append(values, strconv.Quote(e.String()))
+			values = append(values, asSent(e))
 			return true
 		})
 		return invalid(r.path, RuleType, "given %d times with different values (%s), and parsers disagree on which counts "+
 			"(Traccar's the last, Go's the first): send it once", len(values), strings.Join(values, ", "))
 	}
 	return nil
+}
+
+// asSent quotes a value as the sender wrote it: 4711 and 4711.0 are one
+// number to gjson's String, and an error that called them different
+// values, quoting "4711" twice, showed the sender nothing to fix.
+func asSent(v gjson.Result) string {
+	if v.Type == gjson.String {
+		return strconv.Quote(v.Str)
+	}
+	return strconv.Quote(v.Raw)
 }
 
 // aliasesAgree refuses a ping that gives the names of its asset id
@@ -303,7 +313,7 @@ func (p *Parser) aliasesAgree(root gjson.Result, checks []keyCheck, plan *parseP
 		case v.Raw != v0.Raw:
 			return invalid(p.AssetPaths[given], RuleType, "given as both %s (%s) and %s (%s), two names of the asset id, "+
 				"and parsers disagree on which counts (Traccar's the one given last, here %s): send one",
-				p.AssetPaths[given], strconv.Quote(v0.String()), path, strconv.Quote(v.String()),
+				p.AssetPaths[given], asSent(v0), path, asSent(v),
 				givenLast(root, p.AssetPaths[given], path))
 		}
 	}

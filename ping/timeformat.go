@@ -44,9 +44,11 @@ func ParseTimeFormat(s string) (TimeFormat, error) {
 const autoMillisAbove = 1e11
 
 // offsetLayouts are the timestamp layouts that carry a UTC offset: RFC 3339
-// itself, and the "+0000" form without a colon that Java-based trackers
-// (Traccar among them) emit.
-var offsetLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999Z0700"}
+// itself, the "+0000" form without a colon that Java-based trackers
+// (Traccar among them) emit, and both with a space for the T, as RFC 3339
+// allows (§5.6) and Python's str() of an aware datetime writes.
+var offsetLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999Z0700",
+	"2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999Z0700"}
 
 // naiveLayouts are the same timestamps without an offset. They only serve to
 // tell the sender that the offset is missing rather than that the text is
