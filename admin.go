@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -49,6 +50,8 @@ type decisionCount struct {
 	Decision string `json:"decision"`
 	// Reason is the reason label, if the decision has one.
 	Reason string `json:"reason,omitempty"`
+	// Mode is the mode label: enforce, or shadow for a trial's.
+	Mode string `json:"mode"`
 	// Count is how many pings were so decided.
 	Count uint64 `json:"count"`
 }
@@ -89,15 +92,14 @@ func decisionTotals() []decisionCount {
 				c.Decision = l.GetValue()
 			case "reason":
 				c.Reason = l.GetValue()
+			case "mode":
+				c.Mode = l.GetValue()
 			}
 		}
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b decisionCount) int {
-		if a.Decision != b.Decision {
-			return strings.Compare(a.Decision, b.Decision)
-		}
-		return strings.Compare(a.Reason, b.Reason)
+		return cmp.Or(strings.Compare(a.Mode, b.Mode), strings.Compare(a.Decision, b.Decision), strings.Compare(a.Reason, b.Reason))
 	})
 	return out
 }

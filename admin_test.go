@@ -16,7 +16,7 @@ import (
 func TestStuckEndpointAnswersEmptyListsBeforeAnyPing(t *testing.T) {
 	metricsOnce.Do(initMetrics)
 	counted := metrics.decisions
-	metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "decisions_total"}, []string{"decision", "reason"})
+	metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "decisions_total"}, []string{"decision", "reason", "mode"})
 	defer func() { metrics.decisions = counted }()
 
 	w := httptest.NewRecorder()

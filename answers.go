@@ -14,6 +14,9 @@ import (
 type rejection struct {
 	status int
 	body   errorBody
+	// pings is how many pings a batch refused whole holds, counted each
+	// in decisions_total as analyze counts them; 0 for one ping.
+	pings int
 }
 
 // reason is the {http.telemetry_dedup.reason} of a rejection: the rule an
@@ -57,14 +60,15 @@ func rejectionFor(err error) (rejection, bool) {
 	var batchTooLarge *ping.BatchTooLargeError
 	switch {
 	case errors.As(err, &batchTooLarge):
-		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error(), Rule: reasonTooLarge}}, true
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: batchTooLarge.Error(), Rule: reasonTooLarge},
+			batchTooLarge.Count}, true
 	case errors.As(err, &invalid):
 		return rejection{http.StatusUnprocessableEntity, errorBody{
-			Decision: decisionRejected, Error: invalid.Error(), Field: invalid.Field, Rule: string(invalid.Rule)}}, true
+			Decision: decisionRejected, Error: invalid.Error(), Field: invalid.Field, Rule: string(invalid.Rule)}, 0}, true
 	case errors.As(err, &malformed):
-		return rejection{http.StatusBadRequest, errorBody{Decision: decisionRejected, Error: malformed.Error(), Rule: reasonMalformed}}, true
+		return rejection{http.StatusBadRequest, errorBody{Decision: decisionRejected, Error: malformed.Error(), Rule: reasonMalformed}, 0}, true
 	case errors.As(err, &tooLarge):
-		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: tooLarge.Error(), Rule: reasonTooLarge}}, true
+		return rejection{http.StatusRequestEntityTooLarge, errorBody{Decision: decisionRejected, Error: tooLarge.Error(), Rule: reasonTooLarge}, 0}, true
 	default:
 		return rejection{}, false
 	}

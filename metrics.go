@@ -49,8 +49,8 @@ func initMetrics() {
 		return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help}
 	}
 	metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts(opts("decisions_total",
-		"Pings decided, by decision and reason (in shadow mode, what enforce would have decided).")),
-		[]string{"decision", "reason"})
+		"Pings decided, by decision, reason and mode (in shadow mode, what enforce would have decided).")),
+		[]string{"decision", "reason", "mode"})
 	metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "store_duration_seconds",
 		Help:    "Time of each store operation, by store and operation (decide, settle, release).",

@@ -290,7 +290,7 @@ func everyMetric(t *testing.T) []*dto.MetricFamily {
 	if err := registerMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
-	metrics.decisions.WithLabelValues("accepted", "")
+	metrics.decisions.WithLabelValues("accepted", "", modeEnforce)
 	metrics.storeDuration.WithLabelValues("memory", "decide")
 	metrics.storeErrors.WithLabelValues("memory", "decide")
 	metrics.releases.WithLabelValues("released")
@@ -378,5 +378,68 @@ func checkFreshMetrics(t *testing.T) {
 	}
 	if len(missing) > 0 {
 		t.Fatalf("a freshly provisioned handler exports no series for %v: their first event is lost to rate()/increase()", missing)
+	}
+}
+
+// A dashboard panel in a rate unit (reqps) charts rates, or says the unit
+// of each series that is none: "Claims of timed-out store calls,
+// reconciled by token" charted the gauge of claims waiting beside the
+// rates, and 40 claims waiting read "40 req/s" during the very outage the
+// panel is for (helper 4's finding).
+func TestDashboardRatePanelsChartOnlyRates(t *testing.T) {
+	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title       string `json:"title"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit string `json:"unit"`
+				} `json:"defaults"`
+				Overrides []struct {
+					Matcher struct {
+						ID      string `json:"id"`
+						Options string `json:"options"`
+					} `json:"matcher"`
+					Properties []struct {
+						ID    string `json:"id"`
+						Value any    `json:"value"`
+					} `json:"properties"`
+				} `json:"overrides"`
+			} `json:"fieldConfig"`
+			Targets []struct {
+				Expr         string `json:"expr"`
+				LegendFormat string `json:"legendFormat"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	isRate := regexp.MustCompile(`\b(rate|irate)\(`)
+	checked := 0
+	for _, p := range dash.Panels {
+		if p.FieldConfig.Defaults.Unit != "reqps" {
+			continue
+		}
+		ownUnit := map[string]bool{} // series given a unit of their own
+		for _, o := range p.FieldConfig.Overrides {
+			for _, prop := range o.Properties {
+				if o.Matcher.ID == "byName" && prop.ID == "unit" && prop.Value != "reqps" {
+					ownUnit[o.Matcher.Options] = true
+				}
+			}
+		}
+		for _, q := range p.Targets {
+			checked++
+			if !isRate.MatchString(q.Expr) && !ownUnit[q.LegendFormat] {
+				t.Errorf("panel %q is in req/s, and its series %q charts %s, no rate: give it a unit of its own", p.Title, q.LegendFormat, q.Expr)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no reqps panel: the dashboard is no longer read")
 	}
 }

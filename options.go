@@ -621,6 +621,16 @@ func (h *Handler) ttlPolicy(window time.Duration, pol dedup.Policy) dedup.TTLPol
 	return p
 }
 
+// mode is the handler's mode, as decisions_total labels it: a shadow
+// trial in front of the live handler judges the same pings, and counted
+// alike, its would-be suppressions read as suppressions of the live one.
+func (s *settings) mode() string {
+	if s.shadow {
+		return modeShadow
+	}
+	return modeEnforce
+}
+
 // choice reads a two-valued option: empty or the default gives false, the
 // alternative true, anything else an error listing both.
 func choice(option, value, byDefault, alternative string) (bool, error) {

@@ -138,7 +138,7 @@ func (h *Handler) recordOutcome(e *element) {
 	if e.err != nil {
 		return // the request fails with it; Caddy logs it
 	}
-	metrics.decisions.WithLabelValues(string(e.decision), e.reason).Inc()
+	metrics.decisions.WithLabelValues(string(e.decision), e.reason, h.settings.mode()).Add(float64(e.pings()))
 	if e.claimed() {
 		h.watchForStuck(e.obs.Asset, dedup.Verdict{Decision: e.decision, Reason: dedup.Reason(e.reason)}, e.claim().At)
 	}
@@ -146,6 +146,16 @@ func (h *Handler) recordOutcome(e *element) {
 		c.Write(zap.String("decision", string(e.decision)), zap.String("reason", e.reason),
 			zap.String("asset", e.asset), zap.String("key", e.key()))
 	}
+}
+
+// pings is how many pings the element stands for: a batch over max_batch
+// is refused as one element, and each of its pings is lost to the backend
+// alike (analyze counts them so).
+func (e *element) pings() int {
+	if e.rejection != nil && e.rejection.pings > 0 {
+		return e.rejection.pings
+	}
+	return 1
 }
 
 // deadLetterable reports an element that cannot be keyed and goes to the
@@ -195,8 +205,10 @@ type outcomePlaceholders struct {
 // answer it, so that a handler that runs twice on one request (a retried
 // route) finds the provider it registered and publishes its latest outcome.
 // The provider answers it itself: a replacer's Set would allocate its map
-// on most requests, which set nothing else.
-const placeholderOutcome = placeholderPrefix + "_outcome"
+// on most requests, which set nothing else. No config can write its name
+// (a NUL byte), so it is no placeholder: under http.telemetry_dedup, it
+// rendered the provider's pointers in a header or log line.
+const placeholderOutcome = "\x00telemetry_dedup outcome"
 
 // earlierOutcome is the outcomePlaceholders a handler registered on the
 // request before, if one did.
@@ -224,11 +236,11 @@ func publishPlaceholders(repl *caddy.Replacer, req *request, keyer *dedup.Keyer,
 // key, and, once it reached the store, its asset, bucket, cell, event and
 // state; a batch's decision, an empty reason and its counts.
 func (op *outcomePlaceholders) get(key string) (any, bool) {
-	if !strings.HasPrefix(key, placeholderPrefix) {
-		return nil, false
-	}
 	if key == placeholderOutcome {
 		return op, true
+	}
+	if !strings.HasPrefix(key, placeholderPrefix) {
+		return nil, false
 	}
 	if op.req.single() {
 		if v, ok := op.elementPlaceholder(key, &op.req.elements[0]); ok {

@@ -144,7 +144,7 @@ func TestInvalidPingsOfABatchSentBackWholeAreSentBackWithIt(t *testing.T) {
 				}
 				before := decisionCountsNow()
 				res := h.post(strings.Join(tt.batch, "\n")+"\n", "application/x-ndjson", nil)
-				counts[mode] = decisionCountsNow().since(before).String()
+				counts[mode] = decisionCountsNow().since(before).asEnforce().String()
 				if n := rdb.Client().XLen(context.Background(), prefix+"dead_letter").Val(); n != tt.letters[mode] {
 					t.Errorf("%s: %d letters written, want %d", mode, n, tt.letters[mode])
 				}
@@ -262,7 +262,7 @@ func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
 
 	before := decisionCountsNow()
 	res := tt.post(held+"\n"+naive+"\n", "application/x-ndjson", nil)
-	counts := decisionCountsNow().since(before).String()
+	counts := decisionCountsNow().since(before).asEnforce().String()
 	if want := `{"in_flight/redelivery":1,"in_flight/sent_back":1}`; counts != want || len(tt.upstream) != 1 {
 		t.Fatalf("shadow answered %d, forwarded %d requests, counted %s; want it forwarded, counted %s", res.status, len(tt.upstream), counts, want)
 	}

@@ -19,7 +19,7 @@ var stuckTrackers = caddy.NewUsagePool()
 // stuckTrackerValue lets a tracker live in the usage pool.
 type stuckTrackerValue struct {
 	*dedup.StuckTracker
-	keyPrefix string
+	keyPrefix, mode string
 }
 
 func (stuckTrackerValue) Destruct() error { return nil }
@@ -27,9 +27,12 @@ func (stuckTrackerValue) Destruct() error { return nil }
 // loadStuckTracker returns the shared tracker for these settings and the key
 // to give back to the pool on cleanup.
 func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
-	key := fmt.Sprintf("stuck prefix=%q ratio=%g after=%s track=%d", s.keyer.Prefix, s.stuckRatio, s.stuckAfter, s.stuckTrack)
+	// A shadow trial in front of the live handler judges the same pings:
+	// sharing a tracker, each ping counted twice, and an asset was listed
+	// stuck at half the pings it takes.
+	key := fmt.Sprintf("stuck prefix=%q mode=%s ratio=%g after=%s track=%d", s.keyer.Prefix, s.mode(), s.stuckRatio, s.stuckAfter, s.stuckTrack)
 	v, _, err := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), s.keyer.Prefix}, nil
+		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), s.keyer.Prefix, s.mode()}, nil
 	})
 	if err != nil {
 		return nil, "", err
@@ -41,6 +44,8 @@ func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
 type stuckAsset struct {
 	// KeyPrefix is the key_prefix of the handlers that saw the asset.
 	KeyPrefix string `json:"key_prefix"`
+	// Mode is theirs: enforce, or shadow for a trial's verdicts.
+	Mode string `json:"mode"`
 	// Scope is the asset's key scope (key_scope), if it has one.
 	Scope string `json:"scope,omitempty"`
 	dedup.StuckAsset
@@ -52,7 +57,7 @@ func allStuckAssets(now time.Time) []stuckAsset {
 	stuckTrackers.Range(func(_, v any) bool {
 		t := v.(stuckTrackerValue)
 		for _, a := range t.Stuck(now) {
-			row := stuckAsset{KeyPrefix: t.keyPrefix, StuckAsset: a}
+			row := stuckAsset{KeyPrefix: t.keyPrefix, Mode: t.mode, StuckAsset: a}
 			row.Scope, row.Asset = dedup.SplitScopedAsset(a.Asset)
 			out = append(out, row)
 		}

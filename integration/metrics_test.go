@@ -36,7 +36,8 @@ func scrapeAt(t *testing.T, admin string) map[string]*dto.MetricFamily {
 	return families
 }
 
-// decisionCounts is caddy_telemetry_dedup_decisions_total by "decision/reason".
+// decisionCounts is caddy_telemetry_dedup_decisions_total by "decision/reason",
+// a shadow handler's as "shadow decision/reason".
 func decisionCounts(t *testing.T) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
@@ -49,7 +50,11 @@ func decisionCounts(t *testing.T) map[string]float64 {
 		for _, l := range m.GetLabel() {
 			labels[l.GetName()] = l.GetValue()
 		}
-		out[labels["decision"]+"/"+labels["reason"]] = m.GetCounter().GetValue()
+		key := labels["decision"] + "/" + labels["reason"]
+		if labels["mode"] == "shadow" {
+			key = "shadow " + key
+		}
+		out[key] = m.GetCounter().GetValue()
 	}
 	return out
 }
@@ -214,4 +219,184 @@ func storeCalls(families map[string]*dto.MetricFamily, op string) uint64 {
 		}
 	}
 	return n
+}
+
+// readmePlaceholders are the README's placeholders.
+var readmePlaceholders = []string{"decision", "reason", "key", "asset", "bucket", "cell", "event", "state", "accepted", "suppressed", "rejected", "in_flight"}
+
+// shadowTrialInFrontOfLive is the README's "mode shadow trial of another
+// setting in front of the live handler" (Using it): a shadow handler with a
+// 10m window at the site's top, the live enforcing one (5m) in a handle,
+// every placeholder copied into an X-P-<name> response header.
+func shadowTrialInFrontOfLive(t *testing.T, up *upstream) {
+	t.Helper()
+	var hdr strings.Builder
+	for _, n := range readmePlaceholders {
+		fmt.Fprintf(&hdr, "\t\tX-P-%s \"v={http.telemetry_dedup.%s}\"\n", n, n)
+	}
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	header {
+		defer
+%[3]s	}
+	telemetry_dedup /telemetry {
+		key_prefix "%[1]strial:"
+		mode shadow
+		window 10m
+	}
+	handle /telemetry {
+		telemetry_dedup {
+			key_prefix "%[1]slive:"
+		}
+		reverse_proxy %[2]s
+	}
+}`, keyPrefix(t), strings.TrimPrefix(up.URL, "http://"), hdr.String()))
+}
+
+// A shadow trial in front of the live handler (README, Using it): the
+// live handler accepts a ping 6 minutes after the last one (a new 5m
+// bucket), which the 10m trial would suppress as a reobservation. The
+// sender must not be told "X-Dedup: accepted" with "X-Dedup-Reason:
+// reobservation" (helper 4's finding: the trial's reason stayed on the
+// answer, the live handler's forward setting X-Dedup-Reason only when it
+// had one). An accepted answer carries a reason only for an event.
+func TestAShadowTrialsReasonStaysOffTheLiveHandlersAcceptedAnswer(t *testing.T) {
+	up := newUpstream(t)
+	shadowTrialInFrontOfLive(t, up)
+	c := caddytestClient()
+	at := time.Now().UTC().Truncate(10 * time.Minute).Add(-time.Hour)
+	post(t, c, ping("veh-trial-reason", at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	res := post(t, c, ping("veh-trial-reason", at.Add(6*time.Minute), 52.5200087, 13.4049547))
+	res.expect(t, http.StatusCreated, "accepted")
+	if reason := res.header.Get("X-Dedup-Reason"); reason != "" {
+		t.Fatalf("the live handler accepted the ping (X-Dedup: accepted, the upstream's 201), but the answer says X-Dedup-Reason: %q, "+
+			"the shadow trial's reason for what it would have suppressed", reason)
+	}
+}
+
+// The same setup, seen by the operator: decisions_total tells the live
+// handler's decisions from the shadow trial's by its mode label. Counted
+// by decision and reason alone, two pings accepted and delivered were
+// accepted 3 and suppressed 1, and the dashboard's suppression ratio read
+// 25% where nothing was suppressed (helper 4's finding).
+func TestAShadowTrialsDecisionsAreCountedApartFromTheLiveOnes(t *testing.T) {
+	up := newUpstream(t)
+	shadowTrialInFrontOfLive(t, up)
+	c := caddytestClient()
+	at := time.Now().UTC().Truncate(10 * time.Minute).Add(-time.Hour)
+	b0 := decisionCounts(t)
+	post(t, c, ping("veh-trial-count", at, 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	res := post(t, c, ping("veh-trial-count", at.Add(6*time.Minute), 52.5200087, 13.4049547))
+	res.expect(t, http.StatusCreated, "accepted")
+	d := delta(b0, decisionCounts(t))
+	want := map[string]float64{"accepted/": 2, "shadow accepted/": 1, "shadow suppressed/reobservation": 1}
+	if fmt.Sprint(d) != fmt.Sprint(want) {
+		t.Errorf("two pings, both accepted and delivered, moved decisions_total by %v; want %v: the live handler's "+
+			"decisions under mode enforce, the trial's would-be ones under mode shadow", d, want)
+	}
+}
+
+// A shadow trial in front of the live handler, both with the same
+// key_prefix and stuck settings but different shapes, so that both judge.
+// Sharing one stuck-asset tracker, every ping entered it twice, and 33
+// pings listed the asset stuck with "pings": 64, where the README says
+// the 64-ping window takes 64 pings (helper 4's finding). Each mode keeps
+// its own list.
+func TestAShadowTrialKeepsItsOwnStuckList(t *testing.T) {
+	up := newUpstream(t)
+	prefix := keyPrefix(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	telemetry_dedup /telemetry {
+		key_prefix %[1]q
+		mode shadow
+		shape session
+		window 1s
+		stuck_after 1100ms
+	}
+	handle /telemetry {
+		telemetry_dedup {
+			key_prefix %[1]q
+			window 1s
+			stuck_after 1100ms
+		}
+		reverse_proxy %[2]s
+	}
+}`, prefix, strings.TrimPrefix(up.URL, "http://")))
+	c := caddytestClient()
+	cached := ping("veh-trial-stuck", base(), 52.5200087, 13.4049547)
+	post(t, c, cached).expect(t, http.StatusCreated, "accepted")
+	sent := 1
+	for range 31 {
+		post(t, c, cached).expect(t, http.StatusOK, "suppressed")
+		sent++
+	}
+	time.Sleep(1200 * time.Millisecond)
+	post(t, c, cached).expect(t, http.StatusOK, "suppressed")
+	sent++
+
+	res, err := http.Get(adminURL + "/telemetry_dedup/stuck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var report struct {
+		Stuck []struct {
+			KeyPrefix string `json:"key_prefix"`
+			Asset     string `json:"asset"`
+			Pings     int    `json:"pings"`
+		} `json:"stuck"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&report); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range report.Stuck {
+		if s.KeyPrefix == prefix {
+			t.Errorf("after %d pings (%d suppressed) the asset is listed stuck with %d pings: each ping was counted once per handler, "+
+				"and the 64-ping window the README requires filled at half of it", sent, sent-1, s.Pings)
+		}
+	}
+}
+
+// A batch over max_batch is refused whole (413, rule too_large), and each
+// of its pings is lost to the sender's backend alike: decisions_total
+// counts "every ping", as analyze does. It counted the request once, and
+// an Overland phone whose batch of 500 was refused at every try showed
+// as 1 rejected ping a try (helper 4's finding).
+func TestABatchOverMaxBatchCountsEachOfItsPings(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "max_batch 3")
+	at := base()
+	var elements []string
+	for i := range 5 {
+		elements = append(elements, string(ping(fmt.Sprintf("veh-over-%d", i), at, 52.5200087, 13.4049547)))
+	}
+	before := decisionCounts(t)
+	postBatch(t, tester.Client, "application/json", []byte("["+strings.Join(elements, ",")+"]")).expect(t, http.StatusRequestEntityTooLarge, "rejected")
+	if got := delta(before, decisionCounts(t)); got["rejected/too_large"] != 5 {
+		t.Fatalf("a batch of 5 pings over max_batch 3 moved decisions_total by %v; want rejected/too_large 5, one per ping refused", got)
+	}
+}
+
+// The handler's own bookkeeping on the replacer is no placeholder: as
+// {http.telemetry_dedup._outcome} it rendered Go pointers in a header or
+// log line ("&{req:0x4d5a7180fc8 ...}", helper 4's finding).
+func TestNoPlaceholderRendersTheHandlersInternals(t *testing.T) {
+	up := newUpstream(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	header {
+		defer
+		X-Outcome "v={http.telemetry_dedup._outcome}"
+	}
+	telemetry_dedup /telemetry {
+		key_prefix %q
+	}
+	reverse_proxy %s
+}`, keyPrefix(t), strings.TrimPrefix(up.URL, "http://")))
+	r := post(t, caddytestClient(), ping("veh-outcome", base(), 52.5200087, 13.4049547))
+	r.expect(t, http.StatusCreated, "accepted")
+	if v := strings.TrimPrefix(r.header.Get("X-Outcome"), "v="); strings.Contains(v, "0x") {
+		t.Fatalf("{http.telemetry_dedup._outcome}, in no README table, renders as %q", v)
+	}
 }
