@@ -31,14 +31,27 @@ type deadLetterChecker interface {
 // where.
 type deadLetter struct {
 	reason, field, error string
-	body                 []byte
-	receivedAt           time.Time
-	remoteAddr           string
+	// body is the ping's bytes, up to maxLetterBody of them; bodyBytes
+	// how many it had.
+	body       []byte
+	bodyBytes  int
+	receivedAt time.Time
+	remoteAddr string
 }
+
+// maxLetterBody is the most of a ping's bytes a letter keeps: every real
+// client's ping fits in it many times over, and what is longer is a body
+// that is no ping (a gzip body sent without its Content-Encoding, a
+// truncated batch), whose head shows what it is. Kept whole, up to
+// max_body, one broken sender's letters filled a Redis run with
+// maxmemory and noeviction (as the README advises), and every other
+// sender's claims failed: their pings went upstream unchecked.
+const maxLetterBody = 8 << 10
 
 func newDeadLetter(r *http.Request, body []byte, rej *rejection) deadLetter {
 	return deadLetter{
 		reason: rej.reason(), field: rej.body.Field, error: rej.body.Error,
-		body: body, receivedAt: time.Now().UTC(), remoteAddr: r.RemoteAddr,
+		body: body[:min(len(body), maxLetterBody)], bodyBytes: len(body),
+		receivedAt: time.Now().UTC(), remoteAddr: r.RemoteAddr,
 	}
 }

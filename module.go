@@ -244,7 +244,9 @@ type Handler struct {
 	DeadLetterStream string `json:"dead_letter_stream,omitempty"`
 
 	// Roughly how many entries the dead-letter stream keeps (XADD MAXLEN ~;
-	// on_invalid dead_letter only). Default: 100000.
+	// on_invalid dead_letter only). Each keeps at most 8 KiB of its body:
+	// the stream takes up to about this many × 8.3 KiB of Redis's memory.
+	// Default: 100000.
 	DeadLetterMaxLen int64 `json:"dead_letter_maxlen,omitempty"`
 
 	// Largest request body read, in bytes; larger ones are answered 413.

@@ -154,6 +154,7 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 					"field", l.field,
 					"error", l.error,
 					"body", l.body,
+					"body_bytes", l.bodyBytes,
 					"received_at", l.receivedAt.Format(time.RFC3339Nano),
 					"remote_addr", l.remoteAddr,
 				},

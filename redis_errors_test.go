@@ -727,3 +727,41 @@ func TestTheStoresStartupWarningNamesAMissingPassword(t *testing.T) {
 		t.Errorf("a store call fails with %v, fix %q; want a fix naming the password", err, fix)
 	}
 }
+
+// One broken sender must not turn dedup off for the others (helper 2's
+// finding). A letter kept the whole body, up to max_body, so a sender
+// posting 200 KB bodies that are no JSON filled a Redis run as the README
+// advises (maxmemory, noeviction) within 80 posts, and every claim of
+// every other sender failed after that: their pings went upstream
+// unchecked, duplicates and all. A letter keeps the body's first 8 KiB
+// and its length.
+func TestOneSendersDeadLettersDoNotTurnOffDedupForTheOthers(t *testing.T) {
+	srv := redistest.StartWith(t, "--maxmemory", "16mb", "--maxmemory-policy", "noeviction")
+	h := tableHandler(t, fmt.Sprintf(`{"key_prefix":"letters-bounded:","on_invalid":"dead_letter","near_cache":0,`+
+		`"dead_letter_stream":"letters-bounded:dlq","store":{"type":"redis","url":%q,"timeout":1000000000}}`, srv.URL()))
+	bad := `{"asset_id":"broken-1","pad":"` + strings.Repeat("A", 200_000)
+	for i := range 1000 {
+		if res := h.post(bad+fmt.Sprint(i), "application/json", nil); res.status != http.StatusAccepted {
+			t.Fatalf("the broken sender's post %d was answered %d %s, want 202 dead_lettered", i, res.status, res.body)
+		}
+	}
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	unjudged := map[string]int{}
+	for i := range 2000 {
+		good := fmt.Sprintf(`{"asset_id":"veh-good-%d","occurred_at":%q,"lat":52.52,"lon":13.40}`, i, at)
+		if d := h.post(good, "application/json", nil).header.Get("X-Dedup"); d != "accepted" {
+			unjudged[d]++
+		}
+	}
+	if len(unjudged) > 0 {
+		t.Fatalf("after another sender's 1000 malformed posts, of 2000 new pings these were not judged: %v", unjudged)
+	}
+	last, err := srv.Client().XRevRangeN(context.Background(), "letters-bounded:dlq", "+", "-", 1).Result()
+	if err != nil || len(last) != 1 {
+		t.Fatalf("reading the stream: %v, %d entries", err, len(last))
+	}
+	if body := last[0].Values["body"].(string); body != (bad + "999")[:8<<10] || last[0].Values["body_bytes"] != fmt.Sprint(len(bad)+3) {
+		t.Fatalf("the last letter kept %d bytes, body_bytes %v; want the body's first 8192 and its length %d",
+			len(body), last[0].Values["body_bytes"], len(bad)+3)
+	}
+}

@@ -201,7 +201,7 @@ func TestInvalidPingsAreDeadLettered(t *testing.T) {
 		t.Fatalf("stream holds %d entries (%v), want 2", len(entries), err)
 	}
 	e := entries[0].Values
-	if e["reason"] != "timezone" || e["field"] != "occurred_at" || e["body"] != string(invalid) ||
+	if e["reason"] != "timezone" || e["field"] != "occurred_at" || e["body"] != string(invalid) || e["body_bytes"] != fmt.Sprint(len(invalid)) ||
 		!strings.HasPrefix(e["remote_addr"].(string), "127.0.0.1:") || e["received_at"] == "" {
 		t.Errorf("entry %v", e)
 	}
