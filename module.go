@@ -245,7 +245,7 @@ type Handler struct {
 
 	// Roughly how many entries the dead-letter stream keeps (XADD MAXLEN ~;
 	// on_invalid dead_letter only). Each keeps at most 8 KiB of its body:
-	// the stream takes up to about this many × 8.3 KiB of Redis's memory.
+	// the stream takes up to about this many × 10 KiB of Redis's memory.
 	// Default: 100000.
 	DeadLetterMaxLen int64 `json:"dead_letter_maxlen,omitempty"`
 
