@@ -171,7 +171,7 @@ func checkPing(t *testing.T, name string, p Parser, ping Ping, now time.Time) {
 		t.Fatalf("%s: accepted asset id of %d bytes", name, len(ping.Asset))
 	}
 	for i := 0; i < len(ping.Asset); i++ {
-		if c := ping.Asset[i]; c < 0x20 || c == 0x7f {
+		if controlAt(ping.Asset, i) >= 0 {
 			t.Fatalf("%s: accepted asset id %q with a control character", name, ping.Asset)
 		}
 	}

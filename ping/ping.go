@@ -553,7 +553,7 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 
 // checkAsset rejects an asset id that cannot be an id: empty or blank
 // (RuleRequired: every sender whose id came out blank would share one
-// asset), longer than MaxAssetBytes, or holding an ASCII control character,
+// asset), longer than MaxAssetBytes, or holding a control character,
 // which would break the log lines and headers it is written to. The last
 // two are RuleType: the value is not of the kind an asset id is.
 func (p *Parser) checkAsset(ping Ping) error {
@@ -570,12 +570,25 @@ func (p *Parser) checkAsset(ping Ping) error {
 			len(asset), MaxAssetBytes)
 	}
 	for i := 0; i < len(asset); i++ {
-		if c := asset[i]; c < 0x20 || c == 0x7f {
+		if r := controlAt(asset, i); r >= 0 {
 			return invalid(p.assetField(ping), RuleType,
-				"the asset id contains the control character %U at byte %d; asset ids must be printable", rune(c), i)
+				"the asset id contains the control character %U at byte %d; asset ids must be printable", r, i)
 		}
 	}
 	return nil
+}
+
+// controlAt is the control character at byte i of s (an ASCII one, or a C1
+// one, U+0080 to U+009F, as UTF-8 writes it: U+009B is a terminal's CSI),
+// or -1.
+func controlAt(s string, i int) rune {
+	switch c := s[i]; {
+	case c < 0x20 || c == 0x7f:
+		return rune(c)
+	case c == 0xc2 && i+1 < len(s) && s[i+1] >= 0x80 && s[i+1] <= 0x9f:
+		return rune(s[i+1])
+	}
+	return -1
 }
 
 // time reads the device time v found at path; an error names that path,

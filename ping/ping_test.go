@@ -199,6 +199,9 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"asset id with a NUL", NewParser(), `{"asset_id":"veh\u0000","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"asset id with a tab", NewParser(), `{"asset_id":"veh\t88","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"asset id with an escape sequence", NewParser(), `{"asset_id":"veh\u001b[31m","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		// U+009B is a terminal's CSI, as ESC [ is: a C1 control character.
+		{"asset id with a C1 control character", NewParser(), `{"asset_id":"veh\u009b31m","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with a raw C1 control character", NewParser(), "{\"asset_id\":\"veh\u0085\",\"occurred_at\":\"2026-08-08T11:59:00Z\",\"lat\":1,\"lon\":2}", "asset_id", RuleType},
 		// An id of blanks names no device: every sender whose id came out
 		// blank would share one asset, and one's pings suppress another's.
 		{"asset id of spaces", NewParser(), `{"asset_id":"   ","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
