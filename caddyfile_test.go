@@ -741,6 +741,7 @@ func TestJSONRefusesDurationsWrittenAsSeconds(t *testing.T) {
 		{`{"shape":"session","session_idle":600}`, "session_idle"},
 		{`{"retry_ladder":[60,300,1800,7200,21600]}`, "retry_ladder"},
 		{`{"outage_margin":1800}`, "outage_margin"},
+		{`{"shape":"session","stuck_after":1}`, "stuck_after"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(tt.config), h); err != nil {
@@ -753,6 +754,21 @@ func TestJSONRefusesDurationsWrittenAsSeconds(t *testing.T) {
 			_ = h.Cleanup()
 			t.Errorf("%s: got %v, want it refused, naming %s and asking for a unit", tt.config, err, tt.option)
 		}
+	}
+}
+
+// A speed_unit with no speed path converts nothing, and said nothing
+// (JSON only: the Caddyfile writes the unit on the speed line).
+func TestJSONRefusesASpeedUnitWithoutASpeed(t *testing.T) {
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(`{"speed_unit":"km/h"}`), h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err == nil || !strings.Contains(err.Error(), "give speed its path") {
+		_ = h.Cleanup()
+		t.Fatalf("speed_unit without speed: got %v, want it refused", err)
 	}
 }
 

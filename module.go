@@ -78,8 +78,8 @@ type Handler struct {
 	// reported. Default: the preset's, else none.
 	Speed string `json:"speed,omitempty"`
 
-	// The unit of speed: m/s, km/h, knots or mph. Default: the preset's,
-	// else m/s.
+	// The unit of speed: m/s, km/h, knots or mph; with a speed path (speed,
+	// or the preset's). Default: the preset's, else m/s.
 	SpeedUnit string `json:"speed_unit,omitempty"`
 
 	// The fields that make a ping an event, which is never suppressed but
@@ -279,7 +279,8 @@ type Handler struct {
 
 	// ...and none was accepted for this long. Default: 3 × window, which a
 	// parked asset never reaches: it is admitted again every window. With
-	// shape tumbling or sliding it must be longer than the window.
+	// shape tumbling or sliding it must be longer than the window; in any
+	// shape, at least 1s.
 	StuckAfter caddy.Duration `json:"stuck_after,omitempty"`
 
 	// How many assets stuck detection remembers, least recently seen

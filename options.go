@@ -199,6 +199,9 @@ func (h *Handler) resolve() (settings, error) {
 	if s.stuckAfter < 0 {
 		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf("%s is negative; use a duration longer than the window, e.g. 15m", s.stuckAfter)}
 	}
+	if err := dedup.CheckSeconds("stuck_after", s.stuckAfter, `"15m"`); err != nil {
+		return s, err
+	}
 	if s.policy.Shape != dedup.Session && s.stuckAfter <= s.keyer.Window {
 		// A parked asset is admitted once a window (in tumbling and
 		// sliding alike): it would be listed as stuck between two
@@ -466,6 +469,11 @@ func (h *Handler) applyReportedFields(p *ping.Parser) error {
 		unit, err := ping.ParseSpeedUnit(h.SpeedUnit)
 		if err != nil {
 			return &dedup.ConfigError{Option: "speed_unit", Problem: err.Error()}
+		}
+		if p.SpeedPath == "" {
+			// JSON only: the Caddyfile writes the unit on the speed line.
+			return &dedup.ConfigError{Option: "speed_unit", Problem: fmt.Sprintf(
+				"%s: no speed is read, so it converts nothing; give speed its path too", h.SpeedUnit)}
 		}
 		p.SpeedUnit = unit
 	}
