@@ -27,10 +27,6 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	w.Header().Set(headerDecision, string(decision))
 	if reason != "" {
 		w.Header().Set(headerReason, reason)
-	} else {
-		// A shadow trial's, set by an outer handler: an accepted ping
-		// carries a reason only for an event.
-		w.Header().Del(headerReason)
 	}
 	if len(claims) == 0 {
 		return next.ServeHTTP(w, r)

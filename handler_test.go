@@ -795,6 +795,49 @@ func TestAnEnforcingHandlerBehindAShadowOneInAnotherKeySpaceStillSuppresses(t *t
 	}
 }
 
+// A shadow trial's X-Dedup-Reason stays off the live handler's own
+// answers, not only its accepted ones (helper 6's finding): a 422 read
+// "X-Dedup: rejected" with the trial's "X-Dedup-Reason: event", a 503
+// "X-Dedup: unavailable" with its "max_past". Neither answer has a reason.
+func TestAShadowTrialsReasonStaysOffTheLiveHandlersOwnAnswers(t *testing.T) {
+	down := `{"type":"redis","url":"redis://127.0.0.1:1/0","timeout":20000000,"breaker_failures":1000}`
+	for _, tt := range []struct {
+		name, trial, live, body, wantDecision string
+		wantStatus                            int
+	}{
+		{
+			// The trial reads an event; the live handler refuses a fix 3
+			// minutes ahead (its max_future is 1m).
+			name:  "rejected",
+			trial: `{"key_prefix":"trial-event:","mode":"shadow","event":["alarm"]}`,
+			live:  `{"key_prefix":"live-event:","max_future":60000000000}`,
+			body: `{"asset_id":"veh-trial-a","occurred_at":"` + time.Now().UTC().Add(3*time.Minute).Format(time.RFC3339) +
+				`","lat":52.52,"lon":13.40,"alarm":"sos"}`,
+			wantDecision: "rejected", wantStatus: http.StatusUnprocessableEntity,
+		},
+		{
+			// The trial tries a max_past of 1h; the live handler's store is
+			// down and it fails closed.
+			name:  "unavailable",
+			trial: `{"key_prefix":"trial-past:","mode":"shadow","max_past":3600000000000}`,
+			live:  `{"key_prefix":"live-past:","on_store_error":"closed","store":` + down + `}`,
+			body: `{"asset_id":"veh-trial-b","occurred_at":"` + time.Now().UTC().Add(-2*time.Hour).Format(time.RFC3339) +
+				`","lat":52.52,"lon":13.40}`,
+			wantDecision: "unavailable", wantStatus: http.StatusServiceUnavailable,
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w, _ := serveNested(t, tableHandler(t, tt.trial).h, tableHandler(t, tt.live).h, tt.body)
+			if w.Code != tt.wantStatus || w.Header().Get("X-Dedup") != tt.wantDecision {
+				t.Fatalf("setup: answered %d X-Dedup %q; want %d %s", w.Code, w.Header().Get("X-Dedup"), tt.wantStatus, tt.wantDecision)
+			}
+			if reason := w.Header().Get("X-Dedup-Reason"); reason != "" {
+				t.Errorf("the live handler answered %d X-Dedup: %s, with X-Dedup-Reason: %q, the trial's", w.Code, tt.wantDecision, reason)
+			}
+		})
+	}
+}
+
 // serveNested sends body twice through outer, whose next is inner, whose next
 // is an upstream answering 201, and returns the last answer and how many
 // requests reached the upstream.

@@ -25,7 +25,7 @@ var (
 		inFlight        prometheus.Gauge
 		memoryKeys      prometheus.GaugeFunc
 		memoryEvictions prometheus.CounterFunc
-		stuckAssets     prometheus.GaugeFunc
+		stuckAssets     [2]prometheus.GaugeFunc // enforce's and shadow's
 		breakersOpen    prometheus.GaugeFunc
 		// breakerTransitions is labelled by the state entered.
 		breakerTransitions *prometheus.CounterVec
@@ -67,9 +67,7 @@ func initMetrics() {
 	metrics.memoryEvictions = prometheus.NewCounterFunc(prometheus.CounterOpts(opts("memory_store_evictions_total",
 		"Unexpired keys the memory stores dropped to stay within max_keys.")),
 		func() float64 { return float64(sumStoreStats().evictions) })
-	metrics.stuckAssets = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("stuck_assets",
-		"Assets whose recent pings are nearly all suppressed with none accepted for stuck_after (see the admin endpoint).")),
-		func() float64 { return float64(len(allStuckAssets(time.Now()))) })
+	metrics.stuckAssets = [2]prometheus.GaugeFunc{stuckAssetsGauge(opts, modeEnforce), stuckAssetsGauge(opts, modeShadow)}
 	metrics.breakersOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("breakers_open",
 		"Open circuit breakers of Redis connections, on a Redis Cluster one per master (its keys skip Redis and on_store_error applies).")),
 		func() float64 { return float64(sumStoreStats().breakersOpen) })
@@ -93,6 +91,24 @@ func initMetrics() {
 		"Claims waiting for the store to answer so they can be settled or released by token.")),
 		func() float64 { return float64(sumStoreStats().reconciling) })
 	startAtZero()
+}
+
+// stuckAssetsGauge counts the stuck assets of the handlers of one mode: a
+// shadow trial in front of the live handler keeps a list of its own, and
+// an asset stuck to both, counted together, was two.
+func stuckAssetsGauge(opts func(name, help string) prometheus.Opts, mode string) prometheus.GaugeFunc {
+	o := prometheus.GaugeOpts(opts("stuck_assets",
+		"Assets whose recent pings are nearly all suppressed with none accepted for stuck_after (see the admin endpoint), by mode."))
+	o.ConstLabels = prometheus.Labels{"mode": mode}
+	return prometheus.NewGaugeFunc(o, func() float64 {
+		n := 0
+		for _, a := range allStuckAssets(time.Now()) {
+			if a.Mode == mode {
+				n++
+			}
+		}
+		return float64(n)
+	})
 }
 
 // startAtZero makes the series of every label value known in advance, at
@@ -129,7 +145,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.releases,
-		metrics.inFlight, metrics.memoryKeys, metrics.memoryEvictions, metrics.stuckAssets,
+		metrics.inFlight, metrics.memoryKeys, metrics.memoryEvictions, metrics.stuckAssets[0], metrics.stuckAssets[1],
 		metrics.breakersOpen, metrics.breakerTransitions, metrics.nearCacheLookups, metrics.roundTrips, metrics.commands,
 		metrics.reconciled, metrics.reconcilePending,
 	} {

@@ -443,3 +443,48 @@ func TestDashboardRatePanelsChartOnlyRates(t *testing.T) {
 		t.Fatal("no reqps panel: the dashboard is no longer read")
 	}
 }
+
+// A dashboard ratio filters both its sides by the mode variable, or
+// neither: the Redis round trips and commands are the whole process's, a
+// shadow trial's among them, and divided by the live handler's pings alone
+// (mode enforce picked while a trial runs) they read about twice what they
+// are (helper 6's finding).
+func TestDashboardRatiosFilterBothSidesByMode(t *testing.T) {
+	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	ratios := 0
+	for _, p := range dash.Panels {
+		for _, target := range p.Targets {
+			sides := strings.Split(target.Expr, " / ")
+			if len(sides) < 2 {
+				continue
+			}
+			ratios++
+			filtered := 0
+			for _, s := range sides {
+				if strings.Contains(s, `mode=~"$mode"`) {
+					filtered++
+				}
+			}
+			if filtered != 0 && filtered != len(sides) {
+				t.Errorf("panel %q divides a series the mode variable does not filter by one it does: %s", p.Title, target.Expr)
+			}
+		}
+	}
+	if ratios == 0 {
+		t.Fatal("no ratio on the dashboard: its queries are no longer read")
+	}
+}

@@ -505,6 +505,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 4. Record each outcome: metrics, dead letters, stuck assets,
 	// placeholders, debug log.
 	outcome := h.record(r, repl, req, earlier)
+	if earlier != nil {
+		clearAnswerHeaders(w.Header())
+	}
 
 	judging := outcome.judging // an outer handler's, of another key space
 	outcome.judging = h

@@ -324,5 +324,6 @@ func (h *Handler) watchForStuck(asset string, v dedup.Verdict, now time.Time) {
 	h.logger.Warn("asset looks stuck: nearly all its recent pings are suppressed and none was accepted for stuck_after; "+
 		"is it repeating a cached fix or is its clock frozen?",
 		zap.String("asset", id), zap.String("scope", scope), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
-		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since))
+		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since),
+		zap.String("key_prefix", h.settings.keyer.Prefix), zap.String("mode", h.settings.mode()))
 }

@@ -429,3 +429,30 @@ func TestAReleaseRefusedIsLoggedAsTheOtherStoreErrorsAre(t *testing.T) {
 		}
 	}
 }
+
+// A batch over max_batch is counted alike by decisions_total and by the
+// request's placeholders: each of its pings (helper 6's finding: the
+// metric counted 5 for a batch of 5 over max_batch 3, the placeholder 1).
+func TestABatchOverMaxBatchIsCountedAlikeByMetricAndPlaceholder(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"over-batch:","max_batch":3}`)
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	var pings []string
+	for i := range 5 {
+		pings = append(pings, fmt.Sprintf(`{"asset_id":"veh-over-%d","occurred_at":%q,"lat":52.52,"lon":13.40}`, i, at))
+	}
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader("["+strings.Join(pings, ",")+"]"))
+	r.Header.Set("Content-Type", "application/json")
+	repl := caddyhttp.NewTestReplacer(r)
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	w := httptest.NewRecorder()
+	before := decisionCountsNow()
+	if err := tt.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	counted := decisionCountsNow().since(before)["rejected/too_large"]
+	if placeholder := repl.ReplaceAll("{http.telemetry_dedup.rejected}", "?"); w.Code != http.StatusRequestEntityTooLarge ||
+		counted != 5 || placeholder != "5" {
+		t.Errorf("a batch of 5 over max_batch 3: answered %d, decisions_total counted rejected/too_large %d, "+
+			"{http.telemetry_dedup.rejected} %s; want 413, 5 and 5", w.Code, counted, placeholder)
+	}
+}

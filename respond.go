@@ -197,7 +197,9 @@ func forwardedElements(elements []element) [][]byte {
 	return raws
 }
 
-// elementCounts sums a batch's elements by what became of them.
+// elementCounts sums a batch's pings by what became of them: one an
+// element, and a batch over max_batch, refused as one element, each of its
+// pings (element.pings), as decisions_total counts them.
 type elementCounts struct {
 	n                                        int
 	accepted, suppressed, inFlight, rejected int // rejected counts the dead-lettered too
@@ -206,26 +208,29 @@ type elementCounts struct {
 }
 
 func countElements(elements []element) elementCounts {
-	c := elementCounts{n: len(elements)}
-	for _, e := range elements {
+	var c elementCounts
+	for i := range elements {
+		e := &elements[i]
+		n := e.pings()
+		c.n += n
 		switch e.decision {
 		case dedup.Accepted:
-			c.accepted++
+			c.accepted += n
 		case dedup.Suppressed:
-			c.suppressed++
+			c.suppressed += n
 		case dedup.InFlight:
-			c.inFlight++
+			c.inFlight += n
 		case decisionRejected:
-			c.rejected++
+			c.rejected += n
 		case decisionDeadLettered:
-			c.rejected++
-			c.deadLettered++
+			c.rejected += n
+			c.deadLettered += n
 		case decisionUnchecked:
-			c.unchecked++
+			c.unchecked += n
 		case decisionUnavailable:
-			c.unavailable++
+			c.unavailable += n
 		case decisionSkipped:
-			c.skipped++
+			c.skipped += n
 		}
 	}
 	return c
@@ -274,6 +279,17 @@ func shadowDecision(d dedup.Decision) dedup.Decision {
 		return decisionWouldPartial
 	}
 	return d
+}
+
+// clearAnswerHeaders removes the headers another telemetry_dedup handler
+// set on the request's answer: a shadow trial's in front of this one, or
+// one that ran before handle_errors. This one's answer sets its own, and
+// one it leaves out (a reason, a batch's in-flight count or rejections)
+// would have told the sender the other's verdict as this one's.
+func clearAnswerHeaders(h http.Header) {
+	for _, name := range []string{headerDecision, headerReason, headerAccepted, headerSuppressed, headerRejected, headerInFlight, headerRejections} {
+		h.Del(name)
+	}
 }
 
 func setBatchHeaders(w http.ResponseWriter, c elementCounts, elements []element) {

@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -63,6 +64,8 @@ func allStuckAssets(now time.Time) []stuckAsset {
 		}
 		return true
 	})
-	slices.SortStableFunc(out, func(a, b stuckAsset) int { return strings.Compare(a.KeyPrefix, b.KeyPrefix) })
+	slices.SortStableFunc(out, func(a, b stuckAsset) int {
+		return cmp.Or(strings.Compare(a.KeyPrefix, b.KeyPrefix), strings.Compare(a.Mode, b.Mode))
+	})
 	return out
 }

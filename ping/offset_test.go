@@ -2,6 +2,7 @@ package ping
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -34,18 +35,23 @@ func TestAnOffsetOutOfRangeIsRefused(t *testing.T) {
 // RFC 3339 (section 5.6, the note under its grammar) lets a timestamp put
 // a space between the date and the time, and that is what Python's
 // str(datetime) writes for an aware time: "2026-08-08 12:00:00+00:00".
-// It carries its offset, so nothing about it is ambiguous; it was refused
-// 422 time_format as "not an RFC 3339 timestamp", while, with time_zone
-// set, the same text without its offset was accepted (helper 2's finding).
-func TestASpaceSeparatedTimestampWithAnOffsetIsRead(t *testing.T) {
+// Traccar reads none (its OsmAnd decoder takes a time without a T as local
+// and fails on the offset), so it stays refused, but saying what to send:
+// it was refused as "not an RFC 3339 timestamp" (helper 2's finding), and
+// accepted, it was keyed at an instant Traccar never stores (helper 6's).
+func TestASpaceSeparatedTimestampWithAnOffsetIsRefusedSayingWhatToSend(t *testing.T) {
 	p := NewParser()
 	now := time.Date(2026, 8, 8, 12, 1, 0, 0, time.UTC)
-	want := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
-	for _, ts := range []string{"2026-08-08 12:00:00+00:00", "2026-08-08 14:00:00.000000+02:00", "2026-08-08 12:00:00Z"} {
+	for ts, want := range map[string]string{
+		"2026-08-08 12:00:00+00:00":        "2026-08-08T12:00:00+00:00",
+		"2026-08-08 14:00:00.000000+02:00": "2026-08-08T14:00:00.000000+02:00",
+		"2026-08-08 12:00:00Z":             "2026-08-08T12:00:00Z",
+	} {
 		body := []byte(`{"asset_id":"a","occurred_at":"` + ts + `","lat":52.52,"lon":13.40}`)
-		got, err := p.Parse(body, now)
-		if err != nil || !got.Time.Equal(want) {
-			t.Errorf("%q: got %v, %v; want %s", ts, got.Time, err, want.Format(time.RFC3339))
+		_, err := p.Parse(body, now)
+		var invalid *InvalidPingError
+		if !errors.As(err, &invalid) || invalid.Rule != RuleTimeFormat || !strings.Contains(err.Error(), "send it as \""+want+"\"") {
+			t.Errorf("%q: got %v; want it refused (time_format), saying to send %q", ts, err, want)
 		}
 	}
 }

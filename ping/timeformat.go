@@ -44,11 +44,9 @@ func ParseTimeFormat(s string) (TimeFormat, error) {
 const autoMillisAbove = 1e11
 
 // offsetLayouts are the timestamp layouts that carry a UTC offset: RFC 3339
-// itself, the "+0000" form without a colon that Java-based trackers
-// (Traccar among them) emit, and both with a space for the T, as RFC 3339
-// allows (§5.6) and Python's str() of an aware datetime writes.
-var offsetLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999Z0700",
-	"2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999Z0700"}
+// itself, and the "+0000" form without a colon that Java-based trackers
+// (Traccar among them) emit.
+var offsetLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999Z0700"}
 
 // naiveLayouts are the same timestamps without an offset. They only serve to
 // tell the sender that the offset is missing rather than that the text is
@@ -75,8 +73,34 @@ func parseTime(v gjson.Result, f TimeFormat, field string) (time.Time, error) {
 }
 
 func parseOffsetTime(s, field string) (time.Time, error) {
-	if t, ok := parseOffsetLayouts(s); ok {
+	if t, ok := offsetTime(s); ok {
 		return t, nil
+	}
+	for _, layout := range naiveLayouts {
+		if _, err := time.Parse(layout, s); err == nil {
+			return time.Time{}, invalid(field, RuleTimezone,
+				"%q has no UTC offset; send it as %sZ or with the device's offset (e.g. +02:00), it is never assumed to be UTC",
+				s, strings.Replace(s, " ", "T", 1))
+		}
+	}
+	if len(s) > 10 && s[10] == ' ' {
+		// RFC 3339 lets a space stand for the T (§5.6), and Python's str()
+		// writes one; Traccar reads none (its OsmAnd decoder takes a time
+		// without a T as local and fails on the offset), so keyed here,
+		// the ping would be judged at an instant its backend never stores.
+		if withT := s[:10] + "T" + s[11:]; isOffsetTime(withT) {
+			return time.Time{}, invalid(field, RuleTimeFormat,
+				"%q has a space for the T, which Traccar and most receivers do not read; send it as %q", s, withT)
+		}
+	}
+	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
+}
+
+// offsetTime reads s as a timestamp with a UTC offset: one of
+// offsetLayouts, or an RFC 3339 variant of one (rfc3339Variant).
+func offsetTime(s string) (time.Time, bool) {
+	if t, ok := parseOffsetLayouts(s); ok {
+		return t, true
 	}
 	if norm, leap, ok := rfc3339Variant(s); ok {
 		if t, ok := parseOffsetLayouts(norm); ok {
@@ -86,17 +110,16 @@ func parseOffsetTime(s, field string) (time.Time, error) {
 				// second.
 				t = t.Truncate(time.Second).Add(time.Second - time.Nanosecond)
 			}
-			return t, nil
+			return t, true
 		}
 	}
-	for _, layout := range naiveLayouts {
-		if _, err := time.Parse(layout, s); err == nil {
-			return time.Time{}, invalid(field, RuleTimezone,
-				"%q has no UTC offset; send it as %sZ or with the device's offset (e.g. +02:00), it is never assumed to be UTC",
-				s, strings.Replace(s, " ", "T", 1))
-		}
-	}
-	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
+	return time.Time{}, false
+}
+
+// isOffsetTime reports whether offsetTime reads s.
+func isOffsetTime(s string) bool {
+	_, ok := offsetTime(s)
+	return ok
 }
 
 func parseOffsetLayouts(s string) (time.Time, bool) {
