@@ -200,3 +200,40 @@ func TestAnAmbiguousLocalTimeIsReadAsTheInstantTheServerClockIsIn(t *testing.T) 
 		})
 	}
 }
+
+// A local time the zone's clock skips when it is set forward
+// (a device whose clock changes a few minutes late, or one set by hand)
+// is read with the offset in force before the change in Europe/Berlin
+// ("2026-03-29 02:30:00" is 01:30Z, 03:30 CEST), as Traccar's
+// SimpleDateFormat("yyyy-MM-dd HH:mm:ss") reads it (and java.time, and
+// Python's zoneinfo), the reading the README points to ("it is what
+// Traccar does with OsmAnd's yyyy-MM-dd HH:mm:ss, in its JVM's zone").
+// In every zone west of UTC it was read an hour earlier instead (helper
+// 7's finding), with the offset after the change (Go's time.Date does not
+// say which one it picks): America/New_York "2026-03-08 02:30:00" was
+// 06:30Z, 01:30 EST, where Traccar stores 07:30Z, in the bucket of the
+// device's pings of an hour before.
+func TestALocalTimeInTheSpringGapIsReadAsTraccarReadsIt(t *testing.T) {
+	for _, tt := range []struct {
+		zone, local string
+		want        time.Time // Java's SimpleDateFormat in that default zone
+	}{
+		{"Europe/Berlin", "2026-03-29 02:30:00", time.Date(2026, 3, 29, 1, 30, 0, 0, time.UTC)},
+		{"America/New_York", "2026-03-08 02:30:00", time.Date(2026, 3, 8, 7, 30, 0, 0, time.UTC)},
+		{"America/Los_Angeles", "2026-03-08 02:30:00", time.Date(2026, 3, 8, 10, 30, 0, 0, time.UTC)},
+		{"America/Sao_Paulo", "2018-11-04 00:30:00", time.Date(2018, 11, 4, 3, 30, 0, 0, time.UTC)},
+	} {
+		loc, err := ParseTimeZone(tt.zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := NewParser()
+		p.TimeZone, p.MaxPast = loc, 0
+		body := []byte(`{"asset_id":"a","occurred_at":"` + tt.local + `","lat":52.52,"lon":13.40}`)
+		got, err := p.Parse(body, tt.want.Add(time.Minute))
+		if err != nil || !got.Time.Equal(tt.want) {
+			t.Errorf("%s %s: read as %s (%s local), %v; want %s, as Traccar reads it", tt.zone, tt.local,
+				got.Time.Format(time.RFC3339), got.Time.In(loc).Format("15:04 MST"), err, tt.want.Format(time.RFC3339))
+		}
+	}
+}

@@ -215,14 +215,17 @@ func (p Parser) Parse(body []byte, now time.Time) (Ping, error) {
 // AtServerClock reads a device time written in local time in the hour its
 // zone's clock is set back (time_zone Europe/Berlin, "2026-10-25 02:30:00":
 // 00:30Z in summer time, then 01:30Z) as the later instant, unless that is
-// further ahead of now, the server clock, than max_future allows and the
-// earlier is not: a live device in the first pass of the hour means the
-// earlier. Read always as the later, every ping of that hour's first pass
-// was refused as from the future, every year. A retry of such a ping
-// keeps the earlier reading until the later one is within max_future of
-// the server clock; after that it is read as the later.
+// ahead of now, the server clock, by more than a live device's clock is
+// (the lesser of max_future and its default, 5m): a live device in the
+// first pass of the hour means the earlier. Read always as the later,
+// every ping of that hour's first pass was refused as from the future,
+// every year; told apart by max_future alone, one of 1h or more read the
+// first pass in the second pass's buckets, and a parked device's second
+// pass was all suppressed. A retry of such a ping keeps the earlier
+// reading until the later one is within that of the server clock; after
+// that it is read as the later (README, time_zone).
 func (p Parser) AtServerClock(ping Ping, now time.Time) Ping {
-	if ping.setBack != 0 && ping.Time.Sub(now) > p.MaxFuture {
+	if ping.setBack != 0 && ping.Time.Sub(now) > min(p.MaxFuture, DefaultMaxFuture) {
 		ping.Time, ping.setBack = ping.Time.Add(-ping.setBack), 0
 	}
 	return ping

@@ -40,12 +40,20 @@ func parseLocalTime(s string, loc *time.Location, field string) (time.Time, time
 
 // readingsOf returns the first and last instant at which loc's clocks
 // show wall (a wall-clock time, read as UTC): two in the hour the clock is
-// set back, else one (for a time the clock skips when it is set forward,
-// the instant ParseInLocation reads it as). A zone's offsets three hours
-// either side of a reading are the ones its clock can have changed
-// between.
+// set back, else one. A zone's offsets three hours either side of a
+// reading are the ones its clock can have changed between. A time the
+// clock skips when it is set forward (a device that changes its clock
+// late) is read with the offset in force before the change, as Traccar's
+// SimpleDateFormat reads it: Go's time.Date leaves the choice open, and
+// made it east of UTC, but read New York's 02:30 an hour early, in the
+// bucket of the device's pings of an hour before.
 func readingsOf(wall time.Time, loc *time.Location) (earliest, latest time.Time) {
 	first := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), wall.Second(), wall.Nanosecond(), loc).UTC()
+	if !showsWall(first, loc, wall) {
+		_, before := first.Add(-3 * time.Hour).In(loc).Zone()
+		at := wall.Add(-time.Duration(before) * time.Second)
+		return at, at
+	}
 	earliest, latest = first, first
 	for _, probe := range []time.Time{first.Add(-3 * time.Hour), first.Add(3 * time.Hour)} {
 		_, offset := probe.In(loc).Zone()
