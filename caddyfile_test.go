@@ -204,6 +204,9 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"redis negative dial_timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tdial_timeout -5s\n\t}\n}", []string{":3", "more than 0"}},
 		// Read as metres, every fix landed by (0, 0), and a car driving on
 		// was answered "jitter", which OwnTracks takes as delivered.
+		// Said in the Caddyfile's own syntax, with the floor (helper 5's
+		// finding: it gave the JSON form of a ladder).
+		{"retry ladder under a second", "telemetry_dedup {\n\tretry_ladder 500ms 5m\n}", []string{":2", "retry_ladder", "at least 1s, e.g. 1m 5m 30m 2h 6h"}},
 		{"projected crs beside a preset of degrees", "telemetry_dedup {\n\tpreset owntracks\n\tcrs EPSG:3857\n}", []string{":3", "WGS 84 degrees", "remove crs"}},
 		{"redis read_timeout shorter than a round trip", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tread_timeout 5ns\n\t}\n}", []string{":3", "read_timeout 5ns", "shorter than 1ms"}},
 		// go-redis reserves room for the whole pool as the config loads:
@@ -709,6 +712,9 @@ func TestJSONRefusesNegativeStoreSettings(t *testing.T) {
 		// A bare number is nanoseconds in JSON: 5 was written for seconds,
 		// and every store call failed, duplicates forwarded unchecked.
 		{`"read_timeout":5`, "read_timeout 5ns is shorter than 1ms"},
+		// Below timeout, go-redis sends a call Redis was slow to answer
+		// again: the fix is not timeout's 50ms (helper 5's finding).
+		{`"timeout":100000000,"read_timeout":5`, "keep it at or above timeout"},
 		{`"write_timeout":5`, "write_timeout 5ns is shorter than 1ms"},
 		{`"dial_timeout":5`, "dial_timeout 5ns is shorter than 1ms"},
 		{`"pool_size":100000000`, "pool_size 100000000 is more connections than a Redis server takes"},
@@ -750,9 +756,9 @@ func TestJSONRefusesDurationsWrittenAsSeconds(t *testing.T) {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := h.Provision(ctx)
 		cancel()
-		if err == nil || !strings.Contains(err.Error(), tt.option) || !strings.Contains(err.Error(), "with its unit") {
+		if err == nil || !strings.Contains(err.Error(), tt.option) || !strings.Contains(err.Error(), "at least 1s") {
 			_ = h.Cleanup()
-			t.Errorf("%s: got %v, want it refused, naming %s and asking for a unit", tt.config, err, tt.option)
+			t.Errorf("%s: got %v, want it refused, naming %s and its floor", tt.config, err, tt.option)
 		}
 	}
 }

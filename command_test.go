@@ -411,7 +411,6 @@ func TestKeyCommandMatchesTheDirective(t *testing.T) {
 			`{"asset_id":"veh-1","occurred_at":"` + at.Format(time.RFC3339) + `","lat":52.5200087,"lon":13.4049547}`, "", []string{"--shape", "session"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			forgetIdleMemory() // each case keys the same ping first
 			prefix := "dedup:"
 			tt.handler.KeyPrefix = &prefix
 			h := provisioned(t, &tt.handler)

@@ -18,6 +18,7 @@ import (
 // memory store.
 func provisioned(tb testing.TB, h *Handler) *Handler {
 	tb.Helper()
+	tb.Cleanup(forgetIdleMemory) // last: once the handler has let go of the store
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	tb.Cleanup(cancel)
 	if err := h.Provision(ctx); err != nil {

@@ -151,6 +151,7 @@ func TestAPingIsABatchOfOne(t *testing.T) {
 // provisions the new config before it cleans up the old one.
 func loadConfig(t *testing.T, config string) (*tableTester, func()) {
 	t.Helper()
+	t.Cleanup(forgetIdleMemory)
 	h := new(Handler)
 	if err := json.Unmarshal([]byte(config), h); err != nil {
 		t.Fatal(err)

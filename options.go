@@ -199,7 +199,7 @@ func (h *Handler) resolve() (settings, error) {
 	if s.stuckAfter < 0 {
 		return s, &dedup.ConfigError{Option: "stuck_after", Problem: fmt.Sprintf("%s is negative; use a duration longer than the window, e.g. 15m", s.stuckAfter)}
 	}
-	if err := dedup.CheckSeconds("stuck_after", s.stuckAfter, `"15m"`); err != nil {
+	if err := dedup.CheckSeconds("stuck_after", s.stuckAfter, "15m"); err != nil {
 		return s, err
 	}
 	if s.policy.Shape != dedup.Session && s.stuckAfter <= s.keyer.Window {
@@ -412,14 +412,14 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 	if p.MaxFuture < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_future", Problem: fmt.Sprintf("%s is negative; use a duration such as 5m", p.MaxFuture)}
 	}
-	if err := dedup.CheckSeconds("max_future", p.MaxFuture, `"5m"`); err != nil {
+	if err := dedup.CheckSeconds("max_future", p.MaxFuture, "5m"); err != nil {
 		return p, "", err
 	}
 	p.MaxPast = orDefault(h.MaxPast, ping.DefaultMaxPast)
 	if p.MaxPast < 0 {
 		return p, "", &dedup.ConfigError{Option: "max_past", Problem: fmt.Sprintf("%s is negative; use a duration such as 365d", p.MaxPast)}
 	}
-	if err := dedup.CheckSeconds("max_past", p.MaxPast, `"365d"`); err != nil {
+	if err := dedup.CheckSeconds("max_past", p.MaxPast, "365d"); err != nil {
 		return p, "", err
 	}
 	var err error

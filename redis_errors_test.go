@@ -335,7 +335,7 @@ func TestTheLoadsLinesSayWhatShadowModeDoes(t *testing.T) {
 	if err := store.checkDeadLetterStream(context.Background(), "dlq:load-down"); err != nil {
 		t.Fatal(err)
 	}
-	said := []string{checkTimeoutFloor(time.Microsecond).Error()}
+	said := []string{checkTimeoutFloor("timeout", time.Microsecond).Error()}
 	for _, e := range logs.All() {
 		said = append(said, e.Message)
 	}

@@ -297,7 +297,6 @@ func TestOwnTracksPingsOfAParkedPhoneReachTheBackend(t *testing.T) {
 	}
 	for _, shape := range []string{"tumbling", "sliding", "session"} {
 		t.Run(shape, func(t *testing.T) {
-			forgetIdleMemory() // sliding and session share their tracks: each shape starts on a fresh store
 			tester := tableHandler(t, `{"preset":"owntracks","shape":"`+shape+`"}`)
 			if res := tester.post(message(`"t":"t"`, tst), "application/json", nil); res.status != http.StatusCreated {
 				t.Fatalf("the fix: %d %q, want the backend's 201", res.status, res.header.Get("X-Dedup"))

@@ -162,28 +162,45 @@ func (v *memoryStoreValue) Destruct() error {
 // was delivered again. Kept for good, a process that no longer uses it
 // would hold its keys until restart; once they have expired it holds
 // nothing a new store would not.
-var idleMemory idleStore
+var idleMemory = idleStore{hold: time.Hour}
 
 // idleStore is a memory store no loaded config uses, and the timer that
 // drops it once its keys have expired.
 type idleStore struct {
+	// hold is the least a store is held: Caddy cleans a config up while
+	// its requests still run, and one whose body was still arriving
+	// claims after (with an empty store, the drop came first, and the
+	// claim went with it). An hour is longer than any of them runs.
+	hold  time.Duration
 	mu    sync.Mutex
 	value *memoryStoreValue
 	drop  *time.Timer
 }
 
-// keep holds v until its keys have expired, then lets go of it.
+// keep holds v for hold, or until its keys have expired if later.
 func (s *idleStore) keep(v *memoryStoreValue) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.value = v
-	s.drop = time.AfterFunc(v.ExpiresIn(), func() {
+	s.dropAfter(v, max(v.ExpiresIn(), s.hold))
+}
+
+// dropAfter lets go of v after d, unless it has keys then, claimed by a
+// request of the config that let go of it: then once they have expired.
+// It is called with mu held.
+func (s *idleStore) dropAfter(v *memoryStoreValue, d time.Duration) {
+	s.drop = time.AfterFunc(d, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if s.value == v {
-			s.value = nil
-			retire(v)
+		if s.value != v {
+			return
 		}
+		if left := v.ExpiresIn(); left > 0 {
+			s.dropAfter(v, left)
+			return
+		}
+		s.value = nil
+		retire(v)
 	})
 }
 

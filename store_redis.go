@@ -199,14 +199,25 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 // takes about 0.1 ms idle, and a busy server's several times that.
 const minRedisTimeout = time.Millisecond
 
-// checkTimeoutFloor refuses a store timeout (0 is the default) no Redis
-// round trip fits in, for the Caddyfile and JSON alike.
-func checkTimeoutFloor(timeout time.Duration) error {
+// checkTimeoutFloor refuses one of the store's timeouts (0 is the
+// default) no Redis round trip fits in, for the Caddyfile and JSON alike.
+func checkTimeoutFloor(option string, timeout time.Duration) error {
 	if timeout > 0 && timeout < minRedisTimeout {
 		return fmt.Errorf("is shorter than %s, less than a Redis round trip takes under load: "+
-			"every store call would time out, and every ping be handled %s; use one such as 50ms", minRedisTimeout, whileRedisFails)
+			"every store call would time out, and every ping be handled %s; %s", minRedisTimeout, whileRedisFails, timeoutUse(option))
 	}
 	return nil
+}
+
+// timeoutUse says what value to give one of the store's timeouts: a
+// connection's read or write timeout stays at or above timeout (below it,
+// go-redis sends a call Redis was merely slow to answer again: README,
+// Stores).
+func timeoutUse(option string) string {
+	if option == "timeout" {
+		return "use one such as 50ms"
+	}
+	return "leave it out for go-redis's 5s, or keep it at or above timeout"
 }
 
 // connectionTimeoutArg reads one of the store's timeouts, which no Redis
@@ -216,7 +227,7 @@ func connectionTimeoutArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	if err := positiveDurationArg(d, dst); err != nil {
 		return err
 	}
-	if err := checkTimeoutFloor(time.Duration(*dst)); err != nil {
+	if err := checkTimeoutFloor(option, time.Duration(*dst)); err != nil {
 		return d.Errf("%s %s %v", option, time.Duration(*dst), err)
 	}
 	return nil
@@ -230,7 +241,7 @@ func (r *RedisStore) checkNumbers() error {
 		return fmt.Errorf("store redis: timeout %s, breaker_cooldown %s: a negative duration bounds nothing; "+
 			"use one such as 50ms and 1s, or leave it out for its default", time.Duration(r.Timeout), time.Duration(r.BreakerCooldown))
 	}
-	if err := checkTimeoutFloor(time.Duration(r.Timeout)); err != nil {
+	if err := checkTimeoutFloor("timeout", time.Duration(r.Timeout)); err != nil {
 		return fmt.Errorf("store redis: timeout %s %w", time.Duration(r.Timeout), err)
 	}
 	for name, value := range map[string]caddy.Duration{"dial_timeout": r.DialTimeout, "read_timeout": r.ReadTimeout, "write_timeout": r.WriteTimeout} {
@@ -238,7 +249,7 @@ func (r *RedisStore) checkNumbers() error {
 			return fmt.Errorf("store redis: %s %s is negative, which turns go-redis's timeout off; "+
 				"use one such as 3s, or leave it out for its default", name, time.Duration(value))
 		}
-		if err := checkTimeoutFloor(time.Duration(value)); err != nil {
+		if err := checkTimeoutFloor(name, time.Duration(value)); err != nil {
 			return fmt.Errorf("store redis: %s %s %w", name, time.Duration(value), err)
 		}
 	}

@@ -21,14 +21,15 @@ func (e *ConfigError) Error() string { return e.Option + ": " + e.Problem }
 
 // CheckSeconds refuses a duration option of a sender's clock or retries
 // (max_past, max_future, session_idle, the retry ladder's offsets,
-// outage_margin) above 0 and under a second: no sender measures one so
-// finely, and in Caddy's JSON a bare number is nanoseconds, so a max_past
-// of 86400 written for a day loaded as 86 µs and refused every ping 2 s
-// old. example is the option with a value to write instead.
+// outage_margin, stuck_after) above 0 and under a second: no sender
+// measures one so finely, and in Caddy's JSON a bare number is
+// nanoseconds, so a max_past of 86400 written for a day loaded as 86 µs
+// and refused every ping 2 s old. example is a value to write instead, as
+// the Caddyfile writes it.
 func CheckSeconds(option string, d time.Duration, example string) error {
 	if d > 0 && d < time.Second {
 		return &ConfigError{Option: option, Problem: fmt.Sprintf(
-			"%s is under a second (in JSON a bare number is nanoseconds); write the duration with its unit, e.g. %s", d, example)}
+			"%s is under a second; use at least 1s, e.g. %s (in JSON, a bare number is nanoseconds: write a string with its unit, such as \"10m\")", d, example)}
 	}
 	return nil
 }

@@ -68,7 +68,7 @@ func (p Policy) Check() error {
 	if p.Shape == Session && p.SessionIdle <= 0 {
 		return &ConfigError{Option: "session_idle", Problem: fmt.Sprintf("%s is not positive; use the device-time gap that ends a burst, e.g. 10m", p.SessionIdle)}
 	}
-	if err := CheckSeconds("session_idle", p.SessionIdle, `"10m"`); err != nil {
+	if err := CheckSeconds("session_idle", p.SessionIdle, "10m"); err != nil {
 		return err
 	}
 	if p.Shape != Tumbling && !(p.Radius > 0 && p.Radius <= maxRadius) { // also refuses NaN

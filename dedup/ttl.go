@@ -58,7 +58,7 @@ func (p TTLPolicy) Resolve() (time.Duration, string, error) {
 	if margin < 0 {
 		return 0, "", &ConfigError{Option: "outage_margin", Problem: fmt.Sprintf("%s is negative; use 0 or more", margin)}
 	}
-	if err := CheckSeconds("outage_margin", margin, `"30m"`); err != nil {
+	if err := CheckSeconds("outage_margin", margin, "30m"); err != nil {
 		return 0, "", err
 	}
 	if margin > maxTTL-ladder[len(ladder)-1] {
@@ -113,7 +113,7 @@ func checkLadder(ladder []time.Duration) error {
 	if ladder[0] <= 0 {
 		return &ConfigError{Option: "retry_ladder", Problem: fmt.Sprintf("offset %s is not positive; offsets count from the first delivery", ladder[0])}
 	}
-	if err := CheckSeconds("retry_ladder", ladder[0], `["1m","5m","30m","2h","6h"]`); err != nil {
+	if err := CheckSeconds("retry_ladder", ladder[0], "1m 5m 30m 2h 6h"); err != nil {
 		return err
 	}
 	if !slices.IsSorted(ladder) || len(slices.Compact(slices.Clone(ladder))) != len(ladder) {
