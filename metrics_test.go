@@ -29,6 +29,45 @@ func exportedMetricNames(t *testing.T) map[string]bool {
 	return names
 }
 
+// dashboard is what the tests read of grafana/telemetry_dedup.json.
+type dashboard struct {
+	Panels []struct {
+		Title       string `json:"title"`
+		FieldConfig struct {
+			Defaults struct {
+				Unit string `json:"unit"`
+			} `json:"defaults"`
+			Overrides []struct {
+				Matcher struct {
+					ID      string `json:"id"`
+					Options string `json:"options"`
+				} `json:"matcher"`
+				Properties []struct {
+					ID    string `json:"id"`
+					Value any    `json:"value"`
+				} `json:"properties"`
+			} `json:"overrides"`
+		} `json:"fieldConfig"`
+		Targets []struct {
+			Expr         string `json:"expr"`
+			LegendFormat string `json:"legendFormat"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash dashboard
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	return dash
+}
+
 // The dashboard must only chart what the module exports: a renamed metric
 // would leave a panel silently empty.
 func TestDashboardUsesOnlyExportedMetrics(t *testing.T) {
@@ -229,22 +268,7 @@ func TestDashboardQueriesOnlyLabelsTheirMetricsHave(t *testing.T) {
 			labelsOf[f.GetName()+"_bucket"] = append(slices.Clone(labelsOf[f.GetName()]), "le")
 		}
 	}
-	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr         string `json:"expr"`
-				LegendFormat string `json:"legendFormat"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(raw, &dash); err != nil {
-		t.Fatal(err)
-	}
+	dash := readDashboard(t)
 	metricName := regexp.MustCompile(`caddy_telemetry_dedup_[a-z_]+`)
 	grouped := regexp.MustCompile(`by \(([a-z_, ]+)\)`)
 	matched := regexp.MustCompile(`([a-z_]+)\s*(?:=~|!=|!~|=)\s*"`)
@@ -387,37 +411,7 @@ func checkFreshMetrics(t *testing.T) {
 // rates, and 40 claims waiting read "40 req/s" during the very outage the
 // panel is for (helper 4's finding).
 func TestDashboardRatePanelsChartOnlyRates(t *testing.T) {
-	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title       string `json:"title"`
-			FieldConfig struct {
-				Defaults struct {
-					Unit string `json:"unit"`
-				} `json:"defaults"`
-				Overrides []struct {
-					Matcher struct {
-						ID      string `json:"id"`
-						Options string `json:"options"`
-					} `json:"matcher"`
-					Properties []struct {
-						ID    string `json:"id"`
-						Value any    `json:"value"`
-					} `json:"properties"`
-				} `json:"overrides"`
-			} `json:"fieldConfig"`
-			Targets []struct {
-				Expr         string `json:"expr"`
-				LegendFormat string `json:"legendFormat"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(raw, &dash); err != nil {
-		t.Fatal(err)
-	}
+	dash := readDashboard(t)
 	isRate := regexp.MustCompile(`\b(rate|irate)\(`)
 	checked := 0
 	for _, p := range dash.Panels {
@@ -450,21 +444,7 @@ func TestDashboardRatePanelsChartOnlyRates(t *testing.T) {
 // (mode enforce picked while a trial runs) they read about twice what they
 // are (helper 6's finding).
 func TestDashboardRatiosFilterBothSidesByMode(t *testing.T) {
-	raw, err := os.ReadFile("grafana/telemetry_dedup.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(raw, &dash); err != nil {
-		t.Fatal(err)
-	}
+	dash := readDashboard(t)
 	ratios := 0
 	for _, p := range dash.Panels {
 		for _, target := range p.Targets {

@@ -151,6 +151,38 @@ http://b.localhost:{$TD_TEST_HTTP_PORT} {
 	}
 }
 
+// stuckReport is what GET /telemetry_dedup/stuck answers.
+type stuckReport struct {
+	Stuck []struct {
+		KeyPrefix  string  `json:"key_prefix"`
+		Mode       string  `json:"mode"`
+		Asset      string  `json:"asset"`
+		Ratio      float64 `json:"ratio"`
+		Pings      int     `json:"pings"`
+		LastReason string  `json:"last_reason"`
+	} `json:"stuck"`
+	Decisions []struct {
+		Decision string  `json:"decision"`
+		Reason   string  `json:"reason"`
+		Mode     string  `json:"mode"`
+		Count    float64 `json:"count"`
+	} `json:"decisions"`
+}
+
+func readStuckReport(t *testing.T) stuckReport {
+	t.Helper()
+	res, err := http.Get(adminURL + "/telemetry_dedup/stuck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var report stuckReport
+	if err := json.NewDecoder(res.Body).Decode(&report); err != nil {
+		t.Fatalf("admin endpoint: %v", err)
+	}
+	return report
+}
+
 func TestStuckAssetsAreListed(t *testing.T) {
 	up := newUpstream(t)
 	tester := startCaddy(t, up, "window 1s\n\t\tstuck_after 1100ms") // stuck_after must outlast the window a parked asset is admitted in
@@ -165,28 +197,7 @@ func TestStuckAssetsAreListed(t *testing.T) {
 	time.Sleep(1200 * time.Millisecond) // past stuck_after since its first suppressed ping
 	post(t, tester.Client, cached).expect(t, http.StatusOK, "suppressed")
 
-	res, err := http.Get(adminURL + "/telemetry_dedup/stuck")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	var report struct {
-		Stuck []struct {
-			KeyPrefix  string  `json:"key_prefix"`
-			Asset      string  `json:"asset"`
-			Ratio      float64 `json:"ratio"`
-			Pings      int     `json:"pings"`
-			LastReason string  `json:"last_reason"`
-		} `json:"stuck"`
-		Decisions []struct {
-			Decision string  `json:"decision"`
-			Reason   string  `json:"reason"`
-			Count    float64 `json:"count"`
-		} `json:"decisions"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&report); err != nil {
-		t.Fatalf("admin endpoint: %v", err)
-	}
+	report := readStuckReport(t)
 	var mine []string
 	for _, s := range report.Stuck {
 		if s.KeyPrefix == keyPrefix(t) {
@@ -335,21 +346,7 @@ http://localhost:{$TD_TEST_HTTP_PORT} {
 	post(t, c, cached).expect(t, http.StatusOK, "suppressed")
 	sent++
 
-	res, err := http.Get(adminURL + "/telemetry_dedup/stuck")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	var report struct {
-		Stuck []struct {
-			KeyPrefix string `json:"key_prefix"`
-			Asset     string `json:"asset"`
-			Pings     int    `json:"pings"`
-		} `json:"stuck"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&report); err != nil {
-		t.Fatal(err)
-	}
+	report := readStuckReport(t)
 	for _, s := range report.Stuck {
 		if s.KeyPrefix == prefix {
 			t.Errorf("after %d pings (%d suppressed) the asset is listed stuck with %d pings: each ping was counted once per handler, "+
