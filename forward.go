@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -24,9 +25,11 @@ const (
 // that hangs up does not undo an upstream that went on to store the
 // observation) and bounded by the claims' age (see upstreamContext).
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, decision dedup.Decision, reason string, claims []*dedup.Claim) error {
-	w.Header().Set(headerDecision, string(decision))
-	if reason != "" {
-		w.Header().Set(headerReason, reason)
+	if !h.quiet(r) {
+		w.Header().Set(headerDecision, string(decision))
+		if reason != "" {
+			w.Header().Set(headerReason, reason)
+		}
 	}
 	if len(claims) == 0 {
 		return next.ServeHTTP(w, r)
@@ -48,6 +51,18 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	err := next.ServeHTTP(rec, r.WithContext(ctx))
 	h.finish(r.Context(), claims, err != nil || undelivered(finalStatus(rec.Status())))
 	return err
+}
+
+// quiet reports a shadow trial inside an enforcing handler: the answer is
+// the enforcing handler's, and keeps the headers it set. The trial's
+// X-Dedup: would_suppress on a ping the live handler had accepted told
+// the sender, and the access log, the trial's verdict as the live one.
+func (h *Handler) quiet(r *http.Request) bool {
+	if !h.settings.shadow {
+		return false
+	}
+	op := earlierOutcome(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer))
+	return op != nil && op.enforced()
 }
 
 // upstreamContext is the context of the upstream request of claimed pings:

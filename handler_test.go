@@ -906,3 +906,87 @@ func TestEnforcingHandlerBehindAShadowTrialOfAnotherShapeStillSuppresses(t *test
 			last.Code, last.Header().Get("X-Dedup"), delivered)
 	}
 }
+
+// serveChain sends body once through handlers in order (the first outermost),
+// the last one's next an upstream answering 201, and returns the answer,
+// the error and how many requests reached the upstream.
+func serveChain(t *testing.T, body string, handlers ...*Handler) (*httptest.ResponseRecorder, error, int) {
+	t.Helper()
+	delivered := 0
+	var next caddyhttp.Handler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		delivered++
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	for i := len(handlers) - 1; i >= 0; i-- {
+		h, inner := handlers[i], next
+		next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return h.ServeHTTP(w, r, inner) })
+	}
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	err := next.ServeHTTP(w, r)
+	return w, err, delivered
+}
+
+// A live handler at the site's top and again in a handle (same key
+// space) is the nesting passNested lets through, as the README says. A
+// shadow trial of another key_prefix written after the live one at the
+// top sits between them: the inner live handler took the trial for the
+// one judging (outcomePlaceholders.judging held only the innermost),
+// judged the ping again, met the outer live handler's own claim in
+// flight and answered 409; the outer one released on that 409, and the
+// sender's every retry met the same 409: nothing reached the backend
+// (helper 8's finding). Every handler judging the request is kept.
+func TestALiveHandlerNestedAroundAShadowTrialStillPassesOn(t *testing.T) {
+	trial, live := "chain-mid-trial:", "chain-mid-live:"
+	outer := provisioned(t, &Handler{KeyPrefix: &live})
+	between := provisioned(t, &Handler{KeyPrefix: &trial, Mode: "shadow"})
+	inner := provisioned(t, &Handler{KeyPrefix: &live})
+	w, err, delivered := serveChain(t, nestedPing("veh-chain-mid"), outer, between, inner)
+	if err != nil || w.Code != http.StatusCreated || delivered != 1 {
+		t.Fatalf("a new ping through live, trial, live (same key space as the first): answered %d X-Dedup %q (err %v), "+
+			"%d requests upstream; want the upstream's 201 and 1 request: the inner live handler should pass on "+
+			"what the outer one judges, not meet its claim in flight", w.Code, w.Header().Get("X-Dedup"), err, delivered)
+	}
+}
+
+// A shadow trial behind the live handler (the live one written first) only
+// observes: the sender's answer carries the live handler's verdict. The
+// trial set its own X-Dedup over it (would_suppress on a ping the live
+// handler had accepted), and cleared the live handler's batch headers: a
+// batch forwarded without its ping from the future said "accepted" and
+// listed no rejection (helper 8's finding).
+func TestAShadowTrialBehindTheLiveHandlerLeavesItsVerdictOnTheAnswer(t *testing.T) {
+	trial, live := "chain-behind-trial:", "chain-behind-live:"
+	l := provisioned(t, &Handler{KeyPrefix: &live})
+	tr := provisioned(t, &Handler{KeyPrefix: &trial, Mode: "shadow", MaxFuture: caddy.Duration(2 * time.Hour)})
+
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	future := time.Now().UTC().Add(time.Hour).Format(time.RFC3339)
+	batch := `[{"asset_id":"veh-chain-behind-a","occurred_at":"` + at + `","lat":52.52,"lon":13.40},` +
+		`{"asset_id":"veh-chain-behind-b","occurred_at":"` + future + `","lat":52.52,"lon":13.40}]`
+	w, err, _ := serveChain(t, batch, l, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, rej := w.Header().Get("X-Dedup"), w.Header().Get("X-Dedup-Rejections"); got != "partial" || !strings.Contains(rej, `"index":1`) {
+		t.Errorf("a batch the live handler forwarded without its ping from the future (max_future): X-Dedup %q, "+
+			"X-Dedup-Rejected %q, X-Dedup-Rejections %q; want the live handler's partial, with ping 1 listed",
+			got, w.Header().Get("X-Dedup-Rejected"), rej)
+	}
+
+	p := nestedPing("veh-chain-behind-c")
+	if _, err, _ := serveChain(t, p, tr); err != nil { // the trial alone has seen it
+		t.Fatal(err)
+	}
+	w, err, delivered := serveChain(t, p, l, tr)
+	if err != nil || delivered != 1 {
+		t.Fatalf("setup: err %v, %d upstream", err, delivered)
+	}
+	if got := w.Header().Get("X-Dedup"); got != "accepted" {
+		t.Errorf("a ping the live handler accepted and forwarded: X-Dedup %q (X-Dedup-Reason %q); want accepted, "+
+			"the live handler's verdict, not the trial's behind it", got, w.Header().Get("X-Dedup-Reason"))
+	}
+}

@@ -487,7 +487,7 @@ func (h *Handler) storeErrorLines() []*throttledLog {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	earlier := earlierOutcome(repl)
-	if earlier != nil && earlier.judging != nil && earlier.judging.keySpace == h.keySpace {
+	if earlier != nil && earlier.judgedIn(h.keySpace) {
 		return h.passNested(w, r, next)
 	}
 	if h.storeUsers != nil {
@@ -505,13 +505,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 4. Record each outcome: metrics, dead letters, stuck assets,
 	// placeholders, debug log.
 	outcome := h.record(r, repl, req, earlier)
-	if earlier != nil {
+	if earlier != nil && !(h.settings.shadow && earlier.enforced()) {
 		clearAnswerHeaders(w.Header())
 	}
 
-	judging := outcome.judging // an outer handler's, of another key space
-	outcome.judging = h
-	defer func() { outcome.judging = judging }()
+	outer := outcome.enter(h) // an outer handler's, of another key space
+	defer outcome.leave(outer)
 	if req.unsure != nil {
 		return h.respondUnsure(w, r, next, req)
 	}

@@ -195,10 +195,70 @@ type outcomePlaceholders struct {
 	// the sliding and session shapes), if a placeholder asks for it.
 	keyer *dedup.Keyer
 	// judging is the handler answering or forwarding the request, nil
-	// when none is: a telemetry_dedup handler of its key space that the
-	// request meets meanwhile runs inside that one, and passes it on
+	// when none is, and enclosing the handlers of other key spaces it runs
+	// inside, outermost first (made only when such handlers nest): a
+	// telemetry_dedup handler of any of their key spaces that the request
+	// meets meanwhile runs inside that one, and passes it on
 	// (Handler.passNested).
-	judging *Handler
+	judging   *Handler
+	enclosing *[]*Handler
+}
+
+// judgedIn reports whether a handler of keySpace is judging the request:
+// the innermost, or one it runs inside. Checked against the innermost
+// alone, the live handler at a site's top, a shadow trial inside it and
+// the live one again in a handle judged every ping twice, and the inner
+// one answered 409 to every ping the outer one had claimed, forever.
+func (op *outcomePlaceholders) judgedIn(keySpace string) bool {
+	if op.judging == nil {
+		return false
+	}
+	if op.judging.keySpace == keySpace {
+		return true
+	}
+	if op.enclosing != nil {
+		for _, h := range *op.enclosing {
+			if h.keySpace == keySpace {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// enforced reports whether an enforcing handler is judging the request:
+// the answer's headers are its own, which a shadow trial inside it leaves
+// alone.
+func (op *outcomePlaceholders) enforced() bool {
+	if op.judging == nil {
+		return false
+	}
+	if !op.judging.settings.shadow {
+		return true
+	}
+	return op.enclosing != nil && slices.ContainsFunc(*op.enclosing, func(h *Handler) bool { return !h.settings.shadow })
+}
+
+// enter makes h the handler judging the request, inside the one that was,
+// which it returns for leave.
+func (op *outcomePlaceholders) enter(h *Handler) (outer *Handler) {
+	outer = op.judging
+	if outer != nil {
+		if op.enclosing == nil {
+			op.enclosing = new([]*Handler)
+		}
+		*op.enclosing = append(*op.enclosing, outer)
+	}
+	op.judging = h
+	return outer
+}
+
+// leave gives the request back to outer, the handler h's enter returned.
+func (op *outcomePlaceholders) leave(outer *Handler) {
+	op.judging = outer
+	if outer != nil {
+		*op.enclosing = (*op.enclosing)[:len(*op.enclosing)-1]
+	}
 }
 
 // placeholderOutcome names, to the replacer, the outcomePlaceholders that

@@ -110,7 +110,9 @@ func (h *Handler) respondPing(w http.ResponseWriter, r *http.Request, next caddy
 func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request) error {
 	c := countElements(req.elements)
 	decision := c.decision()
-	setBatchHeaders(w, c, req.elements)
+	if !h.quiet(r) {
+		setBatchHeaders(w, c, req.elements)
+	}
 	claims, forwarded := acceptedClaims(req.elements), forwardedElements(req.elements)
 	switch {
 	case h.settings.shadow:
@@ -285,7 +287,9 @@ func shadowDecision(d dedup.Decision) dedup.Decision {
 // set on the request's answer: a shadow trial's in front of this one, or
 // one that ran before handle_errors. This one's answer sets its own, and
 // one it leaves out (a reason, a batch's in-flight count or rejections)
-// would have told the sender the other's verdict as this one's.
+// would have told the sender the other's verdict as this one's. A shadow
+// trial inside an enforcing handler clears and sets nothing (quiet): the
+// answer is the enforcing one's.
 func clearAnswerHeaders(h http.Header) {
 	for _, name := range []string{headerDecision, headerReason, headerAccepted, headerSuppressed, headerRejected, headerInFlight, headerRejections} {
 		h.Del(name)
