@@ -909,8 +909,8 @@ func TestEnforcingHandlerBehindAShadowTrialOfAnotherShapeStillSuppresses(t *test
 
 // serveChain sends body once through handlers in order (the first outermost),
 // the last one's next an upstream answering 201, and returns the answer,
-// the error and how many requests reached the upstream.
-func serveChain(t *testing.T, body string, handlers ...*Handler) (*httptest.ResponseRecorder, error, int) {
+// how many requests reached the upstream, and the error.
+func serveChain(t *testing.T, body string, handlers ...*Handler) (*httptest.ResponseRecorder, int, error) {
 	t.Helper()
 	delivered := 0
 	var next caddyhttp.Handler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -927,7 +927,7 @@ func serveChain(t *testing.T, body string, handlers ...*Handler) (*httptest.Resp
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
 	w := httptest.NewRecorder()
 	err := next.ServeHTTP(w, r)
-	return w, err, delivered
+	return w, delivered, err
 }
 
 // A live handler at the site's top and again in a handle (same key
@@ -944,7 +944,7 @@ func TestALiveHandlerNestedAroundAShadowTrialStillPassesOn(t *testing.T) {
 	outer := provisioned(t, &Handler{KeyPrefix: &live})
 	between := provisioned(t, &Handler{KeyPrefix: &trial, Mode: "shadow"})
 	inner := provisioned(t, &Handler{KeyPrefix: &live})
-	w, err, delivered := serveChain(t, nestedPing("veh-chain-mid"), outer, between, inner)
+	w, delivered, err := serveChain(t, nestedPing("veh-chain-mid"), outer, between, inner)
 	if err != nil || w.Code != http.StatusCreated || delivered != 1 {
 		t.Fatalf("a new ping through live, trial, live (same key space as the first): answered %d X-Dedup %q (err %v), "+
 			"%d requests upstream; want the upstream's 201 and 1 request: the inner live handler should pass on "+
@@ -967,7 +967,7 @@ func TestAShadowTrialBehindTheLiveHandlerLeavesItsVerdictOnTheAnswer(t *testing.
 	future := time.Now().UTC().Add(time.Hour).Format(time.RFC3339)
 	batch := `[{"asset_id":"veh-chain-behind-a","occurred_at":"` + at + `","lat":52.52,"lon":13.40},` +
 		`{"asset_id":"veh-chain-behind-b","occurred_at":"` + future + `","lat":52.52,"lon":13.40}]`
-	w, err, _ := serveChain(t, batch, l, tr)
+	w, _, err := serveChain(t, batch, l, tr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -978,10 +978,10 @@ func TestAShadowTrialBehindTheLiveHandlerLeavesItsVerdictOnTheAnswer(t *testing.
 	}
 
 	p := nestedPing("veh-chain-behind-c")
-	if _, err, _ := serveChain(t, p, tr); err != nil { // the trial alone has seen it
+	if _, _, err := serveChain(t, p, tr); err != nil { // the trial alone has seen it
 		t.Fatal(err)
 	}
-	w, err, delivered := serveChain(t, p, l, tr)
+	w, delivered, err := serveChain(t, p, l, tr)
 	if err != nil || delivered != 1 {
 		t.Fatalf("setup: err %v, %d upstream", err, delivered)
 	}
