@@ -35,8 +35,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
-	ctx, cancel := h.upstreamContext(r.Context(), claims)
-	defer cancel()
+	ctx := h.upstreamContext(r.Context(), claims)
 	metrics.inFlight.Add(float64(len(claims))) // pings, as the decisions count them, not requests
 	defer metrics.inFlight.Sub(float64(len(claims)))
 
@@ -66,8 +65,9 @@ func (h *Handler) quiet(r *http.Request) bool {
 }
 
 // upstreamContext is the context of the upstream request of claimed pings:
-// the request's values without the sender's cancellation, and cancelled
-// upstreamBound after the claims were made. An upstream that hangs past it
+// the request's values without the sender's cancellation, and cut
+// upstreamBound after the claims were made (or a few milliseconds sooner:
+// see sharedDeadlines). An upstream that hangs past it
 // is cut (the proxy answers 504) and the claims released, in time to be
 // finished before in_flight_timeout: a claim older than that is always
 // finished, so counting it as settled loses nothing. It is cut the same
@@ -76,25 +76,26 @@ func (h *Handler) quiet(r *http.Request) bool {
 // claim standing in the store as if delivered. That cut's cause is a
 // passed deadline too, so that the proxy answers 504, not the 499 of a
 // sender's hang-up, a 4xx some clients drop the ping on.
-func (h *Handler) upstreamContext(request context.Context, claims []*dedup.Claim) (context.Context, context.CancelFunc) {
+func (h *Handler) upstreamContext(request context.Context, claims []*dedup.Claim) context.Context {
 	// The claims of one request are made at one instant, in one store call.
-	return context.WithDeadline(untilExit{h.exiting, request}, claims[0].At.Add(h.settings.upstreamBound))
+	return &upstreamRequest{upstreamDeadlines.at(h.exiting, claims[0].At.Add(h.settings.upstreamBound)), request}
 }
 
-// untilExit is the parent of an upstream request's context: the request's
-// values without the sender's cancellation, as context.WithoutCancel
-// gives them, but cancelled when Caddy exits (exiting). Its Value answers
-// the context package's lookup of the cancellation a context derives from
-// with exiting's own, so the deadline made on it joins exiting's children:
-// no goroutine and no callback a request.
-type untilExit struct {
-	context.Context // exiting: its Deadline, Done and Err
+// upstreamRequest is the context of an upstream request: the request's
+// values, as context.WithoutCancel gives them, but the deadline, shared
+// with the requests claimed at about the same time, and the exit (its
+// parent) of its first field. Its Value answers the context package's
+// lookup of the cancellation a context derives from with the shared
+// deadline's own, so that the transport's context for the request joins
+// that deadline's children: no goroutine and no callback a request.
+type upstreamRequest struct {
+	context.Context // the shared deadline: its Deadline, Done and Err
 	request         context.Context
 }
 
-// Value is exiting's, which holds nothing but its cancellation, or else
-// the request's.
-func (c untilExit) Value(key any) any {
+// Value is the shared deadline's, which holds nothing but its
+// cancellation, or else the request's.
+func (c *upstreamRequest) Value(key any) any {
 	if v := c.Context.Value(key); v != nil {
 		return v
 	}
@@ -167,8 +168,7 @@ func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next cad
 		return err
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	ctx, cancel := h.upstreamContext(r.Context(), req.unsure)
-	defer cancel()
+	ctx := h.upstreamContext(r.Context(), req.unsure)
 	defer func() {
 		if p := recover(); p != nil {
 			h.reconcile(req.unsure, h.settings.release && undelivered(rec.Status()))
