@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -105,6 +106,9 @@ func readBody(r *http.Request, limit int64, rb *restoredBody) ([]byte, error) {
 		return nil, &tooLargeError{limit: limit}
 	}
 	want := limit + 1 // one byte more tells an oversize body
+	if limit == math.MaxInt64 {
+		want = limit // no body is longer: max_body 9223372036854775807 overflowed to a negative read
+	}
 	if r.ContentLength >= 0 {
 		want = r.ContentLength // the server ends the body there
 	}

@@ -190,6 +190,9 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"redis negative timeout", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout -1s\n\t}\n}", []string{":3", "more than 0"}},
 		{"redis timeout 0", "telemetry_dedup {\n\tstore redis redis://x {\n\t\ttimeout 0\n\t}\n}", []string{":3", "more than 0"}},
 		{"redis negative breaker_cooldown", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tbreaker_cooldown -1s\n\t}\n}", []string{":3", "more than 0"}},
+		// Below the breaker's first wait, an open breaker let nearly every
+		// request try a Redis that is down (helper 3's finding, stop 59).
+		{"redis breaker_cooldown of nanoseconds", "telemetry_dedup {\n\tstore redis redis://x {\n\t\tbreaker_cooldown 30ns\n\t}\n}", []string{":3", "breaker_cooldown 30ns is shorter than 100ms", "such as 1s"}},
 		// A conflict between the block's settings is reported at the store's
 		// line, not at the brace that closes its block.
 		{"redis db on a Cluster", "telemetry_dedup {\n\tstore redis {\n\t\taddresses a:7000 b:7000\n\t\tdb 1\n\t}\n}", []string{"at Testfile:2", "drop db"}},
@@ -719,6 +722,11 @@ func TestJSONRefusesNegativeStoreSettings(t *testing.T) {
 		{`"dial_timeout":5`, "dial_timeout 5ns is shorter than 1ms"},
 		{`"pool_size":100000000`, "pool_size 100000000 is more connections than a Redis server takes"},
 		{`"cluster":true,"db":3`, "a Cluster has only database 0"},
+		// 30 written for seconds: an open breaker's wait of 30ns had nearly
+		// every request try a Redis that is down, and log the breaker
+		// opening again (helper 3's finding, stop 59).
+		{`"breaker_cooldown":30`, "breaker_cooldown 30ns is shorter than 100ms"},
+		{`"breaker_cooldown":1`, "in JSON, a bare number is nanoseconds: 1000000000"},
 	} {
 		h := new(Handler)
 		if err := json.Unmarshal([]byte(`{"store":{"type":"redis","url":"redis://127.0.0.1:1",`+tt.setting+`}}`), h); err != nil {

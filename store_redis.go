@@ -209,6 +209,20 @@ func checkTimeoutFloor(option string, timeout time.Duration) error {
 	return nil
 }
 
+// checkCooldownFloor refuses a breaker_cooldown (0: the default) shorter
+// than the breaker's first wait: in JSON a bare number is nanoseconds, and
+// "breaker_cooldown": 30 had an open breaker let nearly every request try
+// a Redis that is down, each waiting the store's timeout and logging two
+// breaker lines.
+func checkCooldownFloor(cooldown time.Duration) error {
+	if cooldown > 0 && cooldown < dedup.MinBreakerCooldown {
+		return fmt.Errorf("is shorter than %s, the open breaker's first wait: nearly every request would try a Redis that is down, "+
+			"wait out the store's timeout and log the breaker opening again; use one such as 1s "+
+			"(in JSON, a bare number is nanoseconds: 1000000000), or leave it out for its default", dedup.MinBreakerCooldown)
+	}
+	return nil
+}
+
 // timeoutUse says what value to give one of the store's timeouts: a
 // connection's read or write timeout stays at or above timeout (below it,
 // go-redis sends a call Redis was merely slow to answer again: README,
@@ -243,6 +257,9 @@ func (r *RedisStore) checkNumbers() error {
 	}
 	if err := checkTimeoutFloor("timeout", time.Duration(r.Timeout)); err != nil {
 		return fmt.Errorf("store redis: timeout %s %w", time.Duration(r.Timeout), err)
+	}
+	if err := checkCooldownFloor(time.Duration(r.BreakerCooldown)); err != nil {
+		return fmt.Errorf("store redis: breaker_cooldown %s %w", time.Duration(r.BreakerCooldown), err)
 	}
 	for name, value := range map[string]caddy.Duration{"dial_timeout": r.DialTimeout, "read_timeout": r.ReadTimeout, "write_timeout": r.WriteTimeout} {
 		if value < 0 {
@@ -590,7 +607,13 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 	case "breaker_failures":
 		return intArg(d, &r.BreakerFailures, 1, redisCountUse[option])
 	case "breaker_cooldown":
-		return positiveDurationArg(d, &r.BreakerCooldown)
+		if err := positiveDurationArg(d, &r.BreakerCooldown); err != nil {
+			return err
+		}
+		if err := checkCooldownFloor(time.Duration(r.BreakerCooldown)); err != nil {
+			return d.Errf("breaker_cooldown %s %v", time.Duration(r.BreakerCooldown), err)
+		}
+		return nil
 	default:
 		if err := optionOfHandler(d, "redis", option); err != nil {
 			return err

@@ -19,6 +19,10 @@ const (
 	// DefaultBreakerCooldown is the longest an open breaker waits between
 	// two probes: a recovered store is used again within about a second.
 	DefaultBreakerCooldown = time.Second
+	// MinBreakerCooldown is the shortest cooldown a config may set: the
+	// wait before the first probe. Below it, nearly every call after a
+	// failed probe probed a store that is down, and logged two transitions.
+	MinBreakerCooldown = breakerFirstProbe
 )
 
 // breakerFirstProbe is how long a breaker that has just opened waits before

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 	"unsafe"
 
@@ -564,7 +565,7 @@ func (p *Parser) checkAsset(ping Ping) error {
 	if asset == "" {
 		return invalid(p.assetField(ping), RuleRequired, "the asset id is empty")
 	}
-	if strings.TrimSpace(asset) == "" {
+	if blank(asset) {
 		return invalid(p.assetField(ping), RuleRequired, "the asset id %q is only blanks, which name no device; send the device's id", asset)
 	}
 	if len(asset) > MaxAssetBytes {
@@ -579,6 +580,20 @@ func (p *Parser) checkAsset(ping Ping) error {
 		}
 	}
 	return nil
+}
+
+// blank reports an id with nothing to see in it: only white space and
+// format characters, which print as nothing (U+200B zero width space,
+// U+2060 word joiner, U+FEFF, the byte-order mark a device reading its id
+// from an empty file saved with one sends). Every sender whose id came out
+// that way would share one asset, and suppress the others' pings.
+func blank(s string) bool {
+	for _, r := range s {
+		if !unicode.IsSpace(r) && !unicode.Is(unicode.Cf, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // controlAt is the control character at byte i of s (an ASCII one, or a C1

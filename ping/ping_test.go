@@ -206,6 +206,11 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		// blank would share one asset, and one's pings suppress another's.
 		{"asset id of spaces", NewParser(), `{"asset_id":"   ","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of a no-break space", NewParser(), `{"asset_id":"\u00a0","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of a zero width space", NewParser(), `{"asset_id":"\u200b","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of a byte-order mark", NewParser(), `{"asset_id":"\ufeff","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of a word joiner", NewParser(), `{"asset_id":"\u2060","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of blanks and a zero width space", NewParser(), `{"asset_id":" \u200b ","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of a no-break space and a byte-order mark", NewParser(), `{"asset_id":"\u00a0\ufeff","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id with DEL", NewParser(), `{"asset_id":"veh\u007f","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 	}
 	for _, tt := range tests {
