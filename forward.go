@@ -176,9 +176,16 @@ func (h *Handler) respondUnsure(w http.ResponseWriter, r *http.Request, next cad
 		}
 	}()
 	err := h.respond(rec, r.WithContext(ctx), next, req)
-	h.reconcile(req.unsure, h.settings.release && (err != nil || undelivered(finalStatus(rec.Status()))))
+	h.reconcile(req.unsure, h.sentBackHere(req) || h.settings.release && (err != nil || undelivered(finalStatus(rec.Status()))))
 	return err
 }
+
+// sentBackHere reports a batch the handler sent back itself, none of it
+// forwarded: its claims of unknown fate are released whatever
+// release_on_failure says, as giveBack releases the ones it knows. No
+// upstream took them, and settled, the resend's new pings were answered as
+// delivered and lost.
+func (h *Handler) sentBackHere(req *request) bool { return req.sentBack != nil && !h.settings.shadow }
 
 // reconcile hands claims whose fate the store did not tell to the
 // reconciler, to be released or settled by token once it answers.

@@ -560,7 +560,12 @@ func (g guardedStore) decideApart(ctx context.Context, claims []*Claim, refused 
 	}
 	decided, err := g.Decide(ctx, through)
 	if decided == nil {
-		return nil, why
+		// None has a verdict. The call's own error says whether it may
+		// have written the claims let through (a timeout: the reconciler
+		// takes them); why would say none was sent, and a claim that
+		// landed late would stand for good. Given to those refused too,
+		// it costs them a release by a token that never landed.
+		return nil, failedWhole(err)
 	}
 	verdicts := make([]Verdict, len(claims))
 	for j, i := range at {

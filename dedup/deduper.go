@@ -224,7 +224,7 @@ func (d *Deduper) decideInOrder(ctx context.Context, claims []*Claim, order []in
 	}
 	decided, err := d.Store.Decide(ctx, sorted)
 	if decided == nil {
-		return nil, err
+		return nil, failedWhole(err)
 	}
 	verdicts := make([]Verdict, len(claims))
 	for i, j := range order {

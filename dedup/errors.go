@@ -69,6 +69,17 @@ func spreadFailure(err error, n int, at []int) *DecideError {
 	return &DecideError{Err: err, Failed: failed}
 }
 
+// failedWhole is err as the error of a call that gave no verdict at all:
+// it fails every claim, with the cause a partial failure gave. A
+// DecideError naming some of them, beside no verdicts, had the handler
+// read a verdict that was not there.
+func failedWhole(err error) error {
+	if partial, ok := errors.AsType[*DecideError](err); ok {
+		return partial.Err
+	}
+	return err
+}
+
 // DecideFailed reports whether claim i of a Decide (or ClaimAll) that
 // returned err has no verdict: every claim of a failed call, or those a
 // DecideError names.

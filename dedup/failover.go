@@ -1,10 +1,12 @@
 package dedup
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,7 +45,14 @@ func NewFailoverStore(s *RedisStore, client redis.UniversalClient, unconfirmed f
 	return &FailoverStore{RedisStore: s, client: client, unconfirmed: unconfirmed}
 }
 
-// Release implements Store.
+// Release implements Store. Each master's claims are released side by
+// side, within the store's timeout each: a hung master holds up no other's
+// releases, and fails only its own claims (a ReleaseError), so that its
+// timeouts count toward its own breaker zone alone. The releases no
+// replica acknowledged go to be confirmed a master at a time: one job for
+// a batch's claims on two masters failed every call on the healthy one's
+// keys, by making the hung one's releases first, until the last
+// confirmation.
 func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -52,30 +61,40 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 		return nil, err
 	}
 	released := make([]bool, len(claims))
-	var unacked []*Claim
-	for _, g := range groups {
-		acked, err := s.releaseOn(ctx, g, claims, released)
-		if isRedirect(err) {
-			return s.releaseRedirected(ctx, claims, released)
-		}
-		if err != nil {
-			// The handler hands them all to the reconciler, whose first
-			// answer ends what it owes: those a master released before the
-			// error are confirmed too, or a failover could bring them back
-			// unseen.
-			s.unconfirmed(claims)
-			return nil, err
-		}
-		if !acked {
-			for _, i := range g.order {
-				unacked = append(unacked, claims[i])
-			}
-		}
+	acked, errs := make([]bool, len(groups)), make([]error, len(groups))
+	var wg sync.WaitGroup
+	for k, g := range groups {
+		wg.Go(func() { acked[k], errs[k] = s.releaseOn(ctx, g, claims, released) })
 	}
-	if len(unacked) > 0 {
-		s.unconfirmed(unacked) // the Reconciler counts what it has no room for
+	wg.Wait()
+	if slices.ContainsFunc(errs, isRedirect) {
+		return s.releaseRedirected(ctx, claims, released)
 	}
-	return released, nil
+	var first error
+	failed := make([]bool, len(claims))
+	for k, g := range groups {
+		if acked[k] {
+			continue
+		}
+		// Those a master failed to answer are handed to the reconciler by
+		// the handler too, whose first answer ends what it owes: they are
+		// confirmed as well, or a failover could bring back one that
+		// landed unseen.
+		group := make([]*Claim, 0, len(g.order))
+		for _, i := range g.order {
+			group = append(group, claims[i])
+			failed[i] = errs[k] != nil
+		}
+		s.unconfirmed(group) // the Reconciler counts what it has no room for
+		first = cmp.Or(first, errs[k])
+	}
+	switch {
+	case first == nil:
+		return released, nil
+	case !slices.Contains(failed, false):
+		return nil, first
+	}
+	return nil, &ReleaseError{Err: first, Released: released, Failed: failed}
 }
 
 // masterReleases are the claims, by index in releaseOrder, whose keys one

@@ -79,8 +79,11 @@ func (n *NearCache) Decide(ctx context.Context, claims []*Claim) ([]Verdict, err
 	}
 	decided, err := n.next.Decide(ctx, misses)
 	if err != nil {
-		if decided == nil && len(misses) == len(claims) {
-			return nil, err
+		if decided == nil {
+			err = failedWhole(err)
+			if len(misses) == len(claims) {
+				return nil, err
+			}
 		}
 		err = spreadFailure(err, len(claims), at) // the cache's own answers stand
 	}

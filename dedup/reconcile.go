@@ -815,7 +815,7 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 		// Close waits for this pass: on a Redis answering slowly, one
 		// batch after another would hold an exit past its bound. Once it
 		// has begun, its last pass, bounded, makes the rest.
-		n, failed, err := 0, []*reconcileJob(nil), r.closingErr()
+		n, failed, err := 0, map[string]bool(nil), r.closingErr()
 		if err == nil {
 			n = nextBatch(owed)
 			_, failed, err = r.attempt(ctx, owed[:n])
@@ -824,7 +824,15 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 			for _, j := range owed[n:] {
 				r.requeue(j)
 			}
-			p.failed = keysOf(append(failed, owed[n:]...))
+			if failed == nil {
+				failed = map[string]bool{}
+			}
+			p.failed = failed
+			for _, j := range owed[n:] {
+				for _, c := range j.claims {
+					p.failed[c.Key()] = true
+				}
+			}
 			return err
 		}
 		owed = owed[n:]
@@ -844,17 +852,6 @@ func (r *Reconciler) closingErr() error {
 		return errClosing
 	}
 	return nil
-}
-
-// keysOf is the set of the keys of jobs' claims.
-func keysOf(jobs []*reconcileJob) map[string]bool {
-	keys := map[string]bool{}
-	for _, j := range jobs {
-		for _, c := range j.claims {
-			keys[c.Key()] = true
-		}
-	}
-	return keys
 }
 
 // takeLocked takes the jobs that match off the queue, in queue order.
@@ -883,11 +880,12 @@ func nextBatch(jobs []*reconcileJob) int {
 
 // attempt makes one store call for jobs, all releases or all settlements,
 // and reschedules or finishes each by its answer. It returns the store's
-// error, if the call failed, the jobs it failed for (all of them, unless
-// Redis answered some of the releases: ReleaseError), and when the first
-// of those is tried again: once a job is back on the queue, only r.mu may
-// read it.
-func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry time.Time, failed []*reconcileJob, err error) {
+// error, if the call failed, the keys of the claims it failed for (all of
+// them, unless Redis answered some of the releases: ReleaseError; a job
+// with any of them failed is tried again whole), and when the first
+// failed job is tried again: once a job is back on the queue, only r.mu
+// may read it.
+func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry time.Time, failed map[string]bool, err error) {
 	var claims []*Claim
 	for _, j := range jobs {
 		claims = append(claims, j.claims...)
@@ -910,10 +908,16 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 		if err != nil && (refused == nil || slices.Contains(refused[from:to], true)) {
 			j.failures++
 			j.due = now.Add(min(reconcileFirstRetry<<min(j.failures-1, 16), reconcileMaxRetry))
-			if len(failed) == 0 {
-				retry = j.due
+			if failed == nil {
+				retry, failed = j.due, map[string]bool{}
 			}
-			failed = append(failed, j)
+			for k, c := range j.claims {
+				// A release Redis made (the claim's master answered) fails
+				// no call on its key, beside one it did not make.
+				if refused == nil || refused[from+k] {
+					failed[c.Key()] = true
+				}
+			}
 			r.requeue(j)
 			continue
 		}
