@@ -94,7 +94,8 @@ func handlerFromFlags(fs caddycmd.Flags) (*Handler, error) {
 	}
 	for _, a := range h.Asset {
 		if strings.Contains(a, "{") {
-			return nil, fmt.Errorf("--asset %s: a placeholder template needs a request; give the JSON path of an id, or compute the asset yourself", a)
+			return nil, fmt.Errorf("--asset %s: a placeholder template needs a request, and a capture has bodies only; give the JSON path of an id, "+
+				"or %s", a, writeAnAssetIn)
 		}
 	}
 	return h, nil
@@ -363,12 +364,26 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 	if report.Pings == 0 {
 		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0)
 	}
+	noteIfRecommendationRefused(report)
 	if fs.Bool("json") {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return 0, enc.Encode(report)
 	}
 	return 0, report.WriteTable(stdout)
+}
+
+// noteIfRecommendationRefused notes a recommended window and TTL that the
+// directive refuses as they are (a TTL no longer than the default
+// in_flight_timeout, from a short window and retry ladder), with what to
+// change: printed without a word, they failed the config they were
+// written into.
+func noteIfRecommendationRefused(report *analyze.Report) {
+	rec := report.Recommended
+	h := &Handler{Window: caddy.Duration(rec.Window), TTL: caddy.Duration(rec.TTL)}
+	if _, err := h.resolve(); err != nil {
+		report.Notes = append(report.Notes, fmt.Sprintf("window %s with ttl %s, as recommended, does not load as it is: %v", rec.Window, rec.TTL, err))
+	}
 }
 
 // noPingsError says why a capture gave nothing to size from: recommending
@@ -385,10 +400,15 @@ func noPingsError(report *analyze.Report, readsForms bool) error {
 	})
 	top := reasons[0]
 	advice := "check --preset, --batch, --asset, --time, --lat and --lon against a line of the capture (caddy telemetry-dedup key reads one ping and says why)"
-	switch top {
-	case string(ping.RuleNullIsland):
+	first := report.FirstSkipped[top]
+	switch {
+	case top == string(ping.RuleRequired) && strings.Contains(first, "asset id"):
+		advice = "the pings name no asset (Overland leaves device_id empty unless the app sets one, and a site may take the asset from the request); " + writeAnAssetIn
+	case top == analyze.SkipMalformed && strings.Contains(first, "not valid JSON"):
+		advice += "; a capture that spreads each body over several lines (pretty-printed, as jq . writes it) must hold one body a line: jq -c . pings.json > capture.ndjson"
+	case top == string(ping.RuleNullIsland):
 		advice = "if your assets really are at (0, 0) and your site has null_island allow, give --null-island allow"
-	case string(ping.RuleTimezone):
+	case top == string(ping.RuleTimezone):
 		advice = "the timestamps have no UTC offset: give --time-zone with the IANA zone the devices write local time in " +
 			"(e.g. --time-zone Europe/Berlin), as the site's time_zone"
 	}
@@ -396,8 +416,13 @@ func noPingsError(report *analyze.Report, readsForms bool) error {
 		advice += "; a Caddy access log holds each request as JSON: give analyze its URLs (jq -r .request.uri access.log)"
 	}
 	return fmt.Errorf("none of %s is a ping this configuration reads (most skipped as %s: %d, the first at %s); %s",
-		whatWasRead(report), top, report.Skipped[top], report.FirstSkipped[top], advice)
+		whatWasRead(report), top, report.Skipped[top], first, advice)
 }
+
+// writeAnAssetIn says how to size a capture whose bodies name no asset:
+// one device's capture at a time, its id written into every body.
+const writeAnAssetIn = "write the device's id into one device's capture and analyze it alone, for Overland: " +
+	`jq -c '.locations[].properties.device_id = "phone1"' capture.ndjson | caddy telemetry-dedup analyze --preset overland -`
 
 // whatWasRead counts the capture's lines, and the elements they hold when
 // they held batches.
@@ -435,6 +460,7 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 	opts := analyze.Options{
 		Parser:      s.parser,
 		Form:        s.formParserIfRead(),
+		FormOnly:    s.encoding == encodingForm,
 		Batch:       s.splitter,
 		Shape:       s.policy.Shape,
 		Radius:      s.policy.Radius,

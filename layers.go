@@ -181,8 +181,7 @@ func (s *settings) refuseJSONAsForm(query string, body []byte) error {
 	if opening := openingOf(body); opening != '{' && opening != '[' {
 		return nil
 	}
-	return &ping.MalformedError{Reason: "the request body is JSON, and encoding form reads form fields (the query string, or a form body): " +
-		"send JSON with Content-Type: application/json and set encoding auto, which reads it as JSON, or encoding json"}
+	return ping.JSONAsFormError()
 }
 
 // readsForm reports a request whose fields are form encoded: always with

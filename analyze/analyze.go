@@ -106,6 +106,10 @@ type Options struct {
 	// its MaxFuture and MaxPast too. The zero value reads every line as
 	// JSON.
 	Form ping.Parser
+	// FormOnly refuses the lines that are JSON (an object or an array),
+	// as the directive's encoding form refuses a JSON body; encoding auto
+	// reads them as JSON.
+	FormOnly bool
 	// Batch splits each line that is not a form ping into its pings, as
 	// the handler splits a request body: the elements of a JSON array, or
 	// of the array at Batch.Wrapper in an object (Overland's locations:
@@ -223,7 +227,8 @@ type fixPoint struct {
 	hasSpeed        bool
 }
 
-// assetFixes holds one asset's pings in capture order.
+// assetFixes holds one asset's pings in capture order, each request's in
+// device-time order (see lineFixes).
 type assetFixes struct {
 	name  string
 	fixes []fixPoint
@@ -233,7 +238,8 @@ type assetFixes struct {
 }
 
 // read parses the capture and groups its pings by asset, in order of first
-// appearance, keeping capture order within each asset.
+// appearance, keeping capture order within each asset, but for the pings
+// of one request (a line), which the handler decides in device-time order.
 func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 	var assets []*assetFixes
 	byName := map[string]*assetFixes{}
@@ -245,6 +251,7 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 		return a.readGPX(br)
 	}
 	lr := lineReader{r: br}
+	var touched []lineFixes
 	for {
 		line, tooLong, err := lr.next()
 		if err == io.EOF {
@@ -261,6 +268,7 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 			a.skip(SkipTooLarge, "line", lr.n, fmt.Errorf("longer than %d bytes, the handler's default max_body", maxLineBytes))
 			continue
 		}
+		touched = touched[:0]
 		for p, err := range a.pings(line) {
 			if err != nil {
 				a.skip(skipReason(err), "line", lr.n, err)
@@ -275,9 +283,31 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 				byName[as.name] = as
 				assets = append(assets, as)
 			}
+			if !slices.ContainsFunc(touched, func(l lineFixes) bool { return l.asset == as }) {
+				touched = append(touched, lineFixes{as, len(as.fixes)})
+			}
 			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon, accuracy: p.Accuracy, speed: p.Speed, hasSpeed: p.HasSpeed})
 		}
+		for _, l := range touched {
+			l.inDeviceTimeOrder()
+		}
 	}
+}
+
+// lineFixes are the fixes of one asset that one line (one request) holds:
+// those of asset from index from on.
+type lineFixes struct {
+	asset *assetFixes
+	from  int
+}
+
+// inDeviceTimeOrder puts a request's fixes of one asset in the order the
+// handler decides them: by device time, as sent where two tie
+// (dedup.Deduper.ClaimAll). A Transistorsoft SDK set to upload newest
+// first, or a shuffled offline backlog, had analyze admit twice what the
+// handler did in sliding.
+func (l lineFixes) inDeviceTimeOrder() {
+	slices.SortStableFunc(l.asset.fixes[l.from:], func(a, b fixPoint) int { return a.t.Compare(b.t) })
 }
 
 // skip counts one ping of the capture that cannot be used, and why,
@@ -332,7 +362,12 @@ func (a *analyzer) pings(line []byte) iter.Seq2[ping.Ping, error] {
 		if message, ok := recorderMessage(text); ok {
 			text = message
 		}
-		if len(a.opts.Form.TimePaths) > 0 && !bytes.HasPrefix(text, []byte("{")) && !bytes.HasPrefix(text, []byte("[")) {
+		isJSON := bytes.HasPrefix(text, []byte("{")) || bytes.HasPrefix(text, []byte("["))
+		if a.opts.FormOnly && isJSON {
+			yield(ping.Ping{}, ping.JSONAsFormError())
+			return
+		}
+		if len(a.opts.Form.TimePaths) > 0 && !isJSON {
 			yield(a.parseForm(text))
 			return
 		}

@@ -50,11 +50,14 @@ type gpxPoint struct {
 func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 	as := &assetFixes{name: gpxAsset}
 	d := xml.NewDecoder(r)
+	// Traccar 6 writes the device's name into <name> unescaped: a device
+	// called "Van 3 & 4" exports a bare &, which a strict reader refuses.
+	d.Strict = false
 	var charset declaredCharset
 	d.CharsetReader = charset.reader
 	a.report.Lines = 1
 	points, malformed, firstBad := 0, 0, ""
-	for root := true; ; {
+	for depth, roots := 0, 0; ; {
 		tok, err := d.Token()
 		if err == io.EOF {
 			break
@@ -65,15 +68,27 @@ func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 			}
 			return nil, fmt.Errorf("reading the GPX document after track point %d: %w; give the whole file as exported", points, err)
 		}
-		start, ok := tok.(xml.StartElement)
-		if !ok {
+		var start xml.StartElement
+		switch t := tok.(type) {
+		case xml.StartElement:
+			start = t
+		case xml.EndElement:
+			depth--
+			continue
+		default:
 			continue
 		}
-		if root && start.Name.Local != "gpx" {
-			return nil, fmt.Errorf("the capture is an XML document of <%s>, not <gpx>; analyze reads GPX (as Traccar exports a route) or pings one a line", start.Name.Local)
+		if depth == 0 {
+			if roots++; roots > 1 {
+				return nil, fmt.Errorf("the capture holds more than one GPX document (a second <%s> after track point %d); "+
+					"a GPX export is one device's route, and analyze reads one device a run: analyze each export on its own", start.Name.Local, points)
+			}
+			if start.Name.Local != "gpx" {
+				return nil, fmt.Errorf("the capture is an XML document of <%s>, not <gpx>; analyze reads GPX (as Traccar exports a route) or pings one a line", start.Name.Local)
+			}
 		}
-		root = false
 		if start.Name.Local != "trkpt" {
+			depth++
 			continue
 		}
 		points++

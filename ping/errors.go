@@ -44,6 +44,14 @@ type MalformedError struct {
 // Error is the Reason, for the sender.
 func (e *MalformedError) Error() string { return e.Reason }
 
+// JSONAsFormError is the error of a JSON body where encoding form reads
+// form fields: as fields it is one field named after the whole body, and
+// its ping would be rejected as missing fields it plainly holds.
+func JSONAsFormError() error {
+	return &MalformedError{Reason: "the request body is JSON, and encoding form reads form fields (the query string, or a form body): " +
+		"send JSON with Content-Type: application/json and set encoding auto, which reads it as JSON, or encoding json"}
+}
+
 // InvalidPingError reports a well-formed body whose ping breaks a rule. The
 // handler answers it with 422 and a JSON body carrying Field and Rule.
 type InvalidPingError struct {
