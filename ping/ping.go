@@ -596,15 +596,21 @@ func blank(s string) bool {
 	return true
 }
 
-// controlAt is the control character at byte i of s (an ASCII one, or a C1
-// one, U+0080 to U+009F, as UTF-8 writes it: U+009B is a terminal's CSI),
-// or -1.
+// controlAt is the control character at byte i of s (an ASCII one, a C1
+// one, U+0080 to U+009F, as UTF-8 writes it: U+009B is a terminal's CSI,
+// or a bidirectional embedding, override or isolate, U+202A to U+202E and
+// U+2066 to U+2069, which reorder how the rest of a log line shows), or -1.
+// The marks U+200E and U+200F, which a right-to-left name may hold, pass.
 func controlAt(s string, i int) rune {
 	switch c := s[i]; {
 	case c < 0x20 || c == 0x7f:
 		return rune(c)
 	case c == 0xc2 && i+1 < len(s) && s[i+1] >= 0x80 && s[i+1] <= 0x9f:
 		return rune(s[i+1])
+	case c == 0xe2 && i+2 < len(s) && s[i+1]&0xc0 == 0x80 && s[i+2]&0xc0 == 0x80:
+		if r := rune(0x2000) | rune(s[i+1]&0x3f)<<6 | rune(s[i+2]&0x3f); r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 {
+			return r
+		}
 	}
 	return -1
 }

@@ -208,6 +208,10 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		{"asset id of a no-break space", NewParser(), `{"asset_id":"\u00a0","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of a zero width space", NewParser(), `{"asset_id":"\u200b","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of a byte-order mark", NewParser(), `{"asset_id":"\ufeff","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		// A right-to-left override shows "veh-1\u202e2-hev" in a log line
+		// as another id: refused as the controls are (stop 59).
+		{"asset id with a right-to-left override", NewParser(), `{"asset_id":"veh-1\u202e2-hev","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id with a first-strong isolate", NewParser(), `{"asset_id":"veh\u2068x\u2069","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"asset id of a word joiner", NewParser(), `{"asset_id":"\u2060","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of blanks and a zero width space", NewParser(), `{"asset_id":" \u200b ","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of a no-break space and a byte-order mark", NewParser(), `{"asset_id":"\u00a0\ufeff","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
@@ -448,6 +452,19 @@ func TestNaiveTimestampErrorSuggestsATimestampThatParses(t *testing.T) {
 		}
 		if _, err := NewParser().Parse([]byte(`{"asset_id":"a","occurred_at":"`+suggested+`","lat":1,"lon":2}`), parseNow); err != nil {
 			t.Errorf("%s: the suggested %s is refused: %v", naive, suggested, err)
+		}
+	}
+}
+
+// Ids that print are kept, format characters in them included: a
+// right-to-left name with its mark, an emoji sequence joined by U+200D, a
+// soft hyphen. Only ids of nothing visible, and the bidirectional
+// overrides that reorder a log line, are refused.
+func TestAssetIdsThatPrintAreKept(t *testing.T) {
+	for _, id := range []string{`\u05e8\u05db\u05d1-7\u200f`, `truck-\ud83d\udc68\u200d\ud83d\udd27`, `ab\u00adc`, `veh\u200b1`} {
+		body := `{"asset_id":"` + id + `","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`
+		if _, err := NewParser().Parse([]byte(body), parseNow); err != nil {
+			t.Errorf("asset id %s: %v; want it kept", id, err)
 		}
 	}
 }
