@@ -231,3 +231,44 @@ func TestAnalyzeAdmitsWhatTheHandlerAdmitsForANewestFirstBatch(t *testing.T) {
 			got.Admitted, got.Pings, got.Suppressed, admitted)
 	}
 }
+
+// f3a8e28 made analyze --encoding form refuse every JSON line with the
+// handler's 400 message (analyze.go pings, Options.FormOnly). A Caddy JSON
+// access log is exactly such a capture, and the one an OsmAnd site has:
+// README (Sizing from your own traffic) and noPingsError tell the user to
+// give analyze its URLs (jq -r .request.uri access.log), and
+// TestAnalyzeSaysHowToReadCaddysOwnAccessLog holds that advice for
+// --preset osmand. With --encoding form beside it (as a site that reads
+// only OsmAnd's form pings configures its route), or --encoding form
+// alone with the form paths given, each access-log line is now skipped as
+// malformed with "the request body is JSON ... send JSON with
+// Content-Type: application/json and set encoding auto, which reads it as
+// JSON, or encoding json", and the advice is "check --preset, --batch,
+// --asset, --time, --lat and --lon": the access-log advice is gone, and
+// what the user is told to do (send JSON, switch the encoding) is wrong
+// for a log whose URLs hold form pings. noPingsError gives the jq advice
+// only for SkipNotAPing; it should give it too when the top reason is the
+// JSON-as-form refusal (ping.JSONAsFormError) and the lines look like an
+// access log (or whenever every line was a JSON line under FormOnly).
+// The first case (--preset osmand --encoding form) gave the jq advice
+// before f3a8e28 (checked on f3a8e28^, where its lines were not_a_ping);
+// the second was already sent to the path flags (rule required).
+// (Helper 5's review, stop 59: so it was until then; the test holds the fix.)
+func TestAnalyzeEncodingFormStillSaysHowToReadAnAccessLog(t *testing.T) {
+	var log strings.Builder
+	start := time.Date(2026, 8, 8, 6, 0, 0, 0, time.UTC)
+	for i := range 30 {
+		tm := start.Add(time.Duration(i) * 10 * time.Second)
+		fmt.Fprintf(&log, `{"level":"info","ts":%d.1,"logger":"http.log.access","msg":"handled request","request":{"remote_ip":"1.2.3.4","proto":"HTTP/1.1","method":"POST","host":"t.example","uri":"/?id=dev1&lat=52.52%03d&lon=13.40%03d&timestamp=%d&hdop=9&speed=0"},"status":200}`+"\n",
+			tm.Unix(), i%7, i%5, tm.Unix())
+	}
+	for _, args := range [][]string{
+		{"--preset", "osmand", "--encoding", "form", "-"},
+		{"--encoding", "form", "--asset", "id", "--time", "timestamp", "-"},
+	} {
+		_, err := runAnalyzeCmd(t, log.String(), args...)
+		if err == nil || !strings.Contains(err.Error(), "jq -r .request.uri") {
+			t.Errorf("analyze %s on Caddy's JSON access log: %v\nwant the error to say how to extract its URLs", strings.Join(args, " "), err)
+		}
+	}
+}

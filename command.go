@@ -404,6 +404,9 @@ func noPingsError(report *analyze.Report, readsForms bool) error {
 	switch {
 	case top == string(ping.RuleRequired) && strings.Contains(first, "asset id"):
 		advice = "the pings name no asset (Overland leaves device_id empty unless the app sets one, and a site may take the asset from the request); " + writeAnAssetIn
+	case top == analyze.SkipMalformed && strings.Contains(first, ping.JSONAsFormError().Error()):
+		advice = "with --encoding form a JSON line is a body the site refuses; a Caddy access log holds each request as JSON: " +
+			"give analyze its URLs (jq -r .request.uri access.log), or --encoding auto for a capture of JSON bodies"
 	case top == analyze.SkipMalformed && strings.Contains(first, "not valid JSON"):
 		advice += "; a capture that spreads each body over several lines (pretty-printed, as jq . writes it) must hold one body a line: jq -c . pings.json > capture.ndjson"
 	case top == string(ping.RuleNullIsland):

@@ -225,6 +225,9 @@ type fixPoint struct {
 	lat, lon        float64
 	accuracy, speed float64
 	hasSpeed        bool
+	// event and state are the ping's, which the handler keys and judges
+	// it by: an alarm is admitted where a plain fix would be suppressed.
+	event, state string
 }
 
 // assetFixes holds one asset's pings in capture order, each request's in
@@ -286,7 +289,8 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 			if !slices.ContainsFunc(touched, func(l lineFixes) bool { return l.asset == as }) {
 				touched = append(touched, lineFixes{as, len(as.fixes)})
 			}
-			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon, accuracy: p.Accuracy, speed: p.Speed, hasSpeed: p.HasSpeed})
+			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon, accuracy: p.Accuracy, speed: p.Speed, hasSpeed: p.HasSpeed,
+				event: strings.Clone(p.Event), state: strings.Clone(p.State)})
 		}
 		for _, l := range touched {
 			l.inDeviceTimeOrder()

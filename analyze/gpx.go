@@ -49,10 +49,7 @@ type gpxPoint struct {
 // elements (wpt, rtept) are not read.
 func (a *analyzer) readGPX(r io.Reader) ([]*assetFixes, error) {
 	as := &assetFixes{name: gpxAsset}
-	d := xml.NewDecoder(r)
-	// Traccar 6 writes the device's name into <name> unescaped: a device
-	// called "Van 3 & 4" exports a bare &, which a strict reader refuses.
-	d.Strict = false
+	d := xml.NewDecoder(newEscapedBare(r))
 	var charset declaredCharset
 	d.CharsetReader = charset.reader
 	a.report.Lines = 1

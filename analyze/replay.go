@@ -147,6 +147,9 @@ func (a *analyzer) replay(run *candidateRun, as *assetFixes) error {
 	clear(a.keys)
 	observe := func(_ *dedup.Deduper, i int, p ping.Ping) dedup.Observation {
 		bucket, cell := buckets[i], cells[i]
+		if p.Event != "" || p.State != "" {
+			return dedup.Observation{Ping: p, Bucket: bucket, Cell: cell, Key: run.keyer.KeyOf(p, bucket, cell)}
+		}
 		// Hashing is the replay's dearest step, and only an admitted ping
 		// brings a new (bucket, cell): remember the keys of this asset.
 		key, ok := a.keys[bucketCell{bucket, cell}]
@@ -177,7 +180,7 @@ func replayAsset(k dedup.Keyer, pol dedup.Policy, as *assetFixes,
 	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: k, Policy: pol, Now: func() time.Time { return now }}
 	for i, f := range as.fixes {
 		now = f.t
-		p := ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon, Accuracy: f.accuracy, Speed: f.speed, HasSpeed: f.hasSpeed}
+		p := ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon, Accuracy: f.accuracy, Speed: f.speed, HasSpeed: f.hasSpeed, Event: f.event, State: f.state}
 		c, v, err := d.Claim(ctx, observe(&d, i, p))
 		if err != nil {
 			return err

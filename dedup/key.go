@@ -120,6 +120,13 @@ func (k Keyer) Key(asset string, bucket int64, cell h3.Cell) string {
 	return k.observationKey(ping.Ping{Asset: asset}, bucket, cell)
 }
 
+// KeyOf is the key of ping p in bucket and cell, as Observe makes it: its
+// state and event are part of it. A replay that has quantised its pings
+// already keys them with it.
+func (k Keyer) KeyOf(p ping.Ping, bucket int64, cell h3.Cell) string {
+	return k.observationKey(p, bucket, cell)
+}
+
 // observationKey is the key of a ping in its bucket and cell: the
 // article's three parts, then its state and its event with the exact
 // sighting, each only when the ping has one. Values are length-prefixed, so

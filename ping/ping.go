@@ -3,6 +3,7 @@ package ping
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -582,19 +583,24 @@ func (p *Parser) checkAsset(ping Ping) error {
 	return nil
 }
 
-// blank reports an id with nothing to see in it: only white space and
-// format characters, which print as nothing (U+200B zero width space,
-// U+2060 word joiner, U+FEFF, the byte-order mark a device reading its id
-// from an empty file saved with one sends). Every sender whose id came out
-// that way would share one asset, and suppress the others' pings.
+// blank reports an id with nothing to see in it: only white space, format
+// characters (U+200B zero width space, U+2060 word joiner, U+FEFF, the
+// byte-order mark a device reading its id from an empty file saved with
+// one sends), variation selectors and the letters that print as blank
+// (the Hangul fillers, the blank braille pattern). Every sender whose id
+// came out that way would share one asset, and suppress the others' pings.
 func blank(s string) bool {
 	for _, r := range s {
-		if !unicode.IsSpace(r) && !unicode.Is(unicode.Cf, r) {
+		if !unicode.IsSpace(r) && !unicode.Is(unicode.Cf, r) && !unicode.Is(unicode.Variation_Selector, r) && !slices.Contains(blankLetters, r) {
 			return false
 		}
 	}
 	return true
 }
+
+// blankLetters print as nothing, though Unicode counts them as letters or
+// symbols: the Hangul fillers and the blank braille pattern.
+var blankLetters = []rune{'\u115f', '\u1160', '\u3164', '\uffa0', '\u2800'}
 
 // controlAt is the control character at byte i of s (an ASCII one, a C1
 // one, U+0080 to U+009F, as UTF-8 writes it: U+009B is a terminal's CSI,

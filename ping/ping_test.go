@@ -212,6 +212,9 @@ func TestParseRejectsInvalidPings(t *testing.T) {
 		// as another id: refused as the controls are (stop 59).
 		{"asset id with a right-to-left override", NewParser(), `{"asset_id":"veh-1\u202e2-hev","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
 		{"asset id with a first-strong isolate", NewParser(), `{"asset_id":"veh\u2068x\u2069","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleType},
+		{"asset id of a Hangul filler", NewParser(), `{"asset_id":"\u3164","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of the blank braille pattern", NewParser(), `{"asset_id":"\u2800","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
+		{"asset id of a variation selector", NewParser(), `{"asset_id":"\ufe0f","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of a word joiner", NewParser(), `{"asset_id":"\u2060","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of blanks and a zero width space", NewParser(), `{"asset_id":" \u200b ","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
 		{"asset id of a no-break space and a byte-order mark", NewParser(), `{"asset_id":"\u00a0\ufeff","occurred_at":"2026-08-08T11:59:00Z","lat":1,"lon":2}`, "asset_id", RuleRequired},
