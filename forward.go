@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -141,9 +142,10 @@ func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool
 	}
 	released, err := h.deduper.Release(context.WithoutCancel(ctx), claims...)
 	if err != nil {
-		metrics.releases.WithLabelValues(releaseError).Add(float64(len(claims)))
+		failed := countPartialRelease(claims, err)
+		metrics.releases.WithLabelValues(releaseError).Add(float64(len(failed)))
 		h.releaseErrors.log("releasing the claims of a failed request failed; the reconciler releases them once the store answers", err)
-		h.reconcile(claims, true)
+		h.reconcile(failed, true)
 		return
 	}
 	metrics.releases.WithLabelValues(releaseReleased).Add(float64(released))
@@ -151,6 +153,46 @@ func (h *Handler) finish(ctx context.Context, claims []*dedup.Claim, failed bool
 	if c := h.logger.Check(zapcore.DebugLevel, "released claims after upstream failure"); c != nil {
 		c.Write(zap.String("key", claims[0].Key()), zap.Int("released", released), zap.Int("claims", len(claims)))
 	}
+}
+
+// countPartialRelease counts the releases a failed Release call made
+// nonetheless (a Cluster master that answered while another hung: a
+// dedup.ReleaseError) and returns the claims it failed for, all of them
+// for any other error. Counted as errors, a healthy master's releases
+// showed as failures, and were counted nowhere as made.
+func countPartialRelease(claims []*dedup.Claim, err error) (failed []*dedup.Claim) {
+	partial, ok := errors.AsType[*dedup.ReleaseError](err)
+	if !ok {
+		return claims
+	}
+	released, notHeld := 0, 0
+	for i := range claims {
+		switch {
+		case partial.Failed[i]:
+		case partial.Released[i]:
+			released++
+		default:
+			notHeld++
+		}
+	}
+	metrics.releases.WithLabelValues(releaseReleased).Add(float64(released))
+	metrics.releases.WithLabelValues(releaseNotHeld).Add(float64(notHeld))
+	return failedReleases(claims, err)
+}
+
+// failedReleases are the claims a failed Release call did not release:
+// those a dedup.ReleaseError names, or all of them.
+func failedReleases(claims []*dedup.Claim, err error) (failed []*dedup.Claim) {
+	partial, ok := errors.AsType[*dedup.ReleaseError](err)
+	if !ok {
+		return claims
+	}
+	for i, c := range claims {
+		if partial.Failed[i] {
+			failed = append(failed, c)
+		}
+	}
+	return failed
 }
 
 // respondUnsure answers a request whose claim call failed without saying

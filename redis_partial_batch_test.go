@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
@@ -334,4 +336,44 @@ func TestAGatewayBatchIsNotFailedWholeByAHungMastersOwedRelease(t *testing.T) {
 				sec, parked, other, res.status, res.header.Get("X-Dedup"), got)
 		}
 	}
+}
+
+// A gateway's batch on a Cluster, its upstream failing while one of the
+// two masters its pings live on hangs: the healthy master's release is
+// made, the hung one's fails. releases_total counts them so, one released
+// and one error, and only the failed one goes to the reconciler: before,
+// every claim of the batch counted as a release error, the healthy
+// master's among them, and the releases Redis made were counted nowhere.
+// (Helper 6's audit, stop 59: so it was until then; the test holds the fix.)
+func TestAReleaseMadeForSomeClaimsIsNotCountedAsAnError(t *testing.T) {
+	tt, nodeOf, parked, other, pingAt := gatewayOnACluster(t, "partial-release-count:", "")
+	hung := nodeOf(other)
+	defer hung.Resume()
+	tt.upstreamStatus = func([]byte) int { hung.Pause(); return http.StatusBadGateway }
+	released, errored := releasesCounted(t, releaseReleased), releasesCounted(t, releaseError)
+	batch := "[" + pingAt(parked, 40, 52.60, 13.50) + "," + pingAt(other, 40, 48.85, 2.35) + "]"
+	if res := tt.postSafe(t, batch); res.status != http.StatusBadGateway || res.header.Get("X-Dedup-Accepted") != "2" {
+		t.Fatalf("setup: the batch, its upstream failing: %d %s accepted %s", res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Accepted"))
+	}
+	gotReleased, gotErrored := releasesCounted(t, releaseReleased)-released, releasesCounted(t, releaseError)-errored
+	if gotReleased != 1 || gotErrored != 1 {
+		t.Errorf("releases_total moved released +%v, error +%v; want released +1 (the healthy master's) and error +1 (the hung master's)", gotReleased, gotErrored)
+	}
+	// Handed the released claim too, in one job with the hung master's,
+	// the reconciler retried it with every pass over that job, and every
+	// call on the healthy asset's key waited out the hung master's
+	// timeout once more (helper 4's review, stop 59).
+	if n := tt.h.reconciler.Unanswered(); n != 1 {
+		t.Errorf("the reconciler waits for the store's answer on %d claims; want 1, the hung master's", n)
+	}
+}
+
+// releasesCounted is releases_total{outcome} now.
+func releasesCounted(t *testing.T, outcome string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.releases.WithLabelValues(outcome).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -170,7 +170,7 @@ func (h *Handler) giveBack(ctx context.Context, claims []*dedup.Claim) {
 	}
 	if _, err := h.deduper.Release(context.WithoutCancel(ctx), claims...); err != nil {
 		h.sentBackReleaseErrors.log("releasing the claims of a batch sent back for retry failed; the reconciler releases them once the store answers", err)
-		h.reconcile(claims, true)
+		h.reconcile(failedReleases(claims, err), true)
 	}
 }
 

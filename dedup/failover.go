@@ -64,12 +64,13 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 	acked, errs := make([]bool, len(groups)), make([]error, len(groups))
 	var wg sync.WaitGroup
 	for k, g := range groups {
-		wg.Go(func() { acked[k], errs[k] = s.releaseOn(ctx, g, claims, released) })
+		wg.Go(func() {
+			if acked[k], errs[k] = s.releaseOn(ctx, g, claims, released); isRedirect(errs[k]) {
+				errs[k] = s.releaseRedirected(ctx, g, claims, released)
+			}
+		})
 	}
 	wg.Wait()
-	if slices.ContainsFunc(errs, isRedirect) {
-		return s.releaseRedirected(ctx, claims, released)
-	}
 	var first error
 	failed := make([]bool, len(claims))
 	for k, g := range groups {
@@ -189,18 +190,28 @@ func isRedirect(err error) bool {
 	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "TRYAGAIN")
 }
 
-// releaseRedirected releases claims through the Cluster client, which
-// follows a slot that moved or is moving, without a WAIT, and hands them
-// all to be confirmed. Releasing by token again is harmless for those a
-// master released before the redirect, which stay counted as released.
-func (s *FailoverStore) releaseRedirected(ctx context.Context, claims []*Claim, before []bool) ([]bool, error) {
-	released, err := s.RedisStore.Release(ctx, claims)
-	s.unconfirmed(claims)
-	if err != nil {
-		return nil, err
+// releaseRedirected releases g's claims through the Cluster client, which
+// follows a slot that moved or is moving, without a WAIT (they are
+// confirmed, as unacknowledged), writing what each undid into released.
+// Releasing by token again is harmless for those the master released
+// before the redirect, which stay counted as released. Only g's: a hung
+// master's claims beside them would hold the call for its timeout. The
+// scripts go as EVAL, whole, as releaseOn's: loading one the slot's new
+// master lacks would load it on every master, the hung one's included.
+func (s *FailoverStore) releaseRedirected(ctx context.Context, g masterReleases, claims []*Claim, released []bool) error {
+	p := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(g.order))
+	for j, i := range g.order {
+		script, keys, args := releaseCall(claims[i])
+		cmds[j] = script.Eval(ctx, p, keys, args...)
 	}
-	for i := range released {
-		released[i] = released[i] || before[i]
+	_ = pipeline.Exec(ctx, p) // errors are per command
+	for j, i := range g.order {
+		again, err := releasedBy(cmds[j])
+		if err != nil {
+			return err
+		}
+		released[i] = released[i] || again
 	}
-	return released, nil
+	return nil
 }

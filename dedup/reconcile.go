@@ -1,8 +1,10 @@
 package dedup
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -811,6 +813,8 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 	// An expired one has nothing left to act on: its key owes nothing
 	// any more.
 	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
+	var passErr error
+	p.failed = map[string]bool{}
 	for len(owed) > 0 {
 		// Close waits for this pass: on a Redis answering slowly, one
 		// batch after another would hold an exit past its bound. Once it
@@ -820,24 +824,24 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 			n = nextBatch(owed)
 			_, failed, err = r.attempt(ctx, owed[:n])
 		}
-		if err != nil {
+		maps.Copy(p.failed, failed)
+		passErr = cmp.Or(passErr, err)
+		if _, partial := errors.AsType[*ReleaseError](err); err != nil && !partial {
+			// The store failed whole: the rest would wait out its timeout
+			// one batch after another. A partial failure (a hung master
+			// beside answering ones) goes on: the keys past it are not
+			// failed for one it could not release.
 			for _, j := range owed[n:] {
 				r.requeue(j)
-			}
-			if failed == nil {
-				failed = map[string]bool{}
-			}
-			p.failed = failed
-			for _, j := range owed[n:] {
 				for _, c := range j.claims {
 					p.failed[c.Key()] = true
 				}
 			}
-			return err
+			return passErr
 		}
 		owed = owed[n:]
 	}
-	return nil
+	return passErr
 }
 
 // errClosing fails the calls waiting for releases owed that a pass left to
@@ -913,9 +917,14 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 			}
 			for k, c := range j.claims {
 				// A release Redis made (the claim's master answered) fails
-				// no call on its key, beside one it did not make.
-				if refused == nil || refused[from+k] {
+				// no call on its key, beside one it did not make, and is
+				// counted released when the job is answered: the next
+				// pass finds its claim gone.
+				switch {
+				case refused == nil || refused[from+k]:
 					failed[c.Key()] = true
+				case released[from+k]:
+					j.released[k] = true
 				}
 			}
 			r.requeue(j)
