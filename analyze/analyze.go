@@ -250,6 +250,9 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := notUTF16(br); err != nil {
+		return nil, err
+	}
 	if isGPX(br) {
 		return a.readGPX(br)
 	}
@@ -312,6 +315,19 @@ type lineFixes struct {
 // handler did in sliding.
 func (l lineFixes) inDeviceTimeOrder() {
 	slices.SortStableFunc(l.asset.fixes[l.from:], func(a, b fixPoint) int { return a.t.Compare(b.t) })
+}
+
+// notUTF16 refuses a capture that starts with UTF-16's byte order mark, as
+// Windows PowerShell's > and Out-File write text: read as UTF-8, each of
+// its lines was a malformed ping, and the advice pointed at the path
+// flags.
+func notUTF16(br *bufio.Reader) error {
+	head, _ := br.Peek(2)
+	if !bytes.Equal(head, []byte{0xff, 0xfe}) && !bytes.Equal(head, []byte{0xfe, 0xff}) {
+		return nil
+	}
+	return errors.New("the capture is UTF-16 text (it starts with a UTF-16 byte order mark, as Windows PowerShell's > and Out-File write it); " +
+		"convert it to UTF-8 first: iconv -f UTF-16 -t UTF-8 capture.txt > capture.ndjson (in PowerShell: Out-File -Encoding utf8)")
 }
 
 // skip counts one ping of the capture that cannot be used, and why,

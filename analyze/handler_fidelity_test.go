@@ -266,3 +266,18 @@ func TestAnalyzeReadsATraccar6GPXOfADeviceWithALessThanInItsName(t *testing.T) {
 		}
 	}
 }
+
+// A capture saved by Windows PowerShell's > is UTF-16: read as UTF-8,
+// every line was a malformed ping and the advice pointed at the path
+// flags (helper 1's audit, stop 59). It is refused with the conversion.
+func TestAnalyzeSaysToConvertAUTF16Capture(t *testing.T) {
+	line := `{"asset_id":"veh-1","occurred_at":"2026-03-01T10:00:00Z","lat":52.52,"lon":13.4}` + "\r\n"
+	utf16 := []byte{0xff, 0xfe}
+	for _, r := range line {
+		utf16 = append(utf16, byte(r), 0)
+	}
+	_, err := Analyze(bytes.NewReader(utf16), Options{})
+	if err == nil || !strings.Contains(err.Error(), "UTF-16") || !strings.Contains(err.Error(), "iconv -f UTF-16 -t UTF-8") {
+		t.Errorf("a UTF-16 capture: %v; want it refused, saying how to convert it", err)
+	}
+}

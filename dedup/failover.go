@@ -47,12 +47,13 @@ func NewFailoverStore(s *RedisStore, client redis.UniversalClient, unconfirmed f
 
 // Release implements Store. Each master's claims are released side by
 // side, within the store's timeout each: a hung master holds up no other's
-// releases, and fails only its own claims (a ReleaseError), so that its
-// timeouts count toward its own breaker zone alone. The releases no
-// replica acknowledged go to be confirmed a master at a time: one job for
-// a batch's claims on two masters failed every call on the healthy one's
-// keys, by making the hung one's releases first, until the last
-// confirmation.
+// releases. Each claim has its own answer: one that failed (its master
+// hung, its slot migrating) fails alone (a ReleaseError), so that its
+// timeouts count toward its own breaker zone, and the handler hands only
+// it to the reconciler. The releases no replica acknowledged go to be
+// confirmed a master at a time: one job for a batch's claims on two
+// masters failed every call on the healthy one's keys, by making the hung
+// one's releases first, until the last confirmation.
 func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -60,19 +61,13 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 	if err != nil {
 		return nil, err
 	}
-	released := make([]bool, len(claims))
-	acked, errs := make([]bool, len(groups)), make([]error, len(groups))
+	released, errs := make([]bool, len(claims)), make([]error, len(claims))
+	acked := make([]bool, len(groups))
 	var wg sync.WaitGroup
 	for k, g := range groups {
-		wg.Go(func() {
-			if acked[k], errs[k] = s.releaseOn(ctx, g, claims, released); isRedirect(errs[k]) {
-				errs[k] = s.releaseRedirected(ctx, g, claims, released)
-			}
-		})
+		wg.Go(func() { acked[k] = s.releaseOn(ctx, g, claims, released, errs) })
 	}
 	wg.Wait()
-	var first error
-	failed := make([]bool, len(claims))
 	for k, g := range groups {
 		if acked[k] {
 			continue
@@ -84,10 +79,14 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 		group := make([]*Claim, 0, len(g.order))
 		for _, i := range g.order {
 			group = append(group, claims[i])
-			failed[i] = errs[k] != nil
 		}
 		s.unconfirmed(group) // the Reconciler counts what it has no room for
-		first = cmp.Or(first, errs[k])
+	}
+	failed := make([]bool, len(claims))
+	var first error
+	for i, err := range errs {
+		failed[i] = err != nil
+		first = cmp.Or(first, err)
 	}
 	switch {
 	case first == nil:
@@ -130,16 +129,19 @@ func (s *FailoverStore) byMaster(ctx context.Context, claims []*Claim) ([]master
 }
 
 // releaseOn releases g's claims on its master, writes what each undid
-// into released, and reports whether a replica acknowledged them. A
-// master with replicas online gets a WAIT for one of them on the same
-// connection, a second round trip, which waits half the store's timeout
-// at most so that both fit within it. A master with none online (ROLE)
-// gets none, and the releases count as unacknowledged: a replica whose
-// link dropped a moment ago may still be promoted. A user that may not
-// run ROLE (an @admin command) still gets the WAIT. The scripts go as
-// EVAL, whole: a master that does not know them yet (a replica just
-// promoted) runs them all the same.
-func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims []*Claim, released []bool) (acked bool, err error) {
+// into released and what failed into errs (by claim), and reports whether
+// a replica acknowledged them. A claim whose slot has moved or is moving
+// (MOVED, ASK) is released through the Cluster client instead
+// (releaseRedirected), and counts as unacknowledged. A master with
+// replicas online gets a WAIT for one of them on the same connection, a
+// second round trip, which waits half the store's timeout at most so that
+// both fit within it. A master with none online (ROLE) gets none, and the
+// releases count as unacknowledged: a replica whose link dropped a moment
+// ago may still be promoted. A user that may not run ROLE (an @admin
+// command) still gets the WAIT. The scripts go as EVAL, whole: a master
+// that does not know them yet (a replica just promoted) runs them all the
+// same.
+func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims []*Claim, released []bool, errs []error) (acked bool) {
 	conn := g.master.Conn()
 	defer conn.Close()
 	cmds := make([]*redis.Cmd, len(g.order))
@@ -150,16 +152,31 @@ func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims 
 	}
 	role := p.Do(ctx, "role")
 	_ = pipeline.Exec(ctx, p) // errors are per command
+	var moved []int
+	failed := false
 	for j, i := range g.order {
-		if released[i], err = releasedBy(cmds[j]); err != nil {
-			return false, err
+		undid, err := releasedBy(cmds[j])
+		switch {
+		case isRedirect(err):
+			moved = append(moved, i)
+		case err != nil:
+			errs[i], failed = err, true
+		default:
+			released[i] = undid
 		}
 	}
+	if len(moved) > 0 {
+		s.releaseRedirected(ctx, moved, claims, released, errs)
+		return false
+	}
+	if failed {
+		return false
+	}
 	if replicas, err := connectedReplicas(role); err == nil && replicas == 0 {
-		return false, nil
+		return false
 	}
 	n, err := conn.Wait(ctx, 1, max(s.timeout/2, time.Millisecond)).Result()
-	return err == nil && n >= 1, nil
+	return err == nil && n >= 1
 }
 
 // connectedReplicas reads a master's answer to ROLE: how many replicas
@@ -190,28 +207,27 @@ func isRedirect(err error) bool {
 	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "TRYAGAIN")
 }
 
-// releaseRedirected releases g's claims through the Cluster client, which
-// follows a slot that moved or is moving, without a WAIT (they are
-// confirmed, as unacknowledged), writing what each undid into released.
-// Releasing by token again is harmless for those the master released
-// before the redirect, which stay counted as released. Only g's: a hung
-// master's claims beside them would hold the call for its timeout. The
-// scripts go as EVAL, whole, as releaseOn's: loading one the slot's new
-// master lacks would load it on every master, the hung one's included.
-func (s *FailoverStore) releaseRedirected(ctx context.Context, g masterReleases, claims []*Claim, released []bool) error {
+// releaseRedirected releases the claims at the indices moved through the
+// Cluster client, which follows a slot that moved or is moving (MOVED,
+// ASK; not TRYAGAIN, which it returns, and which fails that claim alone),
+// without a WAIT. Only these: a hung master's claims beside them would
+// hold the call for its timeout. The scripts go as EVAL, whole, as
+// releaseOn's: loading one the slot's new master lacks would load it on
+// every master, the hung one's included.
+func (s *FailoverStore) releaseRedirected(ctx context.Context, moved []int, claims []*Claim, released []bool, errs []error) {
 	p := s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(g.order))
-	for j, i := range g.order {
+	cmds := make([]*redis.Cmd, len(moved))
+	for j, i := range moved {
 		script, keys, args := releaseCall(claims[i])
 		cmds[j] = script.Eval(ctx, p, keys, args...)
 	}
 	_ = pipeline.Exec(ctx, p) // errors are per command
-	for j, i := range g.order {
-		again, err := releasedBy(cmds[j])
+	for j, i := range moved {
+		undid, err := releasedBy(cmds[j])
 		if err != nil {
-			return err
+			errs[i] = err
+			continue
 		}
-		released[i] = released[i] || again
+		released[i] = undid
 	}
-	return nil
 }

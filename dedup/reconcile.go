@@ -813,34 +813,39 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 	// An expired one has nothing left to act on: its key owes nothing
 	// any more.
 	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
-	var passErr error
 	p.failed = map[string]bool{}
-	for len(owed) > 0 {
-		// Close waits for this pass: on a Redis answering slowly, one
-		// batch after another would hold an exit past its bound. Once it
-		// has begun, its last pass, bounded, makes the rest.
-		n, failed, err := 0, map[string]bool(nil), r.closingErr()
-		if err == nil {
-			n = nextBatch(owed)
-			_, failed, err = r.attempt(ctx, owed[:n])
-		}
-		maps.Copy(p.failed, failed)
-		passErr = cmp.Or(passErr, err)
-		if _, partial := errors.AsType[*ReleaseError](err); err != nil && !partial {
-			// The store failed whole: the rest would wait out its timeout
-			// one batch after another. A partial failure (a hung master
-			// beside answering ones) goes on: the keys past it are not
-			// failed for one it could not release.
-			for _, j := range owed[n:] {
-				r.requeue(j)
-				for _, c := range j.claims {
-					p.failed[c.Key()] = true
-				}
+	// Close waits for this pass: on a Redis answering slowly, one batch
+	// after another would hold an exit past its bound. Once it has begun,
+	// its last pass, bounded, makes the rest.
+	if err := r.closingErr(); err != nil {
+		for _, j := range owed {
+			r.requeue(j)
+			for _, c := range j.claims {
+				p.failed[c.Key()] = true
 			}
-			return passErr
 		}
-		owed = owed[n:]
+		return err
 	}
+	// The batches go side by side: one after the other, each waited out a
+	// hung master's timeout, and a pass that stopped at the first failure
+	// failed the keys it had not tried, healthy masters' among them. Each
+	// batch fails only the keys whose releases failed.
+	var mu sync.Mutex
+	var passErr error
+	var wg sync.WaitGroup
+	for len(owed) > 0 {
+		n := nextBatch(owed)
+		batch := owed[:n]
+		owed = owed[n:]
+		wg.Go(func() {
+			_, failed, err := r.attempt(ctx, batch)
+			mu.Lock()
+			defer mu.Unlock()
+			maps.Copy(p.failed, failed)
+			passErr = cmp.Or(passErr, err)
+		})
+	}
+	wg.Wait()
 	return passErr
 }
 
@@ -915,18 +920,24 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 			if failed == nil {
 				retry, failed = j.due, map[string]bool{}
 			}
+			late := 0
 			for k, c := range j.claims {
 				// A release Redis made (the claim's master answered) fails
 				// no call on its key, beside one it did not make, and is
 				// counted released when the job is answered: the next
-				// pass finds its claim gone.
+				// pass finds its claim gone. A confirmation's counts as
+				// late at once, as an answered pass's would.
 				switch {
 				case refused == nil || refused[from+k]:
 					failed[c.Key()] = true
-				case released[from+k]:
+				case released[from+k] && !j.released[k]:
 					j.released[k] = true
+					if j.answers > 0 {
+						late++
+					}
 				}
 			}
+			r.count(ReconcileReleasedLate, late)
 			r.requeue(j)
 			continue
 		}
