@@ -72,15 +72,18 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 		if acked[k] {
 			continue
 		}
-		// Those a master failed to answer are handed to the reconciler by
-		// the handler too, whose first answer ends what it owes: they are
-		// confirmed as well, or a failover could bring back one that
-		// landed unseen.
-		group := make([]*Claim, 0, len(g.order))
+		// Not those a master failed to answer: the handler hands them to
+		// the reconciler, whose releases are confirmed as its own. Both,
+		// and one claim was counted twice (released late, then not held).
+		var group []*Claim
 		for _, i := range g.order {
-			group = append(group, claims[i])
+			if errs[i] == nil {
+				group = append(group, claims[i])
+			}
 		}
-		s.unconfirmed(group) // the Reconciler counts what it has no room for
+		if len(group) > 0 {
+			s.unconfirmed(group) // the Reconciler counts what it has no room for
+		}
 	}
 	failed := make([]bool, len(claims))
 	var first error

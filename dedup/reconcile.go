@@ -565,11 +565,15 @@ func (r *Reconciler) Close() Unreconciled {
 	cancel()
 	r.mu.Lock()
 	var left Unreconciled
+	madeAnyway := 0
 	for _, j := range r.jobs {
 		switch {
 		case j.answers > 0:
 		case j.release:
-			left.Releases += len(j.claims)
+			// Those a pass released beside others it could not are made.
+			n := countTrue(j.released)
+			madeAnyway += n
+			left.Releases += len(j.claims) - n
 		default:
 			left.Settlements += len(j.claims)
 		}
@@ -580,6 +584,7 @@ func (r *Reconciler) Close() Unreconciled {
 	r.owed.Store(0)
 	clear(r.owedKeys)
 	r.mu.Unlock()
+	r.count(ReconcileReleased, madeAnyway)
 	r.count(ReconcileUnconfirmed, unconfirmed)
 	return left
 }
@@ -652,11 +657,14 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool)
 				n = nextBatch(jobs)
 				retry, _, err = r.attempt(calls, jobs[:n])
 			}
-			if err != nil {
+			if _, partial := errors.AsType[*ReleaseError](err); err != nil && !partial {
 				// The store is failing: the rest waits out the failed
 				// batch's backoff too, rather than each batch its own
 				// timeout now, one after another, while every call that
 				// must first release what is owed waits for this pass.
+				// One that failed in part (a hung Cluster master beside
+				// answering ones) goes on: the healthy masters' releases
+				// behind it were never sent, and Close dropped them.
 				r.postpone(retry, jobs[n:])
 				if i == 0 {
 					r.postpone(retry, settles)
@@ -1044,7 +1052,13 @@ func (r *Reconciler) finish(j *reconcileJob, outcome ReconcileOutcome) {
 		r.unanswered.Add(-int64(len(j.claims)))
 	}
 	if outcome != "" {
-		r.count(outcome, len(j.claims))
+		// Those a pass released beside others it could not are made.
+		n := 0
+		if j.release && j.answers == 0 {
+			n = countTrue(j.released)
+		}
+		r.count(ReconcileReleased, n)
+		r.count(outcome, len(j.claims)-n)
 	}
 	r.mu.Lock()
 	r.claims -= len(j.claims)

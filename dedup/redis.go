@@ -319,18 +319,20 @@ func (e *ReleaseError) Unwrap() error { return e.Err }
 // partialRelease is err, the failure of the release commands cmds (sent in
 // order), as a ReleaseError telling which were made if Redis answered
 // them: a reply means every command has its result; on a Cluster, a
-// pipeline.PartialError names the commands of the masters that did not
-// answer (hung, down), and the others have theirs. After a timeout
-// otherwise, the results may still be on their way.
+// pipeline.PartialError says the commands of the masters that answered
+// have theirs, and the others none. Each command's own answer decides:
+// a master that answered one command TRYAGAIN (a migrating slot) made
+// the releases of its other slots, and failing them too had the calls on
+// their assets answered unchecked for the whole migration. After a
+// timeout otherwise, the results may still be on their way.
 func partialRelease(err error, order []int, cmds []pipeline.Cmd) error {
-	split, isSplit := errors.AsType[*pipeline.PartialError](err)
-	if !pipeline.IsReply(err) && !isSplit {
+	if _, split := errors.AsType[*pipeline.PartialError](err); !split && !pipeline.IsReply(err) {
 		return err
 	}
 	e := &ReleaseError{Err: err, Released: make([]bool, len(order)), Failed: make([]bool, len(order))}
 	for j, i := range order {
 		cmd, ok := cmds[j].Result.(*redis.Cmd)
-		if !ok || isSplit && split.Failed[j] { // never sent (its caller's time was up), or its master did not answer
+		if !ok { // never sent (its caller's time was up), or its master did not answer
 			e.Failed[i] = true
 			continue
 		}
