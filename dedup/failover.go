@@ -72,18 +72,15 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 		if acked[k] {
 			continue
 		}
-		// Not those a master failed to answer: the handler hands them to
-		// the reconciler, whose releases are confirmed as its own. Both,
-		// and one claim was counted twice (released late, then not held).
-		var group []*Claim
+		// Those a master failed to answer too: the handler hands them to
+		// the reconciler, whose releases go without a WAIT, and only a
+		// confirmation keeps their keys owed, so that a retry after a
+		// failover that brought one back releases it first.
+		group := make([]*Claim, 0, len(g.order))
 		for _, i := range g.order {
-			if errs[i] == nil {
-				group = append(group, claims[i])
-			}
+			group = append(group, claims[i])
 		}
-		if len(group) > 0 {
-			s.unconfirmed(group) // the Reconciler counts what it has no room for
-		}
+		s.unconfirmed(group) // the Reconciler counts what it has no room for
 	}
 	failed := make([]bool, len(claims))
 	var first error

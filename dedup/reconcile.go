@@ -650,30 +650,71 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool)
 			settles = append(settles, j)
 		}
 	}
-	for i, jobs := range [][]*reconcileJob{releases, settles} {
-		for len(jobs) > 0 {
-			n, retry, err := 0, time.Time{}, ctx.Err() // ended: the rest waits for the next pass
+	if ctx.Err() != nil { // ended: they wait for the next pass
+		r.postpone(time.Time{}, releases)
+		r.postpone(time.Time{}, settles)
+		return
+	}
+	released := r.sideBySide(calls, releases)
+	switch {
+	case released.whole:
+		// The store is failing: the settlements wait out the failed
+		// releases' backoff too, rather than their own timeout now,
+		// while every call that must first release what is owed waits
+		// for this pass.
+		r.postpone(released.retry, settles)
+		return
+	case ctx.Err() != nil:
+		r.postpone(time.Time{}, settles)
+		return
+	}
+	r.sideBySide(calls, settles)
+}
+
+// passOutcome is what the store calls of a pass came to: the earliest
+// retry of a failed batch, the keys of the claims that failed, the first
+// error, and whether a call failed whole (the store failing, not one
+// Cluster master of several).
+type passOutcome struct {
+	retry  time.Time
+	failed map[string]bool
+	err    error
+	whole  bool
+}
+
+// sideBySide makes the store calls of jobs (all releases or all
+// settlements), a batch each, at once. One after the other, each waited
+// out a hung master's timeout while every call on an owed key, healthy
+// masters' included, waited for the pass; a pass that stopped at the
+// first failure left the healthy masters' releases behind it unsent, and
+// failed their calls. Each batch fails only the keys whose calls failed.
+func (r *Reconciler) sideBySide(ctx context.Context, jobs []*reconcileJob) passOutcome {
+	out := passOutcome{failed: map[string]bool{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for len(jobs) > 0 {
+		n := nextBatch(jobs)
+		batch := jobs[:n]
+		jobs = jobs[n:]
+		wg.Go(func() {
+			retry, failed, err := r.attempt(ctx, batch)
+			mu.Lock()
+			defer mu.Unlock()
+			maps.Copy(out.failed, failed)
 			if err == nil {
-				n = nextBatch(jobs)
-				retry, _, err = r.attempt(calls, jobs[:n])
-			}
-			if _, partial := errors.AsType[*ReleaseError](err); err != nil && !partial {
-				// The store is failing: the rest waits out the failed
-				// batch's backoff too, rather than each batch its own
-				// timeout now, one after another, while every call that
-				// must first release what is owed waits for this pass.
-				// One that failed in part (a hung Cluster master beside
-				// answering ones) goes on: the healthy masters' releases
-				// behind it were never sent, and Close dropped them.
-				r.postpone(retry, jobs[n:])
-				if i == 0 {
-					r.postpone(retry, settles)
-				}
 				return
 			}
-			jobs = jobs[n:]
-		}
+			if out.retry.IsZero() || retry.Before(out.retry) {
+				out.retry = retry
+			}
+			out.err = cmp.Or(out.err, err)
+			if _, partial := errors.AsType[*ReleaseError](err); !partial {
+				out.whole = true
+			}
+		})
 	}
+	wg.Wait()
+	return out
 }
 
 // withoutCancel is ctx with its deadline but not its cancellation.
@@ -834,27 +875,9 @@ func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error 
 		}
 		return err
 	}
-	// The batches go side by side: one after the other, each waited out a
-	// hung master's timeout, and a pass that stopped at the first failure
-	// failed the keys it had not tried, healthy masters' among them. Each
-	// batch fails only the keys whose releases failed.
-	var mu sync.Mutex
-	var passErr error
-	var wg sync.WaitGroup
-	for len(owed) > 0 {
-		n := nextBatch(owed)
-		batch := owed[:n]
-		owed = owed[n:]
-		wg.Go(func() {
-			_, failed, err := r.attempt(ctx, batch)
-			mu.Lock()
-			defer mu.Unlock()
-			maps.Copy(p.failed, failed)
-			passErr = cmp.Or(passErr, err)
-		})
-	}
-	wg.Wait()
-	return passErr
+	out := r.sideBySide(ctx, owed)
+	p.failed = out.failed
+	return out.err
 }
 
 // errClosing fails the calls waiting for releases owed that a pass left to
