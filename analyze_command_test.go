@@ -272,3 +272,35 @@ func TestAnalyzeEncodingFormStillSaysHowToReadAnAccessLog(t *testing.T) {
 		}
 	}
 }
+
+// The fix a skipped ping's error gives is in analyze's words: its flags,
+// not the directive's options ("set null_island allow" named an option the
+// command does not take; helper 1's audit, stop 59).
+func TestAnalyzeNamesItsFlagsInTheFixesOfSkippedPings(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for i := range 60 {
+		lat, lon := 52.52+float64(i%5)*0.000003, 13.4
+		if i == 7 {
+			lat, lon = 0, 0
+		}
+		at := start.Add(time.Duration(i) * 10 * time.Second).Format(time.RFC3339)
+		if i == 9 {
+			at = at[:len(at)-1] // no offset
+		}
+		fmt.Fprintf(&capture, `{"asset_id":"veh-1","occurred_at":%q,"lat":%v,"lon":%v}`+"\n", at, lat, lon)
+	}
+	out, err := runAnalyzeCmd(t, capture.String(), "--json", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep analyze.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for reason, flag := range map[string]string{"null_island": "--null-island allow", "timezone": "--time-zone Europe/Berlin"} {
+		if first := rep.FirstSkipped[reason]; !strings.Contains(first, flag) {
+			t.Errorf("the first ping skipped as %s: %q; want its fix to name %s", reason, first, flag)
+		}
+	}
+}

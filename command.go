@@ -361,6 +361,9 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, namingFlag(fs, err)
 	}
+	for reason, first := range report.FirstSkipped {
+		report.FirstSkipped[reason] = asFlags.Replace(first)
+	}
 	if report.Pings == 0 {
 		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0)
 	}
@@ -372,6 +375,16 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 	}
 	return 0, report.WriteTable(stdout)
 }
+
+// asFlags rewrites the fixes a skipped ping's error gives in the
+// directive's words into analyze's flags: "set null_island allow" told
+// the user of the command an option it does not take.
+var asFlags = strings.NewReplacer(
+	"set null_island allow", "give --null-island allow",
+	"name it with time_zone (e.g. time_zone ", "name it with --time-zone (e.g. --time-zone ",
+	"set encoding auto, which reads it as JSON, or encoding json", "give --encoding auto, which reads it as JSON, or --encoding json",
+	"read as one ping: set batch ", "read as one ping: give --batch ",
+)
 
 // noteIfRecommendationRefused notes a recommended window and TTL that the
 // directive refuses as they are (a TTL no longer than the default
@@ -404,7 +417,7 @@ func noPingsError(report *analyze.Report, readsForms bool) error {
 	switch {
 	case top == string(ping.RuleRequired) && strings.Contains(first, "asset id"):
 		advice = "the pings name no asset (Overland leaves device_id empty unless the app sets one, and a site may take the asset from the request); " + writeAnAssetIn
-	case top == analyze.SkipMalformed && strings.Contains(first, ping.JSONAsFormError().Error()):
+	case top == analyze.SkipMalformed && strings.Contains(first, asFlags.Replace(ping.JSONAsFormError().Error())):
 		advice = "with --encoding form a JSON line is a body the site refuses; a Caddy access log holds each request as JSON: " +
 			"give analyze its URLs (jq -r .request.uri access.log), or --encoding auto for a capture of JSON bodies"
 	case top == analyze.SkipMalformed && strings.Contains(first, "not valid JSON"):
