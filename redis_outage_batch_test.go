@@ -170,25 +170,8 @@ func TestABatchWithAHungMastersOwedReleaseSuppressesTheHealthyOnesJitter(t *test
 func gatewayOnACluster(t *testing.T, prefix, storeExtra string) (tt *tableTester, nodeOf func(asset string) *redistest.Server,
 	parked, other string, pingAt func(asset string, sec int, lat, lon float64) string) {
 	t.Helper()
-	cluster := redistest.StartCluster(t, 3)
-	a := cluster.Addrs()
-	tt = tableHandler(t, fmt.Sprintf(`{"key_prefix":%q,"shape":"sliding","store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d%s}}`,
-		prefix, a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds(), storeExtra))
-	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
-	keyer := dedup.Keyer{Prefix: prefix}
-	nodeOf = func(asset string) *redistest.Server {
-		state, _ := keyer.TrackKeys(asset, base)
-		return cluster.NodeFor(state)
-	}
 	parked = "veh-parked"
-	for i := 0; other == ""; i++ {
-		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(parked) {
-			other = id
-		}
-	}
-	pingAt = func(asset string, sec int, lat, lon float64) string {
-		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
-	}
+	tt, nodeOf, other, pingAt = slidingOnACluster(t, prefix, "", storeExtra, parked)
 	if res := tt.post(pingAt(parked, 0, 52.52, 13.40), "application/json", nil); res.status != http.StatusCreated {
 		t.Fatalf("first fix: %d %s", res.status, res.body)
 	}
@@ -198,4 +181,32 @@ func gatewayOnACluster(t *testing.T, prefix, storeExtra string) (tt *tableTester
 		}
 	}
 	return tt, nodeOf, parked, other, pingAt
+}
+
+// slidingOnACluster is a sliding handler on a 3-master Cluster, with the
+// extra JSON fields of the handler and of its store block (each starting
+// with a comma), the master of an asset, an asset on another master than
+// first's, and a ping of an asset sec seconds into the test's hour.
+func slidingOnACluster(t *testing.T, prefix, handlerExtra, storeExtra, first string) (tt *tableTester, nodeOf func(asset string) *redistest.Server,
+	other string, pingAt func(asset string, sec int, lat, lon float64) string) {
+	t.Helper()
+	cluster := redistest.StartCluster(t, 3)
+	a := cluster.Addrs()
+	tt = tableHandler(t, fmt.Sprintf(`{"key_prefix":%q,"shape":"sliding"%s,"store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d%s}}`,
+		prefix, handlerExtra, a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds(), storeExtra))
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+	keyer := dedup.Keyer{Prefix: prefix}
+	nodeOf = func(asset string) *redistest.Server {
+		state, _ := keyer.TrackKeys(asset, base)
+		return cluster.NodeFor(state)
+	}
+	for i := 0; other == ""; i++ {
+		if id := fmt.Sprintf("veh-%d", i); nodeOf(id) != nodeOf(first) {
+			other = id
+		}
+	}
+	pingAt = func(asset string, sec int, lat, lon float64) string {
+		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
+	}
+	return tt, nodeOf, other, pingAt
 }

@@ -9,7 +9,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
@@ -116,27 +115,9 @@ func TestAClaimTimedOutBesideAnOwedReleaseIsReconciled(t *testing.T) {
 // with no duplicates but later").
 // (Helper 2's audit, stop 59: so it was until then; the test holds the fix.)
 func TestABatchOnTwoHungMastersLeavesNoOrphanClaim(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	a := cluster.Addrs()
-	const prefix = "h2two:"
-	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":%q,"shape":"sliding","on_store_error":"closed","in_flight_timeout":%d,"store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d,"breaker_failures":1}}`,
-		prefix, (2*time.Second).Nanoseconds(), a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds()))
-	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
-	keyer := dedup.Keyer{Prefix: prefix}
-	nodeOf := func(asset string) *redistest.Server {
-		state, _ := keyer.TrackKeys(asset, base)
-		return cluster.NodeFor(state)
-	}
-	pingAt := func(asset string, sec int, lat, lon float64) string {
-		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
-	}
 	onA := "veh-a"
-	var onB string
-	for i := 0; onB == ""; i++ {
-		if id := fmt.Sprintf("veh-b%d", i); nodeOf(id) != nodeOf(onA) {
-			onB = id
-		}
-	}
+	tt, nodeOf, onB, pingAt := slidingOnACluster(t, "h2two:", fmt.Sprintf(`,"on_store_error":"closed","in_flight_timeout":%d`, (2*time.Second).Nanoseconds()),
+		`,"breaker_failures":1`, onA)
 	masterA, masterB := nodeOf(onA), nodeOf(onB)
 	defer masterA.Resume()
 	defer masterB.Resume()
@@ -190,27 +171,9 @@ func TestABatchOnTwoHungMastersLeavesNoOrphanClaim(t *testing.T) {
 // the upstream never gets it, a lost position.
 // (Helper 2's audit, stop 59: so it was until then; the test holds the fix.)
 func TestASentBackBatchsTimedOutClaimIsNotSettledWithReleaseOff(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	a := cluster.Addrs()
-	const prefix = "h2back:"
-	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":%q,"shape":"sliding","release_on_failure":false,"in_flight_timeout":%d,"store":{"type":"redis","addresses":[%q,%q,%q],"timeout":%d,"breaker_failures":100}}`,
-		prefix, (2*time.Second).Nanoseconds(), a[0], a[1], a[2], (200*time.Millisecond).Nanoseconds()))
-	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
-	keyer := dedup.Keyer{Prefix: prefix}
-	nodeOf := func(asset string) *redistest.Server {
-		state, _ := keyer.TrackKeys(asset, base)
-		return cluster.NodeFor(state)
-	}
-	pingAt := func(asset string, sec int, lat, lon float64) string {
-		return fmt.Sprintf(`{"asset_id":%q,"occurred_at":%q,"lat":%.7f,"lon":%.7f}`, asset, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339), lat, lon)
-	}
 	busy := "veh-busy"
-	var fresh string
-	for i := 0; fresh == ""; i++ {
-		if id := fmt.Sprintf("veh-f%d", i); nodeOf(id) != nodeOf(busy) {
-			fresh = id
-		}
-	}
+	tt, nodeOf, fresh, pingAt := slidingOnACluster(t, "h2back:", fmt.Sprintf(`,"release_on_failure":false,"in_flight_timeout":%d`, (2*time.Second).Nanoseconds()),
+		`,"breaker_failures":100`, busy)
 	hung := nodeOf(fresh)
 	defer hung.Resume()
 	// Both masters have answered once: the client knows the slots.

@@ -171,9 +171,25 @@ func parkedClaims(pol *Policy) func(asset string, token uint64) *Claim {
 // the zones the breaker has opened so far, in order.
 func zonedClusterStore(t *testing.T, cluster *redistest.Cluster, failures int, cooldown time.Duration) (*Breaker, Store, func(key string) string, func() []string) {
 	t.Helper()
+	client, pipe := clusterPipeline(t, cluster)
+	b, zone, opened := zonedBreaker(client, failures, cooldown)
+	return b, b.Guard(NewRedisStore(pipe, 200*time.Millisecond)), zone, opened
+}
+
+// clusterPipeline is a Cluster client on cluster and a pipeline on it,
+// both closed when the test ends.
+func clusterPipeline(t *testing.T, cluster *redistest.Cluster) (*redis.ClusterClient, *pipeline.Pipeline) {
+	t.Helper()
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
 	pipe := pipeline.New(client)
 	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
+	return client, pipe
+}
+
+// zonedBreaker is a breaker in zones, one a master of client's (failures
+// and cooldown as NewBreaker's), the zone of a key, and the zones it has
+// opened so far, in order.
+func zonedBreaker(client *redis.ClusterClient, failures int, cooldown time.Duration) (*Breaker, func(key string) string, func() []string) {
 	b := NewBreaker(failures, cooldown, nil)
 	zone := ClusterMasterZone(client, 200*time.Millisecond)
 	var mu sync.Mutex
@@ -185,7 +201,7 @@ func zonedClusterStore(t *testing.T, cluster *redistest.Cluster, failures int, c
 			mu.Unlock()
 		}
 	})
-	return b, b.Guard(NewRedisStore(pipe, 200*time.Millisecond)), zone, func() []string {
+	return b, zone, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(opened)

@@ -144,12 +144,8 @@ func (s *FailoverStore) byMaster(ctx context.Context, claims []*Claim) ([]master
 func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims []*Claim, released []bool, errs []error) (acked bool) {
 	conn := g.master.Conn()
 	defer conn.Close()
-	cmds := make([]*redis.Cmd, len(g.order))
 	p := conn.Pipeline()
-	for j, i := range g.order {
-		script, keys, args := releaseCall(claims[i])
-		cmds[j] = script.Eval(ctx, p, keys, args...)
-	}
+	cmds := queueReleases(ctx, p, g.order, claims)
 	role := p.Do(ctx, "role")
 	_ = pipeline.Exec(ctx, p) // errors are per command
 	var moved []int
@@ -177,6 +173,19 @@ func (s *FailoverStore) releaseOn(ctx context.Context, g masterReleases, claims 
 	}
 	n, err := conn.Wait(ctx, 1, max(s.timeout/2, time.Millisecond)).Result()
 	return err == nil && n >= 1
+}
+
+// queueReleases queues on p the releases of the claims at the indices
+// order, their scripts as EVAL, whole: a master that does not know them
+// yet (a replica just promoted, the new master of a moved slot) runs them
+// all the same.
+func queueReleases(ctx context.Context, p redis.Pipeliner, order []int, claims []*Claim) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(order))
+	for j, i := range order {
+		script, keys, args := releaseCall(claims[i])
+		cmds[j] = script.Eval(ctx, p, keys, args...)
+	}
+	return cmds
 }
 
 // connectedReplicas reads a master's answer to ROLE: how many replicas
@@ -216,11 +225,7 @@ func isRedirect(err error) bool {
 // every master, the hung one's included.
 func (s *FailoverStore) releaseRedirected(ctx context.Context, moved []int, claims []*Claim, released []bool, errs []error) {
 	p := s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(moved))
-	for j, i := range moved {
-		script, keys, args := releaseCall(claims[i])
-		cmds[j] = script.Eval(ctx, p, keys, args...)
-	}
+	cmds := queueReleases(ctx, p, moved, claims)
 	_ = pipeline.Exec(ctx, p) // errors are per command
 	for j, i := range moved {
 		undid, err := releasedBy(cmds[j])

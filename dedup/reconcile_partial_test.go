@@ -9,9 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
-	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 // hungAssetStore answers every release at once, except those of one asset,
@@ -106,11 +103,7 @@ func TestAnOwedPassFailsKeysItNeverTried(t *testing.T) {
 // master's [releases] fail only its own claims".
 // (Helper 4's review, stop 59: so it was until then; the test holds the fix.)
 func TestARedirectBesideAHungMasterFailsTheHealthyRelease(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
-	pipe := pipeline.New(client)
-	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
-	fs := NewFailoverStore(NewRedisStore(pipe, 200*time.Millisecond), client, func([]*Claim) bool { return true })
+	cluster, client, fs := failoverOnCluster(t, 200*time.Millisecond)
 	ctx := context.Background()
 	claim := parkedClaims(testPolicy(Tumbling))
 	nodes := cluster.Nodes()
