@@ -104,21 +104,22 @@ type Reconciler struct {
 	report   func(ReconcileOutcome, int)
 	confirm  []time.Duration
 
-	// working is held while jobs taken off the queue are worked on, so
-	// that ReleaseOwed never overtakes a pass already on its way.
-	working sync.Mutex
-	// pass is the ReleaseOwed pass on its way, if any, which the calls
-	// that come meanwhile wait for instead of each making their own.
-	pass *releasePass
-	mu   sync.Mutex
-	owed atomic.Int64 // release jobs the store has not yet answered
+	// working is held shared by every pass over the queue (run's, and
+	// the calls' in ReleaseOwed), which go side by side, and alone by
+	// Close and takeFrom, which wait for the passes on their way and let
+	// none begin meanwhile.
+	working sync.RWMutex
+	// flights are the passes on their way that hold releases owed: a call
+	// on one of their keys waits for them (ReleaseOwed), since a release in
+	// flight is no longer queued, and a pass of the call's own would find
+	// nothing to make and let it overtake that release.
+	flights []*flight // r.mu guards it
+	seq     uint64    // flights begun so far; r.mu guards it
+	mu      sync.Mutex
+	owed    atomic.Int64 // release jobs the store has not yet answered
 	// owedKeys counts, by Claim.Key, the claims of those jobs: a call on
 	// one of these keys may be the retry of their observation (OwesFor).
 	owedKeys map[string]int
-	// wanted counts, by Claim.Key, the calls in ReleaseOwed still waiting
-	// for a pass (owedCall): a pass takes the owed jobs on their keys, and
-	// no other.
-	wanted map[string]int
 	// unanswered counts the claims of the jobs the store has not yet
 	// answered: what waits for Redis, where claims counts those kept for
 	// their confirmations too.
@@ -156,6 +157,10 @@ type reconcileJob struct {
 	// as it is.
 	confirming bool
 	scheduled  time.Time
+	// flight is the flight that carries it (its seq), and releasedBy the
+	// last whose release of it the store answered: a call that came
+	// before that one began owes it nothing more (ReleaseOwed).
+	flight, releasedBy uint64
 }
 
 // owed reports a release a call on its keys must wait for (what Owes
@@ -372,6 +377,7 @@ func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) 
 	took := r.roomLocked(jobs)
 	if took {
 		for _, j := range jobs {
+			j.flight, j.releasedBy = 0, 0 // from's flights, not r's: r owes them from now
 			r.addLocked(j)
 		}
 	}
@@ -466,44 +472,75 @@ func anyKeyIn(counts map[string]int, claims []*Claim) bool {
 	return false
 }
 
-// owedCall is a call in ReleaseOwed. Its keys count in wanted until the
-// pass that gives its answer ends, and not after: the next pass, begun by
-// a call that shared that one, would otherwise carry the releases on them
-// again, for no call, and could fail with them. r.mu guards its fields.
-type owedCall struct {
-	claims  []*Claim
-	wanting bool
-	// last: the pass it waits for gives its answer, whatever that pass's
-	// outcome (it leads that pass, or waits for its second).
-	last bool
+// flight is a pass on its way over releases owed: run's, or a call's in
+// ReleaseOwed. Once done is closed, err and failed say what it came to;
+// r.mu guards the rest.
+type flight struct {
+	seq  uint64         // when it began: r.seq's value then
+	keys map[string]int // the keys of the owed releases it took, or of the call it is for
+	jobs []*reconcileJob
+	// call: a call's pass, whose failure the calls that wait for it
+	// share (each would otherwise wait out a hung store's timeout behind
+	// the one before it). After run's, they make their own pass, as they
+	// did when run's held them behind one lock: the store may answer now.
+	call bool
+	done chan struct{}
+	err  error
+	// failed holds the keys of the releases it did not make, if err.
+	failed map[string]bool
 }
 
-// want counts the keys of claims in wanted, for the call it returns.
-func (r *Reconciler) want(claims []*Claim) *owedCall {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.wanted = countKeys(r.wanted, claims, 1)
-	return &owedCall{claims: claims, wanting: true}
-}
-
-// unwant stops counting the keys of c in wanted, if they still count.
-func (r *Reconciler) unwant(c *owedCall) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.unwantLocked(c)
-}
-
-// unwantLocked is unwant with r.mu held.
-func (r *Reconciler) unwantLocked(c *owedCall) {
-	if c.wanting {
-		r.wanted = countKeys(r.wanted, c.claims, -1)
-		c.wanting = false
+// beginLocked registers a flight of jobs, taken off the queue, on keys,
+// and returns it: nil for none (run's pass, holding no release owed).
+// r.mu must be held.
+func (r *Reconciler) beginLocked(keys map[string]int, jobs []*reconcileJob, call bool) *flight {
+	if len(keys) == 0 {
+		return nil
 	}
+	r.seq++
+	f := &flight{seq: r.seq, keys: keys, jobs: jobs, call: call, done: make(chan struct{})}
+	for _, j := range jobs {
+		j.flight = f.seq
+	}
+	r.flights = append(r.flights, f)
+	return f
 }
 
-// wantedLocked reports whether a call in ReleaseOwed is on a key of j's
-// claims. r.mu must be held.
-func (r *Reconciler) wantedLocked(j *reconcileJob) bool { return anyKeyIn(r.wanted, j.claims) }
+// land ends f with what its store calls came to: the calls waiting for
+// it go on.
+func (r *Reconciler) land(f *flight, out passOutcome) {
+	if f == nil {
+		return
+	}
+	r.mu.Lock()
+	r.flights = slices.DeleteFunc(r.flights, func(g *flight) bool { return g == f })
+	f.err, f.failed = out.err, out.failed
+	r.mu.Unlock()
+	close(f.done)
+}
+
+// flightsOnLocked returns the flights that hold a key of claims. r.mu
+// must be held.
+func (r *Reconciler) flightsOnLocked(claims []*Claim) []*flight {
+	var on []*flight
+	for _, f := range r.flights {
+		if anyKeyIn(f.keys, claims) {
+			on = append(on, f)
+		}
+	}
+	return on
+}
+
+// owedKeysOf counts the keys of the owed releases among jobs.
+func owedKeysOf(jobs []*reconcileJob) map[string]int {
+	var keys map[string]int
+	for _, j := range jobs {
+		if j.owed() {
+			keys = countKeys(keys, j.claims, 1)
+		}
+	}
+	return keys
+}
 
 // paid counts the owed release j as answered (or given up on).
 func (r *Reconciler) paid(j *reconcileJob) {
@@ -619,8 +656,8 @@ func (r *Reconciler) untilNext() time.Duration {
 
 // work does every job that is due.
 func (r *Reconciler) work(ctx context.Context) {
-	r.working.Lock()
-	defer r.working.Unlock()
+	r.working.RLock()
+	defer r.working.RUnlock()
 	now := time.Now()
 	r.workOn(ctx, func(j *reconcileJob) bool { return !j.due.After(now) })
 }
@@ -631,13 +668,15 @@ func (r *Reconciler) work(ctx context.Context) {
 // the store's timeout). Cancelling it would not stop its command, which
 // the pipeline sends all the same, only lose its answer: Close's last
 // pass would then find the claims it released gone, and count them
-// not_held. r.working must be held.
+// not_held. Its owed releases are a flight: a call on their keys waits
+// for them. r.working must be held.
 func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool) {
 	calls, cancel := withoutCancel(ctx)
 	defer cancel()
 	now := time.Now()
 	r.mu.Lock()
 	due := r.takeLocked(match)
+	f := r.beginLocked(owedKeysOf(due), due, false)
 	r.mu.Unlock()
 
 	var releases, settles []*reconcileJob
@@ -653,15 +692,15 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool)
 	if ctx.Err() != nil { // ended: they wait for the next pass
 		r.postpone(time.Time{}, releases)
 		r.postpone(time.Time{}, settles)
+		r.land(f, passOutcome{})
 		return
 	}
 	released := r.sideBySide(calls, releases)
+	r.land(f, released) // the calls on their keys need not wait for the settlements
 	switch {
 	case released.whole:
 		// The store is failing: the settlements wait out the failed
-		// releases' backoff too, rather than their own timeout now,
-		// while every call that must first release what is owed waits
-		// for this pass.
+		// releases' backoff too, rather than their own timeout now.
 		r.postpone(released.retry, settles)
 		return
 	case ctx.Err() != nil:
@@ -746,138 +785,120 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 // its backoff as before. Once Close has begun, a pass begins no more store
 // calls, and the calls whose releases it left fail (errClosing).
 //
-// The calls that come while a pass is on its way share it: in an outage
-// each would otherwise wait out the store's timeout behind the one before
-// it, and a burst of requests would queue for seconds. A pass makes the
-// releases owed on the keys of the calls waiting when it begins; a call
-// that joined one begun before it came waits for one more pass, begun
-// after, which makes its own: two timeouts at most. The pass
-// is not cancelled with the caller that began it (a sender that hung up
-// would fail every call sharing it); the store's timeout bounds it.
+// A call whose keys a pass on its way holds releases on (run's, or
+// another call's) waits for that pass instead of making its own: in an
+// outage each call of a burst on one asset would otherwise wait out the
+// store's timeout behind the one before it. A call on other keys makes
+// its own pass, side by side with the others: on a Cluster, a call on a
+// healthy master's key does not wait for a hung master's releases. A call
+// that waited for a pass begun before it came makes one of its own after
+// (a confirmation stays owed, and that pass may have released it before
+// the call came), unless a call's pass begun after it came released its
+// keys: a burst on one key makes two passes at most. A pass is not
+// cancelled with the caller that began it (a sender that hung up would
+// fail every call waiting for it); the store's timeout bounds it.
 func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
-	call := r.want(claims)
-	defer r.unwant(call)
-	for round := range 2 {
+	r.mu.Lock()
+	came := r.seq
+	r.mu.Unlock()
+	for range maxOwedRounds {
 		if !r.OwesFor(claims) {
 			return nil
 		}
-		p, lead := r.joinPass(call, round == 1)
-		if lead {
-			r.lead(context.WithoutCancel(ctx), p)
-			return p.errFor(claims)
-		}
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if err := p.errFor(claims); err != nil {
+		mine, others, err := r.flightFor(claims, came)
+		switch {
+		case err != nil:
 			return err
+		case mine != nil:
+			r.fly(context.WithoutCancel(ctx), mine)
+			return mine.errFor(claims)
+		case others == nil: // released by a pass begun since the call came
+			return nil
+		}
+		for _, f := range others {
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if err := f.errFor(claims); err != nil && f.call {
+				return err
+			}
 		}
 	}
-	return nil
+	return errStillOwed
 }
 
-// errFor is the pass's error if it did not release a job on a key of
+// maxOwedRounds bounds the passes a call waits for: past the passes on
+// its way when it came and one begun after, more means its keys' releases
+// are handed over faster than the store makes them.
+const maxOwedRounds = 8
+
+// errStillOwed fails a call whose keys had releases owed after
+// maxOwedRounds passes: made now, it could reach the store before them.
+var errStillOwed = errors.New("releases owed on the same keys were still being made after several passes (a store answering slowly); the call was not made")
+
+// errFor is the flight's error if it did not release a job on a key of
 // claims: a call whose own keys' releases went through need not fail for
 // another's. When it released those of some of the claims, it is a
 // DecideError naming the others, which the call may be made without.
-func (p *releasePass) errFor(claims []*Claim) error {
-	if p.err == nil {
+func (f *flight) errFor(claims []*Claim) error {
+	if f.err == nil {
 		return nil
 	}
 	failed := make([]bool, len(claims))
 	some, all := false, true
 	for i, c := range claims {
-		failed[i] = p.failed[c.Key()]
+		failed[i] = f.failed[c.Key()]
 		some, all = some || failed[i], all && failed[i]
 	}
 	switch {
 	case !some:
 		return nil
 	case all:
-		return p.err
+		return f.err
 	}
-	return &DecideError{Err: p.err, Failed: failed}
+	return &DecideError{Err: f.err, Failed: failed}
 }
 
-// releasePass is one pass of ReleaseOwed, and its outcome once done is
-// closed.
-type releasePass struct {
-	done chan struct{}
-	err  error
-	// failed holds the keys of the jobs a failed pass did not release.
-	failed map[string]bool
-	// calls are the calls that wait for it, leader included.
-	calls []*owedCall
-}
-
-// joinPass returns the pass on its way, or a new one that the caller leads,
-// and counts call among those that wait for it; last says it is call's
-// second.
-func (r *Reconciler) joinPass(call *owedCall, last bool) (p *releasePass, lead bool) {
+// flightFor returns the flights on the keys of claims, for the call to
+// wait for; or, when there are none and a release owed on them was not
+// made by a pass begun since the call came (came: r.seq then), a flight of
+// the call's own (mine) holding every release owed on them, with
+// r.working held shared for it (fly lets go of it); or neither, when
+// there is nothing left to wait for. Once Close has begun, a call whose
+// keys are owed fails (errClosing): Close's last pass makes their
+// releases, and made now, the call could reach Redis before them.
+func (r *Reconciler) flightFor(claims []*Claim, came uint64) (mine *flight, others []*flight, err error) {
+	r.working.RLock() // before the flight: Close's last pass must not miss its jobs
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if lead = r.pass == nil; lead {
-		r.pass = &releasePass{done: make(chan struct{})}
+	keys := countKeys(nil, claims, 1)
+	owed := func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) }
+	others = r.flightsOnLocked(claims)
+	switch {
+	case others != nil:
+	case !slices.ContainsFunc(r.jobs, func(j *reconcileJob) bool { return owed(j) && j.releasedBy <= came }):
+	case r.closed:
+		err = errClosing
+	default:
+		return r.beginLocked(keys, r.takeLocked(owed), true), nil, nil
 	}
-	call.last = last || lead
-	r.pass.calls = append(r.pass.calls, call)
-	return r.pass, lead
+	r.working.RUnlock()
+	return nil, others, err
 }
 
-// lead makes pass p and ends it, whatever happens in it: a pass left
-// unended would hold every later call. The calls it answers stop wanting
-// their keys as it ends.
-func (r *Reconciler) lead(ctx context.Context, p *releasePass) {
-	defer func() {
-		r.mu.Lock()
-		r.pass = nil
-		for _, c := range p.calls {
-			if c.last || p.errFor(c.claims) != nil {
-				r.unwantLocked(c)
-			}
-		}
-		r.mu.Unlock()
-		close(p.done)
-	}()
-	p.err = r.releaseOwedPass(ctx, p)
-}
-
-// releaseOwedPass makes one pass over the releases owed.
-func (r *Reconciler) releaseOwedPass(ctx context.Context, p *releasePass) error {
-	r.working.Lock()
-	defer r.working.Unlock()
+// fly makes the releases of the call's flight f, and lands it. r.working
+// is held shared (flightFor), and let go of here.
+func (r *Reconciler) fly(ctx context.Context, f *flight) {
+	defer r.working.RUnlock()
 	now := time.Now()
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil
-	}
-	// Only the jobs on the keys of the calls waiting (wanted): the others
-	// are no call's business now, and run makes them. A call on a healthy
-	// master's key must not carry a hung master's releases and fail.
-	owed := r.takeLocked(func(j *reconcileJob) bool { return j.owed() && r.wantedLocked(j) })
-	r.mu.Unlock()
 	// An expired one has nothing left to act on: its key owes nothing
 	// any more.
-	owed = slices.DeleteFunc(owed, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
-	p.failed = map[string]bool{}
-	// Close waits for this pass: on a Redis answering slowly, one batch
-	// after another would hold an exit past its bound. Once it has begun,
-	// its last pass, bounded, makes the rest.
-	if err := r.closingErr(); err != nil {
-		for _, j := range owed {
-			r.requeue(j)
-			for _, c := range j.claims {
-				p.failed[c.Key()] = true
-			}
-		}
-		return err
-	}
-	out := r.sideBySide(ctx, owed)
-	p.failed = out.failed
-	return out.err
+	owed := slices.DeleteFunc(f.jobs, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
+	var out passOutcome
+	defer func() { r.land(f, out) }() // a flight left on its way would hold every later call on its keys
+	out = r.sideBySide(ctx, owed)
 }
 
 // errClosing fails the calls waiting for releases owed that a pass left to
@@ -984,6 +1005,7 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 // answered records a store's answer to one pass over j: the first answer
 // decides the outcome, the confirmations count what landed late.
 func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
+	j.releasedBy = j.flight
 	if j.answers == 0 && j.owed() {
 		r.paid(j)
 	}

@@ -86,15 +86,15 @@ func (s *slowHungStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 // (workOn) goes on past a batch that failed in part, one batch after the
 // other, each waiting the timeout, while holding r.working. A request whose
 // own asset owes a release on a healthy master (ReleaseFirst ->
-// ReleaseOwed -> releaseOwedPass, which needs r.working) now waits out the
+// ReleaseOwed, which then needed r.working) waited out the
 // hung master's timeout once per batch before it may go on: with the
 // default queue (10,000 claims, ~40 batches) tens of seconds. workOn's own
 // comment says why it stopped ("rather than each batch its own timeout now,
 // one after another, while every call that must first release what is owed
 // waits for this pass"); README promises a release Redis cannot take for
 // one key fails/holds no call of another asset
-// (TestAReleaseOwedHoldsUpOnlyCallsOnItsKey). releaseOwedPass sends its
-// batches side by side for this reason; workOn does them in series.
+// (TestAReleaseOwedHoldsUpOnlyCallsOnItsKey). A call's own pass sends its
+// batches side by side for this reason; workOn did them in series.
 func TestRunsPassPastPartialFailuresDoesNotHoldAHealthyOwedCallPerBatch(t *testing.T) {
 	pol := testPolicy(Sliding)
 	mem := NewMemoryStore(0)

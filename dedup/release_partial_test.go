@@ -136,10 +136,9 @@ func TestAnOwedPassStillFailsHealthyKeysBehindABatchWhollyOnTheHungMaster(t *tes
 	}
 }
 
-// ReleaseOwed's contract (its comment): a call waits "two timeouts at most"
-// for the passes over the releases owed on its keys; README (Redis hangs):
-// "a burst waits one timeout (on one key) or two at most (on many)". Since
-// 4d6c9a0 releaseOwedPass goes on past a batch a hung master failed in
+// README (Redis hangs): a burst of calls on owed keys "waits one timeout,
+// on one key or on many, not one after another". Since 4d6c9a0 a call's
+// pass (releaseOwedPass then) goes on past a batch a hung master failed in
 // part, and each store call of the pass waits that master's timeout: a
 // burst of calls on 1,024 assets spread over the masters (a fleet resending
 // while one master of three hangs) makes one pass of 4 store calls, one
