@@ -145,31 +145,45 @@ func (s *splitJob) giveUp(cause error) error {
 	return s.outcome(cause)
 }
 
-// outcome is nil when every part succeeded; the first failure when none
-// did; else a *PartialError naming the commands of the failed parts (and
-// of those not answered, failed with pending). s.mu must be held.
+// outcome is nil when every part succeeded; the first failure when no
+// command has a result; else a *PartialError naming the commands without
+// one: those of the parts that failed or were not answered (failed with
+// pending), and those a part's answer refused (an error reply, such as a
+// migrating slot's TRYAGAIN, fails its own command, and the part's other
+// commands hold their results). Counting a part refused in one command as
+// failed whole, when the other master's part hung, made the whole call a
+// plain timeout, and the releases that master made were counted failed.
+// s.mu must be held.
 func (s *splitJob) outcome(pending error) error {
 	var first error
 	failed := make([]bool, len(s.job.cmds))
-	ok := false
+	some := false // command with a result
 	for k, cmds := range s.cmds {
 		err := s.errs[k]
 		if !s.answered[k] {
 			err = pending
 		}
-		if err == nil {
-			ok = true
-			continue
-		}
 		first = cmp.Or(first, err)
 		for _, i := range cmds {
-			failed[i] = true
+			failed[i] = err != nil && (!IsReply(err) || refused(s.job.cmds[i]))
+			some = some || !failed[i]
 		}
 	}
-	if first == nil || !ok {
+	if first == nil || !some {
 		return first
 	}
 	return &PartialError{Err: first, Failed: failed}
+}
+
+// refused reports a command of a part Redis answered with an error reply
+// that holds no result of its own: its own error (a nil reply, such as a
+// SET NX's that won, is a result), or none at all.
+func refused(c Cmd) bool {
+	if c.Result == nil {
+		return true
+	}
+	err := c.Result.Err()
+	return err != nil && !errors.Is(err, redis.Nil)
 }
 
 // PartialError answers a Do on a Cluster whose commands went to several

@@ -490,3 +490,23 @@ func TestRoundTripsCountOnlyWhatRedisAnswered(t *testing.T) {
 		t.Fatalf("after three calls to a Redis that is gone: %d round trips, %d commands; want still 2, 2", rt, n)
 	}
 }
+
+// A call spanning a hung master and a healthy one whose part Redis answered
+// with one command refused (an error reply, as a migrating slot's TRYAGAIN)
+// fails only the hung master's commands and the refused one: the healthy
+// part's other commands ran and hold their answers. The call was a plain
+// timeout when the hung master's part came first, and a release the
+// healthy master made was counted failed and made again by the reconciler.
+func TestARefusedCommandBesideAHungMasterFailsOnlyItself(t *testing.T) {
+	p, _, hung, healthy := withAHungMaster(t)
+	lpush := Cmd{Key: healthy, Queue: func(ctx context.Context, p redis.Pipeliner) redis.Cmder { return p.LPush(ctx, healthy, "x") }}
+	cmds := []Cmd{setNX(hung, "x"), setNX(healthy, "x"), lpush} // LPUSH on the string SET NX wrote: WRONGTYPE
+	err := p.Do(context.Background(), 300*time.Millisecond, cmds)
+	partial, ok := errors.AsType[*PartialError](err)
+	if !ok || !slices.Equal(partial.Failed, []bool{true, false, true}) {
+		t.Fatalf("a call on a hung master and a healthy one that refused one command: %v; want a PartialError naming the hung master's command and the refused one", err)
+	}
+	if !won(t, cmds[1]) {
+		t.Fatal("the healthy master's SET NX has no answer beside its refused LPUSH")
+	}
+}
