@@ -121,8 +121,15 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// releases need no replica's word: it repeats each at its confirmations.
 	c.reports = newReconcileReport(c.loggers.current, where)
 	c.reconciler = dedup.NewReconciler(store, dedup.DefaultReconcileQueue, c.reports.report)
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		// Its passes too go to each master side by side: a hung one holds
+		// up only its own releases. Its zones never wait for a slot map
+		// (0): a claim is handed over from the request's path.
+		c.reconciler.ZoneBy(dedup.ClusterMasterZone(cluster, 0))
+	}
 	c.store = breaker.Guard(store)
 	if failsOver(client, r) {
+		c.reconciler.ConfirmOwn()
 		c.store = breaker.Guard(dedup.NewFailoverStore(store, client, c.reconciler.Confirm))
 	}
 	// Once Redis answers again, the releases it owes reach Redis before

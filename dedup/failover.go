@@ -72,15 +72,19 @@ func (s *FailoverStore) Release(ctx context.Context, claims []*Claim) ([]bool, e
 		if acked[k] {
 			continue
 		}
-		// Those a master failed to answer too: the handler hands them to
-		// the reconciler, whose releases go without a WAIT, and only a
-		// confirmation keeps their keys owed, so that a retry after a
-		// failover that brought one back releases it first.
-		group := make([]*Claim, 0, len(g.order))
+		// Not those a master failed to answer: the handler hands them to
+		// the reconciler, whose own releases stay owed until confirmed
+		// (Reconciler.ConfirmOwn). Both, and one claim was counted
+		// twice.
+		var group []*Claim
 		for _, i := range g.order {
-			group = append(group, claims[i])
+			if errs[i] == nil {
+				group = append(group, claims[i])
+			}
 		}
-		s.unconfirmed(group) // the Reconciler counts what it has no room for
+		if len(group) > 0 {
+			s.unconfirmed(group) // the Reconciler counts what it has no room for
+		}
 	}
 	failed := make([]bool, len(claims))
 	var first error

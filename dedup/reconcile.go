@@ -39,7 +39,8 @@ const reconcileBatch = 256
 // reconcileLastPass bounds Close's last pass over the claims it holds: an
 // exit or a reload must not wait long on a Redis that answers slowly. One
 // that does not answer at all holds it one store timeout (or this, if
-// shorter): the pass stops at its first failed call.
+// shorter): the pass sends a zone nothing more after a call that failed
+// whole (inZones).
 const reconcileLastPass = 2 * time.Second
 
 // The gaps between confirmations are no longer than DefaultInFlightTimeout,
@@ -115,8 +116,14 @@ type Reconciler struct {
 	// nothing to make and let it overtake that release.
 	flights []*flight // r.mu guards it
 	seq     uint64    // flights begun so far; r.mu guards it
-	mu      sync.Mutex
-	owed    atomic.Int64 // release jobs the store has not yet answered
+	passes  uint64    // passes over the queue begun so far; r.mu guards it
+	// zone names the zone of a key (ZoneBy): a pass sends the batches of
+	// each zone side by side with the others'.
+	zone func(key string) string
+	// confirmOwn keeps its own releases owed until confirmed (ConfirmOwn).
+	confirmOwn bool
+	mu         sync.Mutex
+	owed       atomic.Int64 // release jobs the store has not yet answered
 	// owedKeys counts, by Claim.Key, the claims of those jobs: a call on
 	// one of these keys may be the retry of their observation (OwesFor).
 	owedKeys map[string]int
@@ -161,6 +168,8 @@ type reconcileJob struct {
 	// last whose release of it the store answered: a call that came
 	// before that one began owes it nothing more (ReleaseOwed).
 	flight, releasedBy uint64
+	zone               string // of its first claim's key
+	pass               uint64 // the last pass over the queue that took it
 }
 
 // owed reports a release a call on its keys must wait for (what Owes
@@ -189,6 +198,23 @@ func newReconciler(store Store, capacity int, report func(ReconcileOutcome, int)
 	go r.run()
 	return r
 }
+
+// ZoneBy has r's passes send each zone's store calls side by side with
+// the other zones', zone naming the zone of a key: on a Redis Cluster, its
+// master, so that a master that hangs holds up only the releases of its
+// own slots (the pipeline has a queue per master). A job's zone is its
+// first claim's. zone must not wait: it is asked as claims are handed
+// over. Set it before any claim is.
+func (r *Reconciler) ZoneBy(zone func(key string) string) { r.zone = zone }
+
+// ConfirmOwn keeps the keys of r's own releases owed, once the store has
+// answered them, until their confirmations are done, as Confirm's are: on
+// a Redis whose masters fail over (Sentinel, a Cluster with replicas), its
+// release goes without a WAIT, and a failover before a replica has it
+// promotes one that still holds the claim; the retry of its observation,
+// coming through first, would be told to come back, then that it was
+// delivered (helper 2, stop 60). Set it before any claim is handed over.
+func (r *Reconciler) ConfirmOwn() { r.confirmOwn = true }
 
 // Hand gives the Reconciler claims to release (release) or to settle. It
 // reports false, and counts them dropped, when the queue has no room.
@@ -232,6 +258,9 @@ func (r *Reconciler) enqueue(job *reconcileJob) bool {
 	n := len(job.claims)
 	if n == 0 {
 		return true
+	}
+	if r.zone != nil {
+		job.zone = r.zone(job.claims[0].Key())
 	}
 	r.mu.Lock()
 	dropped := ReconcileDropped
@@ -377,7 +406,7 @@ func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) 
 	took := r.roomLocked(jobs)
 	if took {
 		for _, j := range jobs {
-			j.flight, j.releasedBy = 0, 0 // from's flights, not r's: r owes them from now
+			j.flight, j.releasedBy, j.pass = 0, 0, 0 // from's flights and passes, not r's: r owes them from now
 			r.addLocked(j)
 		}
 	}
@@ -476,25 +505,44 @@ func anyKeyIn(counts map[string]int, claims []*Claim) bool {
 // ReleaseOwed. Once done is closed, err and failed say what it came to;
 // r.mu guards the rest.
 type flight struct {
-	seq  uint64         // when it began: r.seq's value then
-	keys map[string]int // the keys of the owed releases it took, or of the call it is for
+	seq uint64 // when it began: r.seq's value then
+	// keys holds the key of each claim of the owed releases it took, with
+	// the oldest releasedBy among them: a call that came after that
+	// release began needs nothing of it (ReleaseOwed). A job holds the
+	// claims of one request, a gateway's batch of several assets: a call
+	// on any of them waits for it.
+	keys map[string]uint64
 	jobs []*reconcileJob
+	done chan struct{}
+	err  error
+	// failed holds the keys of the releases it did not make, if err.
+	failed map[string]bool
 	// call: a call's pass, whose failure the calls that wait for it
 	// share (each would otherwise wait out a hung store's timeout behind
 	// the one before it). After run's, they make their own pass, as they
 	// did when run's held them behind one lock: the store may answer now.
 	call bool
-	done chan struct{}
-	err  error
-	// failed holds the keys of the releases it did not make, if err.
-	failed map[string]bool
 }
 
-// beginLocked registers a flight of jobs, taken off the queue, on keys,
-// and returns it: nil for none (run's pass, holding no release owed).
-// r.mu must be held.
-func (r *Reconciler) beginLocked(keys map[string]int, jobs []*reconcileJob, call bool) *flight {
-	if len(keys) == 0 {
+// beginLocked registers a flight of jobs, taken off the queue, and returns
+// it: nil when they hold no release owed (run's pass, on settlements and
+// confirmations of late landings alone). r.mu must be held.
+func (r *Reconciler) beginLocked(jobs []*reconcileJob, call bool) *flight {
+	var keys map[string]uint64
+	for _, j := range jobs {
+		if !j.owed() {
+			continue
+		}
+		if keys == nil {
+			keys = map[string]uint64{}
+		}
+		for _, c := range j.claims {
+			if by, ok := keys[c.Key()]; !ok || j.releasedBy < by {
+				keys[c.Key()] = j.releasedBy
+			}
+		}
+	}
+	if keys == nil {
 		return nil
 	}
 	r.seq++
@@ -519,27 +567,20 @@ func (r *Reconciler) land(f *flight, out passOutcome) {
 	close(f.done)
 }
 
-// flightsOnLocked returns the flights that hold a key of claims. r.mu
-// must be held.
-func (r *Reconciler) flightsOnLocked(claims []*Claim) []*flight {
+// flightsOnLocked returns the flights that hold a release owed on a key
+// of claims that a call that came when r.seq was came still needs: one
+// not made since by a pass begun after it came. r.mu must be held.
+func (r *Reconciler) flightsOnLocked(claims []*Claim, came uint64) []*flight {
 	var on []*flight
 	for _, f := range r.flights {
-		if anyKeyIn(f.keys, claims) {
+		if slices.ContainsFunc(claims, func(c *Claim) bool {
+			by, ok := f.keys[c.Key()]
+			return ok && by <= came
+		}) {
 			on = append(on, f)
 		}
 	}
 	return on
-}
-
-// owedKeysOf counts the keys of the owed releases among jobs.
-func owedKeysOf(jobs []*reconcileJob) map[string]int {
-	var keys map[string]int
-	for _, j := range jobs {
-		if j.owed() {
-			keys = countKeys(keys, j.claims, 1)
-		}
-	}
-	return keys
 }
 
 // paid counts the owed release j as answered (or given up on).
@@ -673,87 +714,138 @@ func (r *Reconciler) work(ctx context.Context) {
 func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool) {
 	calls, cancel := withoutCancel(ctx)
 	defer cancel()
-	now := time.Now()
 	r.mu.Lock()
-	due := r.takeLocked(match)
-	f := r.beginLocked(owedKeysOf(due), due, false)
+	r.passes++
+	pass := r.passes
+	zones := zonesOf(r.jobs, match)
 	r.mu.Unlock()
-
-	var releases, settles []*reconcileJob
-	for _, j := range due {
-		switch {
-		case r.finishIfExpired(j, now):
-		case j.release:
-			releases = append(releases, j)
-		default:
-			settles = append(settles, j)
+	// Each job once a pass: a failed one is back on the queue, and a
+	// pass that matches every job (Close's) would take it again.
+	releases := func(j *reconcileJob) bool { return j.pass != pass && j.release && match(j) }
+	settlements := func(j *reconcileJob) bool { return j.pass != pass && !j.release && match(j) }
+	released := r.inZones(calls, zones, r.fromTheQueue(calls, pass, releases))
+	if len(released.failing) > 0 {
+		// The store, or a master, is failing: what the pass left of its
+		// zones, settlements included, waits out the failed calls'
+		// backoff, rather than their timeout now and again.
+		r.mu.Lock()
+		for _, j := range r.jobs {
+			if j.pass != pass && match(j) && released.failing[j.zone] && j.due.Before(released.retry) {
+				j.due, j.postponed = released.retry, true
+			}
 		}
+		r.mu.Unlock()
+		zones = slices.DeleteFunc(zones, func(zone string) bool { return released.failing[zone] })
 	}
-	if ctx.Err() != nil { // ended: they wait for the next pass
-		r.postpone(time.Time{}, releases)
-		r.postpone(time.Time{}, settles)
-		r.land(f, passOutcome{})
-		return
+	r.inZones(calls, zones, r.fromTheQueue(calls, pass, settlements))
+}
+
+// fromTheQueue hands out the batches of pass, a zone's at a time, taking
+// them off the queue as they go: the jobs that match, in queue order. A
+// call on the keys of a job still queued makes its release itself, at
+// once, rather than wait for the batches of a pass ahead of it. Each batch
+// that holds releases owed is a flight of its own, landed by inZones.
+func (r *Reconciler) fromTheQueue(ctx context.Context, pass uint64, match func(*reconcileJob) bool) func(zone string) ([]*reconcileJob, *flight) {
+	return func(zone string) ([]*reconcileJob, *flight) {
+		for ctx.Err() == nil {
+			now := time.Now()
+			r.mu.Lock()
+			batch := r.takeBatchLocked(func(j *reconcileJob) bool { return j.zone == zone && match(j) })
+			for _, j := range batch {
+				j.pass = pass
+			}
+			f := r.beginLocked(batch, false)
+			r.mu.Unlock()
+			if len(batch) == 0 {
+				return nil, nil
+			}
+			// An expired one has nothing left to act on.
+			if batch = slices.DeleteFunc(batch, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) }); len(batch) > 0 {
+				return batch, f
+			}
+			r.land(f, passOutcome{})
+		}
+		return nil, nil
 	}
-	released := r.sideBySide(calls, releases)
-	r.land(f, released) // the calls on their keys need not wait for the settlements
-	switch {
-	case released.whole:
-		// The store is failing: the settlements wait out the failed
-		// releases' backoff too, rather than their own timeout now.
-		r.postpone(released.retry, settles)
-		return
-	case ctx.Err() != nil:
-		r.postpone(time.Time{}, settles)
-		return
-	}
-	r.sideBySide(calls, settles)
 }
 
 // passOutcome is what the store calls of a pass came to: the earliest
 // retry of a failed batch, the keys of the claims that failed, the first
-// error, and whether a call failed whole (the store failing, not one
-// Cluster master of several).
+// error, and the zones where a call failed whole (the store, or that
+// master, failing: not a Cluster call that one master of several failed).
 type passOutcome struct {
-	retry  time.Time
-	failed map[string]bool
-	err    error
-	whole  bool
+	retry   time.Time
+	failed  map[string]bool
+	err     error
+	failing map[string]bool
 }
 
-// sideBySide makes the store calls of jobs (all releases or all
-// settlements), a batch each, at once. One after the other, each waited
-// out a hung master's timeout while every call on an owed key, healthy
-// masters' included, waited for the pass; a pass that stopped at the
-// first failure left the healthy masters' releases behind it unsent, and
-// failed their calls. Each batch fails only the keys whose calls failed.
-func (r *Reconciler) sideBySide(ctx context.Context, jobs []*reconcileJob) passOutcome {
+// reconcileAtOnce is how many store calls of a pass are on their way at
+// once to each zone (ZoneBy: a Cluster master; one zone on any other
+// Redis): together about a round trip's worth (the pipeline's 512
+// commands). All of a pass's batches at once joined the pipeline's queue
+// at one instant with one deadline: on a healthy Redis the tail expired
+// unsent, and thousands of releases failed (helper 2, stop 60). One at a
+// time across masters, each batch on a hung master waited out its
+// timeout while the others waited behind it.
+const reconcileAtOnce = 2
+
+// inZones makes the store calls of a pass, all releases or all
+// settlements, whose batches next hands out by zone (nil when the zone
+// has no more): reconcileAtOnce at a time to each zone, the zones side by
+// side, so that a hung master holds up only its own. A zone whose call
+// failed whole (the store, or that master, failing: not a Cluster call
+// that one master of several failed) is sent no more this pass: each call
+// would wait out its timeout, the exit's too at Close. It lands the
+// flight next gives with each batch, and fails only the keys whose calls
+// failed.
+func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone string) ([]*reconcileJob, *flight)) passOutcome {
 	out := passOutcome{failed: map[string]bool{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for len(jobs) > 0 {
-		n := nextBatch(jobs)
-		batch := jobs[:n]
-		jobs = jobs[n:]
-		wg.Go(func() {
-			retry, failed, err := r.attempt(ctx, batch)
-			mu.Lock()
-			defer mu.Unlock()
-			maps.Copy(out.failed, failed)
-			if err == nil {
-				return
-			}
-			if out.retry.IsZero() || retry.Before(out.retry) {
-				out.retry = retry
-			}
-			out.err = cmp.Or(out.err, err)
-			if _, partial := errors.AsType[*ReleaseError](err); !partial {
-				out.whole = true
-			}
-		})
+	for _, zone := range zones {
+		for range reconcileAtOnce {
+			wg.Go(func() {
+				for {
+					mu.Lock()
+					stop := out.failing[zone]
+					mu.Unlock()
+					if stop {
+						return
+					}
+					batch, f := next(zone)
+					if len(batch) == 0 {
+						return
+					}
+					retry, failed, err := r.attempt(ctx, batch)
+					r.land(f, passOutcome{failed: failed, err: err})
+					mu.Lock()
+					out.add(zone, retry, failed, err)
+					mu.Unlock()
+				}
+			})
+		}
 	}
 	wg.Wait()
 	return out
+}
+
+// add counts the outcome of one store call of the pass, to zone.
+func (out *passOutcome) add(zone string, retry time.Time, failed map[string]bool, err error) {
+	maps.Copy(out.failed, failed)
+	if err == nil {
+		return
+	}
+	if out.retry.IsZero() || retry.Before(out.retry) {
+		out.retry = retry
+	}
+	out.err = cmp.Or(out.err, err)
+	if _, partial := errors.AsType[*ReleaseError](err); !partial {
+		if out.failing == nil {
+			out.failing = map[string]bool{}
+		}
+		out.failing[zone] = true
+	}
 }
 
 // withoutCancel is ctx with its deadline but not its cancellation.
@@ -762,16 +854,6 @@ func withoutCancel(ctx context.Context) (context.Context, context.CancelFunc) {
 		return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	}
 	return context.WithoutCancel(ctx), func() {}
-}
-
-// postpone puts jobs back on the queue, due no sooner than due.
-func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
-	for _, j := range jobs {
-		if j.due.Before(due) {
-			j.due, j.postponed = due, true
-		}
-		r.requeue(j)
-	}
 }
 
 // ReleaseOwed makes now, and waits for, the releases the store has not yet
@@ -786,15 +868,18 @@ func (r *Reconciler) postpone(due time.Time, jobs []*reconcileJob) {
 // calls, and the calls whose releases it left fail (errClosing).
 //
 // A call whose keys a pass on its way holds releases on (run's, or
-// another call's) waits for that pass instead of making its own: in an
+// another call's; a release is a request's, and holds the keys of each
+// of its pings) waits for that pass instead of making its own: in an
 // outage each call of a burst on one asset would otherwise wait out the
 // store's timeout behind the one before it. A call on other keys makes
 // its own pass, side by side with the others: on a Cluster, a call on a
-// healthy master's key does not wait for a hung master's releases. A call
-// that waited for a pass begun before it came makes one of its own after
-// (a confirmation stays owed, and that pass may have released it before
-// the call came), unless a call's pass begun after it came released its
-// keys: a burst on one key makes two passes at most. A pass is not
+// healthy master's key does not wait for a hung master's releases. A
+// release a pass begun after the call came has made is no longer the
+// call's business: a confirmation stays owed once made, and a call that
+// waited for the passes of the calls that came after it would wait, in
+// a stream of them, for ever. A call that waited for a pass begun before
+// it came makes one of its own after, unless one begun since made it: a
+// burst on one key makes two passes. A pass is not
 // cancelled with the caller that began it (a sender that hung up would
 // fail every call waiting for it); the store's timeout bounds it.
 func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
@@ -875,14 +960,14 @@ func (r *Reconciler) flightFor(claims []*Claim, came uint64) (mine *flight, othe
 	defer r.mu.Unlock()
 	keys := countKeys(nil, claims, 1)
 	owed := func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) }
-	others = r.flightsOnLocked(claims)
+	others = r.flightsOnLocked(claims, came)
 	switch {
 	case others != nil:
 	case !slices.ContainsFunc(r.jobs, func(j *reconcileJob) bool { return owed(j) && j.releasedBy <= came }):
 	case r.closed:
 		err = errClosing
 	default:
-		return r.beginLocked(keys, r.takeLocked(owed), true), nil, nil
+		return r.beginLocked(r.takeLocked(owed), true), nil, nil
 	}
 	r.working.RUnlock()
 	return nil, others, err
@@ -898,7 +983,14 @@ func (r *Reconciler) fly(ctx context.Context, f *flight) {
 	owed := slices.DeleteFunc(f.jobs, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
 	var out passOutcome
 	defer func() { r.land(f, out) }() // a flight left on its way would hold every later call on its keys
-	out = r.sideBySide(ctx, owed)
+	left := &jobList{jobs: owed}
+	out = r.inZones(ctx, zonesOf(owed, func(*reconcileJob) bool { return true }), left.next)
+	for _, j := range left.jobs { // a zone's, sent no more after a call of it failed whole
+		r.requeue(j)
+		for _, c := range j.claims {
+			out.failed[c.Key()] = true
+		}
+	}
 }
 
 // errClosing fails the calls waiting for releases owed that a pass left to
@@ -928,15 +1020,53 @@ func (r *Reconciler) takeLocked(match func(*reconcileJob) bool) []*reconcileJob 
 	return taken
 }
 
-// nextBatch is how many of jobs one store call takes: whole jobs, up to
-// about reconcileBatch claims, and at least one.
-func nextBatch(jobs []*reconcileJob) int {
-	n, claims := 0, 0
-	for n < len(jobs) && (n == 0 || claims+len(jobs[n].claims) <= reconcileBatch) {
-		claims += len(jobs[n].claims)
-		n++
+// takeBatchLocked takes the jobs of one store call off the queue: those
+// that match, in queue order, whole, up to about reconcileBatch claims,
+// and at least one if any does. r.mu must be held.
+func (r *Reconciler) takeBatchLocked(match func(*reconcileJob) bool) []*reconcileJob {
+	claims := 0
+	return r.takeLocked(func(j *reconcileJob) bool {
+		if !match(j) || claims > 0 && claims+len(j.claims) > reconcileBatch {
+			return false
+		}
+		claims += len(j.claims)
+		return true
+	})
+}
+
+// jobList hands out jobs, taken off the queue already, as inZones asks
+// for them: whole jobs, up to about reconcileBatch claims a batch. What a
+// failing zone left stays in it.
+type jobList struct {
+	mu   sync.Mutex
+	jobs []*reconcileJob
+}
+
+func (l *jobList) next(zone string) ([]*reconcileJob, *flight) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var batch []*reconcileJob
+	claims := 0
+	l.jobs = slices.DeleteFunc(l.jobs, func(j *reconcileJob) bool {
+		if j.zone != zone || claims > 0 && claims+len(j.claims) > reconcileBatch {
+			return false
+		}
+		claims += len(j.claims)
+		batch = append(batch, j)
+		return true
+	})
+	return batch, nil
+}
+
+// zonesOf lists the zones of the jobs that match.
+func zonesOf(jobs []*reconcileJob, match func(*reconcileJob) bool) []string {
+	var zones []string
+	for _, j := range jobs {
+		if match(j) && !slices.Contains(zones, j.zone) {
+			zones = append(zones, j.zone)
+		}
 	}
-	return n
+	return zones
 }
 
 // attempt makes one store call for jobs, all releases or all settlements,
@@ -1006,7 +1136,14 @@ func (r *Reconciler) attempt(ctx context.Context, jobs []*reconcileJob) (retry t
 // decides the outcome, the confirmations count what landed late.
 func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	j.releasedBy = j.flight
-	if j.answers == 0 && j.owed() {
+	switch {
+	case j.answers > 0:
+	case j.release && r.confirmOwn && len(r.confirm) > 0:
+		r.mu.Lock()
+		j.confirming = true // owed still: paid when its confirmations end (finish)
+		r.confirming += len(j.claims)
+		r.mu.Unlock()
+	case j.owed():
 		r.paid(j)
 	}
 	late := 0

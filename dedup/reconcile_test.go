@@ -1021,14 +1021,16 @@ func TestCloseCountsTheReleaseOnItsWay(t *testing.T) {
 	}
 }
 
-// A ReleaseOwed pass sends its store calls side by side: on a Redis
-// answering slowly, a pass over thousands of owed releases (a fleet's
-// retries as Redis comes back) made them one after the other, and held
-// every call waiting on it, and an exit, a store call for each batch
-// (measured: 4 s at a 200 ms timeout with 10,000 owed), or, when it
-// stopped at the first failure, failed the keys it had not tried. Close
-// waits for the pass on its way, which is one store call long.
-func TestAReleaseOwedPassSendsItsBatchesSideBySide(t *testing.T) {
+// A ReleaseOwed pass sends its store calls a round trip's worth at a time
+// (reconcileAtOnce), and the next as one is answered: on a Redis answering
+// slowly, a pass over thousands of owed releases (a fleet's retries as
+// Redis comes back) made them one after the other, and held every call
+// waiting on it, and an exit, a store call for each batch (measured: 4 s at
+// a 200 ms timeout with 10,000 owed), or, when it stopped at the first
+// failure, failed the keys it had not tried; all at once, on a healthy
+// Redis the tail expired in the pipeline's queue (helper 2, stop 60).
+// Close waits for the pass on its way.
+func TestAReleaseOwedPassSendsARoundTripsWorthAtOnce(t *testing.T) {
 	store := &passStepStore{Store: NewMemoryStore(0), entered: make(chan struct{}, 3), steps: make(chan struct{})}
 	defer close(store.steps)
 	r, o := testReconciler(t, store, 0)
@@ -1040,12 +1042,17 @@ func TestAReleaseOwedPassSendsItsBatchesSideBySide(t *testing.T) {
 	}
 	passed := make(chan error, 1)
 	go func() { passed <- r.ReleaseOwed(context.WithValue(context.Background(), passKey{}, true), owed) }()
-	for i := range 3 {
+	for i := range reconcileAtOnce {
 		select {
 		case <-store.entered:
 		case <-time.After(5 * time.Second):
-			t.Fatalf("%d of the pass's 3 store calls on their way while none is answered: it sends them one after the other", i)
+			t.Fatalf("%d of the pass's store calls on their way while none is answered, want %d: it sends them one after the other", i, reconcileAtOnce)
 		}
+	}
+	select {
+	case <-store.entered:
+		t.Fatalf("more than %d of the pass's store calls on their way at once", reconcileAtOnce)
+	case <-time.After(100 * time.Millisecond):
 	}
 	closed := make(chan Unreconciled, 1)
 	go func() { closed <- r.Close() }()

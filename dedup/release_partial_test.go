@@ -153,6 +153,7 @@ func TestAnOwedPassWaitsTheHungMastersTimeoutOncePerBatch(t *testing.T) {
 	r, _ := testReconciler(t, store, 0, time.Hour)
 	pol := testPolicy(Sliding)
 	var claims []*Claim
+	zones := map[string]string{}
 	for i := range 8 * reconcileBatch { // one after the other, 8 timeouts
 		p := parked
 		if i%3 == 0 {
@@ -162,6 +163,12 @@ func TestAnOwedPassWaitsTheHungMastersTimeoutOncePerBatch(t *testing.T) {
 		}
 		c := claimOf(pol, p, uint64(i+1), time.Now())
 		claims = append(claims, c)
+		zones[c.Key()] = strconv.FormatBool(onHungMaster(c))
+	}
+	// Its zones are its masters, as on a Cluster (ClusterMasterZone): the
+	// hung master's releases go side by side with the others'.
+	r.ZoneBy(func(key string) string { return zones[key] })
+	for _, c := range claims {
 		r.Confirm([]*Claim{c})
 	}
 	start := time.Now()
