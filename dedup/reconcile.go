@@ -38,9 +38,9 @@ const reconcileBatch = 256
 
 // reconcileLastPass bounds Close's last pass over the claims it holds: an
 // exit or a reload must not wait long on a Redis that answers slowly. One
-// that does not answer at all holds it one store timeout (or this, if
-// shorter): the pass sends a zone nothing more after a call that failed
-// whole (inZones).
+// that does not answer at all holds it two store timeouts (or this, if
+// shorter): the pass sends a zone nothing more after three calls in a
+// row failed whole (inZones).
 const reconcileLastPass = 2 * time.Second
 
 // The gaps between confirmations are no longer than DefaultInFlightTimeout,
@@ -105,8 +105,9 @@ type Reconciler struct {
 	report   func(ReconcileOutcome, int)
 	confirm  []time.Duration
 
-	// working is held shared by every pass over the queue (run's, and
-	// the calls' in ReleaseOwed), which go side by side, and alone by
+	// working is held shared by the passes over the queue (run's, a
+	// batch at a time, and the calls' in ReleaseOwed), which go side by
+	// side, and alone by
 	// Close and takeFrom, which wait for the passes on their way and let
 	// none begin meanwhile.
 	working sync.RWMutex
@@ -164,6 +165,11 @@ type reconcileJob struct {
 	// as it is.
 	confirming bool
 	scheduled  time.Time
+	// own: a release of the Reconciler's own that the store answered,
+	// kept owed until its confirmations are done (ConfirmOwn). It takes
+	// no room in Confirm's budget, and its outcome was counted at that
+	// first answer.
+	own bool
 	// flight is the flight that carries it (its seq), and releasedBy the
 	// last whose release of it the store answered: a call that came
 	// before that one began owes it nothing more (ReleaseOwed).
@@ -176,7 +182,7 @@ type reconcileJob struct {
 // counts): one the store has not yet answered, or one no replica
 // acknowledged, until its confirmations are done, since a failover may
 // bring its claim back before the next confirmation is due.
-func (j *reconcileJob) owed() bool { return j.release && (j.answers == 0 || j.confirming) }
+func (j *reconcileJob) owed() bool { return j.release && (j.answers == 0 || j.confirming || j.own) }
 
 // NewReconciler starts a Reconciler on store, holding at most capacity
 // claims (DefaultReconcileQueue if capacity <= 0). report, if not nil, is
@@ -639,7 +645,7 @@ func (r *Reconciler) Close() Unreconciled {
 	r.working.Lock() // a pass on its way answers its jobs first
 	defer r.working.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), reconcileLastPass)
-	r.workOn(ctx, func(*reconcileJob) bool { return true })
+	r.workOn(ctx, func(*reconcileJob) bool { return true }, true)
 	cancel()
 	r.mu.Lock()
 	var left Unreconciled
@@ -697,21 +703,22 @@ func (r *Reconciler) untilNext() time.Duration {
 
 // work does every job that is due.
 func (r *Reconciler) work(ctx context.Context) {
-	r.working.RLock()
-	defer r.working.RUnlock()
 	now := time.Now()
-	r.workOn(ctx, func(j *reconcileJob) bool { return !j.due.After(now) })
+	r.workOn(ctx, func(j *reconcileJob) bool { return !j.due.After(now) }, false)
 }
 
-// workOn does the jobs that match, the releases in one store call and the
-// settlements in another, until ctx ends: no store call begins after, and
-// the one on its way has its answer (within ctx's deadline, if any, and
-// the store's timeout). Cancelling it would not stop its command, which
+// workOn does the jobs that match, the releases and then the
+// settlements, a batch at a time taken off the queue (fromTheQueue,
+// inZones), until ctx ends: no store call begins after, and those on
+// their way have their answers (within ctx's deadline, if any, and the
+// store's timeout). last: Close's last pass, which goes on past a zone's
+// failed call, and holds r.working already; run's holds it shared for
+// each batch (fromTheQueue). Cancelling it would not stop its command, which
 // the pipeline sends all the same, only lose its answer: Close's last
 // pass would then find the claims it released gone, and count them
 // not_held. Its owed releases are a flight: a call on their keys waits
 // for them. r.working must be held.
-func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool) {
+func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool, last bool) {
 	calls, cancel := withoutCancel(ctx)
 	defer cancel()
 	r.mu.Lock()
@@ -723,32 +730,49 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool)
 	// pass that matches every job (Close's) would take it again.
 	releases := func(j *reconcileJob) bool { return j.pass != pass && j.release && match(j) }
 	settlements := func(j *reconcileJob) bool { return j.pass != pass && !j.release && match(j) }
-	released := r.inZones(calls, zones, r.fromTheQueue(calls, pass, releases))
-	if len(released.failing) > 0 {
-		// The store, or a master, is failing: what the pass left of its
-		// zones, settlements included, waits out the failed calls'
-		// backoff, rather than their timeout now and again.
-		r.mu.Lock()
-		for _, j := range r.jobs {
-			if j.pass != pass && match(j) && released.failing[j.zone] && j.due.Before(released.retry) {
-				j.due, j.postponed = released.retry, true
-			}
-		}
-		r.mu.Unlock()
+	released := r.inZones(calls, zones, r.fromTheQueue(ctx, pass, releases, !last), last)
+	r.postponeFailing(pass, match, released)
+	if !last {
 		zones = slices.DeleteFunc(zones, func(zone string) bool { return released.failing[zone] })
 	}
-	r.inZones(calls, zones, r.fromTheQueue(calls, pass, settlements))
+	r.postponeFailing(pass, match, r.inZones(calls, zones, r.fromTheQueue(ctx, pass, settlements, !last), last))
+}
+
+// postponeFailing has the jobs pass left in the zones where out failed
+// whole (the store, or a master, failing), settlements included, wait out
+// the failed calls' backoff, rather than their timeout now and again.
+func (r *Reconciler) postponeFailing(pass uint64, match func(*reconcileJob) bool, out passOutcome) {
+	if len(out.failing) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, j := range r.jobs {
+		if j.pass != pass && match(j) && out.failing[j.zone] && j.due.Before(out.retry) {
+			j.due, j.postponed = out.retry, true
+		}
+	}
 }
 
 // fromTheQueue hands out the batches of pass, a zone's at a time, taking
 // them off the queue as they go: the jobs that match, in queue order. A
 // call on the keys of a job still queued makes its release itself, at
 // once, rather than wait for the batches of a pass ahead of it. Each batch
-// that holds releases owed is a flight of its own, landed by inZones.
-func (r *Reconciler) fromTheQueue(ctx context.Context, pass uint64, match func(*reconcileJob) bool) func(zone string) ([]*reconcileJob, *flight) {
-	return func(zone string) ([]*reconcileJob, *flight) {
+// that holds releases owed is a flight of its own, landed by inZones. With
+// lock, r.working is held shared for each batch, until its done is
+// called: a takeover (takeFrom) waits for the batches on their way, not
+// for the whole pass.
+func (r *Reconciler) fromTheQueue(ctx context.Context, pass uint64, match func(*reconcileJob) bool, lock bool) func(zone string) ([]*reconcileJob, *flight, func()) {
+	done := func() {}
+	if lock {
+		done = r.working.RUnlock
+	}
+	return func(zone string) ([]*reconcileJob, *flight, func()) {
 		for ctx.Err() == nil {
 			now := time.Now()
+			if lock {
+				r.working.RLock()
+			}
 			r.mu.Lock()
 			batch := r.takeBatchLocked(func(j *reconcileJob) bool { return j.zone == zone && match(j) })
 			for _, j := range batch {
@@ -757,15 +781,17 @@ func (r *Reconciler) fromTheQueue(ctx context.Context, pass uint64, match func(*
 			f := r.beginLocked(batch, false)
 			r.mu.Unlock()
 			if len(batch) == 0 {
-				return nil, nil
+				done()
+				return nil, nil, nil
 			}
 			// An expired one has nothing left to act on.
 			if batch = slices.DeleteFunc(batch, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) }); len(batch) > 0 {
-				return batch, f
+				return batch, f, done
 			}
 			r.land(f, passOutcome{})
+			done()
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 }
 
@@ -795,12 +821,19 @@ const reconcileAtOnce = 2
 // has no more): reconcileAtOnce at a time to each zone, the zones side by
 // side, so that a hung master holds up only its own. A zone whose call
 // failed whole (the store, or that master, failing: not a Cluster call
-// that one master of several failed) is sent no more this pass: each call
-// would wait out its timeout, the exit's too at Close. It lands the
-// flight next gives with each batch, and fails only the keys whose calls
-// failed.
-func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone string) ([]*reconcileJob, *flight)) passOutcome {
+// that one master of several failed) is sent no more this pass; in the
+// last (Close's) only after one more failure in a row than it has calls
+// at once: a call that timed out on a busy master must not cost an exit
+// the rest of its releases, and a hung one holds it two timeouts. It lands
+// the flight next gives with each batch, and fails only the keys whose
+// calls failed, and calls the done it gives.
+func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone string) ([]*reconcileJob, *flight, func()), last bool) passOutcome {
 	out := passOutcome{failed: map[string]bool{}}
+	giveUp := 1 // whole failures in a row that end a zone's part of the pass
+	if last {
+		giveUp = reconcileAtOnce + 1
+	}
+	inARow := map[string]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, zone := range zones {
@@ -808,19 +841,24 @@ func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone
 			wg.Go(func() {
 				for {
 					mu.Lock()
-					stop := out.failing[zone]
+					stop := inARow[zone] >= giveUp
 					mu.Unlock()
 					if stop {
 						return
 					}
-					batch, f := next(zone)
+					batch, f, done := next(zone)
 					if len(batch) == 0 {
 						return
 					}
 					retry, failed, err := r.attempt(ctx, batch)
 					r.land(f, passOutcome{failed: failed, err: err})
+					done()
 					mu.Lock()
-					out.add(zone, retry, failed, err)
+					if out.add(zone, retry, failed, err) {
+						inARow[zone]++
+					} else {
+						inARow[zone] = 0
+					}
 					mu.Unlock()
 				}
 			})
@@ -830,11 +868,12 @@ func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone
 	return out
 }
 
-// add counts the outcome of one store call of the pass, to zone.
-func (out *passOutcome) add(zone string, retry time.Time, failed map[string]bool, err error) {
+// add counts the outcome of one store call of the pass, to zone, and
+// reports whether it failed whole.
+func (out *passOutcome) add(zone string, retry time.Time, failed map[string]bool, err error) (whole bool) {
 	maps.Copy(out.failed, failed)
 	if err == nil {
-		return
+		return false
 	}
 	if out.retry.IsZero() || retry.Before(out.retry) {
 		out.retry = retry
@@ -845,7 +884,9 @@ func (out *passOutcome) add(zone string, retry time.Time, failed map[string]bool
 			out.failing = map[string]bool{}
 		}
 		out.failing[zone] = true
+		return true
 	}
+	return false
 }
 
 // withoutCancel is ctx with its deadline but not its cancellation.
@@ -984,7 +1025,7 @@ func (r *Reconciler) fly(ctx context.Context, f *flight) {
 	var out passOutcome
 	defer func() { r.land(f, out) }() // a flight left on its way would hold every later call on its keys
 	left := &jobList{jobs: owed}
-	out = r.inZones(ctx, zonesOf(owed, func(*reconcileJob) bool { return true }), left.next)
+	out = r.inZones(ctx, zonesOf(owed, func(*reconcileJob) bool { return true }), left.next, false)
 	for _, j := range left.jobs { // a zone's, sent no more after a call of it failed whole
 		r.requeue(j)
 		for _, c := range j.claims {
@@ -1042,7 +1083,7 @@ type jobList struct {
 	jobs []*reconcileJob
 }
 
-func (l *jobList) next(zone string) ([]*reconcileJob, *flight) {
+func (l *jobList) next(zone string) ([]*reconcileJob, *flight, func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var batch []*reconcileJob
@@ -1055,7 +1096,7 @@ func (l *jobList) next(zone string) ([]*reconcileJob, *flight) {
 		batch = append(batch, j)
 		return true
 	})
-	return batch, nil
+	return batch, nil, func() {}
 }
 
 // zonesOf lists the zones of the jobs that match.
@@ -1139,10 +1180,7 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	switch {
 	case j.answers > 0:
 	case j.release && r.confirmOwn && len(r.confirm) > 0:
-		r.mu.Lock()
-		j.confirming = true // owed still: paid when its confirmations end (finish)
-		r.confirming += len(j.claims)
-		r.mu.Unlock()
+		j.own = true // owed still: paid when its confirmations end (finish)
 	case j.owed():
 		r.paid(j)
 	}
@@ -1167,7 +1205,7 @@ func (r *Reconciler) answered(j *reconcileJob, released []bool, now time.Time) {
 	}
 	r.count(ReconcileReleasedLate, late)
 	j.failures = 0
-	if j.confirming && now.Before(j.scheduled) {
+	if (j.confirming || j.own) && now.Before(j.scheduled) {
 		// A pass a call on its keys made (ReleaseOwed), or the retry of a
 		// failed one, ahead of the schedule, which stands: the failover
 		// may still be to come.
