@@ -116,8 +116,11 @@ type Reconciler struct {
 	// flight is no longer queued, and a pass of the call's own would find
 	// nothing to make and let it overtake that release.
 	flights []*flight // r.mu guards it
-	seq     uint64    // flights begun so far; r.mu guards it
-	passes  uint64    // passes over the queue begun so far; r.mu guards it
+	// yielding counts those waiting to hold working alone (lockAlone):
+	// a call's flight sends no more batches meanwhile. r.mu guards it.
+	yielding int
+	seq      uint64 // flights begun so far; r.mu guards it
+	passes   uint64 // passes over the queue begun so far; r.mu guards it
 	// zone names the zone of a key (ZoneBy): a pass sends the batches of
 	// each zone side by side with the others'.
 	zone func(key string) string
@@ -389,7 +392,7 @@ func (r *Reconciler) TakeOverAll(from *Reconciler) bool {
 // takeFrom moves to r the jobs of from that match, all or none, and
 // reports false if r had no room for them (or is closed): from keeps them.
 func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) bool {
-	from.working.Lock() // no pass of from takes them meanwhile
+	from.lockAlone() // no pass of from takes them meanwhile
 	defer from.working.Unlock()
 	from.mu.Lock()
 	if from.closed {
@@ -430,6 +433,20 @@ func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) 
 		r.nudge()
 	}
 	return took
+}
+
+// lockAlone takes r.working alone once the batches on their way are
+// answered: a call's flight on its way hands back what it has not sent
+// (jobList.next, fly) rather than hold an exit or a takeover until its
+// last batch (40 batches at 100 ms a call: 4 s; helper 4, stop 60).
+func (r *Reconciler) lockAlone() {
+	r.mu.Lock()
+	r.yielding++
+	r.mu.Unlock()
+	r.working.Lock()
+	r.mu.Lock()
+	r.yielding--
+	r.mu.Unlock()
 }
 
 // nudge makes run look at the queue again.
@@ -523,6 +540,9 @@ type flight struct {
 	err  error
 	// failed holds the keys of the releases it did not make, if err.
 	failed map[string]bool
+	// yielded: a call's pass that handed back what it had not sent to
+	// Close or a takeover (lockAlone); its call goes round again.
+	yielded bool
 	// call: a call's pass, whose failure the calls that wait for it
 	// share (each would otherwise wait out a hung store's timeout behind
 	// the one before it). After run's, they make their own pass, as they
@@ -642,7 +662,7 @@ func (r *Reconciler) Close() Unreconciled {
 	r.mu.Unlock()
 	r.stop()
 	<-r.stopped
-	r.working.Lock() // a pass on its way answers its jobs first
+	r.lockAlone() // a pass on its way answers its jobs first
 	defer r.working.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), reconcileLastPass)
 	r.workOn(ctx, func(*reconcileJob) bool { return true }, true)
@@ -727,15 +747,20 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool,
 	zones := zonesOf(r.jobs, match)
 	r.mu.Unlock()
 	// Each job once a pass: a failed one is back on the queue, and a
-	// pass that matches every job (Close's) would take it again.
-	releases := func(j *reconcileJob) bool { return j.pass != pass && j.release && match(j) }
-	settlements := func(j *reconcileJob) bool { return j.pass != pass && !j.release && match(j) }
-	released := r.inZones(calls, zones, r.fromTheQueue(ctx, pass, releases, !last), last)
-	r.postponeFailing(pass, match, released)
-	if !last {
-		zones = slices.DeleteFunc(zones, func(zone string) bool { return released.failing[zone] })
+	// pass that matches every job (Close's) would take it again. The
+	// releases the store never answered first, then the confirmations of
+	// those it did, then the settlements: an exit on a slow Redis spent
+	// its time on confirmations and gave up the releases never made.
+	phases := []func(*reconcileJob) bool{
+		func(j *reconcileJob) bool { return j.release && j.answers == 0 },
+		func(j *reconcileJob) bool { return j.release && j.answers > 0 },
+		func(j *reconcileJob) bool { return !j.release },
 	}
-	r.postponeFailing(pass, match, r.inZones(calls, zones, r.fromTheQueue(ctx, pass, settlements, !last), last))
+	for _, phase := range phases {
+		out := r.inZones(calls, zones, r.fromTheQueue(ctx, pass, func(j *reconcileJob) bool { return j.pass != pass && phase(j) && match(j) }, !last), last)
+		r.postponeFailing(pass, match, out)
+		zones = slices.DeleteFunc(zones, func(zone string) bool { return out.gaveUp[zone] })
+	}
 }
 
 // postponeFailing has the jobs pass left in the zones where out failed
@@ -797,13 +822,14 @@ func (r *Reconciler) fromTheQueue(ctx context.Context, pass uint64, match func(*
 
 // passOutcome is what the store calls of a pass came to: the earliest
 // retry of a failed batch, the keys of the claims that failed, the first
-// error, and the zones where a call failed whole (the store, or that
-// master, failing: not a Cluster call that one master of several failed).
+// error, the zones where a call failed whole (the store, or that master,
+// failing: not a Cluster call that one master of several failed), and
+// those the pass gave up on (inZones).
 type passOutcome struct {
-	retry   time.Time
-	failed  map[string]bool
-	err     error
-	failing map[string]bool
+	retry           time.Time
+	failed          map[string]bool
+	err             error
+	failing, gaveUp map[string]bool
 }
 
 // reconcileAtOnce is how many store calls of a pass are on their way at
@@ -828,7 +854,7 @@ const reconcileAtOnce = 2
 // the flight next gives with each batch, and fails only the keys whose
 // calls failed, and calls the done it gives.
 func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone string) ([]*reconcileJob, *flight, func()), last bool) passOutcome {
-	out := passOutcome{failed: map[string]bool{}}
+	out := passOutcome{failed: map[string]bool{}, gaveUp: map[string]bool{}}
 	giveUp := 1 // whole failures in a row that end a zone's part of the pass
 	if last {
 		giveUp = reconcileAtOnce + 1
@@ -841,7 +867,7 @@ func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone
 			wg.Go(func() {
 				for {
 					mu.Lock()
-					stop := inARow[zone] >= giveUp
+					stop := out.gaveUp[zone]
 					mu.Unlock()
 					if stop {
 						return
@@ -859,6 +885,7 @@ func (r *Reconciler) inZones(ctx context.Context, zones []string, next func(zone
 					} else {
 						inARow[zone] = 0
 					}
+					out.gaveUp[zone] = out.gaveUp[zone] || inARow[zone] >= giveUp
 					mu.Unlock()
 				}
 			})
@@ -927,7 +954,7 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 	r.mu.Lock()
 	came := r.seq
 	r.mu.Unlock()
-	for range maxOwedRounds {
+	for round := 0; round < maxOwedRounds; round++ {
 		if !r.OwesFor(claims) {
 			return nil
 		}
@@ -936,11 +963,18 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 		case err != nil:
 			return err
 		case mine != nil:
-			r.fly(context.WithoutCancel(ctx), mine)
+			if r.fly(context.WithoutCancel(ctx), mine); mine.yielded {
+				// After the takeover or Close, which it waits for in
+				// flightFor: its releases are queued again. No round of
+				// the call's: a reload is no store answering slowly.
+				round--
+				continue
+			}
 			return mine.errFor(claims)
 		case others == nil: // released by a pass begun since the call came
 			return nil
 		}
+		yielded := false
 		for _, f := range others {
 			select {
 			case <-f.done:
@@ -950,6 +984,10 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 			if err := f.errFor(claims); err != nil && f.call {
 				return err
 			}
+			yielded = yielded || f.yielded
+		}
+		if yielded {
+			round-- // as above
 		}
 	}
 	return errStillOwed
@@ -1024,11 +1062,15 @@ func (r *Reconciler) fly(ctx context.Context, f *flight) {
 	owed := slices.DeleteFunc(f.jobs, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
 	var out passOutcome
 	defer func() { r.land(f, out) }() // a flight left on its way would hold every later call on its keys
-	left := &jobList{jobs: owed}
+	left := &jobList{r: r, jobs: owed}
 	out = r.inZones(ctx, zonesOf(owed, func(*reconcileJob) bool { return true }), left.next, false)
-	for _, j := range left.jobs { // a zone's, sent no more after a call of it failed whole
+	f.yielded = left.yielded
+	for _, j := range left.jobs {
 		r.requeue(j)
-		for _, c := range j.claims {
+		if f.yielded {
+			continue // not failed: the call makes them again after the takeover or Close
+		}
+		for _, c := range j.claims { // a zone's, sent no more after a call of it failed whole
 			out.failed[c.Key()] = true
 		}
 	}
@@ -1079,13 +1121,23 @@ func (r *Reconciler) takeBatchLocked(match func(*reconcileJob) bool) []*reconcil
 // for them: whole jobs, up to about reconcileBatch claims a batch. What a
 // failing zone left stays in it.
 type jobList struct {
+	r    *Reconciler
 	mu   sync.Mutex
 	jobs []*reconcileJob
+	// yielded: it handed out no more once Close or a takeover waited
+	// (lockAlone).
+	yielded bool
 }
 
 func (l *jobList) next(zone string) ([]*reconcileJob, *flight, func()) {
+	l.r.mu.Lock()
+	yielding := l.r.yielding > 0
+	l.r.mu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.yielded = l.yielded || yielding; l.yielded {
+		return nil, nil, nil
+	}
 	var batch []*reconcileJob
 	claims := 0
 	l.jobs = slices.DeleteFunc(l.jobs, func(j *reconcileJob) bool {

@@ -14,12 +14,12 @@ type slowAnsweringStore struct {
 	Store
 	delay   time.Duration
 	calls   atomic.Int64
-	entered chan struct{} // told when the first call begins
-	gate    chan struct{} // the first call waits for it
+	entered chan struct{} // told when the first call begins, with gate
+	gate    chan struct{} // the first call waits for it, if not nil
 }
 
 func (s *slowAnsweringStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
-	if s.calls.Add(1) == 1 {
+	if s.calls.Add(1) == 1 && s.gate != nil {
 		s.entered <- struct{}{}
 		<-s.gate
 	}
@@ -236,10 +236,7 @@ func TestCloseDoesNotGiveUpAZoneForOneTimedOutCall(t *testing.T) {
 	store := &blipStore{Store: NewMemoryStore(0)}
 	o := &outcomes{}
 	r := newReconciler(store, 0, o.report, nil)
-	r.stop() // run makes no pass: Close's last pass makes them all
-	<-r.stopped
-	r.stopped = make(chan struct{})
-	close(r.stopped)
+	stopRun(r) // run makes no pass: Close's last pass makes them all
 	for job := range 10 {
 		r.Hand(jobOf200(job), true)
 	}
@@ -270,5 +267,179 @@ func TestTakeOverDoesNotWaitForFromsWholePass(t *testing.T) {
 	to.TakeOver(from, last[:1])
 	if took := time.Since(began); took > 2*store.delay {
 		t.Errorf("a request's TakeOver waited %v for the old connection's whole run pass (a store call takes %v)", took.Round(time.Millisecond), store.delay)
+	}
+}
+
+// stopRun stops r's run, as TestCloseDoesNotGiveUpAZoneForOneTimedOutCall
+// does: its releases wait out a backoff, and a call on their keys makes
+// them (ReleaseOwed).
+func stopRun(r *Reconciler) {
+	r.stop()
+	<-r.stopped
+	r.stopped = make(chan struct{})
+	close(r.stopped)
+}
+
+// aCallsFlightOnItsWay hands r n jobs of 200 releases that all hold the key
+// of one claim (a gateway's batches that all carried one asset, sliding or
+// session: its state key), and has a call on that key make them
+// (ReleaseOwed): its flight takes every one off the queue and holds
+// r.working shared until the last batch is answered.
+func aCallsFlightOnItsWay(t *testing.T, n int, delay time.Duration) (*Reconciler, *slowAnsweringStore, []*Claim) {
+	t.Helper()
+	store := &slowAnsweringStore{Store: NewMemoryStore(0), delay: delay}
+	r := newReconciler(store, 0, nil, nil)
+	stopRun(r)
+	shared := claimOf(testPolicy(Tumbling), parked, 1, time.Now())
+	var last []*Claim
+	for job := 1; job <= n; job++ {
+		last = jobOf200(job)
+		last[0] = shared
+		r.Hand(last, true)
+	}
+	go r.ReleaseOwed(context.Background(), []*Claim{shared})
+	for deadline := time.Now().Add(5 * time.Second); store.calls.Load() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the call's flight never began")
+		}
+	}
+	return r, store, last[1:]
+}
+
+// 671af45 made run's pass hold r.working shared a batch at a time, so that
+// a takeover "waits for a pass of from on its way (within from's store
+// timeout)" and not the whole pass. A call's flight (flightFor, fly) still
+// holds it for the whole flight: every release owed on its keys, here 10
+// batches two at a time on a Redis answering each call in 200 ms. A
+// request on the new connection after a reload (keyspace.releaseOwed ->
+// TakeOver) waits ~1 s for another request's flight, for a release (of
+// another asset) that no call is on its way with; so does every request
+// on an owed key meanwhile (flightFor's RLock, a writer waiting).
+//
+// (Helper 4's review, stop 60: so it was at 671af45; the test holds the fix.)
+func TestTakeOverDoesNotWaitForACallsWholeFlight(t *testing.T) {
+	from, store, other := aCallsFlightOnItsWay(t, 10, 200*time.Millisecond)
+	defer from.Close()
+	to, _ := testReconciler(t, NewMemoryStore(0), 0)
+	began := time.Now()
+	to.TakeOver(from, other[:1])
+	if took := time.Since(began); took > 2*store.delay {
+		t.Errorf("a request's TakeOver waited %v for another request's whole release flight (%d store calls; one takes %v)",
+			took.Round(time.Millisecond), store.calls.Load(), store.delay)
+	}
+}
+
+// Close: "Once a store call on its way (run's, or a ReleaseOwed pass's)
+// has its answer (or the store's timeout has passed), it makes one last
+// pass ... within reconcileLastPass". Its working.Lock waits for a call's
+// whole flight instead: 20 rounds of two calls at 200 ms, ~4 s, on a Redis
+// that answers every call; an exit or a reload hangs for it.
+//
+// (Helper 4's review, stop 60: so it was at 671af45; the test holds the fix.)
+func TestCloseDoesNotWaitForACallsWholeFlight(t *testing.T) {
+	r, store, _ := aCallsFlightOnItsWay(t, 40, 200*time.Millisecond)
+	began := time.Now()
+	r.Close()
+	if took, bound := time.Since(began), store.delay+reconcileLastPass+300*time.Millisecond; took > bound {
+		t.Errorf("Close took %v (%d store calls), want at most the call on its way plus the last pass, %v",
+			took.Round(time.Millisecond), store.calls.Load(), bound)
+	}
+}
+
+// silentStore answers nothing: each Release and Settle fails after
+// timeout, as a RedisStore's call to a Redis that hangs.
+type silentStore struct {
+	Store
+	timeout time.Duration
+	calls   atomic.Int64
+}
+
+func (s *silentStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	s.calls.Add(1)
+	time.Sleep(s.timeout)
+	return nil, context.DeadlineExceeded
+}
+
+func (s *silentStore) Settle(claims []*Claim, done func(error)) {
+	s.calls.Add(1)
+	go func() {
+		time.Sleep(s.timeout)
+		done(context.DeadlineExceeded)
+	}()
+}
+
+// Close: "a Redis that does not answer holds it two store timeouts at
+// most" (reconcileLastPass: "the pass sends a zone nothing more after
+// three calls in a row failed whole"). The last pass counts the calls in a
+// row afresh for its settlements (inZones is called twice, and workOn
+// drops the zones that failed their releases only when !last): a hung
+// Redis is sent its releases for two timeouts and then its settlements
+// for two more, and holds an exit or a reload four store timeouts (here
+// 4 x 300 ms), up to reconcileLastPass.
+//
+// (Helper 4's review, stop 60: so it was at 671af45; the test holds the fix.)
+func TestCloseOnAHungRedisTakesTwoStoreTimeouts(t *testing.T) {
+	store := &silentStore{Store: NewMemoryStore(0), timeout: 300 * time.Millisecond}
+	r := newReconciler(store, 0, nil, nil)
+	stopRun(r)
+	for job := range 6 {
+		r.Hand(jobOf200(job), true)
+		r.Hand(jobOf200(100+job), false)
+	}
+	began := time.Now()
+	left := r.Close()
+	if took, bound := time.Since(began), 2*store.timeout+150*time.Millisecond; took > bound {
+		t.Errorf("Close took %v on a hung Redis (%d store calls, left %+v), want two store timeouts, at most %v",
+			took.Round(time.Millisecond), store.calls.Load(), left, bound)
+	}
+}
+
+// switchableDelayStore answers every Release after delay, which a test sets.
+type switchableDelayStore struct {
+	Store
+	delay atomic.Int64
+}
+
+func (s *switchableDelayStore) Release(ctx context.Context, claims []*Claim) ([]bool, error) {
+	select {
+	case <-time.After(time.Duration(s.delay.Load())):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Store.Release(ctx, claims)
+}
+
+// Close "makes one last pass over every claim it holds ... releases first,
+// within reconcileLastPass", taking them in queue order: the reconciler's
+// own releases the store answered already, kept for their confirmations
+// (ConfirmOwn, on Sentinel and Cluster: ~101 s after each), go before a
+// release the store never answered. After an outage whose releases it made
+// (here 20 batches), an exit on a Redis answering in 400 ms spends its 2 s
+// repeating those, and gives up the one release that was never made: its
+// claim stands, "Close gave up" is logged, and the retry of its
+// observation is told to come back, then that it was delivered; a
+// skipped confirmation matters only if a failover follows.
+//
+// (Helper 4's review, stop 60: so it was at 671af45; the test holds the fix.)
+func TestClosesLastPassMakesUnansweredReleasesBeforeConfirmations(t *testing.T) {
+	store := &switchableDelayStore{Store: NewMemoryStore(0)}
+	o := &outcomes{}
+	r := newReconciler(store, 0, o.report, []time.Duration{time.Hour})
+	r.ConfirmOwn()
+	for job := range 20 {
+		r.Hand(jobOf200(job), true)
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.Unanswered() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the releases were never answered")
+		}
+	}
+	stopRun(r) // the new release waits out a backoff
+	store.delay.Store(int64(400 * time.Millisecond))
+	r.Hand(jobOf200(99), true)
+	left := r.Close()
+	if left.Releases > 0 {
+		t.Errorf("Close gave up %d releases the store never answered, having spent its last pass on %d already made (outcomes %s)",
+			left.Releases, 20*200, o)
 	}
 }
