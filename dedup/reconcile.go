@@ -116,11 +116,8 @@ type Reconciler struct {
 	// flight is no longer queued, and a pass of the call's own would find
 	// nothing to make and let it overtake that release.
 	flights []*flight // r.mu guards it
-	// yielding counts those waiting to hold working alone (lockAlone):
-	// a call's flight sends no more batches meanwhile. r.mu guards it.
-	yielding int
-	seq      uint64 // flights begun so far; r.mu guards it
-	passes   uint64 // passes over the queue begun so far; r.mu guards it
+	seq     uint64    // flights begun so far; r.mu guards it
+	passes  uint64    // passes over the queue begun so far; r.mu guards it
 	// zone names the zone of a key (ZoneBy): a pass sends the batches of
 	// each zone side by side with the others'.
 	zone func(key string) string
@@ -179,6 +176,7 @@ type reconcileJob struct {
 	flight, releasedBy uint64
 	zone               string // of its first claim's key
 	pass               uint64 // the last pass over the queue that took it
+	passTries          int    // how many times that pass took it
 }
 
 // owed reports a release a call on its keys must wait for (what Owes
@@ -392,7 +390,7 @@ func (r *Reconciler) TakeOverAll(from *Reconciler) bool {
 // takeFrom moves to r the jobs of from that match, all or none, and
 // reports false if r had no room for them (or is closed): from keeps them.
 func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) bool {
-	from.lockAlone() // no pass of from takes them meanwhile
+	from.working.Lock() // no pass of from takes them meanwhile
 	defer from.working.Unlock()
 	from.mu.Lock()
 	if from.closed {
@@ -433,20 +431,6 @@ func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) 
 		r.nudge()
 	}
 	return took
-}
-
-// lockAlone takes r.working alone once the batches on their way are
-// answered: a call's flight on its way hands back what it has not sent
-// (jobList.next, fly) rather than hold an exit or a takeover until its
-// last batch (40 batches at 100 ms a call: 4 s; helper 4, stop 60).
-func (r *Reconciler) lockAlone() {
-	r.mu.Lock()
-	r.yielding++
-	r.mu.Unlock()
-	r.working.Lock()
-	r.mu.Lock()
-	r.yielding--
-	r.mu.Unlock()
 }
 
 // nudge makes run look at the queue again.
@@ -540,9 +524,6 @@ type flight struct {
 	err  error
 	// failed holds the keys of the releases it did not make, if err.
 	failed map[string]bool
-	// yielded: a call's pass that handed back what it had not sent to
-	// Close or a takeover (lockAlone); its call goes round again.
-	yielded bool
 	// call: a call's pass, whose failure the calls that wait for it
 	// share (each would otherwise wait out a hung store's timeout behind
 	// the one before it). After run's, they make their own pass, as they
@@ -662,7 +643,7 @@ func (r *Reconciler) Close() Unreconciled {
 	r.mu.Unlock()
 	r.stop()
 	<-r.stopped
-	r.lockAlone() // a pass on its way answers its jobs first
+	r.working.Lock() // a pass on its way answers its jobs first
 	defer r.working.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), reconcileLastPass)
 	r.workOn(ctx, func(*reconcileJob) bool { return true }, true)
@@ -756,8 +737,11 @@ func (r *Reconciler) workOn(ctx context.Context, match func(*reconcileJob) bool,
 		func(j *reconcileJob) bool { return j.release && j.answers > 0 },
 		func(j *reconcileJob) bool { return !j.release },
 	}
+	// The last pass tries a job that failed once more, within its bound:
+	// one call that timed out on a busy Redis gave its jobs up at exit.
+	fresh := func(j *reconcileJob) bool { return j.pass != pass || last && j.failures > 0 && j.passTries < 2 }
 	for _, phase := range phases {
-		out := r.inZones(calls, zones, r.fromTheQueue(ctx, pass, func(j *reconcileJob) bool { return j.pass != pass && phase(j) && match(j) }, !last), last)
+		out := r.inZones(calls, zones, r.fromTheQueue(ctx, pass, func(j *reconcileJob) bool { return fresh(j) && phase(j) && match(j) }, !last), last)
 		r.postponeFailing(pass, match, out)
 		zones = slices.DeleteFunc(zones, func(zone string) bool { return out.gaveUp[zone] })
 	}
@@ -801,7 +785,10 @@ func (r *Reconciler) fromTheQueue(ctx context.Context, pass uint64, match func(*
 			r.mu.Lock()
 			batch := r.takeBatchLocked(func(j *reconcileJob) bool { return j.zone == zone && match(j) })
 			for _, j := range batch {
-				j.pass = pass
+				if j.pass != pass {
+					j.pass, j.passTries = pass, 0
+				}
+				j.passTries++
 			}
 			f := r.beginLocked(batch, false)
 			r.mu.Unlock()
@@ -954,7 +941,7 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 	r.mu.Lock()
 	came := r.seq
 	r.mu.Unlock()
-	for round := 0; round < maxOwedRounds; round++ {
+	for range maxOwedRounds {
 		if !r.OwesFor(claims) {
 			return nil
 		}
@@ -963,18 +950,11 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 		case err != nil:
 			return err
 		case mine != nil:
-			if r.fly(context.WithoutCancel(ctx), mine); mine.yielded {
-				// After the takeover or Close, which it waits for in
-				// flightFor: its releases are queued again. No round of
-				// the call's: a reload is no store answering slowly.
-				round--
-				continue
-			}
+			r.fly(context.WithoutCancel(ctx), mine)
 			return mine.errFor(claims)
 		case others == nil: // released by a pass begun since the call came
 			return nil
 		}
-		yielded := false
 		for _, f := range others {
 			select {
 			case <-f.done:
@@ -984,10 +964,6 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 			if err := f.errFor(claims); err != nil && f.call {
 				return err
 			}
-			yielded = yielded || f.yielded
-		}
-		if yielded {
-			round-- // as above
 		}
 	}
 	return errStillOwed
@@ -1062,15 +1038,11 @@ func (r *Reconciler) fly(ctx context.Context, f *flight) {
 	owed := slices.DeleteFunc(f.jobs, func(j *reconcileJob) bool { return r.finishIfExpired(j, now) })
 	var out passOutcome
 	defer func() { r.land(f, out) }() // a flight left on its way would hold every later call on its keys
-	left := &jobList{r: r, jobs: owed}
+	left := &jobList{jobs: owed}
 	out = r.inZones(ctx, zonesOf(owed, func(*reconcileJob) bool { return true }), left.next, false)
-	f.yielded = left.yielded
-	for _, j := range left.jobs {
+	for _, j := range left.jobs { // a zone's, sent no more after a call of it failed whole
 		r.requeue(j)
-		if f.yielded {
-			continue // not failed: the call makes them again after the takeover or Close
-		}
-		for _, c := range j.claims { // a zone's, sent no more after a call of it failed whole
+		for _, c := range j.claims {
 			out.failed[c.Key()] = true
 		}
 	}
@@ -1121,23 +1093,13 @@ func (r *Reconciler) takeBatchLocked(match func(*reconcileJob) bool) []*reconcil
 // for them: whole jobs, up to about reconcileBatch claims a batch. What a
 // failing zone left stays in it.
 type jobList struct {
-	r    *Reconciler
 	mu   sync.Mutex
 	jobs []*reconcileJob
-	// yielded: it handed out no more once Close or a takeover waited
-	// (lockAlone).
-	yielded bool
 }
 
 func (l *jobList) next(zone string) ([]*reconcileJob, *flight, func()) {
-	l.r.mu.Lock()
-	yielding := l.r.yielding > 0
-	l.r.mu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.yielded = l.yielded || yielding; l.yielded {
-		return nil, nil, nil
-	}
 	var batch []*reconcileJob
 	claims := 0
 	l.jobs = slices.DeleteFunc(l.jobs, func(j *reconcileJob) bool {

@@ -1029,8 +1029,7 @@ func TestCloseCountsTheReleaseOnItsWay(t *testing.T) {
 // a 200 ms timeout with 10,000 owed), or, when it stopped at the first
 // failure, failed the keys it had not tried; all at once, on a healthy
 // Redis the tail expired in the pipeline's queue (helper 2, stop 60).
-// Close waits for the calls on their way, and its last pass makes the
-// rest (lockAlone).
+// Close waits for the pass on its way.
 func TestAReleaseOwedPassSendsARoundTripsWorthAtOnce(t *testing.T) {
 	store := &passStepStore{Store: NewMemoryStore(0), entered: make(chan struct{}, 3), steps: make(chan struct{})}
 	defer close(store.steps)
@@ -1062,7 +1061,7 @@ func TestAReleaseOwedPassSendsARoundTripsWorthAtOnce(t *testing.T) {
 		closing = r.closed
 		r.mu.Unlock()
 	}
-	for range reconcileAtOnce { // the calls on their way; Close's last pass makes the rest
+	for range 3 {
 		store.steps <- struct{}{}
 	}
 	if left, want := <-closed, fmt.Sprint(map[ReconcileOutcome]int{ReconcileNotHeld: 3 * reconcileBatch}); left != (Unreconciled{}) || o.String() != want {
