@@ -1075,18 +1075,28 @@ func (r *Reconciler) takeLocked(match func(*reconcileJob) bool) []*reconcileJob 
 	return taken
 }
 
-// takeBatchLocked takes the jobs of one store call off the queue: those
-// that match, in queue order, whole, up to about reconcileBatch claims,
-// and at least one if any does. r.mu must be held.
+// takeBatchLocked takes the jobs of one store call off the queue
+// (takeBatch). r.mu must be held.
 func (r *Reconciler) takeBatchLocked(match func(*reconcileJob) bool) []*reconcileJob {
+	var batch []*reconcileJob
+	r.jobs, batch = takeBatch(r.jobs, match)
+	return batch
+}
+
+// takeBatch takes the jobs of one store call out of jobs: those that
+// match, in order, whole, up to about reconcileBatch claims, and at least
+// one if any does. It returns the jobs left and the batch.
+func takeBatch(jobs []*reconcileJob, match func(*reconcileJob) bool) (left, batch []*reconcileJob) {
 	claims := 0
-	return r.takeLocked(func(j *reconcileJob) bool {
+	left = slices.DeleteFunc(jobs, func(j *reconcileJob) bool {
 		if !match(j) || claims > 0 && claims+len(j.claims) > reconcileBatch {
 			return false
 		}
 		claims += len(j.claims)
+		batch = append(batch, j)
 		return true
 	})
+	return left, batch
 }
 
 // jobList hands out jobs, taken off the queue already, as inZones asks
@@ -1101,15 +1111,7 @@ func (l *jobList) next(zone string) ([]*reconcileJob, *flight, func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var batch []*reconcileJob
-	claims := 0
-	l.jobs = slices.DeleteFunc(l.jobs, func(j *reconcileJob) bool {
-		if j.zone != zone || claims > 0 && claims+len(j.claims) > reconcileBatch {
-			return false
-		}
-		claims += len(j.claims)
-		batch = append(batch, j)
-		return true
-	})
+	l.jobs, batch = takeBatch(l.jobs, func(j *reconcileJob) bool { return j.zone == zone })
 	return batch, nil, func() {}
 }
 

@@ -57,6 +57,20 @@ func acceptedBacklog(t *testing.T, store Store, n int, tokenBase uint64) []*Clai
 	return claims
 }
 
+// aFullBacklogOnAHealthyRedis starts a Redis and accepts a reconciler
+// queue's worth of sliding claims on it (tokens from tokenBase): store
+// has the default timeout, setup a long one for the test's own calls.
+func aFullBacklogOnAHealthyRedis(t *testing.T, tokenBase uint64) (store, setup *RedisStore, claims []*Claim) {
+	t.Helper()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	pipe := pipeline.New(client)
+	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
+	store = NewRedisStore(pipe, DefaultRedisTimeout)
+	setup = NewRedisStore(pipe, 10*time.Second)
+	return store, setup, acceptedBacklog(t, setup, DefaultReconcileQueue, tokenBase)
+}
+
 // A Redis outage ends (the breaker closes: Wake) with the reconciler
 // holding a full queue of releases (10,000 single-ping requests whose
 // upstream failed meanwhile). Its pass makes them all, none failing, on a
@@ -74,13 +88,7 @@ func acceptedBacklog(t *testing.T, store Store, n int, tokenBase uint64) []*Clai
 // released them. One batch after the other (before f80ac76): ~0.2 s, all
 // released, none failed; so now, a round trip's worth at a time.
 func TestARunPassOfAFullQueueReleasesItAllOnAHealthyRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	pipe := pipeline.New(client)
-	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
-	store := NewRedisStore(pipe, DefaultRedisTimeout)
-	setup := NewRedisStore(pipe, 10*time.Second)
-	claims := acceptedBacklog(t, setup, DefaultReconcileQueue, 1_000_000)
+	store, setup, claims := aFullBacklogOnAHealthyRedis(t, 1_000_000)
 
 	ds := &outageStore{Store: store}
 	ds.down.Store(true)
@@ -158,13 +166,7 @@ func TestARunPassOfAFullQueueReleasesItAllOnAHealthyRedis(t *testing.T) {
 // are answered 409, then suppressed), though Redis answered every call
 // and one batch after the other released all of them in ~0.2 s.
 func TestClosesLastPassMakesEveryReleaseAHealthyRedisTakes(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	pipe := pipeline.New(client)
-	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
-	store := NewRedisStore(pipe, DefaultRedisTimeout)
-	setup := NewRedisStore(pipe, 10*time.Second)
-	claims := acceptedBacklog(t, setup, DefaultReconcileQueue, 2_000_000)
+	store, _, claims := aFullBacklogOnAHealthyRedis(t, 2_000_000)
 
 	ds := &outageStore{Store: store}
 	ds.down.Store(true)
@@ -341,13 +343,7 @@ func (s outageSettleStore) Settle(claims []*Claim, done func(error)) {
 // flight (409) until in_flight_timeout. One batch after the other settled
 // all 10,000.
 func TestClosesLastPassMakesEverySettlementAHealthyRedisTakes(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	pipe := pipeline.New(client)
-	t.Cleanup(func() { pipe.Close(); _ = client.Close() })
-	store := NewRedisStore(pipe, DefaultRedisTimeout)
-	setup := NewRedisStore(pipe, 10*time.Second)
-	claims := acceptedBacklog(t, setup, DefaultReconcileQueue, 8_000_000)
+	store, _, claims := aFullBacklogOnAHealthyRedis(t, 8_000_000)
 	var down atomic.Bool
 	down.Store(true)
 	o := &outcomes{}
