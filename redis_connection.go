@@ -211,10 +211,11 @@ func (c *redisConnection) Destruct() error {
 	// Before leaving the keyspace: meanwhile a call on their keys finds the
 	// releases owed in one reconciler or the other.
 	c.handOver()
-	// Before the close, which fails the passes made on its way: another
-	// connection's calls must not fail with it.
-	c.keyspace.leave(c.keyspaceID, c)
 	left := c.reconciler.Close()
+	// After the close: what no connection took (an exit), its last pass
+	// makes, and until then another connection's calls on their keys must
+	// not go ahead of them (they fail: keyspace.releaseOwed).
+	c.keyspace.leave(c.keyspaceID, c)
 	c.pipeline.Close()
 	c.reports.flush()
 	c.dropUnreconciled(left)
@@ -224,7 +225,8 @@ func (c *redisConnection) Destruct() error {
 
 // handOver gives every job the reconciler holds (settlements, releases,
 // confirmations) to the reconciler of the connection a reload replaced this
-// one with on the same Redis data (keyspace.successor), and reports whether
+// one with on the same Redis data, or of another site's on it
+// (keyspace.successor), and reports whether
 // it did: the connection, which no config uses any more, may no longer be
 // let in (a rotated password, refused once Redis cut its pool), and would
 // retry them in vain until the claims' TTL, open as long. It keeps them if

@@ -83,18 +83,42 @@ const (
 )
 
 // deleteWhenDrained lets go of the connection once its requests are done
-// (or deadline has passed) and its reconciler holds no claim, or has
-// handed them to the connection a reload replaced it with, or Caddy
-// exits. The reconciler bounds its own wait: it gives up on a claim at its
+// (or deadline has passed, or Caddy exits) and its reconciler holds no
+// claim, or has handed them to another connection on the same data a
+// config holds (handOver: tried at every look), or Caddy exits. The
+// reconciler bounds its own wait: it gives up on a claim at its
 // TTL, and its last look for a late landing comes 101.1 s after the store
 // first answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	defer draining.Done()
-	waitForUsers(r.users.Load, deadline)
+	waitForUsers(r.drainingUsers, deadline)
 	r.waitForReconciler()
 	if _, err := stores.Delete(r.poolKey); err != nil {
 		r.logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
 	}
+}
+
+// drainingUsers counts the requests still using a connection no config
+// holds, for its drain, which looks every drainPoll. At each look it
+// hands what the reconciler holds to the connection that replaced it
+// (handOver), not only once the requests are done (in_flight_timeout and
+// more): this one may no longer be let in (a rotated password, refused
+// once Redis cut its pool), and the confirmation that would release a
+// claim that landed late would be refused meanwhile, its sender's retry
+// told to come back, then that it was delivered. Once Caddy exits it
+// counts none: the exit cuts the requests waiting for their upstream and
+// its hook waits for the others itself (finishRedisAtExit), and a
+// request it does not cut (one still reading a slow sender's body) would
+// otherwise keep the connection open past the hook's wait, its last pass
+// never made and what it gave up on never logged.
+func (r *RedisStore) drainingUsers() int64 {
+	if atExit.Err() != nil {
+		return 0
+	}
+	if r.reconciler.Len() > 0 {
+		r.handOver()
+	}
+	return r.users.Load()
 }
 
 // waitForReconciler waits until the reconciler holds no claim, or has

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -259,16 +260,26 @@ func TestAClosingConnectionWritesTheReconcilersLinesHeldBack(t *testing.T) {
 
 // downConnection opens a connection, logging to logger, on a Redis that is
 // down (nothing listens there), with a breaker that opens at the first
-// failure: every connection it opens is on the same keyspace.
+// failure. The connections one test opens are on one keyspace, of their
+// own: on an address other tests use, a connection of theirs that a
+// config still held would take what this test's hand over.
 func downConnection(t *testing.T, logger *zap.Logger) *redisConnection {
 	t.Helper()
-	r := RedisStore{URL: "redis://127.0.0.1:1/0", BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
+	url, _ := downURLs.LoadOrStore(t, fmt.Sprintf("redis://127.0.0.%d:1/0", 2+downTests.Add(1)%250))
+	r := RedisStore{URL: url.(string), BreakerFailures: 1, Timeout: caddy.Duration(20 * time.Millisecond)}
 	opts, err := r.options()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return newRedisConnection(opts, r, logger)
 }
+
+// downURLs is each test's address for downConnection, on 127.0.0.2 to
+// 127.0.0.251 (all of 127/8 is loopback), which downTests counts out.
+var (
+	downURLs  sync.Map
+	downTests atomic.Int32
+)
 
 // The breaker's line is the connection's, and the handlers that share the
 // connection may differ: enforce or shadow mode, failing open or closed,

@@ -69,18 +69,18 @@ func (ks *keyspace) leave(id string, c *redisConnection) {
 	}
 }
 
-// successor is the reconciler of the newest connection that joined the
-// keyspace after c and that a config holds: the one a reload replaced c
-// with, to which c hands its reconciler's jobs as it closes
-// (redisConnection.handOver). Never one that joined before: two
-// connections a reload left would hand them back and forth. Nor one no
-// config holds any more, which a later reload retired too, and whose
-// reconciler may be about to make its last pass and drop them.
+// successor is the reconciler of the newest other connection on the
+// keyspace that a config holds: the one a reload replaced c with, or,
+// when a reload removed c's site and left an older one on the same data,
+// that one. c hands its reconciler's jobs to it as it closes, and while it
+// drains (redisConnection.handOver). Never one no config holds any more,
+// which a later reload retired too, and whose reconciler may be about to
+// make its last pass and drop them; so jobs never go back and forth
+// between retired connections.
 func (ks *keyspace) successor(c *redisConnection) *dedup.Reconciler {
 	members := *ks.connections.Load()
-	own := slices.Index(members, c)
-	for i := len(members) - 1; own >= 0 && i > own; i-- {
-		if members[i].holders.Load() > 0 {
+	for i := len(members) - 1; i >= 0; i-- {
+		if members[i] != c && members[i].holders.Load() > 0 {
 			return members[i].reconciler
 		}
 	}
@@ -102,14 +102,20 @@ func (ks *keyspace) owesFor(claims []*dedup.Claim) bool { return ks.othersOweFor
 // call, until the claims' TTL ends. Releases are by token: any connection
 // on the same data makes them alike. A round that leaves another owing
 // some (two connections took them over from each other at once, or own
-// could not take them) is followed by another, a few at most.
+// could not take them) is followed by another, a few at most; after those
+// the call fails. So does a call whose keys a closing connection owes
+// releases on (TakeOver leaves them to its last pass), as a call through
+// that connection does: made now, it could reach Redis before them. Either
+// failure is ErrOwedElsewhere, which the calling connection's breaker does
+// not count.
 func (ks *keyspace) releaseOwed(ctx context.Context, own *dedup.Reconciler, claims []*dedup.Claim) error {
 	for range keyspaceRounds {
 		for _, c := range *ks.connections.Load() {
-			if r := c.reconciler; r != own && r.OwesFor(claims) && !own.TakeOver(r, claims) {
-				// own is closing, or full: r makes them, as before.
+			if r := c.reconciler; r != own && r.OwesFor(claims) && (!own.TakeOver(r, claims) || r.OwesFor(claims)) {
+				// own is closing or full: r makes them, as before; or r
+				// is closing, its last pass making them: the call fails.
 				if err := r.ReleaseOwed(ctx, claims); err != nil {
-					return err
+					return fmt.Errorf("%w: %w", dedup.ErrOwedElsewhere, err)
 				}
 			}
 		}
@@ -122,7 +128,9 @@ func (ks *keyspace) releaseOwed(ctx context.Context, own *dedup.Reconciler, clai
 			return nil
 		}
 	}
-	return nil
+	// Two connections took them over from each other, round after round:
+	// made now, the call could reach Redis before them.
+	return dedup.ErrOwedElsewhere
 }
 
 // othersOweFor reports whether a reconciler on the keyspace other than own

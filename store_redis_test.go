@@ -305,9 +305,9 @@ func retriedWhileInFlight(t *testing.T, store dedup.Store, key string, deadline 
 	}
 }
 
-// A retired connection hands its jobs only to a newer connection a config
+// A retired connection hands its jobs only to a connection a config
 // holds: one that a later reload retired too may be about to make its last
-// pass, and would drop them where the older one keeps trying. When it
+// pass, and would drop them where this one keeps trying. When it
 // hands them over, it says how many: nothing else tells an operator where
 // they went.
 func TestARetiredConnectionHandsNothingToOneNoConfigHolds(t *testing.T) {

@@ -42,6 +42,14 @@ var ErrBreakerOpen = errors.New("the store's circuit breaker is open after repea
 // written, and the store is failing.
 var ErrReleasesOwed = errors.New("the store did not take the releases of failed requests that must reach it first, so this call was not made")
 
+// ErrOwedElsewhere marks a failure of releases owed on a call's keys that
+// another connection's reconciler holds (one a reload replaced, or one
+// closing), returned by a ReleaseFirst function: the call is not made, but
+// the breaker does not count it, since the store it guards did not fail.
+// Counted, the calls on those keys while another connection closed opened
+// the breaker for every asset.
+var ErrOwedElsewhere = errors.New("another Redis connection on the same data owes releases on these keys that it has not made (it is closing, or its calls failed)")
+
 // BreakerState is where a circuit breaker stands.
 type BreakerState int32
 
@@ -387,9 +395,10 @@ func (b *Breaker) admit(z *breakerZone) {
 
 // enter lets a call through or says why not: the breaker is open, or the
 // releases owed before it (ReleaseFirst) failed, in which case the call
-// is not made, and counts as failed unless the breaker is in zones: the
+// is not made, and counts as failed unless the breaker is in zones (the
 // releases owed span every zone, and their failure may be another
-// master's (a healthy zone must not open for it).
+// master's: a healthy zone must not open for it) or they were another
+// connection's (ErrOwedElsewhere).
 func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 	set := b.zonesOf(claims)
 	if !b.letThrough(set) {
@@ -397,7 +406,7 @@ func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 	}
 	if b.owed != nil && b.owed(claims) {
 		if err := b.releaseOwed(ctx, claims); err != nil {
-			if b.zone != nil {
+			if b.zone != nil || errors.Is(err, ErrOwedElsewhere) {
 				b.uncounted(set)
 			} else {
 				b.count(set, err)

@@ -200,6 +200,39 @@ func TestBreakerLetsReleasesThrough(t *testing.T) {
 	}
 }
 
+// Calls not made because the releases owed before them failed count as
+// the store's failures when the releases were their own connection's
+// (its store failed them), but not when another connection on the same
+// data owed them (ErrOwedElsewhere: a reload's old connection, closing):
+// counted, the calls on those keys while it closed opened the breaker for
+// every asset. (Helper 2's review, stop 61.)
+func TestBreakerCountsOnlyItsOwnStoresOwedReleases(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		err       error
+		wantState BreakerState
+	}{
+		{"own store's failure", context.DeadlineExceeded, BreakerOpen},
+		{"another connection's, closing", fmt.Errorf("%w: %w", ErrOwedElsewhere, errClosing), BreakerClosed},
+		{"another connection's, its store failing", fmt.Errorf("%w: %w", ErrOwedElsewhere, context.DeadlineExceeded), BreakerClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewBreaker(3, time.Hour, nil)
+			b.ReleaseFirst(func([]*Claim) bool { return true }, func(context.Context, []*Claim) error { return tc.err })
+			s := b.Guard(NewMemoryStore(0))
+			for i := range 5 {
+				_, err := s.Decide(context.Background(), []*Claim{claimOf(testPolicy(Tumbling), parked, uint64(i+1), time.Now())})
+				if !errors.Is(err, ErrReleasesOwed) && !errors.Is(err, ErrBreakerOpen) {
+					t.Fatalf("call %d: %v, want it not made", i, err)
+				}
+			}
+			if got := b.State(); got != tc.wantState {
+				t.Errorf("after 5 calls whose owed releases failed (%v): breaker %v, want %v", tc.err, got, tc.wantState)
+			}
+		})
+	}
+}
+
 // allow and done are letThrough and count for the one zone of a breaker
 // not in zones.
 func (b *Breaker) allow() bool    { return b.letThrough(b.zonesOf(nil)) }

@@ -945,6 +945,9 @@ func (r *Reconciler) ReleaseOwed(ctx context.Context, claims []*Claim) error {
 		if !r.OwesFor(claims) {
 			return nil
 		}
+		if err := r.closingErr(); err != nil {
+			return err // at once: waited for, the last pass holds r.working to its end
+		}
 		mine, others, err := r.flightFor(claims, came)
 		switch {
 		case err != nil:
@@ -1018,9 +1021,9 @@ func (r *Reconciler) flightFor(claims []*Claim, came uint64) (mine *flight, othe
 	others = r.flightsOnLocked(claims, came)
 	switch {
 	case others != nil:
-	case !slices.ContainsFunc(r.jobs, func(j *reconcileJob) bool { return owed(j) && j.releasedBy <= came }):
-	case r.closed:
+	case r.closed: // before what is left owed: Close's last pass has emptied the queue, given up or not
 		err = errClosing
+	case !slices.ContainsFunc(r.jobs, func(j *reconcileJob) bool { return owed(j) && j.releasedBy <= came }):
 	default:
 		return r.beginLocked(r.takeLocked(owed), true), nil, nil
 	}

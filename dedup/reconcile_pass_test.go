@@ -377,3 +377,47 @@ func TestClosesLastPassMakesUnansweredReleasesBeforeConfirmations(t *testing.T) 
 			left.Releases, 20*200, o)
 	}
 }
+
+// A call on a key whose release is owed, that comes while Close's last
+// pass makes it, fails (errClosing): on_store_error decides, as for any
+// call whose keys Close's last pass owes. It used to wait for the shared
+// lock until Close had finished, past its own deadline, and then, the
+// queue emptied and the owed keys cleared, go to Redis though Close had
+// given that release up: the sender's retry found the failed request's
+// claim, told to come back, then that it was delivered.
+//
+// Setup: run stopped (its releases wait), one release on the key, a store
+// whose releases hang 300 ms and fail; Close; once its last pass is
+// calling the store, a call on the key. (Helper 1's review, stop 61.)
+func TestACallBlockedBehindClosesLastPassDoesNotGoThrough(t *testing.T) {
+	store := &silentStore{Store: NewMemoryStore(0), timeout: 300 * time.Millisecond}
+	r := newReconciler(store, 0, nil, nil)
+	stopRun(r)
+	pol := testPolicy(Sliding)
+	r.Hand([]*Claim{claimOf(pol, parked, 1, time.Now())}, true)
+	retry := claimOf(pol, parked, 2, time.Now())
+
+	closed := make(chan Unreconciled, 1)
+	go func() { closed <- r.Close() }()
+	for deadline := time.Now().Add(5 * time.Second); store.calls.Load() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Close's last pass never called the store")
+		}
+	}
+	if !r.OwesFor([]*Claim{retry}) {
+		t.Fatal("the release is not owed while Close's last pass makes it")
+	}
+	answer := make(chan error, 1)
+	go func() { answer <- r.ReleaseOwed(context.Background(), []*Claim{retry}) }()
+	left := <-closed
+	var err error
+	select {
+	case err = <-answer:
+	case <-time.After(10 * time.Second):
+		t.Fatal("ReleaseOwed never returned")
+	}
+	if err == nil && left.Releases > 0 {
+		t.Errorf("ReleaseOwed returned nil (the call goes to Redis) though Close gave up %d release(s) on its key (%d store calls); want errClosing",
+			left.Releases, store.calls.Load())
+	}
+}

@@ -1,0 +1,394 @@
+package telemetrydedup
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+)
+
+// heldLink stands for the network path of one connection only (its pool's
+// sockets), the other connections on the same Redis going their own way:
+// in refuse mode each call through it fails at once (a reset connection),
+// in slow mode each reaches Redis late (a stalled path, a retransmitting
+// socket), but it does reach it.
+type heldLink struct {
+	mode  atomic.Int32 // linkFine, linkRefuse or linkSlow
+	delay time.Duration
+}
+
+const (
+	linkFine int32 = iota
+	linkRefuse
+	linkSlow
+)
+
+var errLinkReset = errors.New("read tcp: connection reset by peer")
+
+func (h *heldLink) wait(ctx context.Context) error {
+	switch h.mode.Load() {
+	case linkRefuse:
+		return errLinkReset
+	case linkSlow:
+		select {
+		case <-time.After(h.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (h *heldLink) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *heldLink) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := h.wait(ctx); err != nil {
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *heldLink) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := h.wait(ctx); err != nil {
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// twoConnectionsOnOneKeyspace opens two connections on srv's data, first
+// then second (so second joined the keyspace after first), with settings
+// that differ (as two sites' store blocks do, or a reload's new timeout),
+// each with a store timeout long enough for a loaded machine. second's
+// path goes through a heldLink. first is held by a config (holders), as
+// a live site's connection is.
+func twoConnectionsOnOneKeyspace(t *testing.T, srv *redistest.Server, delay time.Duration) (first, second *redisConnection, link *heldLink) {
+	t.Helper()
+	open := func(r RedisStore) *redisConnection {
+		opts, err := r.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return newRedisConnection(opts, r, zap.NewNop())
+	}
+	first = open(RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second)})
+	first.holders.Add(1)
+	t.Cleanup(func() { _ = first.Destruct() })
+	second = open(RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second), BreakerFailures: 7})
+	if first.keyspace != second.keyspace {
+		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
+	}
+	link = &heldLink{delay: delay}
+	second.client.AddHook(link)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, c := range []*redisConnection{first, second} {
+		if err := c.client.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return first, second, link
+}
+
+// owedThroughSecond writes key's claim through second (the request's
+// store call), and leaves its release owed to second's reconciler: the
+// request's upstream failed, and its release failed on second's path. The
+// reconciler's tries fail too, and it backs off; then second's path turns
+// slow: what it sends from now on reaches Redis, late.
+func owedThroughSecond(t *testing.T, second *redisConnection, link *heldLink, key string) *dedup.Claim {
+	t.Helper()
+	failed := ownedClaim(key, 1)
+	if v, err := second.store.Decide(context.Background(), []*dedup.Claim{failed}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the failed request's claim: %v %v", v, err)
+	}
+	link.mode.Store(linkRefuse)
+	second.reconciler.Hand([]*dedup.Claim{failed}, true)
+	time.Sleep(400 * time.Millisecond) // tried at 0, 0.1 and 0.3 s, refused; the next at 0.7 s
+	link.mode.Store(linkSlow)
+	return failed
+}
+
+// retryThroughFirst is the sender's retry of key, through first, once
+// began reports that second's closing has begun, while second still
+// owes the release (its pass on its way, slowed), which it logs if not.
+func retryThroughFirst(t *testing.T, first, second *redisConnection, failed *dedup.Claim, began func() bool) (dedup.Decision, error) {
+	t.Helper()
+	claims := []*dedup.Claim{failed}
+	for deadline := time.Now().Add(5 * time.Second); !began(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection did not begin closing")
+		}
+	}
+	if !second.reconciler.OwesFor(claims) {
+		// Handed over and made by another connection (then the retry must
+		// be accepted), or the link was not slow enough for the test.
+		t.Log("the closing connection no longer owed the release when the retry came")
+	}
+	v, err := first.store.Decide(context.Background(), []*dedup.Claim{ownedClaim(failed.Key(), 2)})
+	if err != nil {
+		return "", err
+	}
+	return v[0].Decision, nil
+}
+
+// after reports true from d after now on.
+func after(d time.Duration) func() bool {
+	at := time.Now().Add(d)
+	return func() bool { return time.Now().After(at) }
+}
+
+// leftKeyspace reports whether c has left its keyspace.
+func leftKeyspace(c *redisConnection) func() bool {
+	return func() bool { return !slices.Contains(*c.keyspace.connections.Load(), c) }
+}
+
+// A call whose keys another connection on the same data owes releases on,
+// while that connection closes (Caddy exits, or a reload retired it with
+// no one to hand them to), does not go to Redis ahead of them: it fails
+// (on_store_error decides), or is accepted once they are made. The
+// closing connection's last pass makes them; Reconciler.TakeOver leaves
+// them to it, and keyspace.releaseOwed used to give up after its rounds
+// and let the call through: the sender's retry found the failed
+// request's claim, was told to come back, and past in_flight_timeout that
+// its ping was delivered, though the upstream never got it.
+//
+// Setup: two connections on one Redis; second's path is slowed (each call
+// reaches Redis 1.5 s late); second owes the release; its reconciler
+// closes while it is still in the keyspace; the retry comes through first.
+// (Helper 2's review, stop 61: keyspace.releaseOwed returned nil after
+// its rounds.)
+func TestACallDoesNotOvertakeTheReleaseOfAClosingConnectionOnTheSameData(t *testing.T) {
+	srv := redistest.Start(t)
+	first, second, link := twoConnectionsOnOneKeyspace(t, srv, 1500*time.Millisecond)
+	t.Cleanup(func() { _ = second.Destruct() })
+	failed := owedThroughSecond(t, second, link, "closing-owed:veh")
+
+	closed := make(chan struct{})
+	go func() { // second stays in the keyspace meanwhile
+		defer close(closed)
+		second.reconciler.Close()
+	}()
+	got, err := retryThroughFirst(t, first, second, failed, after(100*time.Millisecond)) // Close marks it closed at once
+	<-closed
+	if err == nil && got != dedup.Accepted {
+		t.Errorf("the retry through the live connection is %v: it went to Redis while the closing reconciler on the keyspace still "+
+			"owed its ping's release (want it accepted after that release, or failed)", got)
+	}
+}
+
+// A connection that closes with releases owed and no connection to hand
+// them to (Caddy exits: no config holds any connection any more, and the
+// requests still running finish on theirs) stays in the keyspace until its
+// last pass is done: the calls through the other connections on those keys
+// fail, and never go ahead of a release on its way. Destruct used to
+// leave the keyspace before Close, and a retry through the other
+// connection, during that close, was told to come back (then that its
+// ping was delivered) while the release landed a moment later.
+//
+// Setup: as the test above, but second is closed by Destruct, and first is
+// no config's either, as at an exit. (Helper 2's review, stop 61.)
+func TestAConnectionClosingWithNoOneToHandItsJobsToKeepsTheOthersWaiting(t *testing.T) {
+	srv := redistest.Start(t)
+	first, second, link := twoConnectionsOnOneKeyspace(t, srv, 1500*time.Millisecond)
+	failed := owedThroughSecond(t, second, link, "destruct-owed:veh")
+	first.holders.Add(-1) // Caddy exits: second has no one to hand its jobs to
+
+	destructed := make(chan struct{})
+	left, closing := leftKeyspace(second), after(300*time.Millisecond)
+	go func() {
+		defer close(destructed)
+		_ = second.Destruct()
+	}()
+	// Close comes right after it leaves the keyspace; one that stays
+	// meanwhile has begun closing within 300 ms (a flush of nothing, a
+	// hand-over to no one).
+	got, err := retryThroughFirst(t, first, second, failed, func() bool { return left() || closing() })
+	<-destructed
+	if err == nil && got != dedup.Accepted {
+		t.Errorf("the retry through the live connection is %v: it went to Redis while the closing connection on the same data "+
+			"still owed its ping's release, which landed after it (want accepted after that release, or failed)", got)
+	}
+}
+
+// A retired connection hands what its reconciler holds to a connection on
+// the same data that a config holds, an older one too: two sites on one
+// Redis, each with its own ACL user, and a reload removes the newer site
+// and the operator disables its user, so Redis cuts its connections. A
+// failed request's claim of the retired site landed after its release
+// found nothing, and the confirmation that releases it is refused on the
+// retired connection: the older site's connection makes it, and the
+// sender's retry through the older site is accepted. Handed only to newer
+// connections, the confirmations were kept and refused until the claims'
+// TTL, and the retry was told to come back, then that its ping was
+// delivered.
+//
+// Setup: store "older" (user svc1) loaded, then "retired" (user svc2); the
+// retired one's release of a claim not yet landed is answered (not_held),
+// leaving its confirmations; svc2's password is rotated and its
+// connections cut; the claim lands; the retired config is cleaned up.
+// (Helper 2's review, stop 61.)
+func TestARetiredConnectionHandsItsJobsToAnOlderLiveOne(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "svc1", "p1")
+	srv.AddUser(t, "svc2", "p2")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(user, password string) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: user, Password: password, Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		connected(t, r)
+		return r
+	}
+	older := load("svc1", "p1")
+	t.Cleanup(func() { _ = older.Cleanup() })
+	retired := load("svc2", "p2")
+	if older.dataID != retired.dataID {
+		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
+	}
+	late := ownedClaim("older:late", 1)
+	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
+	for deadline := time.Now().Add(5 * time.Second); retired.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not answered")
+		}
+	}
+	srv.RotatePassword(t, "svc2", "disabled") // the retired site's user is retired too
+	if v, err := older.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
+	}
+	if err := retired.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	// Then its drain ends: the test's claims would hold it an hour.
+	t.Cleanup(func() { retired.reconciler.Close() })
+	// Well within in_flight_timeout (30 s): a hand-over is looked for
+	// every second, and the confirmations due are a backoff (2 s) away.
+	if got := retriedWhileInFlight(t, older.store, "older:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the failed ping's retry through the older site is %v: the retired connection, refused, kept the confirmation "+
+			"that would release the claim that landed late (it holds %d claims) rather than hand it to the older live connection",
+			got, retired.reconciler.Len())
+	}
+}
+
+// A retired connection hands what its reconciler holds to the one that
+// replaced it while its own requests still run, not once they are done
+// (up to in_flight_timeout + timeout + 1 s, 31 s by default): after a
+// password rotation and a Redis restart, the old connection is refused,
+// and the confirmation that releases a failed request's claim that landed
+// late would be refused meanwhile, the retry through the new connection
+// told to come back, and, once the claim is older than in_flight_timeout,
+// that its ping was delivered. (The keyspace's takeover at call time,
+// keyspace.releaseOwed, covers the releases Redis never answered, not the
+// confirmations.)
+//
+// Setup: TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne's,
+// with one request of the old config still running (its upstream slow),
+// and the old config's drain bound that of the default in_flight_timeout,
+// as the handler sets it (drainWithin). (Helper 2's review, stop 61.)
+func TestARetiredConnectionHandsOverWhileItsRequestsStillRun(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "svc", "old")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(password string) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: "svc", Password: password, Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.drainWithin(dedup.DefaultInFlightTimeout) // as the handler does
+		return r
+	}
+	old := load("old")
+	connected(t, old)
+	late := ownedClaim("draining:late", 1)
+	old.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
+	for deadline := time.Now().Add(5 * time.Second); old.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not answered")
+		}
+	}
+	srv.RotatePassword(t, "svc", "new") // and Redis cut the old connection's pool
+
+	current := load("new")
+	t.Cleanup(func() { _ = current.Cleanup() })
+	if v, err := current.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
+	}
+	old.users.Add(1) // a request of the old config, its upstream slow
+	t.Cleanup(func() { old.users.Add(-1) })
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	// Then its drain ends: the test's claims would hold it an hour.
+	t.Cleanup(func() { old.reconciler.Close() })
+	// Well within in_flight_timeout (30 s), as in the test without a
+	// request still running.
+	if got := retriedWhileInFlight(t, current.store, "draining:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the failed ping's retry through the new connection is %v: the old connection, refused, still holds the confirmation "+
+			"that would release the claim that landed late (%d claims), and hands it over only once its requests are done",
+			got, old.reconciler.Len())
+	}
+}
+
+// Caddy's exit closes a connection no config uses any more even while a
+// request of its config still counts as using it, one the exit does not
+// cut (it still reads a slow sender's body): the releases the connection
+// owes get its last pass, and what it gives up on is logged. The drain's
+// wait for its requests used to ignore the exit: the exit hook gave up
+// after a few store timeouts with the connection still open, and the
+// process ended with those releases neither made nor counted nor logged,
+// their pings' retries told to come back, then that they were delivered.
+//
+// Setup: TestAnExitClosesAConnectionNoConfigUsesAsItBegins's, with the
+// config's drain bound set as the handler sets it (drainWithin) and one
+// request of that config still running. (Helper 2's review, stop 61.)
+func TestAnExitClosesARetiredConnectionWhileARequestItDoesNotCutRuns(t *testing.T) {
+	if !inProcessOfItsOwn(t) {
+		return
+	}
+	srv := redistest.Start(t)
+	r := provisionRedisStore(t, srv.URL())
+	r.drainWithin(dedup.DefaultInFlightTimeout) // as the handler does
+	core, logs := observer.New(zap.WarnLevel)
+	r.loggers.add(zap.New(core)) // the connection's lines go to the latest config's logger
+	srv.Kill()
+	r.reconciler.Hand([]*dedup.Claim{ownedClaim("exit-uncut:owed", 1)}, true)
+	r.users.Add(1) // a request of the config still reading its sender's body
+	if err := r.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the connection waits for its request and its reconciler
+	if _, open := stores.References(r.poolKey); !open {
+		t.Fatal("the connection closed while its reconciler owed a release")
+	}
+
+	began := time.Now()
+	finishRedisAtExit(context.Background())
+	took := time.Since(began)
+	if _, open := stores.References(r.poolKey); open {
+		t.Errorf("the exit hook returned after %v with the connection still open (it waits for a request the exit does not cut): "+
+			"the process ends before its last pass", took)
+	}
+	if given := logs.FilterMessageSnippet("closing the Redis connection").All(); len(given) != 1 {
+		t.Errorf("the warning of the release the closing gave up on: %v, want one", given)
+	}
+}
