@@ -31,6 +31,12 @@ type redisConnection struct {
 	// one included, under keyspaceID.
 	keyspace   *keyspace
 	keyspaceID string
+	// user is the ACL user it logs in as ("" for the default user): the
+	// keys it may touch (keyspace.successor).
+	user string
+	// handedOver is set once it has handed its reconciler's jobs over:
+	// the line that says so is written once, at info level.
+	handedOver atomic.Bool
 	// users counts the requests of every config that use the connection.
 	users atomic.Int64
 	// holders counts the store modules that hold the connection, one per
@@ -137,7 +143,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// and must find its claim gone. So do those a connection this one
 	// replaced on a reload still owes: the retry comes through this one,
 	// which takes them over and makes them itself (keyspace.releaseOwed).
-	c.keyspaceID = keyspaceOf(opts)
+	c.keyspaceID, c.user = keyspaceOf(opts), opts.Username
 	c.keyspace = joinKeyspace(c.keyspaceID, c)
 	breaker.ReleaseFirst(c.keyspace.owesFor, func(ctx context.Context, claims []*dedup.Claim) error {
 		return c.keyspace.releaseOwed(ctx, c.reconciler, claims)
@@ -224,15 +230,16 @@ func (c *redisConnection) Destruct() error {
 }
 
 // handOver gives every job the reconciler holds (settlements, releases,
-// confirmations) to the reconciler of the connection a reload replaced this
-// one with on the same Redis data, or of another site's on it
-// (keyspace.successor), and reports whether
+// confirmations) to the reconciler of another connection on the same
+// Redis data that a config uses (keyspace.successor), and reports whether
 // it did: the connection, which no config uses any more, may no longer be
 // let in (a rotated password, refused once Redis cut its pool), and would
 // retry them in vain until the claims' TTL, open as long. It keeps them if
-// there is none, or it is closing or has no room for them all. It says
-// how many claims it handed over: the metrics count them when the new
-// connection makes them, under its outcomes.
+// there is none, or it is closing or has no room for them all. The first
+// hand-over is logged at info level with how many claims went, the later
+// ones (what its requests still running hand it meanwhile) at debug level:
+// the metrics count them when the other connection makes them, under its
+// outcomes.
 func (c *redisConnection) handOver() bool {
 	next := c.keyspace.successor(c)
 	if next == nil {
@@ -242,9 +249,15 @@ func (c *redisConnection) handOver() bool {
 	if !next.TakeOverAll(c.reconciler) {
 		return false
 	}
-	if claims > 0 {
-		c.loggers.current().Info("handed the claims still to be released, settled or confirmed to the connection that replaced this one",
-			zap.String("redis", c.where), zap.Int("claims", claims))
+	if claims == 0 {
+		return true
+	}
+	level := zapcore.InfoLevel
+	if c.handedOver.Swap(true) {
+		level = zapcore.DebugLevel
+	}
+	if ce := c.loggers.current().Check(level, "handed the claims still to be released, settled or confirmed to another connection on the same Redis that a config uses"); ce != nil {
+		ce.Write(zap.String("redis", c.where), zap.Int("claims", claims))
 	}
 	return true
 }

@@ -91,34 +91,42 @@ const (
 // first answered it.
 func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 	defer draining.Done()
-	waitForUsers(r.drainingUsers, deadline)
+	r.waitForRequests(deadline)
 	r.waitForReconciler()
 	if _, err := stores.Delete(r.poolKey); err != nil {
 		r.logger.Error("closing a Redis connection no config uses any more", zap.Error(err))
 	}
 }
 
-// drainingUsers counts the requests still using a connection no config
-// holds, for its drain, which looks every drainPoll. At each look it
-// hands what the reconciler holds to the connection that replaced it
+// waitForRequests waits until no request uses the connection, no config
+// holding it any more, or deadline. At each look (drainPoll) it hands
+// what the reconciler holds to another connection on the same data
 // (handOver), not only once the requests are done (in_flight_timeout and
 // more): this one may no longer be let in (a rotated password, refused
 // once Redis cut its pool), and the confirmation that would release a
 // claim that landed late would be refused meanwhile, its sender's retry
 // told to come back, then that it was delivered. Once Caddy exits it
-// counts none: the exit cuts the requests waiting for their upstream and
-// its hook waits for the others itself (finishRedisAtExit), and a
-// request it does not cut (one still reading a slow sender's body) would
-// otherwise keep the connection open past the hook's wait, its last pass
-// never made and what it gave up on never logged.
-func (r *RedisStore) drainingUsers() int64 {
-	if atExit.Err() != nil {
-		return 0
+// waits a store timeout and a second more at most, as the exit hook does
+// for the connections configs still hold (finishRedisAtExit): the exit
+// cuts the requests waiting for their upstream, which then release their
+// claims through this connection, and a request it does not cut (one still
+// reading a slow sender's body) must not keep the connection open past
+// the hook's wait, its last pass never made and what it gave up on never
+// logged.
+func (r *RedisStore) waitForRequests(deadline time.Time) {
+	exiting := false
+	for r.users.Load() > 0 && time.Now().Before(deadline) {
+		if r.reconciler.Len() > 0 {
+			r.handOver()
+		}
+		if !exiting && atExit.Err() != nil {
+			exiting = true
+			if bound := time.Now().Add(r.operationTimeout() + time.Second); bound.Before(deadline) {
+				deadline = bound
+			}
+		}
+		time.Sleep(drainPoll)
 	}
-	if r.reconciler.Len() > 0 {
-		r.handOver()
-	}
-	return r.users.Load()
 }
 
 // waitForReconciler waits until the reconciler holds no claim, or has

@@ -69,18 +69,30 @@ func (ks *keyspace) leave(id string, c *redisConnection) {
 	}
 }
 
-// successor is the reconciler of the newest other connection on the
-// keyspace that a config holds: the one a reload replaced c with, or,
-// when a reload removed c's site and left an older one on the same data,
-// that one. c hands its reconciler's jobs to it as it closes, and while it
-// drains (redisConnection.handOver). Never one no config holds any more,
-// which a later reload retired too, and whose reconciler may be about to
-// make its last pass and drop them; so jobs never go back and forth
-// between retired connections.
+// successor is the reconciler to which c, which no config holds any more,
+// hands its reconciler's jobs as it drains and as it closes
+// (redisConnection.handOver): that of the newest other connection on the
+// keyspace that a config holds and that logs in as c's user (it may touch
+// the same keys), or else of the newest that joined after c (the one a
+// reload replaced it with, whose user may be a rotated one). Never an
+// older connection of another user: another site's, whose user may be
+// limited to its own key_prefix (as the README's ACL advice has it), and
+// would be refused the keys at every try until the claims' TTL, where c
+// could make them itself. Never one no config holds any more, which a
+// later reload retired too, and whose reconciler may be about to make its
+// last pass and drop them; so jobs never go back and forth between
+// retired connections.
 func (ks *keyspace) successor(c *redisConnection) *dedup.Reconciler {
 	members := *ks.connections.Load()
+	held := func(o *redisConnection) bool { return o != c && o.holders.Load() > 0 }
 	for i := len(members) - 1; i >= 0; i-- {
-		if members[i] != c && members[i].holders.Load() > 0 {
+		if held(members[i]) && members[i].user == c.user {
+			return members[i].reconciler
+		}
+	}
+	own := slices.Index(members, c)
+	for i := len(members) - 1; own >= 0 && i > own; i-- {
+		if held(members[i]) {
 			return members[i].reconciler
 		}
 	}

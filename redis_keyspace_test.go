@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/pipeline"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
@@ -227,42 +228,43 @@ func TestAConnectionClosingWithNoOneToHandItsJobsToKeepsTheOthersWaiting(t *test
 	}
 }
 
-// A retired connection hands what its reconciler holds to a connection on
-// the same data that a config holds, an older one too: two sites on one
-// Redis, each with its own ACL user, and a reload removes the newer site
-// and the operator disables its user, so Redis cuts its connections. A
-// failed request's claim of the retired site landed after its release
-// found nothing, and the confirmation that releases it is refused on the
-// retired connection: the older site's connection makes it, and the
-// sender's retry through the older site is accepted. Handed only to newer
-// connections, the confirmations were kept and refused until the claims'
-// TTL, and the retry was told to come back, then that its ping was
-// delivered.
+// A retired connection hands what its reconciler holds to an older
+// connection on the same data that a config holds and that logs in as the
+// same user (so it may touch the same keys): two sites on one Redis with
+// different store options, and a reload removes the newer site while its
+// connection can no longer reach Redis (its own path broken: a client
+// certificate of its config that expired, say). A failed request's claim
+// of the removed site landed after its release found nothing, and the
+// confirmation that releases it fails on the retired connection: the
+// older site's connection makes it, and the sender's retry is accepted.
+// Handed only to newer connections, the confirmations were kept and failed
+// until the claims' TTL, and the retry was told to come back, then that
+// its ping was delivered.
 //
-// Setup: store "older" (user svc1) loaded, then "retired" (user svc2); the
-// retired one's release of a claim not yet landed is answered (not_held),
-// leaving its confirmations; svc2's password is rotated and its
-// connections cut; the claim lands; the retired config is cleaned up.
-// (Helper 2's review, stop 61.)
-func TestARetiredConnectionHandsItsJobsToAnOlderLiveOne(t *testing.T) {
+// Setup: store "older" loaded, then "retired" (another timeout: another
+// connection, the same user); the retired one's release of a claim not
+// yet landed is answered (not_held), leaving its confirmations; its path
+// is refused from then on; the claim lands; the retired config is cleaned
+// up. (Helper 2's review, stop 61, with helper 3's: a connection of
+// another user is not handed them, below.)
+func TestARetiredConnectionHandsItsJobsToAnOlderOneOfItsUser(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.AddUser(t, "svc1", "p1")
-	srv.AddUser(t, "svc2", "p2")
+	srv.AddUser(t, "svc", "p")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(user, password string) *RedisStore {
-		r := &RedisStore{URL: srv.URL(), Username: user, Password: password, Timeout: caddy.Duration(time.Second)}
+	load := func(timeout time.Duration) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: "svc", Password: "p", Timeout: caddy.Duration(timeout)}
 		if err := r.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
 		connected(t, r)
 		return r
 	}
-	older := load("svc1", "p1")
+	older := load(time.Second)
 	t.Cleanup(func() { _ = older.Cleanup() })
-	retired := load("svc2", "p2")
-	if older.dataID != retired.dataID {
-		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
+	retired := load(1100 * time.Millisecond)
+	if older.dataID != retired.dataID || older.poolKey == retired.poolKey {
+		t.Fatal("the two stores are not two connections on one keyspace; the test needs them to be")
 	}
 	late := ownedClaim("older:late", 1)
 	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
@@ -271,7 +273,9 @@ func TestARetiredConnectionHandsItsJobsToAnOlderLiveOne(t *testing.T) {
 			t.Fatal("the release was not answered")
 		}
 	}
-	srv.RotatePassword(t, "svc2", "disabled") // the retired site's user is retired too
+	link := &heldLink{}
+	retired.client.AddHook(link)
+	link.mode.Store(linkRefuse) // the retired connection's path is broken from now on
 	if v, err := older.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
 		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
 	}
@@ -284,7 +288,7 @@ func TestARetiredConnectionHandsItsJobsToAnOlderLiveOne(t *testing.T) {
 	// every second, and the confirmations due are a backoff (2 s) away.
 	if got := retriedWhileInFlight(t, older.store, "older:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
 		t.Errorf("the failed ping's retry through the older site is %v: the retired connection, refused, kept the confirmation "+
-			"that would release the claim that landed late (it holds %d claims) rather than hand it to the older live connection",
+			"that would release the claim that landed late (it holds %d claims) rather than hand it to the older connection of its user",
 			got, retired.reconciler.Len())
 	}
 }
@@ -390,5 +394,147 @@ func TestAnExitClosesARetiredConnectionWhileARequestItDoesNotCutRuns(t *testing.
 	}
 	if given := logs.FilterMessageSnippet("closing the Redis connection").All(); len(given) != 1 {
 		t.Errorf("the warning of the release the closing gave up on: %v, want one", given)
+	}
+}
+
+// Caddy exits while a request of a config a reload replaced still runs on
+// that config's retired connection, waiting for its upstream: the exit
+// cuts its upstream call (atExit), and the request then releases its claim
+// through the connection, one store call. The retired connection's drain
+// waits for it as the exit hook waits for the requests of the connections
+// configs hold, a store timeout and a second more at most: the release is
+// made, and the sender's retry, sent to the restarted Caddy, is accepted.
+// Closed at once (46c9cf0, between helper 2's review and helper 3's), the
+// connection failed the release (pipeline closed), the claim went to a
+// reconciler that had closed and was dropped, and the retry was told to
+// come back, then that its ping was delivered.
+//
+// Interleaving: a store with a 500 ms timeout; a request holds a claim
+// (users 1) when its config is cleaned up (a reload; no other config on
+// this Redis); Caddy exits (cutAtExit, then the hook runs); the request
+// releases its claim 300 ms after the cut, well within the bound (1.5 s).
+// (Helper 3's review, stop 61.)
+func TestAnExitKeepsARetiredConnectionOpenForTheReleasesOfTheRequestsItCuts(t *testing.T) {
+	if !inProcessOfItsOwn(t) {
+		return
+	}
+	srv := redistest.Start(t)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	r := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(500 * time.Millisecond)}
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.drainWithin(dedup.DefaultInFlightTimeout) // as the handler does
+	connected(t, r)
+
+	failed := ownedClaim("exit-cut:failed", 1)
+	claims := []*dedup.Claim{failed}
+	if v, err := r.store.Decide(context.Background(), claims); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the request's claim: %v %v", v, err)
+	}
+	r.users.Add(1)                      // the request, waiting for its upstream
+	if err := r.Cleanup(); err != nil { // a reload replaced its config
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the drain looks twice: the request still runs
+	if _, open := stores.References(r.poolKey); !open {
+		t.Fatal("the connection closed while a request still used it")
+	}
+
+	cutAtExit(context.DeadlineExceeded) // Caddy exits: the config's context ends, the upstream call is cut
+	var releaseErr error
+	requestDone := make(chan struct{})
+	go func() { // the request, its upstream cut: it releases its claim, as Handler.finish does
+		defer close(requestDone)
+		defer r.users.Add(-1)
+		time.Sleep(300 * time.Millisecond)
+		if _, err := r.store.Release(context.Background(), claims); err != nil {
+			releaseErr = err
+			r.reconciler.Hand(claims, true) // h.reconcile
+		}
+	}()
+	finishRedisAtExit(context.Background())
+	<-requestDone
+
+	// The sender's retry, through the restarted Caddy.
+	fresh := dedup.NewRedisStore(pipeline.New(srv.Client()), time.Second)
+	v, err := fresh.Decide(context.Background(), []*dedup.Claim{ownedClaim(failed.Key(), 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Decision != dedup.Accepted {
+		t.Errorf("the retry of the cut request's ping is %v (want accepted): the exit closed its retired connection before the "+
+			"request released its claim 300 ms after the cut, within the exit hook's own bound (release error: %v)", v[0].Decision, releaseErr)
+	}
+}
+
+// The README's ACL advice gives each store's user the key_prefix's keys
+// only (`resetkeys ~dedup:*`): two sites on one Redis with key prefixes
+// and users of their own cannot touch each other's keys. A retired
+// connection does not hand its reconciler's jobs to an older connection
+// of another user: when a reload removes the newer site while its
+// connection still owes a failed request's release (a blip around the
+// reload), the retired connection makes the release itself once its path
+// is back, and the sender's retry is accepted. Handed to the older site's
+// connection (46c9cf0, between helper 2's review and helper 3's), the
+// release was refused there (NOPERM) at every try until the claim's TTL,
+// and the retry was told to come back, then that its ping was delivered.
+//
+// Setup: users svc1 (~s2:*, the older site's) and svc2 (~s1:*, the newer
+// site's); store "older" (svc1) loaded, then "retired" (svc2); the newer
+// site's claim s1:veh is written, its release fails (its path refused a
+// moment) and waits in its reconciler's backoff; the reload removes the
+// newer site (retired.Cleanup); its path is fine again. (Helper 3's
+// review, stop 61.)
+func TestARetiredConnectionDoesNotHandItsReleasesToAnotherSitesUserThatCannotTouchTheirKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	for user, keys := range map[string]string{"svc1": "~s2:*", "svc2": "~s1:*"} {
+		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(user string) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		connected(t, r)
+		return r
+	}
+	older := load("svc1")
+	t.Cleanup(func() { older.reconciler.Close() }) // after its Cleanup: a doomed job would hold its drain an hour
+	t.Cleanup(func() { _ = older.Cleanup() })
+	retired := load("svc2")
+	if older.dataID != retired.dataID {
+		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
+	}
+	failed := ownedClaim("s1:veh", 1)
+	claims := []*dedup.Claim{failed}
+	if v, err := retired.store.Decide(context.Background(), claims); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the newer site's claim: %v %v", v, err)
+	}
+	link := &heldLink{}
+	retired.client.AddHook(link)
+	link.mode.Store(linkRefuse) // the request's upstream failed, and its release failed on a blip
+	retired.reconciler.Hand(claims, true)
+	time.Sleep(200 * time.Millisecond) // tried and refused: it waits out its backoff
+	if !retired.reconciler.OwesFor(claims) {
+		t.Fatal("the release was made before the reload; the test needs it owed")
+	}
+	if err := retired.Cleanup(); err != nil { // the reload removes the newer site
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { retired.reconciler.Close() })
+	link.mode.Store(linkFine) // the blip is over: svc2 may touch s1:veh again
+
+	fresh := dedup.NewRedisStore(pipeline.New(admin), time.Second) // a connection that may touch the key
+	if got := retriedWhileInFlight(t, fresh, failed.Key(), time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the retry of the removed site's failed ping is %v (want accepted): its retired connection handed the release to the "+
+			"older site's, whose user Redis refuses on that key (older holds %d claims, retired %d)",
+			got, older.reconciler.Len(), retired.reconciler.Len())
 	}
 }

@@ -397,8 +397,10 @@ func (b *Breaker) admit(z *breakerZone) {
 // releases owed before it (ReleaseFirst) failed, in which case the call
 // is not made, and counts as failed unless the breaker is in zones (the
 // releases owed span every zone, and their failure may be another
-// master's: a healthy zone must not open for it) or they were another
-// connection's (ErrOwedElsewhere).
+// master's: a healthy zone must not open for it), or they were another
+// connection's (ErrOwedElsewhere), or the reconciler is closing (its last
+// pass makes them): the store did not fail, and an exit logged the
+// breaker's opening.
 func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 	set := b.zonesOf(claims)
 	if !b.letThrough(set) {
@@ -406,7 +408,7 @@ func (b *Breaker) enter(ctx context.Context, claims []*Claim) (zoneSet, error) {
 	}
 	if b.owed != nil && b.owed(claims) {
 		if err := b.releaseOwed(ctx, claims); err != nil {
-			if b.zone != nil || errors.Is(err, ErrOwedElsewhere) {
+			if b.zone != nil || errors.Is(err, ErrOwedElsewhere) || errors.Is(err, errClosing) {
 				b.uncounted(set)
 			} else {
 				b.count(set, err)

@@ -201,11 +201,13 @@ func TestBreakerLetsReleasesThrough(t *testing.T) {
 }
 
 // Calls not made because the releases owed before them failed count as
-// the store's failures when the releases were their own connection's
-// (its store failed them), but not when another connection on the same
-// data owed them (ErrOwedElsewhere: a reload's old connection, closing):
-// counted, the calls on those keys while it closed opened the breaker for
-// every asset. (Helper 2's review, stop 61.)
+// the store's failures when their own connection's store failed them, but
+// not when another connection on the same data owed them
+// (ErrOwedElsewhere: a reload's old connection, closing), nor when the
+// reconciler that owes them is closing (its last pass makes them):
+// counted, the calls on those keys while a connection closed opened the
+// breaker for every asset, and an exit logged its opening. (Helpers 2 and
+// 3's reviews, stop 61.)
 func TestBreakerCountsOnlyItsOwnStoresOwedReleases(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -213,6 +215,7 @@ func TestBreakerCountsOnlyItsOwnStoresOwedReleases(t *testing.T) {
 		wantState BreakerState
 	}{
 		{"own store's failure", context.DeadlineExceeded, BreakerOpen},
+		{"its own reconciler's, closing", errClosing, BreakerClosed},
 		{"another connection's, closing", fmt.Errorf("%w: %w", ErrOwedElsewhere, errClosing), BreakerClosed},
 		{"another connection's, its store failing", fmt.Errorf("%w: %w", ErrOwedElsewhere, context.DeadlineExceeded), BreakerClosed},
 	} {
