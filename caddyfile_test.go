@@ -1045,7 +1045,7 @@ func TestDefaultFieldsWrittenBesideAPresetAreNamed(t *testing.T) {
 		want  []string
 	}{
 		{"preset owntracks\n asset asset_id\n time occurred_at", []string{
-			"asset asset_id (the preset reads tid)", "time occurred_at (the preset reads tst)"}},
+			"asset asset_id (the preset reads tid or topic)", "time occurred_at (the preset reads tst)"}},
 		{"preset overland\n lat lat\n lon lon", []string{
 			"lat lat (the preset reads geometry.coordinates.1)", "lon lon (the preset reads geometry.coordinates.0)"}},
 		{"preset osmand\n asset asset_id", []string{"asset asset_id (the preset reads device_id or id or deviceid)"}},

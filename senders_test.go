@@ -447,3 +447,50 @@ func TestOsmAndSpeedIsKnotsButOnARouteThatSaysMetresPerSecond(t *testing.T) {
 		}
 	}
 }
+
+// An OwnTracks location whose tid is empty (Android) or blank (iOS) is
+// keyed by its topic, which both apps send in HTTP mode, and passed on:
+// its redelivery is then suppressed as any other's. Refused (422, rule
+// required), Android put it back at the head of its queue and retried it
+// for weeks, every later location waiting behind it, and iOS deleted it
+// and alerted the user, location after location.
+//
+// Android (owntracks/android 25c27be): the tid preference keeps only
+// letters and digits, `value.filter { Character.isLetterOrDigit(it)
+// }.take(2)` (preferences/types/StringMaxTwoAlphaNumericChars.kt:23-25,
+// applied on every read, PreferencesStore.kt:122-123), while the settings
+// screen accepts any `input.isNotBlank() && input.length <= 2`
+// (ui/preferences/ConnectionFragment.kt:70): a tid typed as "--", "!!" or
+// an emoji is "", which LocationProcessor.kt:141 writes as "tid":"",
+// beside the topic the HTTP endpoint makes visible; the app counts it
+// valid (MessageLocation.kt:109-112, "timestamp > 0 &&
+// (!trackerId.isNullOrEmpty() || visibleTopic.isNotEmpty())"), and a
+// non-2xx answer re-queues it at the head (MessageProcessor.kt:284-302)
+// up to 100,000 times (MessageLocation.kt:61). iOS (owntracks/ios
+// 285f915, OwnTracking.m:617-619) sends the setting as typed, a space
+// included; a 4xx makes Connection.m:542-566 delete the message and
+// alert. (Helper 4's review, stop 61.)
+func TestAnOwnTracksLocationWithAnEmptyOrBlankTidIsKeyedByItsTopic(t *testing.T) {
+	for _, c := range []struct{ file, from, to string }{
+		{"owntracks-android/location_http_composed.json", `"tid":"jp"`, `"tid":""`},
+		{"owntracks-ios/location_http_composed.json", `"tid":"JJ"`, `"tid":" "`},
+	} {
+		sample, err := os.ReadFile(filepath.Join("testdata", "senders", c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := strings.Replace(string(sample), c.from, c.to, 1)
+		if body == string(sample) {
+			t.Fatalf("%s: no %s to replace", c.file, c.from)
+		}
+		tester := tableHandler(t, `{"preset":"owntracks","max_past":315360000000000000}`) // samples of 2024 and 2025
+		first := tester.post(body, "application/json; charset=utf-8", nil)
+		again := tester.post(body, "application/json; charset=utf-8", nil)
+		if first.status != http.StatusCreated || first.header.Get("X-Dedup") != "accepted" || len(tester.upstream) != 1 ||
+			again.header.Get("X-Dedup") != "suppressed" {
+			t.Errorf("%s with %s: answered %d %q (%s), then %q; upstream got %d bodies; want the backend's 201, accepted, "+
+				"then its redelivery suppressed", c.file, c.to, first.status, first.header.Get("X-Dedup"),
+				strings.TrimSpace(first.body), again.header.Get("X-Dedup"), len(tester.upstream))
+		}
+	}
+}

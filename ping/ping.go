@@ -97,8 +97,8 @@ var ErrNotAPing = errors.New("not a position message")
 // ParsePreset for a tracker's format.
 type Parser struct {
 	// AssetPaths are gjson paths (dot-separated, e.g. "device.uniqueId")
-	// tried in order for the asset id; the first that holds a value (present
-	// and not null) counts. Empty
+	// tried in order for the asset id; the first that holds a value
+	// (present, not null, and not an empty or blank string) counts. Empty
 	// means the caller fills Ping.Asset itself before Validate.
 	AssetPaths []string
 	// TimePaths are tried in order for the device timestamp, as AssetPaths
@@ -385,13 +385,13 @@ func (p *Parser) extract(json string, plan *parsePlan, buf []keyCheck) (Ping, er
 				return Ping{}, err
 			}
 		}
-		v, at := first(root, checks, plan.assets, p.AssetPaths)
+		v, at := first(root, checks, plan.assets, p.AssetPaths, noAssetID)
 		if ping.Asset, err = p.asset(v, p.AssetPaths[at]); err != nil {
 			return Ping{}, err
 		}
 		ping.assetAt = uint16(at)
 	}
-	v, at := first(root, checks, plan.times, p.TimePaths)
+	v, at := first(root, checks, plan.times, p.TimePaths, isNull)
 	if ping.Time, ping.setBack, err = p.time(v, p.TimePaths[at]); err != nil {
 		return Ping{}, err
 	}
@@ -499,25 +499,36 @@ func checkJSON(body []byte) error {
 	return nil
 }
 
-// first returns the value at the first of paths that holds one (present
-// and not null), else the first null found, else a missing value, with
-// the index of the path it was read at (the first path's for a missing
-// value).
-func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string) (gjson.Result, int) {
-	var null gjson.Result
-	nullAt := 0
+// first returns the value at the first of paths that holds one, and the
+// path's index. A value unset says is none leaves the next path to hold
+// one: a null (what a serializer writes for an unset field, GeoJSON's
+// "id": null), or, for an asset id, an empty or blank string (an
+// OwnTracks app whose tracker id setting came out empty sends "tid":"",
+// beside its topic). If no path holds one, it returns the first of
+// those, for its error, or else a missing value and the first path.
+func first(root gjson.Result, checks []keyCheck, leaves []int, paths []string, unset func(gjson.Result) bool) (gjson.Result, int) {
+	var none gjson.Result
+	noneAt := 0
 	for i, path := range paths {
 		v := value(root, checks, leaves[i], path)
 		switch {
-		case v.Type != gjson.Null:
+		case !v.Exists():
+		case !unset(v):
 			return v, i
-		case v.Exists() && !null.Exists():
-			// null is what a serializer writes for an unset field (GeoJSON's
-			// "id": null): the next path may hold the value.
-			null, nullAt = v, i
+		case !none.Exists():
+			none, noneAt = v, i
 		}
 	}
-	return null, nullAt
+	return none, noneAt
+}
+
+// isNull reports a null, which holds no value.
+func isNull(v gjson.Result) bool { return v.Type == gjson.Null }
+
+// noAssetID reports a value that names no device: a null, or an empty or
+// blank string (see blank).
+func noAssetID(v gjson.Result) bool {
+	return v.Type == gjson.Null || v.Type == gjson.String && (v.Str == "" || blank(v.Str))
 }
 
 // assetField is the field ping's asset id was read at: "asset" when it

@@ -31,7 +31,11 @@ type Preset struct {
 //     two-letter tracker id "tid", unique only per user: with several
 //     users, set the asset to topic, owntracks/<user>/<device>, which
 //     both apps always send (Android sends the X-Limit-U header only once
-//     a username is set). A
+//     a username is set). A location whose tid is empty or blank (Android
+//     keeps only the letters and digits of the setting, so a tid typed as
+//     "--" or an emoji is sent as ""; iOS sends the setting as typed, a
+//     space too) is keyed by its topic: refused, Android retried it at the
+//     head of its queue for weeks and iOS deleted it. A
 //     location the user published by hand (trigger t u), that answers a
 //     reportLocation command (r), that a region (c) or beacon (b) event
 //     sent, or that publishes the last fix again on the app's ping
@@ -79,7 +83,7 @@ func ParsePreset(name string) (Preset, error) {
 
 func ownTracks() Parser {
 	p := NewParser()
-	p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"tid"}, []string{"tst"}, TimeUnix
+	p.AssetPaths, p.TimePaths, p.TimeFormat = []string{"tid", "topic"}, []string{"tst"}, TimeUnix
 	p.KindPath, p.Kind, p.SkipEmpty = "_type", "location", true
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "acc", "vel", KilometresPerHour
 	// A ping (p) publishes the fix the app last published again, its tst

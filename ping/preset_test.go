@@ -54,6 +54,15 @@ func TestPresetsReadTheirFormats(t *testing.T) {
 			`{"type":"Feature","id":null,"geometry":{"type":"Point","coordinates":[-122.0936,37.4263]},` +
 				`"properties":{"id":"veh-7","time":null,"timestamp":1714557600000}}`,
 			Ping{Asset: "veh-7", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 37.4263, Lon: -122.0936}},
+		{"geojson",
+			// An empty or blank id names no device: the next path does.
+			`{"type":"Feature","id":"","geometry":{"type":"Point","coordinates":[-122.0936,37.4263]},` +
+				`"properties":{"id":"veh-7","time":"2024-05-01T10:00:00Z"}}`,
+			Ping{Asset: "veh-7", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 37.4263, Lon: -122.0936}},
+		{"owntracks",
+			// Android sends "tid":"" for a tid setting of no letters or digits.
+			`{"_type":"location","tid":"","topic":"owntracks/jane/phone","tst":1714557600,"lat":52.52,"lon":13.4}`,
+			Ping{Asset: "owntracks/jane/phone", Time: time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), Lat: 52.52, Lon: 13.4}},
 		{"traccar",
 			// Traccar's ObjectMapper writes null for a time it was not given.
 			`{"position":{"deviceId":7,"deviceTime":null,"fixTime":"2024-05-01T10:00:00.000+00:00","latitude":-33.8688,"longitude":151.2093},` +
