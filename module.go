@@ -370,6 +370,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if d, ok := mod.(drainer); ok {
 		h.storeUsers = d.drainWithin(s.policy.InFlightTimeout) // the longest a request holds a claim open
 	}
+	if k, ok := mod.(keyPrefixed); ok {
+		k.servesPrefix(s.keyer.Prefix)
+	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
 	store := mod.(storeModule)
 	h.keySpace = h.keySpaceOn(store.keySpace())

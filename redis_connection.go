@@ -31,9 +31,11 @@ type redisConnection struct {
 	// one included, under keyspaceID.
 	keyspace   *keyspace
 	keyspaceID string
-	// user is the ACL user it logs in as ("" for the default user): the
+	// user is the ACL user it logs in as ("" for the default user), and
+	// prefixes the key prefixes of the handlers whose stores hold it: the
 	// keys it may touch (keyspace.successor).
-	user string
+	user     string
+	prefixes keyPrefixes
 	// handedOver is set once it has handed its reconciler's jobs over:
 	// the line that says so is written once, at info level.
 	handedOver atomic.Bool

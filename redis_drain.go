@@ -37,6 +37,9 @@ func (r *RedisStore) Cleanup() error {
 	if r.loggers != nil {
 		r.loggers.remove(r.logger)
 	}
+	if r.prefix != nil {
+		r.prefixes.release(*r.prefix)
+	}
 	if r.holders.Add(-1) > 0 {
 		r.leaveDrain(time.Now().Add(r.drainMax))
 		_, err := stores.Delete(r.poolKey)

@@ -3,6 +3,7 @@ package telemetrydedup
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -72,31 +73,80 @@ func (ks *keyspace) leave(id string, c *redisConnection) {
 // successor is the reconciler to which c, which no config holds any more,
 // hands its reconciler's jobs as it drains and as it closes
 // (redisConnection.handOver): that of the newest other connection on the
-// keyspace that a config holds and that logs in as c's user (it may touch
-// the same keys), or else of the newest that joined after c (the one a
-// reload replaced it with, whose user may be a rotated one). Never an
-// older connection of another user: another site's, whose user may be
-// limited to its own key_prefix (as the README's ACL advice has it), and
-// would be refused the keys at every try until the claims' TTL, where c
-// could make them itself. Never one no config holds any more, which a
-// later reload retired too, and whose reconciler may be about to make its
-// last pass and drop them; so jobs never go back and forth between
-// retired connections.
+// keyspace that a config holds and that serves every key_prefix c served
+// (keyPrefixes), one logging in as c's user first. The jobs are on those
+// prefixes' keys: the connection a site's new config holds, whatever its
+// age or user (a rotated one; an older connection its config adopted),
+// may touch them, and another site's, whose user may be limited to its own
+// key_prefix as the README's ACL advice has it, would be refused them at
+// every try until the claims' TTL, where c could make them itself. Never
+// one no config holds any more, which a later reload retired too, and
+// whose reconciler may be about to make its last pass and drop them; so
+// jobs never go back and forth between retired connections.
 func (ks *keyspace) successor(c *redisConnection) *dedup.Reconciler {
 	members := *ks.connections.Load()
-	held := func(o *redisConnection) bool { return o != c && o.holders.Load() > 0 }
-	for i := len(members) - 1; i >= 0; i-- {
-		if held(members[i]) && members[i].user == c.user {
-			return members[i].reconciler
-		}
-	}
-	own := slices.Index(members, c)
-	for i := len(members) - 1; own >= 0 && i > own; i-- {
-		if held(members[i]) {
-			return members[i].reconciler
+	served := c.prefixes.served()
+	may := func(o *redisConnection) bool { return o != c && o.holders.Load() > 0 && o.prefixes.serves(served) }
+	for _, sameUser := range []bool{true, false} {
+		for i := len(members) - 1; i >= 0; i-- {
+			if o := members[i]; may(o) && (o.user == c.user || !sameUser) {
+				return o.reconciler
+			}
 		}
 	}
 	return nil
+}
+
+// servesPrefix counts the handler's key_prefix among those of the stores
+// holding the connection (keyPrefixed), until Cleanup.
+func (r *RedisStore) servesPrefix(prefix string) {
+	r.prefix = &prefix
+	r.prefixes.hold(prefix)
+}
+
+// keyPrefixes counts the stores holding a connection by the key_prefix of
+// their handler, and keeps every prefix the connection served, for the
+// jobs its reconciler holds on their keys (keyspace.successor).
+type keyPrefixes struct {
+	mu   sync.Mutex
+	held map[string]int
+}
+
+// hold counts a store of a handler whose keys are under prefix.
+func (k *keyPrefixes) hold(prefix string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.held == nil {
+		k.held = map[string]int{}
+	}
+	k.held[prefix]++
+}
+
+// release uncounts it, keeping the prefix as one served.
+func (k *keyPrefixes) release(prefix string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.held[prefix]--
+}
+
+// served is every prefix the connection served.
+func (k *keyPrefixes) served() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Collect(maps.Keys(k.held))
+}
+
+// serves reports whether a store holding the connection serves each of
+// prefixes.
+func (k *keyPrefixes) serves(prefixes []string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range prefixes {
+		if k.held[p] <= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // owesFor reports whether a reconciler on the keyspace owes a release on

@@ -229,25 +229,24 @@ func TestAConnectionClosingWithNoOneToHandItsJobsToKeepsTheOthersWaiting(t *test
 }
 
 // A retired connection hands what its reconciler holds to an older
-// connection on the same data that a config holds and that logs in as the
-// same user (so it may touch the same keys): two sites on one Redis with
-// different store options, and a reload removes the newer site while its
-// connection can no longer reach Redis (its own path broken: a client
-// certificate of its config that expired, say). A failed request's claim
-// of the removed site landed after its release found nothing, and the
-// confirmation that releases it fails on the retired connection: the
-// older site's connection makes it, and the sender's retry is accepted.
-// Handed only to newer connections, the confirmations were kept and failed
-// until the claims' TTL, and the retry was told to come back, then that
-// its ping was delivered.
+// connection on the same data that a config holds and that serves its
+// key_prefix: one site's two routes with the same key_prefix and
+// different store options (two connections), and a reload removes the
+// newer route while its connection can no longer reach Redis (its own
+// path broken: a client certificate of its config that expired, say). A
+// failed request's claim of the removed route landed after its release
+// found nothing, and the confirmation that releases it fails on the
+// retired connection: the older route's connection makes it, and the
+// sender's retry is accepted. Handed only to newer connections, the
+// confirmations were kept and failed until the claims' TTL, and the retry
+// was told to come back, then that its ping was delivered.
 //
 // Setup: store "older" loaded, then "retired" (another timeout: another
-// connection, the same user); the retired one's release of a claim not
-// yet landed is answered (not_held), leaving its confirmations; its path
-// is refused from then on; the claim lands; the retired config is cleaned
-// up. (Helper 2's review, stop 61, with helper 3's: a connection of
-// another user is not handed them, below.)
-func TestARetiredConnectionHandsItsJobsToAnOlderOneOfItsUser(t *testing.T) {
+// connection), both serving the key_prefix "older:"; the retired one's
+// release of a claim not yet landed is answered (not_held), leaving its
+// confirmations; its path is refused from then on; the claim lands; the
+// retired config is cleaned up. (Helper 2's review, stop 61.)
+func TestARetiredConnectionHandsItsJobsToAnOlderOneOfItsSite(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.AddUser(t, "svc", "p")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
@@ -257,6 +256,7 @@ func TestARetiredConnectionHandsItsJobsToAnOlderOneOfItsUser(t *testing.T) {
 		if err := r.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
+		r.servesPrefix("older:") // as the handler does
 		connected(t, r)
 		return r
 	}
@@ -288,7 +288,7 @@ func TestARetiredConnectionHandsItsJobsToAnOlderOneOfItsUser(t *testing.T) {
 	// every second, and the confirmations due are a backoff (2 s) away.
 	if got := retriedWhileInFlight(t, older.store, "older:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
 		t.Errorf("the failed ping's retry through the older site is %v: the retired connection, refused, kept the confirmation "+
-			"that would release the claim that landed late (it holds %d claims) rather than hand it to the older connection of its user",
+			"that would release the claim that landed late (it holds %d claims) rather than hand it to the older connection of its site",
 			got, retired.reconciler.Len())
 	}
 }
@@ -472,8 +472,9 @@ func TestAnExitKeepsARetiredConnectionOpenForTheReleasesOfTheRequestsItCuts(t *t
 // The README's ACL advice gives each store's user the key_prefix's keys
 // only (`resetkeys ~dedup:*`): two sites on one Redis with key prefixes
 // and users of their own cannot touch each other's keys. A retired
-// connection does not hand its reconciler's jobs to an older connection
-// of another user: when a reload removes the newer site while its
+// connection does not hand its reconciler's jobs to another site's
+// connection (one that serves another key_prefix, here older, of another
+// user): when a reload removes the newer site while its
 // connection still owes a failed request's release (a blip around the
 // reload), the retired connection makes the release itself once its path
 // is back, and the sender's retry is accepted. Handed to the older site's
@@ -497,18 +498,19 @@ func TestARetiredConnectionDoesNotHandItsReleasesToAnotherSitesUserThatCannotTou
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(user string) *RedisStore {
+	load := func(user, prefix string) *RedisStore {
 		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
 		if err := r.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
+		r.servesPrefix(prefix) // as the handler does
 		connected(t, r)
 		return r
 	}
-	older := load("svc1")
+	older := load("svc1", "s2:")
 	t.Cleanup(func() { older.reconciler.Close() }) // after its Cleanup: a doomed job would hold its drain an hour
 	t.Cleanup(func() { _ = older.Cleanup() })
-	retired := load("svc2")
+	retired := load("svc2", "s1:")
 	if older.dataID != retired.dataID {
 		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
 	}
@@ -536,5 +538,253 @@ func TestARetiredConnectionDoesNotHandItsReleasesToAnotherSitesUserThatCannotTou
 		t.Errorf("the retry of the removed site's failed ping is %v (want accepted): its retired connection handed the release to the "+
 			"older site's, whose user Redis refuses on that key (older holds %d claims, retired %d)",
 			got, older.reconciler.Len(), retired.reconciler.Len())
+	}
+}
+
+// A retired connection does not hand its reconciler's jobs to a newer
+// connection of another site: a reload that removes site A and adds site B
+// on the same Redis (or changes any option of B's store, which opens B a
+// new connection) makes B's connection the newest, though it replaced
+// nothing of A's, and B's user, limited to its own key_prefix as the
+// README's ACL advice has it, would be refused A's keys (NOPERM) at every
+// try until the claims' TTL. A's retired connection makes its release
+// itself once its path is back, and the sender's retry is accepted.
+// Handed to the newest connection that joined after it (2edec42), the
+// release was refused there, and the retry was told to come back, then
+// that its ping was delivered.
+//
+// Setup: users svcA (~s1:*, site A's) and svcB (~s2:*, site B's); store
+// "removed" (svcA, s1:) loaded; the reload's new config provisions "added"
+// (svcB, s2:); site A's claim s1:veh is written, its release fails (its
+// path refused a moment) and waits in its reconciler's backoff; the old
+// config is cleaned up; its path is fine again. (Helper 5's review, stop
+// 61.)
+func TestARetiredConnectionDoesNotHandItsReleasesToANewerSitesConnection(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	for user, keys := range map[string]string{"svcA": "~s1:*", "svcB": "~s2:*"} {
+		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(user, prefix string) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.servesPrefix(prefix) // as the handler does
+		connected(t, r)
+		return r
+	}
+	removed := load("svcA", "s1:") // site A, in the config the reload replaces
+	added := load("svcB", "s2:")   // site B, new in the reload's config
+	t.Cleanup(func() { added.reconciler.Close() })
+	t.Cleanup(func() { _ = added.Cleanup() })
+	if removed.dataID != added.dataID {
+		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
+	}
+	failed := ownedClaim("s1:veh", 1)
+	claims := []*dedup.Claim{failed}
+	if v, err := removed.store.Decide(context.Background(), claims); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("site A's claim: %v %v", v, err)
+	}
+	link := &heldLink{}
+	removed.client.AddHook(link)
+	link.mode.Store(linkRefuse) // the request's upstream failed, and its release failed on a blip
+	removed.reconciler.Hand(claims, true)
+	time.Sleep(200 * time.Millisecond) // tried and refused: it waits out its backoff
+	if !removed.reconciler.OwesFor(claims) {
+		t.Fatal("the release was made before the reload; the test needs it owed")
+	}
+	if err := removed.Cleanup(); err != nil { // the reload's old config is cleaned up: site A is gone
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removed.reconciler.Close() })
+	link.mode.Store(linkFine) // the blip is over: svcA may touch s1:veh again
+
+	fresh := dedup.NewRedisStore(pipeline.New(admin), time.Second) // a connection that may touch the key
+	if got := retriedWhileInFlight(t, fresh, failed.Key(), time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the retry of the removed site's failed ping is %v (want accepted): its retired connection handed the release to "+
+			"the newer site's connection, whose user Redis refuses on that key (added holds %d claims, removed %d)",
+			got, added.reconciler.Len(), removed.reconciler.Len())
+	}
+}
+
+// A reload that rotates every site's ACL user at once (a blue/green
+// rotation: svcA-blue becomes svcA-green, svcB-blue svcB-green) hands site
+// A's retired connection's jobs to A's replacement, the connection that
+// serves A's key_prefix, whichever site's store the new config provisions
+// last. Handed to the newest connection that joined after it (2edec42),
+// A's confirmations (a failed request's claim that landed late, whose
+// release Redis answered not_held) went to site B's connection when B's
+// store came last, whose user may not touch A's keys, while A's old user
+// no longer logs in: the claim stood until its TTL, and A's sender's retry
+// was told to come back, then that its ping was delivered. (The call-time
+// takeover, keyspace.releaseOwed, covers releases Redis never answered,
+// not confirmations.)
+//
+// Setup: users svcA-blue and svcA-green (~s1:*), svcB-green (~s2:*);
+// store "retired" (svcA-blue, s1:) loaded; its release of a claim not yet
+// landed is answered (not_held), leaving its confirmations; the reload's
+// new config provisions "replacement" (svcA-green, s1:), then "siteB"
+// (svcB-green, s2:); svcA-blue's password is rotated away; the claim
+// lands; the old config is cleaned up. (Helper 5's review, stop 61.)
+func TestARotationOfEveryUserHandsARetiredConnectionsJobsToItsReplacement(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	for user, keys := range map[string]string{"svcA-blue": "~s1:*", "svcA-green": "~s1:*", "svcB-green": "~s2:*"} {
+		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(user, prefix string) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.servesPrefix(prefix) // as the handler does
+		connected(t, r)
+		return r
+	}
+	retired := load("svcA-blue", "s1:")
+	late := ownedClaim("s1:late", 1)
+	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
+	for deadline := time.Now().Add(5 * time.Second); retired.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not answered")
+		}
+	}
+	replacement := load("svcA-green", "s1:") // the reload's new config: site A first,
+	siteB := load("svcB-green", "s2:")       // then site B
+	t.Cleanup(func() { siteB.reconciler.Close(); replacement.reconciler.Close() })
+	t.Cleanup(func() { _ = siteB.Cleanup(); _ = replacement.Cleanup() })
+	if retired.dataID != siteB.dataID || retired.dataID != replacement.dataID {
+		t.Fatal("the stores are not on one keyspace; the test needs them to be")
+	}
+	srv.RotatePassword(t, "svcA-blue", "gone") // the old user no longer logs in
+	if v, err := replacement.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
+	}
+	if err := retired.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { retired.reconciler.Close() })
+	// Well within in_flight_timeout (30 s): a hand-over is looked for at
+	// once, and the confirmations due are a backoff (2 s) away.
+	if got := retriedWhileInFlight(t, replacement.store, "s1:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the failed ping's retry through site A's replacement is %v (want accepted): the retired connection handed "+
+			"the confirmation that would release the claim that landed late to site B's connection, whose user Redis refuses "+
+			"on that key (siteB holds %d claims, replacement %d, retired %d)",
+			got, siteB.reconciler.Len(), replacement.reconciler.Len(), retired.reconciler.Len())
+	}
+}
+
+// A reload that moves site A onto the user and store settings of site B on
+// the same Redis gives A's new config B's existing connection, older than
+// A's retired one (the key_prefix is the handler's, not the store's: the
+// two configs' stores are one connection). The retired connection hands
+// its jobs to it, since a config of A's key_prefix now holds it, and its
+// confirmation releases the failed request's claim that landed late: the
+// sender's retry is accepted. Handed only to a connection of its own user
+// or one that joined after it (2edec42), the jobs were kept, refused with
+// the old user until the claim's TTL, and the retry was told to come back,
+// then that its ping was delivered.
+//
+// Setup: users svcA-old (~s1:*) and svcShared (~s1:* ~s2:*); site B's
+// store (svcShared, s2:) loaded, then site A's (svcA-old, s1:); A's
+// release of a claim not yet landed is answered (not_held), leaving its
+// confirmations; the reload gives site A svcShared (s1:, the pool of site
+// B's store); svcA-old's password is rotated away; the claim lands; A's
+// old config is cleaned up. (Helper 5's review, stop 61.)
+func TestARetiredConnectionHandsItsJobsToTheOlderConnectionItsSiteWasMovedOnto(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	for user, keys := range map[string][]string{"svcA-old": {"~s1:*"}, "svcShared": {"~s1:*", "~s2:*"}} {
+		args := append([]any{"ACL", "SETUSER", user, "on", ">p", "resetkeys"}, anys(keys)...)
+		if err := admin.Do(context.Background(), append(args, "&*", "+@all")...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	load := func(user, prefix string) *RedisStore {
+		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.servesPrefix(prefix) // as the handler does
+		connected(t, r)
+		return r
+	}
+	siteB := load("svcShared", "s2:")
+	retired := load("svcA-old", "s1:")
+	late := ownedClaim("s1:late", 1)
+	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
+	for deadline := time.Now().Add(5 * time.Second); retired.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not answered")
+		}
+	}
+	replacement := load("svcShared", "s1:") // site A's new config: the pool site B's store holds
+	t.Cleanup(func() { siteB.reconciler.Close() })
+	t.Cleanup(func() { _ = siteB.Cleanup(); _ = replacement.Cleanup() })
+	if replacement.poolKey != siteB.poolKey || retired.dataID != siteB.dataID {
+		t.Fatal("site A's new store does not share site B's connection on one keyspace; the test needs it to")
+	}
+	srv.RotatePassword(t, "svcA-old", "gone") // the old user no longer logs in
+	if v, err := replacement.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
+	}
+	if err := retired.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { retired.reconciler.Close() })
+	if got := retriedWhileInFlight(t, replacement.store, "s1:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the failed ping's retry through the connection site A now uses is %v (want accepted): the retired connection, "+
+			"refused, kept the confirmation that would release the claim that landed late (it holds %d claims) rather than hand "+
+			"it to the older connection A's config adopted", got, retired.reconciler.Len())
+	}
+}
+
+func anys(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
+// A handler tells its Redis store the key_prefix its keys are under: the
+// connection serves it while a config holds the handler, and keeps it as
+// one it served once the config is cleaned up, for the jobs its
+// reconciler still holds on those keys (keyspace.successor hands them
+// only to a connection that serves it).
+func TestAHandlerTellsItsRedisConnectionItsKeyPrefix(t *testing.T) {
+	srv := redistest.Start(t)
+	_, cleanup := loadConfig(t, `{"key_prefix":"prefix-told:","store":{"type":"redis","url":"`+srv.URL()+`"}}`)
+	var conn *redisConnection
+	keyspaces.Lock()
+	for _, ks := range keyspaces.byID {
+		for _, c := range *ks.connections.Load() {
+			if slices.Contains(c.prefixes.served(), "prefix-told:") {
+				conn = c
+			}
+		}
+	}
+	keyspaces.Unlock()
+	if conn == nil {
+		t.Fatal("no Redis connection serves the handler's key_prefix")
+	}
+	if !conn.prefixes.serves([]string{"prefix-told:"}) {
+		t.Errorf("the connection does not serve its handler's key_prefix while the config holds it")
+	}
+	cleanup()
+	if conn.prefixes.serves([]string{"prefix-told:"}) || !slices.Contains(conn.prefixes.served(), "prefix-told:") {
+		t.Errorf("after the config's cleanup the connection serves %v, served %v; want it to have served the prefix, and serve it no more",
+			conn.prefixes.serves([]string{"prefix-told:"}), conn.prefixes.served())
 	}
 }

@@ -109,6 +109,8 @@ type RedisStore struct {
 	breaker    *dedup.Breaker
 	reconciler *dedup.Reconciler
 	handOver   func() bool // the connection's (redisConnection.handOver)
+	prefixes   *keyPrefixes
+	prefix     *string // the handler's key_prefix, once it said (servesPrefix)
 	timeout    time.Duration
 	username   string // the data nodes' ACL user, the URL's or Username; "" for the default user
 	dataID     string // the connection's keyspaceOf
@@ -187,7 +189,7 @@ func (r *RedisStore) Provision(ctx caddy.Context) error {
 	r.client = conn.client
 	r.timeout = r.operationTimeout()
 	r.store, r.breaker = conn.store, conn.breaker
-	r.reconciler, r.handOver = conn.reconciler, conn.handOver
+	r.reconciler, r.handOver, r.prefixes = conn.reconciler, conn.handOver, &conn.prefixes
 	r.username = opts.Username
 	r.dataID = conn.keyspaceID
 

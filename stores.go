@@ -61,6 +61,13 @@ type drainer interface {
 	drainWithin(inFlight time.Duration) *atomic.Int64
 }
 
+// keyPrefixed is a store whose connection the stores of other handlers may
+// share, and that may hand its work on their keys to another connection:
+// the handler tells it the key_prefix its keys are under.
+type keyPrefixed interface {
+	servesPrefix(prefix string)
+}
+
 // timeoutStore is a store whose operations each take at most a timeout:
 // what settling or releasing a claim may take, which the bound on the
 // upstream request leaves room for.

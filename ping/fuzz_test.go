@@ -221,7 +221,7 @@ func checkReadsLikeEncodingJSON(t *testing.T, name string, p Parser, body []byte
 		}
 	}
 	if len(p.AssetPaths) > 0 {
-		v, path := lookupFirst(doc, p.AssetPaths)
+		v, path := lookupFirst(doc, p.AssetPaths, true)
 		var asset string
 		switch v := v.(type) {
 		case string:
@@ -236,7 +236,7 @@ func checkReadsLikeEncodingJSON(t *testing.T, name string, p Parser, body []byte
 		}
 	}
 
-	v, path := lookupFirst(doc, p.TimePaths)
+	v, path := lookupFirst(doc, p.TimePaths, false)
 	var tv gjson.Result
 	switch v := v.(type) {
 	case string:
@@ -396,13 +396,27 @@ func lookup(doc any, path string) (any, bool) {
 	return v, true
 }
 
-func lookupFirst(doc any, paths []string) (any, string) {
+// lookupFirst reads the value at the first of paths that holds one, as
+// the parser's first does: a null, or for an asset id (asset) an empty or
+// blank string, leaves the next path to hold it, and is what it returns
+// when none does.
+func lookupFirst(doc any, paths []string, asset bool) (any, string) {
+	var none any
+	noneAt, found := paths[0], false
 	for _, path := range paths {
-		if v, ok := lookup(doc, path); ok {
+		v, ok := lookup(doc, path)
+		if !ok {
+			continue
+		}
+		s, isString := v.(string)
+		if v != nil && !(asset && isString && (s == "" || blank(s))) {
 			return v, path
 		}
+		if !found {
+			none, noneAt, found = v, path, true
+		}
 	}
-	return nil, paths[0]
+	return none, noneAt
 }
 
 func lookupNumber(doc any, path string) (float64, bool) {
