@@ -24,9 +24,8 @@ type presetSender struct {
 
 func presetSenders() []presetSender {
 	at := base().Add(7 * time.Minute)
-	ownTracks := func(tid string) []byte {
-		return fmt.Appendf(nil, `{"_type":"location",%s"tst":%d,"lat":48.856826,"lon":2.292713,"acc":12,"topic":"owntracks/jane/phone"}`,
-			tid, at.Unix())
+	ownTracks := func(identity string) []byte { // without tid and topic, it names no device
+		return fmt.Appendf(nil, `{"_type":"location",%s"tst":%d,"lat":48.856826,"lon":2.292713,"acc":12}`, identity, at.Unix())
 	}
 	overlandBatch := func(device string) []byte {
 		f := overlandFeature(at, 2.292713, 48.856826, device)
@@ -53,7 +52,7 @@ func presetSenders() []presetSender {
 	}
 	return []presetSender{
 		{"owntracks", func(up *upstream) { answering(up, http.StatusOK, "application/json", "[]") },
-			json(ownTracks(`"tid":"jp",`)), json(ownTracks("")),
+			json(ownTracks(`"tid":"jp","topic":"owntracks/jane/phone",`)), json(ownTracks("")),
 			map[string]func(response) fate{"OwnTracks Android": ownTracksAndroid, "OwnTracks iOS": ownTracksIOS}},
 		{"overland", func(up *upstream) { answering(up, http.StatusOK, "application/json", `{"result":"ok"}`) },
 			json(overlandBatch("phone1")), json(overlandBatch("")),

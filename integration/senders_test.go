@@ -199,8 +199,7 @@ func TestDeadLettersAreDeliveredForTheApps(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	tester := startCaddy(t, up, redisOptions(srv, "preset owntracks\n\t\ton_invalid dead_letter"))
-	// Without a tid (Overland's OwnTracks mode writes none) the location
-	// has no identity.
+	// Without a tid or a topic the location has no identity.
 	res := send(t, tester.Client, http.MethodPost, "", "application/json",
 		fmt.Appendf(nil, `{"_type":"location","tst":%d,"lat":48.85,"lon":2.29}`, time.Now().Unix()))
 	res.expectReason(t, http.StatusAccepted, "dead_lettered", "required")
@@ -219,7 +218,7 @@ func TestADeadLetterThatCannotBeWrittenComesBack(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	tester := startCaddy(t, up, redisOptions(srv, "preset owntracks\n\t\ton_invalid dead_letter\n\t\tdead_letter_stream test:dlq-blip"))
-	// Without a tid the location has no identity.
+	// Without a tid or a topic the location has no identity.
 	invalid := fmt.Appendf(nil, `{"_type":"location","tst":%d,"lat":48.85,"lon":2.29}`, time.Now().Unix())
 	postOT := func() response { return send(t, tester.Client, http.MethodPost, "", "application/json", invalid) }
 
