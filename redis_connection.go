@@ -231,37 +231,34 @@ func (c *redisConnection) Destruct() error {
 	return c.client.Close()
 }
 
-// handOver gives every job the reconciler holds (settlements, releases,
-// confirmations) to the reconciler of another connection on the same
-// Redis data that a config uses (keyspace.successor), and reports whether
-// it did: the connection, which no config uses any more, may no longer be
-// let in (a rotated password, refused once Redis cut its pool), and would
-// retry them in vain until the claims' TTL, open as long. It keeps them if
-// there is none, or it is closing or has no room for them all. The first
-// hand-over is logged at info level with how many claims went, the later
-// ones (what its requests still running hand it meanwhile) at debug level:
-// the metrics count them when the other connection makes them, under its
-// outcomes.
+// handOver gives the jobs the reconciler holds (settlements, releases,
+// confirmations) to the reconcilers of other connections on the same
+// Redis data that a config uses (keyspace.heirs), each job to the first
+// that serves the key_prefix its keys are under, and reports whether it
+// holds nothing more: the connection, which no config uses any more, may
+// no longer be let in (a rotated password, refused once Redis cut its
+// pool), and would retry them in vain until the claims' TTL, open as long.
+// It keeps those no such connection serves, and those one that is closing
+// or has no room for them would take. The first hand-over is logged at
+// info level with how many claims went, the later ones (what its requests
+// still running hand it meanwhile) at debug level: the metrics count them
+// when the other connections make them, under their outcomes.
 func (c *redisConnection) handOver() bool {
-	next := c.keyspace.successor(c)
-	if next == nil {
-		return false
+	held := c.reconciler.Len()
+	for _, heir := range c.keyspace.heirs(c) {
+		heir.reconciler.TakeOverJobs(c.reconciler, heir.prefixes.servesKey)
 	}
-	claims := c.reconciler.Len()
-	if !next.TakeOverAll(c.reconciler) {
-		return false
+	left := c.reconciler.Len()
+	if handed := held - left; handed > 0 {
+		level := zapcore.InfoLevel
+		if c.handedOver.Swap(true) {
+			level = zapcore.DebugLevel
+		}
+		if ce := c.loggers.current().Check(level, "handed the claims still to be released, settled or confirmed to other connections on the same Redis that configs use for their key_prefix"); ce != nil {
+			ce.Write(zap.String("redis", c.where), zap.Int("claims", handed), zap.Int("kept", left))
+		}
 	}
-	if claims == 0 {
-		return true
-	}
-	level := zapcore.InfoLevel
-	if c.handedOver.Swap(true) {
-		level = zapcore.DebugLevel
-	}
-	if ce := c.loggers.current().Check(level, "handed the claims still to be released, settled or confirmed to another connection on the same Redis that a config uses"); ce != nil {
-		ce.Write(zap.String("redis", c.where), zap.Int("claims", claims))
-	}
-	return true
+	return left == 0
 }
 
 // dropUnreconciled counts as dropped the claims the reconciler gave up on

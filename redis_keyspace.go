@@ -3,7 +3,6 @@ package telemetrydedup
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -70,31 +69,32 @@ func (ks *keyspace) leave(id string, c *redisConnection) {
 	}
 }
 
-// successor is the reconciler to which c, which no config holds any more,
+// heirs are the connections to which c, which no config holds any more,
 // hands its reconciler's jobs as it drains and as it closes
-// (redisConnection.handOver): that of the newest other connection on the
-// keyspace that a config holds and that serves every key_prefix c served
-// (keyPrefixes), one logging in as c's user first. The jobs are on those
-// prefixes' keys: the connection a site's new config holds, whatever its
-// age or user (a rotated one; an older connection its config adopted),
-// may touch them, and another site's, whose user may be limited to its own
-// key_prefix as the README's ACL advice has it, would be refused them at
-// every try until the claims' TTL, where c could make them itself. Never
-// one no config holds any more, which a later reload retired too, and
-// whose reconciler may be about to make its last pass and drop them; so
-// jobs never go back and forth between retired connections.
-func (ks *keyspace) successor(c *redisConnection) *dedup.Reconciler {
+// (redisConnection.handOver), in the order it offers them: every other
+// connection on the keyspace that a config holds, those logging in as c's
+// user first, the newest first. Each takes the jobs on the key prefixes it
+// serves (keyPrefixes): the connection a site's new config holds, whatever
+// its age or user (a rotated one; an older connection the config
+// adopted), may touch that site's keys, and another site's, whose user may
+// be limited to its own key_prefix as the README's ACL advice has it, would
+// be refused them at every try until the claims' TTL, where c could make
+// them itself. Never one no config holds any more, which a later reload
+// retired too, and whose reconciler may be about to make its last pass and
+// drop them; so jobs never go back and forth between retired connections.
+func (ks *keyspace) heirs(c *redisConnection) []*redisConnection {
+	var sameUser, others []*redisConnection
 	members := *ks.connections.Load()
-	served := c.prefixes.served()
-	may := func(o *redisConnection) bool { return o != c && o.holders.Load() > 0 && o.prefixes.serves(served) }
-	for _, sameUser := range []bool{true, false} {
-		for i := len(members) - 1; i >= 0; i-- {
-			if o := members[i]; may(o) && (o.user == c.user || !sameUser) {
-				return o.reconciler
-			}
+	for i := len(members) - 1; i >= 0; i-- {
+		switch o := members[i]; {
+		case o == c || o.holders.Load() == 0:
+		case o.user == c.user:
+			sameUser = append(sameUser, o)
+		default:
+			others = append(others, o)
 		}
 	}
-	return nil
+	return append(sameUser, others...)
 }
 
 // servesPrefix counts the handler's key_prefix among those of the stores
@@ -105,8 +105,8 @@ func (r *RedisStore) servesPrefix(prefix string) {
 }
 
 // keyPrefixes counts the stores holding a connection by the key_prefix of
-// their handler, and keeps every prefix the connection served, for the
-// jobs its reconciler holds on their keys (keyspace.successor).
+// their handler: the keys the connection may be handed jobs on
+// (keyspace.heirs).
 type keyPrefixes struct {
 	mu   sync.Mutex
 	held map[string]int
@@ -122,31 +122,26 @@ func (k *keyPrefixes) hold(prefix string) {
 	k.held[prefix]++
 }
 
-// release uncounts it, keeping the prefix as one served.
+// release uncounts it.
 func (k *keyPrefixes) release(prefix string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.held[prefix]--
+	if k.held[prefix]--; k.held[prefix] <= 0 {
+		delete(k.held, prefix)
+	}
 }
 
-// served is every prefix the connection served.
-func (k *keyPrefixes) served() []string {
+// servesKey reports whether a store holding the connection serves a
+// key_prefix key is under.
+func (k *keyPrefixes) servesKey(key string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return slices.Collect(maps.Keys(k.held))
-}
-
-// serves reports whether a store holding the connection serves each of
-// prefixes.
-func (k *keyPrefixes) serves(prefixes []string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, p := range prefixes {
-		if k.held[p] <= 0 {
-			return false
+	for prefix := range k.held {
+		if strings.HasPrefix(key, prefix) {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // owesFor reports whether a reconciler on the keyspace owes a release on

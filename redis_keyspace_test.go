@@ -319,6 +319,7 @@ func TestARetiredConnectionHandsOverWhileItsRequestsStillRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.drainWithin(dedup.DefaultInFlightTimeout) // as the handler does
+		r.servesPrefix("draining:")
 		return r
 	}
 	old := load("old")
@@ -759,10 +760,9 @@ func anys(s []string) []any {
 }
 
 // A handler tells its Redis store the key_prefix its keys are under: the
-// connection serves it while a config holds the handler, and keeps it as
-// one it served once the config is cleaned up, for the jobs its
-// reconciler still holds on those keys (keyspace.successor hands them
-// only to a connection that serves it).
+// connection serves it (may be handed jobs on its keys, keyspace.heirs)
+// while a config holds the handler, and no longer once the config is
+// cleaned up.
 func TestAHandlerTellsItsRedisConnectionItsKeyPrefix(t *testing.T) {
 	srv := redistest.Start(t)
 	_, cleanup := loadConfig(t, `{"key_prefix":"prefix-told:","store":{"type":"redis","url":"`+srv.URL()+`"}}`)
@@ -770,7 +770,7 @@ func TestAHandlerTellsItsRedisConnectionItsKeyPrefix(t *testing.T) {
 	keyspaces.Lock()
 	for _, ks := range keyspaces.byID {
 		for _, c := range *ks.connections.Load() {
-			if slices.Contains(c.prefixes.served(), "prefix-told:") {
+			if c.prefixes.servesKey("prefix-told:veh") {
 				conn = c
 			}
 		}
@@ -779,12 +779,160 @@ func TestAHandlerTellsItsRedisConnectionItsKeyPrefix(t *testing.T) {
 	if conn == nil {
 		t.Fatal("no Redis connection serves the handler's key_prefix")
 	}
-	if !conn.prefixes.serves([]string{"prefix-told:"}) {
-		t.Errorf("the connection does not serve its handler's key_prefix while the config holds it")
+	if conn.prefixes.servesKey("other:veh") {
+		t.Error("the connection serves a key_prefix no handler of it has")
 	}
 	cleanup()
-	if conn.prefixes.serves([]string{"prefix-told:"}) || !slices.Contains(conn.prefixes.served(), "prefix-told:") {
-		t.Errorf("after the config's cleanup the connection serves %v, served %v; want it to have served the prefix, and serve it no more",
-			conn.prefixes.serves([]string{"prefix-told:"}), conn.prefixes.served())
+	if conn.prefixes.servesKey("prefix-told:veh") {
+		t.Error("the connection still serves the key_prefix of a handler its config let go of")
+	}
+}
+
+// loadServing provisions a Redis store on srv as a config's handler would: the
+// store, then the handler's key_prefix (servesPrefix), then a first
+// connection.
+func loadServing(t *testing.T, ctx caddy.Context, url, user, password, prefix string) *RedisStore {
+	t.Helper()
+	r := &RedisStore{URL: url, Username: user, Password: password, Timeout: caddy.Duration(time.Second)}
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.servesPrefix(prefix) // as the handler does
+	connected(t, r)
+	return r
+}
+
+// confirmationOwed hands r's reconciler the release of a failed
+// request's claim not yet landed, and waits until Redis answered it
+// (not_held): its confirmations remain, to release the claim if it lands
+// late.
+func confirmationOwed(t *testing.T, r *RedisStore, key string) *dedup.Claim {
+	t.Helper()
+	late := ownedClaim(key, 1)
+	r.reconciler.Hand([]*dedup.Claim{late}, true)
+	for deadline := time.Now().Add(5 * time.Second); r.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release was not answered")
+		}
+	}
+	return late
+}
+
+// A connection whose site changed its key_prefix over a reload that kept
+// the connection (v1: to v2:, the same store settings) hands its jobs, all
+// on v2:, to the connection that replaces it at the next password
+// rotation, which serves v2:. Requiring a connection that served every
+// prefix the retiring one ever had (1ac3281), it handed nothing: no
+// config serves v1: any more, the confirmation of a failed request's
+// claim that landed late was refused on the old password until the
+// claim's TTL, and the sender's retry was told to come back, then that its
+// ping was delivered. The same held for a connection that once served a
+// site since removed, or that a failed reload's config provisioned with
+// another key_prefix.
+//
+// Setup: user svc; config 1 (svc/old, v1:); config 2 keeps the connection
+// with v2:, config 1 is cleaned up; a claim of v2: has its release
+// answered not_held (confirmations owed); config 3 has the new password (a
+// new connection, v2:); the old password is rotated away; the claim lands;
+// config 2 is cleaned up. (Helper 6's review, stop 61.)
+func TestAConnectionWhoseSiteChangedItsKeyPrefixStillHandsItsJobsOver(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.AddUser(t, "svc", "old")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+
+	first := loadServing(t, ctx, srv.URL(), "svc", "old", "v1:")
+	second := loadServing(t, ctx, srv.URL(), "svc", "old", "v2:") // the reload changing key_prefix: same store settings
+	if first.poolKey != second.poolKey {
+		t.Fatal("the two configs do not share one connection; the test needs them to")
+	}
+	if err := first.Cleanup(); err != nil { // the old config is cleaned up
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.reconciler.Close() })
+
+	late := confirmationOwed(t, second, "v2:late")
+
+	// Later: the password rotation.
+	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "svc", ">new").Err(); err != nil {
+		t.Fatal(err)
+	}
+	replacement := loadServing(t, ctx, srv.URL(), "svc", "new", "v2:")
+	t.Cleanup(func() { replacement.reconciler.Close() })
+	t.Cleanup(func() { _ = replacement.Cleanup() })
+	if replacement.dataID != second.dataID || replacement.poolKey == second.poolKey {
+		t.Fatal("the replacement is not another connection on the same keyspace; the test needs it to be")
+	}
+	srv.RotatePassword(t, "svc", "new") // the old password no longer logs in
+	if v, err := replacement.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
+	}
+	if err := second.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := retriedWhileInFlight(t, replacement.store, "v2:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("the failed ping's retry through the new connection is %v (want accepted): the retired connection, refused, "+
+			"kept the confirmation (it holds %d claims), though its jobs are on v2:, which the replacement serves",
+			got, second.reconciler.Len())
+	}
+}
+
+// A connection two sites' handlers share (one user for both key
+// prefixes) hands each site's jobs to that site's new connection when a
+// reload gives each site a connection and a user of its own, as the
+// README's ACL advice has it (svcA ~a:*, svcB ~b:*), and the shared user
+// is then deleted. Wanting one connection that served both prefixes
+// (1ac3281), it handed nothing, and was refused with its deleted user
+// until the claims' TTL: site A's sender's retry was told to come back,
+// then that its ping was delivered. (Before that, on 2edec42, the job went
+// to the newest connection, site B's, and was refused there, NOPERM.)
+//
+// Setup: users shared (~*), svcA (~a:*), svcB (~b:*); sites A (a:) and B
+// (b:) on the shared user, one connection; a claim of a: has its release
+// answered not_held (confirmations owed); the reload provisions A on svcA
+// and B on svcB; the shared user is deleted; the claim lands; the old
+// config is cleaned up. (Helper 6's review, stop 61.)
+func TestASharedConnectionSplitBetweenTwoSitesHandsEachItsJobs(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	for user, keys := range map[string]string{"shared": "~*", "svcA": "~a:*", "svcB": "~b:*"} {
+		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+
+	siteA := loadServing(t, ctx, srv.URL(), "shared", "p", "a:")
+	siteB := loadServing(t, ctx, srv.URL(), "shared", "p", "b:")
+	if siteA.poolKey != siteB.poolKey {
+		t.Fatal("the two sites do not share one connection; the test needs them to")
+	}
+	t.Cleanup(func() { siteA.reconciler.Close() })
+	late := confirmationOwed(t, siteA, "a:late")
+
+	newA := loadServing(t, ctx, srv.URL(), "svcA", "p", "a:") // the reload's new config
+	newB := loadServing(t, ctx, srv.URL(), "svcB", "p", "b:")
+	t.Cleanup(func() { newA.reconciler.Close(); newB.reconciler.Close() })
+	t.Cleanup(func() { _ = newA.Cleanup(); _ = newB.Cleanup() })
+	if newA.dataID != siteA.dataID || newB.dataID != siteA.dataID {
+		t.Fatal("the stores are not on one keyspace; the test needs them to be")
+	}
+	if err := admin.Do(context.Background(), "ACL", "DELUSER", "shared").Err(); err != nil { // cuts its clients too
+		t.Fatal(err)
+	}
+	if v, err := newA.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
+		t.Fatalf("the late landing: %v %v", v, err)
+	}
+	if err := siteA.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := siteB.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := retriedWhileInFlight(t, newA.store, "a:late", time.Now().Add(6*time.Second)); got != dedup.Accepted {
+		t.Errorf("site A's failed ping's retry through A's new connection is %v (want accepted): the retired shared connection "+
+			"kept the confirmation on a: (it holds %d claims), though A's new connection serves a:, and its own user is gone",
+			got, siteA.reconciler.Len())
 	}
 }

@@ -194,6 +194,7 @@ func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) 
 		if err := r.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
+		r.servesPrefix("retired:") // as the handler does
 		return r
 	}
 	old := load("old")
@@ -270,6 +271,7 @@ func TestAClosingRetiredConnectionHandsOverWhatItWasGivenLast(t *testing.T) {
 	if err := current.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
+	current.servesPrefix("retired-last:") // as the handler does
 	t.Cleanup(func() { _ = current.Cleanup() })
 	failed := ownedClaim("retired-last:failed", 1)
 	if v, err := current.store.Decide(context.Background(), []*dedup.Claim{failed}); err != nil || v[0].Decision != dedup.Accepted {
@@ -321,7 +323,8 @@ func TestARetiredConnectionHandsNothingToOneNoConfigHolds(t *testing.T) {
 	if old.handOver() || old.reconciler.Len() != 1 || len(handed()) != 0 {
 		t.Fatalf("the old connection handed its release to one no config holds (it keeps %d claims; lines %v)", old.reconciler.Len(), logs.All())
 	}
-	newer.holders.Add(1) // a config holds it
+	newer.holders.Add(1) // a config holds it, for the key_prefix of the release
+	newer.prefixes.hold("retired-unheld:")
 	if !old.handOver() || newer.reconciler.Len() != 1 {
 		t.Fatalf("the old connection kept its release from the newer one a config holds (it took %d claims)", newer.reconciler.Len())
 	}

@@ -369,22 +369,25 @@ func (r *Reconciler) TakeOver(from *Reconciler, claims []*Claim) bool {
 	return r.takeFrom(from, func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) })
 }
 
-// TakeOverAll moves to r every job from holds: the settlements, the
-// releases and the confirmations, each with its claims, its tokens and its
-// due time, which r then makes as its own. A connection that a reload
-// replaced on the same Redis data hands them over as it closes: its own
-// may no longer be let in (the old password refused once Redis cut its
-// pool), and its confirmations would then fail until the claims' TTL,
-// while a claim that landed late stood, its sender's retry told to come
-// back and then that it was delivered. It waits for a pass of from on its
-// way, as TakeOver does. It reports false if r is closed or has no room
-// for them all: from keeps them. A closing from keeps them too: its last
-// pass makes them.
-func (r *Reconciler) TakeOverAll(from *Reconciler) bool {
+// TakeOverJobs moves to r the jobs from holds whose claims' keys all
+// satisfy keys (every job, if keys is nil): the settlements, the releases
+// and the confirmations, each with its claims, its tokens and its due
+// time, which r then makes as its own. A connection that a reload retired
+// on the same Redis data hands them over as it drains and as it closes,
+// each to a connection that may touch its keys: its own may no longer be
+// let in (the old password refused once Redis cut its pool), and its
+// confirmations would then fail until the claims' TTL, while a claim that
+// landed late stood, its sender's retry told to come back and then that
+// it was delivered. It waits for a pass of from on its way, as TakeOver
+// does. It reports false if r is closed or has no room for them all: from
+// keeps them. A closing from keeps them too: its last pass makes them.
+func (r *Reconciler) TakeOverJobs(from *Reconciler, keys func(key string) bool) bool {
 	if from == r {
 		return true
 	}
-	return r.takeFrom(from, func(*reconcileJob) bool { return true })
+	return r.takeFrom(from, func(j *reconcileJob) bool {
+		return keys == nil || !slices.ContainsFunc(j.claims, func(c *Claim) bool { return !keys(c.Key()) })
+	})
 }
 
 // takeFrom moves to r the jobs of from that match, all or none, and

@@ -50,7 +50,7 @@ func TestACallDoesNotGoThroughWhileATakeoverMovesItsReleases(t *testing.T) {
 	to := newReconciler(NewMemoryStore(0), 0, nil, nil)
 	stopRun(to) // the new connection's releases wait out a backoff: nothing makes them meanwhile
 	defer to.Close()
-	to.TakeOverAll(from)
+	to.TakeOverJobs(from, nil)
 	var err error
 	select {
 	case err = <-answer:

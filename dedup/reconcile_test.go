@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1448,12 +1449,40 @@ func TestTakeOverMovesWhatIsOwedOnTheKeys(t *testing.T) {
 	}
 }
 
-// TakeOverAll moves every job another Reconciler holds, settlements,
+// TakeOverJobs with a filter moves only the jobs all of whose claims'
+// keys it accepts: a connection that served two sites hands each site's
+// jobs to a connection of that site, and keeps a job on keys none serves.
+func TestTakeOverJobsMovesOnlyTheJobsOnTheKeysItIsGiven(t *testing.T) {
+	from, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
+	pol := testPolicy(Tumbling)
+	claim := func(key string, token uint64) *Claim {
+		return &Claim{Observation: Observation{Key: key}, Policy: pol, Token: token, At: time.Now()}
+	}
+	a, b, both := claim("a:1", 1), claim("b:1", 2), []*Claim{claim("a:2", 3), claim("b:2", 4)}
+	for _, c := range [][]*Claim{{a}, {b}, both} {
+		if !from.Hand(c, true) {
+			t.Fatal("handing over")
+		}
+	}
+	to, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
+	if !to.TakeOverJobs(from, func(key string) bool { return strings.HasPrefix(key, "a:") }) {
+		t.Fatal("an open receiver with room refused")
+	}
+	if !to.OwesFor([]*Claim{a}) || to.Len() != 1 {
+		t.Errorf("the receiver holds %d claims, owes a:1 %v; want the job on a: alone", to.Len(), to.OwesFor([]*Claim{a}))
+	}
+	if !from.OwesFor([]*Claim{b}) || !from.OwesFor(both[:1]) || from.OwesFor([]*Claim{a}) || from.Len() != 3 {
+		t.Errorf("the giver holds %d claims, owes b:1 %v, the mixed job %v, a:1 %v; want the job on b: and the one on a: and b: kept",
+			from.Len(), from.OwesFor([]*Claim{b}), from.OwesFor(both[:1]), from.OwesFor([]*Claim{a}))
+	}
+}
+
+// TakeOverJobs moves every job another Reconciler holds, settlements,
 // releases and confirmations alike, with their counts and their due
 // times: the receiver makes them, and the giver, left with nothing, closes
 // without dropping any. A receiver that is closed, or has no room for
 // them all, takes none: the giver keeps them, still owed.
-func TestTakeOverAllMovesEveryJobWithItsCounts(t *testing.T) {
+func TestTakeOverJobsMovesEveryJobWithItsCounts(t *testing.T) {
 	from, given := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
 	pol := testPolicy(Tumbling)
 	claim := func(key string, token uint64) *Claim {
@@ -1470,7 +1499,7 @@ func TestTakeOverAllMovesEveryJobWithItsCounts(t *testing.T) {
 	closed, _ := testReconciler(t, NewMemoryStore(0), 0)
 	closed.Close()
 	for name, r := range map[string]*Reconciler{"full": full, "closed": closed} {
-		if r.TakeOverAll(from) {
+		if r.TakeOverJobs(from, nil) {
 			t.Errorf("a %s receiver took them over", name)
 		}
 		if from.Len() != 3 || from.Unanswered() != 2 || !from.OwesFor(owed[0]) || !from.OwesFor(owed[1]) {
@@ -1483,7 +1512,7 @@ func TestTakeOverAllMovesEveryJobWithItsCounts(t *testing.T) {
 		t.Fatalf("the claims that landed: %v %v", v, err)
 	}
 	r, o := testReconciler(t, mem, 0) // no confirmations of its own: what it answers, it finishes
-	if !r.TakeOverAll(from) {
+	if !r.TakeOverJobs(from, nil) {
 		t.Fatal("an open receiver with room refused")
 	}
 	if from.Len() != 0 || from.Unanswered() != 0 || from.Owes() {
