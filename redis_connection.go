@@ -33,7 +33,7 @@ type redisConnection struct {
 	keyspaceID string
 	// user is the ACL user it logs in as ("" for the default user), and
 	// prefixes the key prefixes of the handlers whose stores hold it: the
-	// keys it may touch (keyspace.successor).
+	// keys it may be handed jobs on (keyspace.heirs).
 	user     string
 	prefixes keyPrefixes
 	// handedOver is set once it has handed its reconciler's jobs over:
@@ -211,8 +211,8 @@ func countReconciled(outcome dedup.ReconcileOutcome, n int) {
 
 // Destruct closes the connection. The pipeline first sends the
 // settlements of the last requests, and hands those that fail to the
-// reconciler, which hands what it holds to the connection that replaced
-// this one, if any (handOver), and makes a last pass over the rest through
+// reconciler, which hands what it holds to the connections that serve
+// its keys, if any (handOver), and makes a last pass over the rest through
 // the pipeline too.
 func (c *redisConnection) Destruct() error {
 	c.pipeline.Flush()
@@ -244,12 +244,12 @@ func (c *redisConnection) Destruct() error {
 // still running hand it meanwhile) at debug level: the metrics count them
 // when the other connections make them, under their outcomes.
 func (c *redisConnection) handOver() bool {
-	held := c.reconciler.Len()
+	handed := 0
 	for _, heir := range c.keyspace.heirs(c) {
-		heir.reconciler.TakeOverJobs(c.reconciler, heir.prefixes.servesKey)
+		handed += heir.reconciler.TakeOverJobs(c.reconciler, heir.prefixes.servesKey)
 	}
 	left := c.reconciler.Len()
-	if handed := held - left; handed > 0 {
+	if handed > 0 {
 		level := zapcore.InfoLevel
 		if c.handedOver.Swap(true) {
 			level = zapcore.DebugLevel

@@ -25,7 +25,7 @@ func (r *RedisStore) drainWithin(inFlight time.Duration) *atomic.Int64 {
 // suppressed. So the last store to hold the connection lets go of it only
 // once no request uses it (or drainMax has passed), and while its
 // reconciler holds claims, only once it has settled or released them, or
-// handed them to the connection that replaced it: a reload that replaces
+// handed them to the connections that serve their keys: a reload that replaces
 // the connection while Redis hangs would otherwise drop the releases of
 // the claims that land once Redis answers. A store
 // that another still holds the connection with (the new config's, on a
@@ -102,25 +102,32 @@ func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 }
 
 // waitForRequests waits until no request uses the connection, no config
-// holding it any more, or deadline. At each look (drainPoll) it hands
-// what the reconciler holds to another connection on the same data
-// (handOver), not only once the requests are done (in_flight_timeout and
-// more): this one may no longer be let in (a rotated password, refused
-// once Redis cut its pool), and the confirmation that would release a
-// claim that landed late would be refused meanwhile, its sender's retry
-// told to come back, then that it was delivered. Once Caddy exits it
-// waits a store timeout and a second more at most, as the exit hook does
-// for the connections configs still hold (finishRedisAtExit): the exit
-// cuts the requests waiting for their upstream, which then release their
-// claims through this connection, and a request it does not cut (one still
-// reading a slow sender's body) must not keep the connection open past
-// the hook's wait, its last pass never made and what it gave up on never
+// holding it any more, or deadline. Meanwhile it hands what the reconciler
+// holds to other connections on the same data (handOver), not only once
+// the requests are done (in_flight_timeout and more): this one may no
+// longer be let in (a rotated password, refused once Redis cut its pool),
+// and the confirmation that would release a claim that landed late would
+// be refused meanwhile, its sender's retry told to come back, then that it
+// was delivered. It offers them at each look (drainPoll) where the
+// requests handed the reconciler more, and every reconcilePoll while it
+// holds any: a hand-over of thousands of claims to every connection of a
+// Redis many sites share takes milliseconds, too much to repeat every
+// drainPoll for what no one took. Once Caddy exits it waits a store
+// timeout and a second more at most, as the exit hook does for the
+// connections configs still hold (finishRedisAtExit): the exit cuts the
+// requests waiting for their upstream, which then release their claims
+// through this connection, and a request it does not cut (one still
+// reading a slow sender's body) must not keep the connection open past the
+// hook's wait, its last pass never made and what it gave up on never
 // logged.
 func (r *RedisStore) waitForRequests(deadline time.Time) {
 	exiting := false
+	var offered time.Time // the last hand-over
+	kept := 0             // what the reconciler held after it
 	for r.users.Load() > 0 && time.Now().Before(deadline) {
-		if r.reconciler.Len() > 0 {
+		if n := r.reconciler.Len(); n > 0 && (n != kept || time.Since(offered) >= reconcilePoll) {
 			r.handOver()
+			offered, kept = time.Now(), r.reconciler.Len()
 		}
 		if !exiting && atExit.Err() != nil {
 			exiting = true

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
@@ -934,5 +935,69 @@ func TestASharedConnectionSplitBetweenTwoSitesHandsEachItsJobs(t *testing.T) {
 		t.Errorf("site A's failed ping's retry through A's new connection is %v (want accepted): the retired shared connection "+
 			"kept the confirmation on a: (it holds %d claims), though A's new connection serves a:, and its own user is gone",
 			got, siteA.reconciler.Len())
+	}
+}
+
+// A retired connection that hands claims over says so, with how many it
+// handed and how many it kept, counted as the heirs took them: whatever
+// its requests still running hand it while an offer waits for its pass on
+// its way does not cancel out the claims that went. Counted as its
+// reconciler's Len before the offers less its Len after, a claim handed
+// meanwhile cancelled out one that went, and no line was written (or the
+// claims it finished itself meanwhile were logged as handed).
+//
+// Setup: one Redis; site A's new store (s1:) is held; the old config's
+// connection (no holder any more) has a release on s1: in flight on a path
+// slowed 800 ms; its drain calls handOver; 300 ms later, while the offer
+// waits for that pass, one of its requests hands it a release on s3:,
+// which no connection serves. (Helper 7's review, stop 61.)
+func TestARetiredConnectionLogsTheClaimsItHandedOverWhileItsRequestsHandItMore(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	heir := loadServing(t, ctx, srv.URL(), "", "", "s1:")
+	t.Cleanup(func() { heir.reconciler.Close() })
+	t.Cleanup(func() { _ = heir.Cleanup() })
+
+	settings := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second)}
+	opts, err := settings.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	retired := newRedisConnection(opts, settings, zap.New(core)) // the old config's, which no config holds any more
+	t.Cleanup(func() { _ = retired.Destruct() })
+	if retired.keyspaceID != heir.dataID {
+		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
+	}
+	pingCtx, pingCancel := context.WithTimeout(context.Background(), time.Second)
+	defer pingCancel()
+	if err := retired.client.Ping(pingCtx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	link := &heldLink{delay: 800 * time.Millisecond}
+	retired.client.AddHook(link)
+	link.mode.Store(linkSlow)
+	t.Cleanup(func() { link.mode.Store(linkFine) }) // before the Destruct: its last pass need not crawl
+
+	retired.reconciler.Hand([]*dedup.Claim{ownedClaim("s1:failed", 1)}, true) // its upstream failed: the reconciler releases it now
+	time.Sleep(200 * time.Millisecond)                                        // its pass is on its way, slowed
+	go func() {
+		time.Sleep(300 * time.Millisecond) // while the offer waits for the pass
+		retired.reconciler.Hand([]*dedup.Claim{ownedClaim("s3:failed", 2)}, true)
+	}()
+	retired.handOver()
+
+	took, kept := heir.reconciler.Len(), retired.reconciler.Len()
+	if took != 1 || kept != 1 {
+		t.Fatalf("the heir took %d claims and the retired connection kept %d; the test needs 1 and 1", took, kept)
+	}
+	lines := logs.FilterMessageSnippet("handed the claims").All()
+	if len(lines) == 0 {
+		t.Fatalf("the heir took 1 claim and nothing said so: handOver counted Len before (1) less Len after (1), " +
+			"the claim a request handed meanwhile cancelling out the one that went")
+	}
+	if got := lines[0].ContextMap(); lines[0].Level != zapcore.InfoLevel || got["claims"] != int64(1) || got["kept"] != int64(1) {
+		t.Errorf("the hand-over line: %s %v; want info with claims=1 kept=1", lines[0].Level, got)
 	}
 }

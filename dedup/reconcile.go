@@ -366,7 +366,8 @@ func (r *Reconciler) TakeOver(from *Reconciler, claims []*Claim) bool {
 		return true
 	}
 	keys := countKeys(nil, claims, 1)
-	return r.takeFrom(from, func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) })
+	_, all := r.takeFrom(from, func(j *reconcileJob) bool { return j.owed() && anyKeyIn(keys, j.claims) }, true)
+	return all
 }
 
 // TakeOverJobs moves to r the jobs from holds whose claims' keys all
@@ -379,26 +380,31 @@ func (r *Reconciler) TakeOver(from *Reconciler, claims []*Claim) bool {
 // confirmations would then fail until the claims' TTL, while a claim that
 // landed late stood, its sender's retry told to come back and then that
 // it was delivered. It waits for a pass of from on its way, as TakeOver
-// does. It reports false if r is closed or has no room for them all: from
-// keeps them. A closing from keeps them too: its last pass makes them.
-func (r *Reconciler) TakeOverJobs(from *Reconciler, keys func(key string) bool) bool {
+// does. It takes each job r has room for (Confirm's in their budget, the
+// others in the queue's), and returns how many claims it took: from keeps
+// the rest, all of them if r is closed. A closing from keeps them too: its
+// last pass makes them.
+func (r *Reconciler) TakeOverJobs(from *Reconciler, keys func(key string) bool) int {
 	if from == r {
-		return true
+		return 0
 	}
-	return r.takeFrom(from, func(j *reconcileJob) bool {
+	took, _ := r.takeFrom(from, func(j *reconcileJob) bool {
 		return keys == nil || !slices.ContainsFunc(j.claims, func(c *Claim) bool { return !keys(c.Key()) })
-	})
+	}, false)
+	return took
 }
 
-// takeFrom moves to r the jobs of from that match, all or none, and
-// reports false if r had no room for them (or is closed): from keeps them.
-func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) bool {
+// takeFrom moves to r the jobs of from that match: all or none of them
+// (whole), else each that r has room for. It returns how many claims it
+// moved, and whether it moved every job that matched (or none matched):
+// from keeps the others, all of them if r is closed.
+func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool, whole bool) (moved int, all bool) {
 	from.working.Lock() // no pass of from takes them meanwhile
 	defer from.working.Unlock()
 	from.mu.Lock()
 	if from.closed {
 		from.mu.Unlock()
-		return true
+		return 0, true
 	}
 	jobs := from.takeLocked(match)
 	counted := make([]jobCount, len(jobs))
@@ -407,33 +413,41 @@ func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool) 
 	}
 	from.mu.Unlock()
 	if len(jobs) == 0 {
-		return true
+		return 0, true
 	}
 	// The two locks one after the other, never one inside the other: two
 	// connections may take over from each other at once. Meanwhile both
 	// count the jobs as owed, so that a call on their keys waits for them.
+	took := make([]bool, len(jobs))
 	r.mu.Lock()
-	took := r.roomLocked(jobs)
-	if took {
-		for _, j := range jobs {
+	for i, j := range jobs {
+		if whole && i > 0 {
+			took[i] = took[0]
+		} else if whole {
+			took[i] = r.roomLocked(jobs)
+		} else {
+			took[i] = r.roomLocked(jobs[i : i+1])
+		}
+		if took[i] {
 			j.flight, j.releasedBy, j.pass = 0, 0, 0 // from's flights and passes, not r's: r owes them from now
 			r.addLocked(j)
+			moved += len(j.claims)
 		}
 	}
 	r.mu.Unlock()
 	from.mu.Lock()
 	for i, j := range jobs {
-		if took {
+		if took[i] {
 			from.uncountLocked(counted[i])
 		} else {
 			from.jobs = append(from.jobs, j)
 		}
 	}
 	from.mu.Unlock()
-	if took {
+	if moved > 0 {
 		r.nudge()
 	}
-	return took
+	return moved, !slices.Contains(took, false)
 }
 
 // nudge makes run look at the queue again.

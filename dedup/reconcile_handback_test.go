@@ -116,7 +116,7 @@ func TestACallEndsWhileTakeoversKeepComing(t *testing.T) {
 					return
 				default:
 				}
-				to.takeFrom(from, func(*reconcileJob) bool { return false }) // another key's takeover
+				to.takeFrom(from, func(*reconcileJob) bool { return false }, true) // another key's takeover
 			}
 		}()
 	}

@@ -1465,8 +1465,8 @@ func TestTakeOverJobsMovesOnlyTheJobsOnTheKeysItIsGiven(t *testing.T) {
 		}
 	}
 	to, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
-	if !to.TakeOverJobs(from, func(key string) bool { return strings.HasPrefix(key, "a:") }) {
-		t.Fatal("an open receiver with room refused")
+	if n := to.TakeOverJobs(from, func(key string) bool { return strings.HasPrefix(key, "a:") }); n != 1 {
+		t.Fatalf("the receiver took %d claims; want the one on a:", n)
 	}
 	if !to.OwesFor([]*Claim{a}) || to.Len() != 1 {
 		t.Errorf("the receiver holds %d claims, owes a:1 %v; want the job on a: alone", to.Len(), to.OwesFor([]*Claim{a}))
@@ -1480,8 +1480,9 @@ func TestTakeOverJobsMovesOnlyTheJobsOnTheKeysItIsGiven(t *testing.T) {
 // TakeOverJobs moves every job another Reconciler holds, settlements,
 // releases and confirmations alike, with their counts and their due
 // times: the receiver makes them, and the giver, left with nothing, closes
-// without dropping any. A receiver that is closed, or has no room for
-// them all, takes none: the giver keeps them, still owed.
+// without dropping any. A receiver that is closed, or has room for none
+// of them (its queue and Confirm's budget both full), takes none: the
+// giver keeps them, still owed.
 func TestTakeOverJobsMovesEveryJobWithItsCounts(t *testing.T) {
 	from, given := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
 	pol := testPolicy(Tumbling)
@@ -1494,12 +1495,14 @@ func TestTakeOverJobsMovesEveryJobWithItsCounts(t *testing.T) {
 	}
 	owed := [][]*Claim{{failed}, {unconfirmed}}
 
-	full, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 2)
-	full.Hand([]*Claim{claim("full", 4)}, false)
+	full, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 1, time.Hour)
+	if !full.Hand([]*Claim{claim("full", 4)}, false) || !full.Confirm([]*Claim{claim("full-confirming", 5)}) {
+		t.Fatal("filling the receiver")
+	}
 	closed, _ := testReconciler(t, NewMemoryStore(0), 0)
 	closed.Close()
 	for name, r := range map[string]*Reconciler{"full": full, "closed": closed} {
-		if r.TakeOverJobs(from, nil) {
+		if r.TakeOverJobs(from, nil) != 0 {
 			t.Errorf("a %s receiver took them over", name)
 		}
 		if from.Len() != 3 || from.Unanswered() != 2 || !from.OwesFor(owed[0]) || !from.OwesFor(owed[1]) {
@@ -1512,7 +1515,7 @@ func TestTakeOverJobsMovesEveryJobWithItsCounts(t *testing.T) {
 		t.Fatalf("the claims that landed: %v %v", v, err)
 	}
 	r, o := testReconciler(t, mem, 0) // no confirmations of its own: what it answers, it finishes
-	if !r.TakeOverJobs(from, nil) {
+	if r.TakeOverJobs(from, nil) != 3 {
 		t.Fatal("an open receiver with room refused")
 	}
 	if from.Len() != 0 || from.Unanswered() != 0 || from.Owes() {
@@ -1596,5 +1599,44 @@ func TestTwoReconcilersTakingOverFromEachOtherKeepTheirCounts(t *testing.T) {
 	defer b.mu.Unlock()
 	if len(a.owedKeys) != 0 || len(b.owedKeys) != 0 || a.confirming != 0 || b.confirming != 0 || a.claims != 0 || b.claims != 0 {
 		t.Fatalf("left counted: owed keys %v %v, confirming %d %d, claims %d %d", a.owedKeys, b.owedKeys, a.confirming, b.confirming, a.claims, b.claims)
+	}
+}
+
+// TakeOverJobs moves each job the receiver has room for, not all or none
+// of them across its two budgets: a retired connection's release that the
+// store never answered goes to its site's new connection even when that
+// connection's budget for Confirm's jobs (Sentinel and Cluster releases no
+// replica acknowledged) has no room for the retired one's confirmation
+// too. All or none, one job over either budget kept them all with the
+// retired connection, refused after a password rotation until the
+// claim's TTL: the failed request's claim stood, and its sender's retry
+// was told to come back, then that its ping was delivered.
+//
+// Setup: the receiver (capacity 2) holds two Confirm claims of its own
+// (its Confirm budget full, its queue's empty); the giver holds a release
+// the store never answered and a confirmation, both on a:; the receiver
+// is offered the jobs on a:. (Helper 7's review, stop 61.)
+func TestTakeOverJobsMovesTheJobsThatFitThoughOthersDoNot(t *testing.T) {
+	pol := testPolicy(Tumbling)
+	claim := func(key string, token uint64) *Claim {
+		return &Claim{Observation: Observation{Key: key}, Policy: pol, Token: token, At: time.Now()}
+	}
+	to, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 2, time.Hour)
+	if !to.Confirm([]*Claim{claim("a:own1", 1), claim("a:own2", 2)}) {
+		t.Fatal("the receiver's own confirmations")
+	}
+	from, _ := testReconciler(t, &downStore{Store: NewMemoryStore(0)}, 0, time.Hour)
+	failed, unconfirmed := claim("a:failed", 3), claim("a:unconfirmed", 4)
+	if !from.Hand([]*Claim{failed}, true) || !from.Confirm([]*Claim{unconfirmed}) {
+		t.Fatal("handing over")
+	}
+	to.TakeOverJobs(from, func(key string) bool { return strings.HasPrefix(key, "a:") })
+	if !to.OwesFor([]*Claim{failed}) || from.OwesFor([]*Claim{failed}) {
+		t.Errorf("the release the store never answered: the receiver owes it %v, the giver %v; want it moved: the receiver's "+
+			"queue has room for it (holds %d claims, all confirmations, of 2), only its Confirm budget has none for the "+
+			"giver's confirmation", to.OwesFor([]*Claim{failed}), from.OwesFor([]*Claim{failed}), to.Len())
+	}
+	if !from.OwesFor([]*Claim{unconfirmed}) {
+		t.Error("the giver no longer owes the confirmation the receiver had no room for")
 	}
 }
