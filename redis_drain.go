@@ -87,8 +87,8 @@ const (
 
 // deleteWhenDrained lets go of the connection once its requests are done
 // (or deadline has passed, or Caddy exits) and its reconciler holds no
-// claim, or has handed them to another connection on the same data a
-// config holds (handOver: tried at every look), or Caddy exits. The
+// claim, or has handed them to other connections on the same data that
+// configs hold (handOver), or Caddy exits. The
 // reconciler bounds its own wait: it gives up on a claim at its
 // TTL, and its last look for a late landing comes 101.1 s after the store
 // first answered it.
@@ -108,9 +108,9 @@ func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 // longer be let in (a rotated password, refused once Redis cut its pool),
 // and the confirmation that would release a claim that landed late would
 // be refused meanwhile, its sender's retry told to come back, then that it
-// was delivered. It offers them at each look (drainPoll) where the
-// requests handed the reconciler more, and every reconcilePoll while it
-// holds any: a hand-over of thousands of claims to every connection of a
+// was delivered. It offers them at each look (drainPoll) where a job came
+// since the last offer began (Reconciler.Added: a job that finished
+// meanwhile does not hide it), and every reconcilePoll while it holds any: a hand-over of thousands of claims to every connection of a
 // Redis many sites share takes milliseconds, too much to repeat every
 // drainPoll for what no one took. Once Caddy exits it waits a store
 // timeout and a second more at most, as the exit hook does for the
@@ -123,11 +123,12 @@ func (r *RedisStore) deleteWhenDrained(deadline time.Time) {
 func (r *RedisStore) waitForRequests(deadline time.Time) {
 	exiting := false
 	var offered time.Time // the last hand-over
-	kept := 0             // what the reconciler held after it
+	seen := ^uint64(0)    // the jobs queued before it (Reconciler.Added)
 	for r.users.Load() > 0 && time.Now().Before(deadline) {
-		if n := r.reconciler.Len(); n > 0 && (n != kept || time.Since(offered) >= reconcilePoll) {
+		if r.reconciler.Len() > 0 && (r.reconciler.Added() != seen || time.Since(offered) >= reconcilePoll) {
+			seen = r.reconciler.Added()
 			r.handOver()
-			offered, kept = time.Now(), r.reconciler.Len()
+			offered = time.Now()
 		}
 		if !exiting && atExit.Err() != nil {
 			exiting = true

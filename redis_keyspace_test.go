@@ -1001,3 +1001,87 @@ func TestARetiredConnectionLogsTheClaimsItHandedOverWhileItsRequestsHandItMore(t
 		t.Errorf("the hand-over line: %s %v; want info with claims=1 kept=1", lines[0].Level, got)
 	}
 }
+
+// A retired connection's drain offers its jobs at the next look (50 ms)
+// after its requests hand it one, even when, at that same look, a job it
+// kept has gone (one no connection serves reached its claims' TTL, or a
+// call through another connection took it over). Telling "handed more" by
+// the reconciler's Len (cec3e81), a job that went and one handed of the
+// same size left Len as it was, and the new job was offered only once a
+// second had passed since the last offer: a settlement or a confirmation
+// waited that second out on a connection Redis refuses after a password
+// rotation.
+//
+// Setup: site A's new connection serves s1: (the heir); the old config's
+// connection, refused (heldLink), keeps a release on s3:, which no
+// connection serves, whose claim's TTL ends 1.5 s in; a request of the old
+// config still runs (users 1). At 1.2 s a request hands it a release on
+// s1: (handed at the next look: the drain's last offer is now); right
+// after the s3: claim's TTL ends another request hands a release on s1:,
+// Len 1 again. Checked 400 ms later, short of a second after the last
+// offer. (Helper 8's review, stop 61.)
+func TestARetiredConnectionOffersAJobHandedAsAKeptOneWent(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	heir := loadServing(t, ctx, srv.URL(), "", "", "s1:")
+	t.Cleanup(func() { _ = heir.Cleanup() })
+
+	old := &RedisStore{URL: srv.URL(), Timeout: caddy.Duration(2 * time.Second)} // the old config's: another timeout
+	if err := old.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old.drainWithin(dedup.DefaultInFlightTimeout) // as the handler does
+	connected(t, old)
+	if old.dataID != heir.dataID {
+		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
+	}
+	link := &heldLink{}
+	old.client.AddHook(link)
+	link.mode.Store(linkRefuse) // a rotated password, and Redis cut the old pool
+
+	began := time.Now()
+	gone := ownedClaim("s3:gone", 1)
+	gone.At = began.Add(-gone.Policy.TTL + 1500*time.Millisecond) // its TTL ends 1.5 s in
+	if !old.reconciler.Hand([]*dedup.Claim{gone}, true) {
+		t.Fatal("handing the s3: release")
+	}
+	old.users.Add(1) // a request of the old config, its upstream slow
+	t.Cleanup(func() { old.users.Add(-1) })
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { old.reconciler.Close() }) // then its drain ends
+
+	time.Sleep(time.Until(began.Add(1200 * time.Millisecond)))
+	first := ownedClaim("s1:first", 2)
+	old.reconciler.Hand([]*dedup.Claim{first}, true)
+	for deadline := time.Now().Add(3 * time.Second); old.reconciler.OwesFor([]*dedup.Claim{first}); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first s1: release was never handed to the heir")
+		}
+	}
+	offered := time.Now() // the drain's last offer, within a millisecond or two
+
+	time.Sleep(time.Until(began.Add(1510 * time.Millisecond))) // the s3: claim's TTL has ended
+	old.reconciler.Wake()                                      // its next retry, now: the reconciler finishes it
+	for deadline := time.Now().Add(3 * time.Second); old.reconciler.Len() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the expired s3: release was never finished")
+		}
+	}
+	failed := ownedClaim("s1:failed", 3)
+	old.reconciler.Hand([]*dedup.Claim{failed}, true) // Len 1, as kept after the last offer
+
+	time.Sleep(400 * time.Millisecond) // eight looks
+	stillOwed := old.reconciler.OwesFor([]*dedup.Claim{failed})
+	since := time.Since(offered)
+	if since >= 950*time.Millisecond {
+		t.Skipf("the machine was too slow to tell (%v since the last offer): the drain's second-long offer may have come", since)
+	}
+	if stillOwed {
+		t.Errorf("400 ms after a request handed the retired, refused connection a release on s1: (%v after the drain's last offer), "+
+			"it still holds it: the drain saw Len %d, what it kept after the last offer, and waits for the second to pass; "+
+			"the heir serving s1: holds %d claims", since.Round(time.Millisecond), old.reconciler.Len(), heir.reconciler.Len())
+	}
+}

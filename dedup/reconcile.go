@@ -132,6 +132,7 @@ type Reconciler struct {
 	// answered: what waits for Redis, where claims counts those kept for
 	// their confirmations too.
 	unanswered atomic.Int64
+	added      atomic.Uint64 // the jobs ever queued (Added)
 	jobs       []*reconcileJob
 	claims     int // in jobs
 	// confirming counts the claims of Confirm's jobs, which have a budget
@@ -306,6 +307,7 @@ func (r *Reconciler) roomLocked(jobs []*reconcileJob) bool {
 func (r *Reconciler) addLocked(job *reconcileJob) {
 	n := len(job.claims)
 	r.jobs = append(r.jobs, job)
+	r.added.Add(1)
 	r.claims += n
 	if job.confirming {
 		r.confirming += n
@@ -621,6 +623,11 @@ func (r *Reconciler) Len() int {
 	defer r.mu.Unlock()
 	return r.claims
 }
+
+// Added counts the jobs ever queued: handed, confirmed or taken over from
+// another Reconciler. A caller that finds it unchanged knows no job came
+// since it looked, whatever finished meanwhile (Len would not say).
+func (r *Reconciler) Added() uint64 { return r.added.Load() }
 
 // Unanswered returns how many claims wait for the store's first answer:
 // of the claims waiting, those the store has not yet settled or released
