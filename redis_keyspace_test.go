@@ -267,13 +267,7 @@ func TestARetiredConnectionHandsItsJobsToAnOlderOneOfItsSite(t *testing.T) {
 	if older.dataID != retired.dataID || older.poolKey == retired.poolKey {
 		t.Fatal("the two stores are not two connections on one keyspace; the test needs them to be")
 	}
-	late := ownedClaim("older:late", 1)
-	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
-	for deadline := time.Now().Add(5 * time.Second); retired.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the release was not answered")
-		}
-	}
+	late := confirmationOwed(t, retired, "older:late") // its upstream failed; the claim is still on its way
 	link := &heldLink{}
 	retired.client.AddHook(link)
 	link.mode.Store(linkRefuse) // the retired connection's path is broken from now on
@@ -314,27 +308,12 @@ func TestARetiredConnectionHandsOverWhileItsRequestsStillRun(t *testing.T) {
 	srv.AddUser(t, "svc", "old")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(password string) *RedisStore {
-		r := &RedisStore{URL: srv.URL(), Username: "svc", Password: password, Timeout: caddy.Duration(time.Second)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.drainWithin(dedup.DefaultInFlightTimeout) // as the handler does
-		r.servesPrefix("draining:")
-		return r
-	}
-	old := load("old")
-	connected(t, old)
-	late := ownedClaim("draining:late", 1)
-	old.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
-	for deadline := time.Now().Add(5 * time.Second); old.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the release was not answered")
-		}
-	}
-	srv.RotatePassword(t, "svc", "new") // and Redis cut the old connection's pool
+	old := loadServing(t, ctx, srv.URL(), "svc", "old", "draining:")
+	old.drainWithin(dedup.DefaultInFlightTimeout)     // as the handler does
+	late := confirmationOwed(t, old, "draining:late") // its upstream failed; the claim is still on its way
+	srv.RotatePassword(t, "svc", "new")               // and Redis cut the old connection's pool
 
-	current := load("new")
+	current := loadServing(t, ctx, srv.URL(), "svc", "new", "draining:")
 	t.Cleanup(func() { _ = current.Cleanup() })
 	if v, err := current.store.Decide(context.Background(), []*dedup.Claim{late}); err != nil || v[0].Decision != dedup.Accepted {
 		t.Fatalf("the late landing: %v %v", v, err) // written here with its token, as the late write would
@@ -493,26 +472,14 @@ func TestAnExitKeepsARetiredConnectionOpenForTheReleasesOfTheRequestsItCuts(t *t
 func TestARetiredConnectionDoesNotHandItsReleasesToAnotherSitesUserThatCannotTouchTheirKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
-	for user, keys := range map[string]string{"svc1": "~s2:*", "svc2": "~s1:*"} {
-		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.AddUserOn(t, "svc1", "p", "~s2:*")
+	srv.AddUserOn(t, "svc2", "p", "~s1:*")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(user, prefix string) *RedisStore {
-		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.servesPrefix(prefix) // as the handler does
-		connected(t, r)
-		return r
-	}
-	older := load("svc1", "s2:")
+	older := loadServing(t, ctx, srv.URL(), "svc1", "p", "s2:")
 	t.Cleanup(func() { older.reconciler.Close() }) // after its Cleanup: a doomed job would hold its drain an hour
 	t.Cleanup(func() { _ = older.Cleanup() })
-	retired := load("svc2", "s1:")
+	retired := loadServing(t, ctx, srv.URL(), "svc2", "p", "s1:")
 	if older.dataID != retired.dataID {
 		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
 	}
@@ -564,24 +531,12 @@ func TestARetiredConnectionDoesNotHandItsReleasesToAnotherSitesUserThatCannotTou
 func TestARetiredConnectionDoesNotHandItsReleasesToANewerSitesConnection(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
-	for user, keys := range map[string]string{"svcA": "~s1:*", "svcB": "~s2:*"} {
-		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.AddUserOn(t, "svcA", "p", "~s1:*")
+	srv.AddUserOn(t, "svcB", "p", "~s2:*")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(user, prefix string) *RedisStore {
-		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.servesPrefix(prefix) // as the handler does
-		connected(t, r)
-		return r
-	}
-	removed := load("svcA", "s1:") // site A, in the config the reload replaces
-	added := load("svcB", "s2:")   // site B, new in the reload's config
+	removed := loadServing(t, ctx, srv.URL(), "svcA", "p", "s1:") // site A, in the config the reload replaces
+	added := loadServing(t, ctx, srv.URL(), "svcB", "p", "s2:")   // site B, new in the reload's config
 	t.Cleanup(func() { added.reconciler.Close() })
 	t.Cleanup(func() { _ = added.Cleanup() })
 	if removed.dataID != added.dataID {
@@ -635,33 +590,15 @@ func TestARetiredConnectionDoesNotHandItsReleasesToANewerSitesConnection(t *test
 // lands; the old config is cleaned up. (Helper 5's review, stop 61.)
 func TestARotationOfEveryUserHandsARetiredConnectionsJobsToItsReplacement(t *testing.T) {
 	srv := redistest.Start(t)
-	admin := srv.Client()
-	for user, keys := range map[string]string{"svcA-blue": "~s1:*", "svcA-green": "~s1:*", "svcB-green": "~s2:*"} {
-		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.AddUserOn(t, "svcA-blue", "p", "~s1:*")
+	srv.AddUserOn(t, "svcA-green", "p", "~s1:*")
+	srv.AddUserOn(t, "svcB-green", "p", "~s2:*")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(user, prefix string) *RedisStore {
-		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.servesPrefix(prefix) // as the handler does
-		connected(t, r)
-		return r
-	}
-	retired := load("svcA-blue", "s1:")
-	late := ownedClaim("s1:late", 1)
-	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
-	for deadline := time.Now().Add(5 * time.Second); retired.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the release was not answered")
-		}
-	}
-	replacement := load("svcA-green", "s1:") // the reload's new config: site A first,
-	siteB := load("svcB-green", "s2:")       // then site B
+	retired := loadServing(t, ctx, srv.URL(), "svcA-blue", "p", "s1:")
+	late := confirmationOwed(t, retired, "s1:late")                         // its upstream failed; the claim is still on its way
+	replacement := loadServing(t, ctx, srv.URL(), "svcA-green", "p", "s1:") // the reload's new config: site A first,
+	siteB := loadServing(t, ctx, srv.URL(), "svcB-green", "p", "s2:")       // then site B
 	t.Cleanup(func() { siteB.reconciler.Close(); replacement.reconciler.Close() })
 	t.Cleanup(func() { _ = siteB.Cleanup(); _ = replacement.Cleanup() })
 	if retired.dataID != siteB.dataID || retired.dataID != replacement.dataID {
@@ -704,34 +641,14 @@ func TestARotationOfEveryUserHandsARetiredConnectionsJobsToItsReplacement(t *tes
 // old config is cleaned up. (Helper 5's review, stop 61.)
 func TestARetiredConnectionHandsItsJobsToTheOlderConnectionItsSiteWasMovedOnto(t *testing.T) {
 	srv := redistest.Start(t)
-	admin := srv.Client()
-	for user, keys := range map[string][]string{"svcA-old": {"~s1:*"}, "svcShared": {"~s1:*", "~s2:*"}} {
-		args := append([]any{"ACL", "SETUSER", user, "on", ">p", "resetkeys"}, anys(keys)...)
-		if err := admin.Do(context.Background(), append(args, "&*", "+@all")...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.AddUserOn(t, "svcA-old", "p", "~s1:*")
+	srv.AddUserOn(t, "svcShared", "p", "~s1:*", "~s2:*")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(user, prefix string) *RedisStore {
-		r := &RedisStore{URL: srv.URL(), Username: user, Password: "p", Timeout: caddy.Duration(time.Second)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.servesPrefix(prefix) // as the handler does
-		connected(t, r)
-		return r
-	}
-	siteB := load("svcShared", "s2:")
-	retired := load("svcA-old", "s1:")
-	late := ownedClaim("s1:late", 1)
-	retired.reconciler.Hand([]*dedup.Claim{late}, true) // its upstream failed; the claim is still on its way
-	for deadline := time.Now().Add(5 * time.Second); retired.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the release was not answered")
-		}
-	}
-	replacement := load("svcShared", "s1:") // site A's new config: the pool site B's store holds
+	siteB := loadServing(t, ctx, srv.URL(), "svcShared", "p", "s2:")
+	retired := loadServing(t, ctx, srv.URL(), "svcA-old", "p", "s1:")
+	late := confirmationOwed(t, retired, "s1:late")                        // its upstream failed; the claim is still on its way
+	replacement := loadServing(t, ctx, srv.URL(), "svcShared", "p", "s1:") // site A's new config: the pool site B's store holds
 	t.Cleanup(func() { siteB.reconciler.Close() })
 	t.Cleanup(func() { _ = siteB.Cleanup(); _ = replacement.Cleanup() })
 	if replacement.poolKey != siteB.poolKey || retired.dataID != siteB.dataID {
@@ -749,43 +666,6 @@ func TestARetiredConnectionHandsItsJobsToTheOlderConnectionItsSiteWasMovedOnto(t
 		t.Errorf("the failed ping's retry through the connection site A now uses is %v (want accepted): the retired connection, "+
 			"refused, kept the confirmation that would release the claim that landed late (it holds %d claims) rather than hand "+
 			"it to the older connection A's config adopted", got, retired.reconciler.Len())
-	}
-}
-
-func anys(s []string) []any {
-	out := make([]any, len(s))
-	for i, v := range s {
-		out[i] = v
-	}
-	return out
-}
-
-// A handler tells its Redis store the key_prefix its keys are under: the
-// connection serves it (may be handed jobs on its keys, keyspace.heirs)
-// while a config holds the handler, and no longer once the config is
-// cleaned up.
-func TestAHandlerTellsItsRedisConnectionItsKeyPrefix(t *testing.T) {
-	srv := redistest.Start(t)
-	_, cleanup := loadConfig(t, `{"key_prefix":"prefix-told:","store":{"type":"redis","url":"`+srv.URL()+`"}}`)
-	var conn *redisConnection
-	keyspaces.Lock()
-	for _, ks := range keyspaces.byID {
-		for _, c := range *ks.connections.Load() {
-			if c.prefixes.servesKey("prefix-told:veh") {
-				conn = c
-			}
-		}
-	}
-	keyspaces.Unlock()
-	if conn == nil {
-		t.Fatal("no Redis connection serves the handler's key_prefix")
-	}
-	if conn.prefixes.servesKey("other:veh") {
-		t.Error("the connection serves a key_prefix no handler of it has")
-	}
-	cleanup()
-	if conn.prefixes.servesKey("prefix-told:veh") {
-		t.Error("the connection still serves the key_prefix of a handler its config let go of")
 	}
 }
 
@@ -896,11 +776,9 @@ func TestAConnectionWhoseSiteChangedItsKeyPrefixStillHandsItsJobsOver(t *testing
 func TestASharedConnectionSplitBetweenTwoSitesHandsEachItsJobs(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
-	for user, keys := range map[string]string{"shared": "~*", "svcA": "~a:*", "svcB": "~b:*"} {
-		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">p", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.AddUserOn(t, "shared", "p", "~*")
+	srv.AddUserOn(t, "svcA", "p", "~a:*")
+	srv.AddUserOn(t, "svcB", "p", "~b:*")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 

@@ -187,35 +187,19 @@ func TestARetiredConnectionHandsWhatItsReconcilerHoldsToTheNewOne(t *testing.T) 
 	srv.AddUser(t, "svc", "old")
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	load := func(password string) *RedisStore {
-		// Timeouts long enough for a loaded machine: the old password is
-		// refused at once.
-		r := &RedisStore{URL: srv.URL(), Username: "svc", Password: password, Timeout: caddy.Duration(time.Second)}
-		if err := r.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.servesPrefix("retired:") // as the handler does
-		return r
-	}
-	old := load("old")
-	connected(t, old)
-	delivered, late := ownedClaim("retired:delivered", 1), ownedClaim("retired:late", 1)
+	old := loadServing(t, ctx, srv.URL(), "svc", "old", "retired:")
+	delivered := ownedClaim("retired:delivered", 1)
 	if v, err := old.store.Decide(context.Background(), []*dedup.Claim{delivered}); err != nil || v[0].Decision != dedup.Accepted {
 		t.Fatalf("the delivered ping's claim: %v %v", v, err)
 	}
 	// The failed request's claim is still on its way when the release
 	// finds nothing: the reconciler confirms it later.
-	old.reconciler.Hand([]*dedup.Claim{late}, true)
-	for deadline := time.Now().Add(5 * time.Second); old.reconciler.Unanswered() > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the release was not answered")
-		}
-	}
+	late := confirmationOwed(t, old, "retired:late")
 	// The password is rotated, and the old connection's pool cut.
 	srv.RotatePassword(t, "svc", "new")
 	old.reconciler.Hand([]*dedup.Claim{delivered}, false) // its settlement failed
 
-	current := load("new")
+	current := loadServing(t, ctx, srv.URL(), "svc", "new", "retired:")
 	t.Cleanup(func() { _ = current.Cleanup() })
 	// The failed request's claim lands (written here through the new
 	// connection, with its token).

@@ -422,11 +422,10 @@ func (r *Reconciler) takeFrom(from *Reconciler, match func(*reconcileJob) bool, 
 	// count the jobs as owed, so that a call on their keys waits for them.
 	took := make([]bool, len(jobs))
 	r.mu.Lock()
+	roomForAll := whole && r.roomLocked(jobs)
 	for i, j := range jobs {
-		if whole && i > 0 {
-			took[i] = took[0]
-		} else if whole {
-			took[i] = r.roomLocked(jobs)
+		if whole {
+			took[i] = roomForAll
 		} else {
 			took[i] = r.roomLocked(jobs[i : i+1])
 		}

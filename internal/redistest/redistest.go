@@ -140,12 +140,23 @@ func (s *Server) options() *redis.Options {
 // account to log in with besides the default user.
 func (s *Server) AddUser(t testing.TB, name, password string) {
 	t.Helper()
+	s.AddUserOn(t, name, password, "~*")
+}
+
+// AddUserOn creates an ACL user that may run every command on every
+// channel but only on the keys its patterns match ("~s1:*"), as the
+// README's ACL advice confines each site's user to its key_prefix.
+func (s *Server) AddUserOn(t testing.TB, name, password string, keys ...string) {
+	t.Helper()
 	c := redis.NewClient(s.options())
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := c.Do(ctx, "ACL", "SETUSER", name, "on", ">"+password, "~*", "&*", "+@all").Err()
-	if err != nil {
+	args := []any{"ACL", "SETUSER", name, "on", ">" + password, "resetkeys"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	if err := c.Do(ctx, append(args, "&*", "+@all")...).Err(); err != nil {
 		t.Fatalf("adding ACL user %q on %s: %v", name, s.Addr(), err)
 	}
 }
