@@ -401,6 +401,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			"its tracker's pings lacking them are refused as missing; remove them to read the preset's format",
 			zap.String("preset", h.Preset), zap.Strings("options", s.defaultsOverPreset))
 	}
+	if len(s.misreadAnswers) > 0 {
+		h.logger.Warn("answers given beside the preset are not what its client counts as meant: it will resend or drop those pings; "+
+			"keep them only if that client never posts to this route",
+			zap.String("preset", h.Preset), zap.Strings("answers", s.misreadAnswers))
+	}
 	h.logger.Info("telemetry_dedup ready",
 		zap.String("shape", string(s.policy.Shape)), zap.Stringer("window", s.keyer.Window),
 		zap.Int("resolution", s.keyer.Resolution), zap.String("key_prefix", s.keyer.Prefix),

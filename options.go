@@ -47,6 +47,9 @@ type settings struct {
 	// defaultsOverPreset lists the options written beside the preset with
 	// the paths of a format without one, which override the preset's.
 	defaultsOverPreset []string
+	// misreadAnswers lists the answers given beside the preset that its
+	// client does not read as meant.
+	misreadAnswers []string
 	// encoding says where a request's fields are: json, form or auto.
 	encoding      string
 	answers       answers
@@ -89,6 +92,7 @@ func (h *Handler) resolve() (settings, error) {
 	if s.answers, err = h.resolveAnswers(); err != nil {
 		return s, err
 	}
+	s.misreadAnswers = h.misreadAnswers()
 
 	s.keyer = dedup.Keyer{Window: dedup.DefaultWindow, Resolution: dedup.DefaultResolution, Prefix: dedup.DefaultKeyPrefix}
 	if h.Window != 0 {

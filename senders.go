@@ -162,6 +162,74 @@ func (h *Handler) resolveAnswers() (answers, error) {
 	return a, nil
 }
 
+// misreadAnswers lists each answer given beside a preset that the preset's
+// client does not read as its kind means, with what the client does
+// instead: the handler warns of them at load. They are not refused, as a
+// route may serve one client the preset does not name (Overland in its
+// OwnTracks mode counts only {"result":"ok"} as delivered, which OwnTracks
+// Android resends forever).
+func (h *Handler) misreadAnswers() []string {
+	if h.Answers == nil {
+		return nil
+	}
+	var misread []string
+	for _, given := range []struct {
+		kind   string
+		answer *Answer
+	}{{"suppressed", h.Answers.Suppressed}, {"dead_lettered", h.Answers.DeadLettered}} {
+		if given.answer == nil {
+			continue
+		}
+		if what := deliveredMisread(h.Preset, given.answer); what != "" {
+			misread = append(misread, given.kind+": "+what)
+		}
+	}
+	if a := h.Answers.InFlight; a != nil && h.Preset == "owntracks" && a.Status < 500 {
+		misread = append(misread, fmt.Sprintf("in_flight: OwnTracks iOS deletes a message answered %d (any 4xx) and alerts the user; "+
+			"use a 5xx such as 503", a.Status))
+	}
+	return misread
+}
+
+// deliveredMisread says what preset's client does with a suppressed or
+// dead_lettered answer it does not count as delivered, or "" if it does
+// (see README, "Senders: what each client counts as delivered").
+func deliveredMisread(preset string, a *Answer) string {
+	var body any // nil unless the body is JSON
+	if a.Body != nil {
+		_ = json.Unmarshal([]byte(*a.Body), &body)
+	}
+	switch preset {
+	case "owntracks":
+		if _, array := body.([]any); !array && !hasKey(body, "_type") {
+			return "OwnTracks Android 2.5.7 to 2.5.9 reads a 2xx's body as OwnTracks messages, [] or an object with _type, " +
+				"and resends the message forever at the head of its queue when it cannot; answer 200 application/json []"
+		}
+	case "overland":
+		object, _ := body.(map[string]any)
+		if ok, _ := object["result"].(string); ok != "ok" || !overlandReadsJSON(a.ContentType) {
+			return `Overland keeps and resends the whole batch unless the answer is a JSON object with "result":"ok" ` +
+				"as application/json (GLManager.m); answer 200 application/json {\"result\":\"ok\"}"
+		}
+	}
+	return ""
+}
+
+// hasKey reports a JSON object with the key.
+func hasKey(v any, key string) bool {
+	object, ok := v.(map[string]any)
+	_, has := object[key]
+	return ok && has
+}
+
+// overlandReadsJSON reports a content type Overland's response serializer
+// (AFNetworking's AFJSONResponseSerializer) parses; it fails the request
+// on any other.
+func overlandReadsJSON(contentType string) bool {
+	ct := mediaType(contentType)
+	return ct.is("application/json") || ct.is("text/json") || ct.is("text/javascript")
+}
+
 // check reports an answer of the kind that would not have the effect its
 // kind needs.
 func (a *Answer) check(kind string) error {

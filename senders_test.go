@@ -77,6 +77,55 @@ func TestAnswersFromPresetsAndTheOption(t *testing.T) {
 	}
 }
 
+// An answer given beside a preset that the preset's client does not read
+// as meant is named at load (a warning: a route may serve another client,
+// as the README's Overland in OwnTracks mode does), with the client and
+// what it does; one it reads as meant is not. Checked against the
+// clients' source: OwnTracks Android 2.5.7-2.5.9 parses a 2xx body as
+// messages and re-queues on failure, OwnTracks iOS deletes on a 4xx
+// (Connection.m), Overland needs application/json {"result":"ok"}
+// (GLManager.m, AFJSONResponseSerializer).
+func TestAnswersAPresetsClientMisreadsAreNamed(t *testing.T) {
+	for _, tt := range []struct {
+		block string
+		want  []string // each: the answer's kind, then the client
+	}{
+		{"preset owntracks\n answers {\n suppressed 204\n }", []string{"suppressed: OwnTracks Android"}},
+		{"preset owntracks\n answers {\n suppressed 200 text/plain `{\"ok\":true}`\n }", []string{"suppressed: OwnTracks Android"}},
+		{"preset owntracks\n answers {\n dead_lettered 202\n }", []string{"dead_lettered: OwnTracks Android"}}, // the JSON report
+		{"preset owntracks\n answers {\n in_flight 429 5\n }", []string{"in_flight: OwnTracks iOS"}},
+		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"result\":\"ok\"}`\n dead_lettered 202 application/json `{\"result\":\"ok\"}`\n }",
+			[]string{"suppressed: OwnTracks Android", "dead_lettered: OwnTracks Android"}}, // the README's Overland in OwnTracks mode
+		{"preset owntracks\n answers {\n suppressed 200 text/plain []\n in_flight 503 2\n }", nil}, // Android parses the body whatever its type
+		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"_type\":\"status\"}`\n }", nil},
+		{"preset overland\n answers {\n suppressed 200 application/json []\n }", []string{"suppressed: Overland"}},
+		{"preset overland\n answers {\n suppressed 200 text/plain `{\"result\":\"ok\"}`\n }", []string{"suppressed: Overland"}},
+		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"okay\"}`\n }", []string{"suppressed: Overland"}},
+		{"preset overland\n answers {\n dead_lettered 202\n }", []string{"dead_lettered: Overland"}}, // the JSON report
+		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"ok\",\"dedup\":true}`\n in_flight 429 5\n }", nil},
+		{"preset osmand\n answers {\n suppressed 204\n in_flight 409 2\n }", nil},
+		{"answers {\n suppressed 204\n in_flight 409 2\n }", nil},
+	} {
+		h, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}")
+		if err != nil {
+			t.Fatalf("%q: %v", tt.block, err)
+		}
+		s, err := h.resolve()
+		if err != nil {
+			t.Fatalf("%q: %v", tt.block, err)
+		}
+		if len(s.misreadAnswers) != len(tt.want) {
+			t.Errorf("%q: named %q, want answers starting %q", tt.block, s.misreadAnswers, tt.want)
+			continue
+		}
+		for i, got := range s.misreadAnswers {
+			if !strings.HasPrefix(got, tt.want[i]) {
+				t.Errorf("%q: named %q, want it to start %q", tt.block, got, tt.want[i])
+			}
+		}
+	}
+}
+
 // A configured body is written as given, with its Content-Type and a
 // Content-Length that matches.
 func TestBodyAnswerIsWrittenAsGiven(t *testing.T) {
@@ -314,6 +363,38 @@ func TestOwnTracksPingsOfAParkedPhoneReachTheBackend(t *testing.T) {
 					t.Errorf("the ping's retry: %d %q %q, want 200 suppressed as a redelivery", res.status,
 						res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"))
 				}
+			}
+		})
+	}
+}
+
+// OwnTracks iOS publishes its last fix again, with t "v" and a later
+// created_at, when iOS reports a visit (OwnTracksAppDelegate.m,
+// visitLocation): nothing in it is new to the backend, so where the fix went
+// through already it is suppressed as the fix's redelivery, answered [] as
+// the app counts delivered, in every shape (README, Events and states).
+func TestAnOwnTracksIOSVisitRepublishingAFixIsSuppressedAsItsRedelivery(t *testing.T) {
+	sample, err := os.ReadFile(filepath.Join("testdata", "senders", "owntracks-ios", "location_http_composed.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tst := time.Now().Add(-time.Hour).Unix()
+	message := func(trigger string, createdAt int64) string {
+		body := regexp.MustCompile(`"tst":\d+`).ReplaceAll(bytes.TrimSpace(sample), fmt.Appendf(nil, `"tst":%d`, tst))
+		body = regexp.MustCompile(`"created_at":\d+`).ReplaceAll(body, fmt.Appendf(nil, `"created_at":%d`, createdAt))
+		return strings.Replace(string(body), `"t":"u",`, trigger, 1)
+	}
+	fix, visit := message("", tst), message(`"t":"v",`, tst+20*60) // a location update carries no t
+	for _, shape := range []string{"tumbling", "sliding", "session"} {
+		t.Run(shape, func(t *testing.T) {
+			tester := tableHandler(t, `{"preset":"owntracks","shape":"`+shape+`"}`)
+			if res := tester.post(fix, "application/json", nil); res.status != http.StatusCreated {
+				t.Fatalf("the fix: %d %q, want the backend's 201", res.status, res.header.Get("X-Dedup"))
+			}
+			res := tester.post(visit, "application/json", nil)
+			if res.status != http.StatusOK || res.header.Get("X-Dedup-Reason") != "redelivery" || res.body != "[]" || len(tester.upstream) != 1 {
+				t.Errorf("the visit republishing the fix: %d %q %q %q, upstream reached %d times; want 200 [] suppressed as a redelivery, once",
+					res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"), res.body, len(tester.upstream))
 			}
 		})
 	}
