@@ -963,3 +963,58 @@ func TestARetiredConnectionOffersAJobHandedAsAKeptOneWent(t *testing.T) {
 			"the heir serving s1: holds %d claims", since.Round(time.Millisecond), old.reconciler.Len(), heir.reconciler.Len())
 	}
 }
+
+// A retired connection's drain offers its jobs again each time its
+// requests hand it more: the first hand-over is said at info, with what
+// went and what stayed; the later ones only at debug, so that a drain of
+// thirty seconds under a stream of failed requests writes one line at info,
+// not one a look.
+//
+// Setup: site A's new connection serves s1: (the heir); the old config's
+// connection, refused (heldLink), is handed a release on s1: and offers it
+// (handOver), then is handed another and offers again.
+func TestARetiredConnectionSaysItsFirstHandOverAtInfoAndTheLaterOnesAtDebug(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	heir := loadServing(t, ctx, srv.URL(), "", "", "s1:")
+	t.Cleanup(func() { heir.reconciler.Close() })
+	t.Cleanup(func() { _ = heir.Cleanup() })
+
+	settings := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second)}
+	opts, err := settings.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	retired := newRedisConnection(opts, settings, zap.New(core)) // the old config's, which no config holds any more
+	t.Cleanup(func() { _ = retired.Destruct() })
+	if retired.keyspaceID != heir.dataID {
+		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
+	}
+	link := &heldLink{}
+	retired.client.AddHook(link)
+	link.mode.Store(linkRefuse) // a rotated password: its own releases are refused
+	t.Cleanup(func() { link.mode.Store(linkFine) })
+
+	for i, key := range []string{"s1:first", "s1:second"} {
+		failed := []*dedup.Claim{ownedClaim(key, uint64(i+1))}
+		retired.reconciler.Hand(failed, true)
+		retired.handOver()
+		if retired.reconciler.OwesFor(failed) {
+			t.Fatalf("%s: the retired connection still owes the release; the test needs it handed over", key)
+		}
+	}
+	lines := logs.FilterMessageSnippet("handed the claims").All()
+	if len(lines) != 2 {
+		t.Fatalf("%d hand-over lines for two hand-overs; want 2", len(lines))
+	}
+	if lines[0].Level != zapcore.InfoLevel || lines[1].Level != zapcore.DebugLevel {
+		t.Errorf("the hand-overs were said at %s, then %s; want info once, then debug", lines[0].Level, lines[1].Level)
+	}
+	for _, l := range lines {
+		if got := l.ContextMap(); got["claims"] != int64(1) || got["kept"] != int64(0) {
+			t.Errorf("a hand-over line says %v; want claims=1 kept=0", got)
+		}
+	}
+}
