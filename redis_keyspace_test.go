@@ -830,24 +830,7 @@ func TestASharedConnectionSplitBetweenTwoSitesHandsEachItsJobs(t *testing.T) {
 // waits for that pass, one of its requests hands it a release on s3:,
 // which no connection serves. (Helper 7's review, stop 61.)
 func TestARetiredConnectionLogsTheClaimsItHandedOverWhileItsRequestsHandItMore(t *testing.T) {
-	srv := redistest.Start(t)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	heir := loadServing(t, ctx, srv.URL(), "", "", "s1:")
-	t.Cleanup(func() { heir.reconciler.Close() })
-	t.Cleanup(func() { _ = heir.Cleanup() })
-
-	settings := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second)}
-	opts, err := settings.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zapcore.DebugLevel)
-	retired := newRedisConnection(opts, settings, zap.New(core)) // the old config's, which no config holds any more
-	t.Cleanup(func() { _ = retired.Destruct() })
-	if retired.keyspaceID != heir.dataID {
-		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
-	}
+	heir, retired, logs := anHeirAndARetiredConnection(t)
 	pingCtx, pingCancel := context.WithTimeout(context.Background(), time.Second)
 	defer pingCancel()
 	if err := retired.client.Ping(pingCtx).Err(); err != nil {
@@ -974,24 +957,7 @@ func TestARetiredConnectionOffersAJobHandedAsAKeptOneWent(t *testing.T) {
 // connection, refused (heldLink), is handed a release on s1: and offers it
 // (handOver), then is handed another and offers again.
 func TestARetiredConnectionSaysItsFirstHandOverAtInfoAndTheLaterOnesAtDebug(t *testing.T) {
-	srv := redistest.Start(t)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	heir := loadServing(t, ctx, srv.URL(), "", "", "s1:")
-	t.Cleanup(func() { heir.reconciler.Close() })
-	t.Cleanup(func() { _ = heir.Cleanup() })
-
-	settings := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second)}
-	opts, err := settings.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zapcore.DebugLevel)
-	retired := newRedisConnection(opts, settings, zap.New(core)) // the old config's, which no config holds any more
-	t.Cleanup(func() { _ = retired.Destruct() })
-	if retired.keyspaceID != heir.dataID {
-		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
-	}
+	_, retired, logs := anHeirAndARetiredConnection(t)
 	link := &heldLink{}
 	retired.client.AddHook(link)
 	link.mode.Store(linkRefuse) // a rotated password: its own releases are refused
@@ -1017,4 +983,30 @@ func TestARetiredConnectionSaysItsFirstHandOverAtInfoAndTheLaterOnesAtDebug(t *t
 			t.Errorf("a hand-over line says %v; want claims=1 kept=0", got)
 		}
 	}
+}
+
+// anHeirAndARetiredConnection starts a Redis with site A's new store on it,
+// serving s1: (the heir), and the old config's connection, which no config
+// holds any more, logging to logs.
+func anHeirAndARetiredConnection(t *testing.T) (heir *RedisStore, retired *redisConnection, logs *observer.ObservedLogs) {
+	t.Helper()
+	srv := redistest.Start(t)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	heir = loadServing(t, ctx, srv.URL(), "", "", "s1:")
+	t.Cleanup(func() { heir.reconciler.Close() })
+	t.Cleanup(func() { _ = heir.Cleanup() })
+
+	settings := RedisStore{URL: srv.URL(), Timeout: caddy.Duration(3 * time.Second)}
+	opts, err := settings.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	retired = newRedisConnection(opts, settings, zap.New(core))
+	t.Cleanup(func() { _ = retired.Destruct() })
+	if retired.keyspaceID != heir.dataID {
+		t.Fatal("the two connections are not on one keyspace; the test needs them to be")
+	}
+	return heir, retired, logs
 }

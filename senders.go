@@ -91,8 +91,10 @@ var presetAnswers = map[string]answers{
 	"owntracks": senderAnswers("application/json", "[]"),
 	// GLManager.m deletes a batch only on a JSON object with "result":"ok".
 	"overland": senderAnswers("application/json", `{"result":"ok"}`),
-	// Traccar's own OsmAnd port answers 200 with an empty body.
-	"osmand": {suppressed: defaultAnswers.suppressed, deadLettered: defaultAnswers.deadLettered, inFlight: retryLater},
+	// Traccar's own OsmAnd port answers 200 with an empty body. Traccar
+	// Client 9 (the Transistorsoft SDK 4.x) deletes a record only on 200,
+	// 201 or 204, so a dead letter is a 200 here, still the JSON report.
+	"osmand": {suppressed: defaultAnswers.suppressed, deadLettered: bodyAnswer{status: http.StatusOK}, inFlight: retryLater},
 	// Traccar's forwarder takes any 2xx, and retries a failure only with
 	// forward.retry.enable.
 	"traccar": {suppressed: defaultAnswers.suppressed, deadLettered: defaultAnswers.deadLettered, inFlight: retryLater},
@@ -201,25 +203,48 @@ func deliveredMisread(preset string, a *Answer) string {
 	}
 	switch preset {
 	case "owntracks":
-		if _, array := body.([]any); !array && !hasKey(body, "_type") {
-			return "OwnTracks Android 2.5.7 to 2.5.9 reads a 2xx's body as OwnTracks messages, [] or an object with _type, " +
+		if !ownTracksMessages(body) {
+			return "OwnTracks Android 2.5.7 to 2.5.9 reads a 2xx's body as OwnTracks messages, [] or messages whose _type it knows, " +
 				"and resends the message forever at the head of its queue when it cannot; answer 200 application/json []"
 		}
 	case "overland":
 		object, _ := body.(map[string]any)
-		if ok, _ := object["result"].(string); ok != "ok" || !overlandReadsJSON(a.ContentType) {
-			return `Overland keeps and resends the whole batch unless the answer is a JSON object with "result":"ok" ` +
-				"as application/json (GLManager.m); answer 200 application/json {\"result\":\"ok\"}"
+		result, _ := object["result"].(string)
+		_, geocodeObject := object["geocode"].(map[string]any)
+		if result != "ok" || !overlandReadsJSON(a.ContentType) || object["geocode"] != nil && !geocodeObject {
+			return `Overland keeps and resends the whole batch unless the answer is a JSON object with "result":"ok" as application/json, ` +
+				`and crashes on a "result" that is no string or a "geocode" that is no object (GLManager.m); ` +
+				`answer 200 application/json {"result":"ok"}`
+		}
+	case "osmand":
+		if a.Status != http.StatusOK && a.Status != http.StatusCreated && a.Status != http.StatusNoContent {
+			return fmt.Sprintf("Traccar Client 9 (the Transistorsoft SDK 4.x) deletes a record only on 200, 201 or 204, "+
+				"and uploads one answered %d again at every sync; answer 200", a.Status)
 		}
 	}
 	return ""
 }
 
-// hasKey reports a JSON object with the key.
-func hasKey(v any, key string) bool {
-	object, ok := v.(map[string]any)
-	_, has := object[key]
-	return ok && has
+// ownTracksTypes are the _type values OwnTracks Android 2.5.7 to 2.5.9
+// decodes (Parser.kt); any other fails the whole answer. An "encrypted"
+// one does too, unless the phone has the key.
+var ownTracksTypes = map[string]bool{"card": true, "clear": true, "cmd": true, "configuration": true, "location": true,
+	"lwt": true, "status": true, "transition": true, "waypoint": true, "waypoints": true}
+
+// ownTracksMessages reports a JSON body OwnTracks Android reads: an array
+// of messages (none included), or one message.
+func ownTracksMessages(body any) bool {
+	messages, isArray := body.([]any)
+	if !isArray {
+		messages = []any{body}
+	}
+	for _, m := range messages {
+		object, _ := m.(map[string]any)
+		if typ, _ := object["_type"].(string); !ownTracksTypes[typ] {
+			return false
+		}
+	}
+	return true
 }
 
 // overlandReadsJSON reports a content type Overland's response serializer

@@ -31,7 +31,7 @@ func TestAnswersFromPresetsAndTheOption(t *testing.T) {
 		{`{"preset":"geojson"}`, "200  ", "409 1", "202  report"},
 		{`{"preset":"owntracks"}`, "200 application/json []", "503 1", "202 application/json []"},
 		{`{"preset":"overland"}`, `200 application/json {"result":"ok"}`, "503 1", `202 application/json {"result":"ok"}`},
-		{`{"preset":"osmand"}`, "200  ", "503 1", "202  report"},
+		{`{"preset":"osmand"}`, "200  ", "503 1", "200  report"}, // Traccar Client 9 keeps a 202
 		{`{"preset":"traccar"}`, "200  ", "503 1", "202  report"},
 		{`{"preset":"owntracks","answers":{"in_flight":{"status":429}}}`, "200 application/json []", "429 1", "202 application/json []"},
 		{`{"answers":{"suppressed":{"status":204},"in_flight":{"status":503,"retry_after":7},"dead_lettered":{"status":200,"content_type":"text/plain","body":""}}}`,
@@ -84,7 +84,8 @@ func TestAnswersFromPresetsAndTheOption(t *testing.T) {
 // clients' source: OwnTracks Android 2.5.7-2.5.9 parses a 2xx body as
 // messages and re-queues on failure, OwnTracks iOS deletes on a 4xx
 // (Connection.m), Overland needs application/json {"result":"ok"}
-// (GLManager.m, AFJSONResponseSerializer).
+// (GLManager.m, AFJSONResponseSerializer), Traccar Client 9's SDK a 200,
+// 201 or 204.
 func TestAnswersAPresetsClientMisreadsAreNamed(t *testing.T) {
 	for _, tt := range []struct {
 		block string
@@ -96,12 +97,31 @@ func TestAnswersAPresetsClientMisreadsAreNamed(t *testing.T) {
 		{"preset owntracks\n answers {\n in_flight 429 5\n }", []string{"in_flight: OwnTracks iOS"}},
 		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"result\":\"ok\"}`\n dead_lettered 202 application/json `{\"result\":\"ok\"}`\n }",
 			[]string{"suppressed: OwnTracks Android", "dead_lettered: OwnTracks Android"}}, // the README's Overland in OwnTracks mode
+		// Android decodes only the _type values it knows, each element of an
+		// array too (Parser.kt at v2.5.9). (Helper 1's review, stop 62.)
+		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"_type\":\"duplicate\"}`\n }", []string{"suppressed: OwnTracks Android"}},
+		{"preset owntracks\n answers {\n dead_lettered 202 application/json `{\"_type\":\"encrypted\",\"data\":\"\"}`\n }", []string{"dead_lettered: OwnTracks Android"}},
+		{"preset owntracks\n answers {\n suppressed 200 application/json `[{\"result\":\"ok\"}]`\n }", []string{"suppressed: OwnTracks Android"}},
+		{"preset owntracks\n answers {\n suppressed 200 application/json `[\"duplicate\"]`\n }", []string{"suppressed: OwnTracks Android"}},
+		{"preset owntracks\n answers {\n suppressed 200 application/json `[[]]`\n }", []string{"suppressed: OwnTracks Android"}},
 		{"preset owntracks\n answers {\n suppressed 200 text/plain []\n in_flight 503 2\n }", nil}, // Android parses the body whatever its type
 		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"_type\":\"status\"}`\n }", nil},
+		{"preset owntracks\n answers {\n suppressed 200 application/json `[{\"_type\":\"status\"},{\"_type\":\"cmd\",\"action\":\"reportLocation\"}]`\n }", nil},
 		{"preset overland\n answers {\n suppressed 200 application/json []\n }", []string{"suppressed: Overland"}},
 		{"preset overland\n answers {\n suppressed 200 text/plain `{\"result\":\"ok\"}`\n }", []string{"suppressed: Overland"}},
 		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"okay\"}`\n }", []string{"suppressed: Overland"}},
 		{"preset overland\n answers {\n dead_lettered 202\n }", []string{"dead_lettered: Overland"}}, // the JSON report
+		// GLManager.m:237 sends isEqualToString: to result, 243-245
+		// objectForKey: to geocode: another type crashes the app before
+		// the batch is deleted. (Helper 1's review, stop 62.)
+		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"ok\",\"geocode\":\"duplicate\"}`\n }", []string{"suppressed: Overland"}},
+		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":1}`\n }", []string{"suppressed: Overland"}},
+		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"ok\",\"geocode\":{\"full_name\":\"\"}}`\n }", nil},
+		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"ok\",\"geocode\":null}`\n }", nil},
+		// Traccar Client 9's SDK (Transistorsoft 4.x, http_event.dart)
+		// deletes a record only on 200, 201 or 204. (Helper 1's review.)
+		{"preset osmand\n answers {\n dead_lettered 202\n }", []string{"dead_lettered: Traccar Client 9"}},
+		{"preset osmand\n answers {\n suppressed 203\n dead_lettered 201\n }", []string{"suppressed: Traccar Client 9"}},
 		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"ok\",\"dedup\":true}`\n in_flight 429 5\n }", nil},
 		{"preset osmand\n answers {\n suppressed 204\n in_flight 409 2\n }", nil},
 		{"answers {\n suppressed 204\n in_flight 409 2\n }", nil},

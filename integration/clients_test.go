@@ -51,12 +51,18 @@ func ownTracksAndroid(r response) fate {
 	}
 	for _, m := range messages {
 		var typ string
-		if json.Unmarshal(m["_type"], &typ) != nil || typ == "" {
+		if json.Unmarshal(m["_type"], &typ) != nil || !ownTracksAndroidTypes[typ] {
 			return retried
 		}
 	}
 	return delivered
 }
+
+// ownTracksAndroidTypes are the message types Parser.kt (v2.5.9, lines
+// 39-50) decodes without the phone's key; any other _type fails the
+// whole body.
+var ownTracksAndroidTypes = map[string]bool{"card": true, "clear": true, "cmd": true, "configuration": true, "location": true,
+	"lwt": true, "status": true, "transition": true, "waypoint": true, "waypoints": true}
 
 // ownTracksIOS is OwnTracks iOS (Connection.m:490-568): a 2xx with any
 // body is delivered; a 4xx deletes the message and alerts the user with
@@ -99,13 +105,22 @@ func overland(r response, consider2xxSuccessful bool) fate {
 			return crashed
 		}
 	}
-	if consider2xxSuccessful {
-		return delivered
+	if !consider2xxSuccessful {
+		switch result := object["result"].(type) {
+		case nil:
+			return retried
+		case string:
+			if result != "ok" {
+				return retried
+			}
+		default:
+			return crashed // isEqualToString: sent to a number, a list or an object (line 237)
+		}
 	}
-	if result, _ := object["result"].(string); result == "ok" {
-		return delivered
+	if _, isObject := object["geocode"].(map[string]any); object["geocode"] != nil && !isObject {
+		return crashed // objectForKey: sent to it (lines 243-245), before the batch is deleted
 	}
-	return retried
+	return delivered
 }
 
 // traccarClientAndroid is the old Traccar Client for Android
@@ -133,6 +148,20 @@ func traccarClientSDK(r response, alarm bool) fate {
 		return delivered
 	case alarm:
 		return dropped
+	}
+	return retried
+}
+
+// traccarClient9 is Traccar Client 9.0 to 9.6.5, built on the
+// Transistorsoft background-geolocation SDK 4.x (flutter_background_geolocation
+// 4.16.9-4.18.2), whose HTTP service deletes a record only on "a
+// successful HTTP response from your server (200, 201, 204)"
+// (lib/models/http_event.dart, lines 42-43 and 301) and uploads anything
+// else again at the next sync.
+func traccarClient9(r response) fate {
+	switch r.status {
+	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
+		return delivered
 	}
 	return retried
 }
@@ -205,6 +234,7 @@ func TestClientRulesReadTheClientsOwnSamples(t *testing.T) {
 		{"Android: an empty 200", ownTracksAndroid(ok(200, "", "")), retried},
 		{`Android: {"result":"ok"}`, ownTracksAndroid(ok(200, "application/json", `{"result":"ok"}`)), retried},
 		{"Android: 409", ownTracksAndroid(ok(409, "application/json", `{}`)), retried},
+		{"Android: a _type it does not know", ownTracksAndroid(ok(200, "application/json", `{"_type":"duplicate"}`)), retried},
 		{"iOS: an empty 200", ownTracksIOS(ok(200, "", "")), delivered},
 		{"iOS: 409", ownTracksIOS(ok(409, "application/json", `{}`)), dropped},
 		{"Overland: the README's answer", overland(ok(200, "application/json", string(fixture(t, "overland/readme_response_ok.json"))), false), delivered},
@@ -213,6 +243,10 @@ func TestClientRulesReadTheClientsOwnSamples(t *testing.T) {
 		{"Overland: an empty 200, 2xx successful", overland(ok(200, "", ""), true), delivered},
 		{"Overland: text/plain, 2xx successful", overland(ok(200, "text/plain", "ok"), true), retried},
 		{"Overland: [], 2xx successful", overland(ok(200, "application/json", "[]"), true), crashed},
+		{"Overland: a geocode that is no object", overland(ok(200, "application/json", `{"result":"ok","geocode":"x"}`), false), crashed},
+		{"Overland: a result that is no string", overland(ok(200, "application/json", `{"result":true}`), false), crashed},
+		{"Traccar Client 9: 202", traccarClient9(ok(202, "application/json", `{}`)), retried},
+		{"Traccar Client 9: 204", traccarClient9(ok(204, "", "")), delivered},
 		{"Traccar Client: 302", traccarClientAndroid(ok(302, "", ""), false), delivered},
 		{"Traccar Client: SOS answered 503", traccarClientAndroid(ok(503, "", ""), true), dropped},
 		{"Traccar forwarder: 503 without retry", traccarForwarder(ok(503, "", ""), false), dropped},
