@@ -57,7 +57,7 @@ func initMetrics() {
 		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 	}, []string{"store", "op"})
 	metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts(opts("store_errors_total",
-		"Store operations that failed or timed out, by store and operation.")), []string{"store", "op"})
+		"Store operations that failed or timed out, by store and operation (a call the open circuit breaker skips is none).")), []string{"store", "op"})
 	metrics.releases = prometheus.NewCounterVec(prometheus.CounterOpts(opts("releases_total",
 		"Claims given back after an upstream failure, by outcome (released, not_held, error).")), []string{"outcome"})
 	metrics.inFlight = prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight",

@@ -136,10 +136,11 @@ func (h *Handler) respondBatch(w http.ResponseWriter, r *http.Request, next cadd
 
 // sendBack marks a batch that holds a ping that must come back later (in
 // flight, not judged, or not kept as a dead letter): the whole batch must,
-// so it keeps nothing of it. Its new and unchecked pings get the batch's
-// decision, in_flight or unavailable, with reasonSentBack, and the new
-// ones' claims are to be given back: none is counted accepted (or
-// unchecked) each time the batch comes back before it gets through (its
+// so it keeps nothing of it. Its new and unchecked pings, and the
+// messages that are not positions, get the batch's decision, in_flight or
+// unavailable, with reasonSentBack, and the new ones' claims are to be
+// given back: none is counted accepted, unchecked or skipped (passed on)
+// each time the batch comes back before it gets through (its
 // invalid pings, with on_invalid dead_letter, are sent back too:
 // keepInvalid). Shadow mode marks it too, to record what enforce would,
 // and forwards it.
@@ -157,7 +158,7 @@ func (req *request) sendBack() {
 		case dedup.Accepted:
 			req.sentBack = append(req.sentBack, e.claim())
 			e.decision, e.reason = c.decision(), reasonSentBack
-		case decisionUnchecked: // not forwarded either: it has no claim to give back
+		case decisionUnchecked, decisionSkipped: // not forwarded either: they have no claim to give back
 			e.decision, e.reason = c.decision(), reasonSentBack
 		}
 	}

@@ -595,3 +595,44 @@ func TestAnOwnTracksLocationWithAnEmptyOrBlankTidIsKeyedByItsTopic(t *testing.T)
 		}
 	}
 }
+
+// An Overland batch sent back whole (a fix of it still in flight: 503, nothing
+// forwarded) is counted with each of its elements sent back, its visit
+// record too: decisions_total counted the visit skipped/not_a_ping, passed
+// on untouched, at every resend, though nothing of the batch reached the
+// backend (README, Decisions: a skipped message goes upstream; sent_back
+// is what the other pings of such a batch are counted).
+//
+// Setup: preset overland, memory store; the app's own batch
+// (testdata/senders/overland/batch_composed.json: two fixes and a visit)
+// dated two minutes ago; its first fix claimed and left in flight, then
+// the batch posted twice. (Helper 3's review, stop 62.)
+func TestARecordThatIsNoFixInABatchSentBackIsNotCountedPassedOn(t *testing.T) {
+	tt := tableHandler(t, `{"preset":"overland","key_prefix":"sentbackvisit:"}`)
+	sample, err := os.ReadFile(filepath.Join("testdata", "senders", "overland", "batch_composed.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC().Add(-2 * time.Minute)
+	n := 0
+	body := regexp.MustCompile(`"timestamp": "[^"]+"`).ReplaceAllFunc(sample, func([]byte) []byte {
+		n++
+		return fmt.Appendf(nil, `"timestamp": %q`, at.Add(time.Duration(n)*time.Second).Format(time.RFC3339))
+	})
+	var batch struct{ Locations []json.RawMessage }
+	if err := json.Unmarshal(body, &batch); err != nil || len(batch.Locations) != 3 {
+		t.Fatalf("the sample no longer holds two fixes and a visit: %v", err)
+	}
+	tt.claimInFlight(t, string(batch.Locations[0]))
+	for attempt := 1; attempt <= 2; attempt++ {
+		before := decisionCountsNow()
+		res := tt.post(string(body), "application/json", nil)
+		if res.status != http.StatusServiceUnavailable || res.header.Get("X-Dedup") != "in_flight" || len(tt.upstream) != 0 {
+			t.Fatalf("attempt %d: %d X-Dedup %q, %d forwarded; want the batch sent back whole (503 in_flight, nothing forwarded)",
+				attempt, res.status, res.header.Get("X-Dedup"), len(tt.upstream))
+		}
+		if got := decisionCountsNow().since(before); got["skipped/not_a_ping"] != 0 {
+			t.Errorf("attempt %d: nothing went upstream, yet decisions_total counts %v (the visit counted skipped: passed on untouched)", attempt, got)
+		}
+	}
+}
