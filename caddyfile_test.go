@@ -292,7 +292,7 @@ func TestCaddyfileErrorsSayTheLineAndTheFix(t *testing.T) {
 		{"answer twice", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503\n\t\tin_flight 429\n\t}\n}", []string{":4", "already given"}},
 		{"answer status", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed ok\n\t}\n}", []string{":3", "not a number"}},
 		{"suppressed not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tsuppressed 409\n\t}\n}", []string{":3", "not a 2xx", "use a 2xx such as 200"}},
-		{"dead letter not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 422\n\t}\n}", []string{":3", "not a 2xx", "use a 2xx such as 202"}},
+		{"dead letter not 2xx", "telemetry_dedup {\n\tanswers {\n\t\tdead_lettered 422\n\t}\n}", []string{":3", "not a 2xx", "use a 2xx such as 200"}},
 		{"in flight 2xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 200\n\t}\n}", []string{":3", "does not make a sender retry"}},
 		{"in flight 3xx", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 302\n\t}\n}", []string{":3", "503"}},
 		{"retry after 0", "telemetry_dedup {\n\tanswers {\n\t\tin_flight 503 0\n\t}\n}", []string{":3", "at least 1"}},

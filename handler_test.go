@@ -990,3 +990,23 @@ func TestAShadowTrialBehindTheLiveHandlerLeavesItsVerdictOnTheAnswer(t *testing.
 			"the live handler's verdict, not the trial's behind it", got, w.Header().Get("X-Dedup-Reason"))
 	}
 }
+
+// One ping under the batch wrapper, as an object rather than an array
+// (the Transistorsoft SDK's {"location":{...}} when it does not batch,
+// under `batch location`), is answered as one ping: its redelivery says
+// why it was suppressed (X-Dedup-Reason, the reason placeholder), as the
+// README's Decisions table has it for a single ping. It was answered as a
+// batch, without a reason. (Helper 4's review, stop 62.)
+func TestALonePingUnderTheWrapperIsAnsweredAsOnePing(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"lone-wrapped:","batch":"pings"}`)
+	at := time.Now().UTC().Add(-2 * time.Minute).Format(time.RFC3339)
+	body := `{"pings":{"asset_id":"veh-4","occurred_at":"` + at + `","lat":52.5200087,"lon":13.4049547}}`
+	if res := tt.post(body, "application/json", nil); res.status != http.StatusCreated || string(tt.upstream[0]) != body {
+		t.Fatalf("the first post: %d %q, want the upstream's 201 and the body as sent", res.status, res.header.Get("X-Dedup"))
+	}
+	res := tt.post(body, "application/json", nil)
+	if res.header.Get("X-Dedup") != "suppressed" || res.header.Get("X-Dedup-Reason") != "redelivery" {
+		t.Errorf("its redelivery: %d X-Dedup %q, X-Dedup-Reason %q; want suppressed, redelivery, as a ping alone",
+			res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"))
+	}
+}

@@ -234,7 +234,8 @@ type Handler struct {
 
 	// What to do with a ping that is malformed or invalid: "reject" answers
 	// 400 or 422; "dead_letter" appends it to a Redis stream (on the redis
-	// store's server) and answers 202, or, when the stream cannot be
+	// store's server) and answers with the dead_lettered answer (202, or
+	// the preset's: 200 with osmand), or, when the stream cannot be
 	// written, 503 so that the sender sends it again rather than dropping
 	// it on a 4xx. Default: reject.
 	OnInvalid string `json:"on_invalid,omitempty"`

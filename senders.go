@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -199,7 +200,9 @@ func (h *Handler) misreadAnswers() []string {
 func deliveredMisread(preset string, a *Answer) string {
 	var body any // nil unless the body is JSON
 	if a.Body != nil {
-		_ = json.Unmarshal([]byte(*a.Body), &body)
+		// Without a byte order mark, as OkHttp (OwnTracks Android) and
+		// NSJSONSerialization (Overland) read it.
+		_ = json.Unmarshal(bytes.TrimPrefix([]byte(*a.Body), []byte("\ufeff")), &body)
 	}
 	switch preset {
 	case "owntracks":
@@ -274,12 +277,10 @@ func (a *Answer) delivered(kind string) (bodyAnswer, error) {
 	case a.Status == 0:
 		return bodyAnswer{}, answerError(kind, "status 0 (or none) is no HTTP status; give one, such as 200")
 	case a.Status < 200 || a.Status > 299:
-		byDefault := defaultAnswers.suppressed.status
-		if kind == "dead_lettered" {
-			byDefault = defaultAnswers.deadLettered.status
-		}
+		// 200, which every preset's client counts as delivered (Traccar
+		// Client 9 does not count a 202).
 		return bodyAnswer{}, answerError(kind, "status %d is not a 2xx: the sender would resend the ping, and have it %s again, forever; "+
-			"use a 2xx such as %d", a.Status, kind, byDefault)
+			"use a 2xx such as 200", a.Status, kind)
 	case a.RetryAfter != 0:
 		return bodyAnswer{}, answerError(kind, "retry_after belongs to in_flight: a %s ping must not come back", kind)
 	case noContent && a.Body != nil && *a.Body != "":

@@ -13,11 +13,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
@@ -105,6 +107,7 @@ func TestAnswersAPresetsClientMisreadsAreNamed(t *testing.T) {
 		{"preset owntracks\n answers {\n suppressed 200 application/json `[\"duplicate\"]`\n }", []string{"suppressed: OwnTracks Android"}},
 		{"preset owntracks\n answers {\n suppressed 200 application/json `[[]]`\n }", []string{"suppressed: OwnTracks Android"}},
 		{"preset owntracks\n answers {\n suppressed 200 text/plain []\n in_flight 503 2\n }", nil}, // Android parses the body whatever its type
+		{"preset owntracks\n answers {\n suppressed 200 text/plain \"\ufeff[]\"\n }", nil},         // OkHttp drops a byte order mark (helper 4)
 		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"_type\":\"status\"}`\n }", nil},
 		{"preset owntracks\n answers {\n suppressed 200 application/json `[{\"_type\":\"status\"},{\"_type\":\"cmd\",\"action\":\"reportLocation\"}]`\n }", nil},
 		{"preset overland\n answers {\n suppressed 200 application/json []\n }", []string{"suppressed: Overland"}},
@@ -633,6 +636,80 @@ func TestARecordThatIsNoFixInABatchSentBackIsNotCountedPassedOn(t *testing.T) {
 		}
 		if got := decisionCountsNow().since(before); got["skipped/not_a_ping"] != 0 {
 			t.Errorf("attempt %d: nothing went upstream, yet decisions_total counts %v (the visit counted skipped: passed on untouched)", attempt, got)
+		}
+		// The visit counts in flight with the rest (helper 4's review):
+		// the counts add up to the batch.
+		counted := 0
+		for _, h := range []string{"X-Dedup-Accepted", "X-Dedup-Suppressed", "X-Dedup-Rejected", "X-Dedup-In-Flight"} {
+			n, _ := strconv.Atoi(res.header.Get(h))
+			counted += n
+		}
+		if counted != 3 {
+			t.Errorf("attempt %d: the count headers add up to %d for a batch of 3: %v", attempt, counted, res.header)
+		}
+	}
+}
+
+// A batch of dead letters and duplicates under preset osmand is answered
+// 200, the status the dead_lettered answer has there: Traccar Client 9
+// (the Transistorsoft SDK 4.x) deletes a record only on 200, 201 or 204,
+// and uploaded one answered 202 again at every sync. (Helper 4's review,
+// stop 62.)
+//
+// Setup: preset osmand, real Redis, on_invalid dead_letter; a
+// Transistorsoft ping sent alone, then a JSON array of its redelivery and
+// an invalid ping (latitude 91).
+func TestAnOsmAndBatchOfDeadLettersAndDuplicatesIsAnsweredAsTraccarClient9DeletesIt(t *testing.T) {
+	rdb := redistest.Start(t)
+	tt := tableHandler(t, fmt.Sprintf(`{"preset":"osmand","key_prefix":"osmand-dlq-batch:","on_invalid":"dead_letter",`+
+		`"store":{"type":"redis","url":%q,"timeout":1000000000}}`, rdb.URL()))
+	at := time.Now().UTC().Add(-2 * time.Minute).Format("2006-01-02T15:04:05.000Z")
+	fix := func(lat string) string {
+		return `{"location":{"timestamp":"` + at + `","coords":{"latitude":` + lat + `,"longitude":2.292713}},"device_id":"48241179"}`
+	}
+	if res := tt.post(fix("48.856826"), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("the first ping: %d %q, want the upstream's 201", res.status, res.header.Get("X-Dedup"))
+	}
+	res := tt.post("["+fix("48.856826")+","+fix("91.5")+"]", "application/json", nil)
+	if res.header.Get("X-Dedup-Suppressed") != "1" || res.header.Get("X-Dedup-Rejected") != "1" || len(tt.upstream) != 1 {
+		t.Fatalf("setup: %d X-Dedup %q, suppressed %q, rejected %q, %d upstream; want one duplicate and one dead letter, nothing forwarded",
+			res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Suppressed"), res.header.Get("X-Dedup-Rejected"), len(tt.upstream))
+	}
+	if res.status != http.StatusOK {
+		t.Errorf("a batch of a dead letter and a duplicate answered %d under preset osmand; Traccar Client 9 deletes only on 200, 201 or 204", res.status)
+	}
+}
+
+// The status a refused suppressed or dead_lettered answer's error
+// suggests loads without a warning under every preset: under osmand it
+// suggested 202, which the warning then said Traccar Client 9 uploads
+// again. (Helper 4's review, stop 62.)
+func TestTheStatusARefusedAnswerSuggestsDrawsNoWarning(t *testing.T) {
+	for _, preset := range []string{"", "owntracks", "overland", "osmand", "traccar"} {
+		for _, kind := range []string{"suppressed", "dead_lettered"} {
+			config := func(status string) []byte {
+				return fmt.Appendf(nil, `{"preset":%q,"answers":{%q:{"status":%s}}}`, preset, kind, status)
+			}
+			h := new(Handler)
+			if err := json.Unmarshal(config("302"), h); err != nil {
+				t.Fatal(err)
+			}
+			_, refusal := h.resolve()
+			m := regexp.MustCompile(`such as (\d+)`).FindStringSubmatch(fmt.Sprint(refusal))
+			if m == nil {
+				t.Fatalf("%q %s 302: refused with %v, suggesting no status", preset, kind, refusal)
+			}
+			h = new(Handler)
+			if err := json.Unmarshal(config(m[1]), h); err != nil {
+				t.Fatal(err)
+			}
+			s, err := h.resolve()
+			if err != nil {
+				t.Fatalf("%q %s: the suggested status %s is refused: %v", preset, kind, m[1], err)
+			}
+			if preset != "owntracks" && preset != "overland" && len(s.misreadAnswers) != 0 { // those two need a body too
+				t.Errorf("%q %s: refused with %q; the suggested %s then warns: %q", preset, kind, refusal, m[1], s.misreadAnswers)
+			}
 		}
 	}
 }

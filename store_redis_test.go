@@ -46,7 +46,12 @@ func TestReloadsDuringAnOutageLeaveNothingBehindEach(t *testing.T) {
 		}
 		current = next
 	}
-	if grown := settled() - before; grown >= reloads/2 {
+	// Leftovers stay; the configs' startup checks end within a second or
+	// two on a busy machine.
+	grown := settled() - before
+	for deadline := time.Now().Add(10 * time.Second); grown >= reloads/2 && time.Now().Before(deadline); grown = settled() - before {
+	}
+	if grown >= reloads/2 {
 		t.Errorf("%d reloads during an outage left %d goroutines more", reloads, grown)
 	}
 	if err := current.Cleanup(); err != nil {

@@ -59,11 +59,15 @@ type Batch struct {
 	body       []byte
 	start, end int
 	sent       []byte
+	// lone is a Wrapped body whose wrapper holds one object, not an array
+	// (the Transistorsoft SDK's {"location":{...}} when it does not batch).
+	lone bool
 }
 
-// Single reports a batch of one that came alone: a JSON object, or form
-// fields. It is answered as a single ping.
-func (b Batch) Single() bool { return b.Framing == Single || b.Framing == Form }
+// Single reports a batch of one that came alone: a JSON object, form
+// fields, or one object under the wrapper. It is answered as a single
+// ping.
+func (b Batch) Single() bool { return b.Framing == Single || b.Framing == Form || b.lone }
 
 // Sent returns element i as the sender wrote it: the element itself, or a
 // Form ping's fields.
@@ -153,7 +157,7 @@ func (s Splitter) splitWrapped(elements [][]byte, body []byte) (Batch, error) {
 	switch {
 	case v.IsObject():
 		return Batch{Framing: Wrapped, Elements: append(elements, body[v.Index:v.Index+len(v.Raw)]),
-			body: body, start: v.Index, end: v.Index + len(v.Raw)}, nil
+			body: body, start: v.Index, end: v.Index + len(v.Raw), lone: true}, nil
 	case !v.IsArray() || v.Index == 0:
 		return Batch{}, &MalformedError{Reason: fmt.Sprintf("the body holds no array of pings at %q (batch %s)", s.Wrapper, s.Wrapper)}
 	}
