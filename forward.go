@@ -36,9 +36,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
+	if r.Context().Value(inFlightCounted{}) == nil {
+		// Pings, as the decisions count them, not requests; once a
+		// request, though a shadow trial in front of the live handler
+		// waits for the same upstream.
+		metrics.inFlight.Add(float64(len(claims)))
+		defer metrics.inFlight.Sub(float64(len(claims)))
+	}
 	ctx := h.upstreamContext(r.Context(), claims)
-	metrics.inFlight.Add(float64(len(claims))) // pings, as the decisions count them, not requests
-	defer metrics.inFlight.Sub(float64(len(claims)))
 
 	defer func() {
 		// reverse_proxy aborts a broken response stream with a panic. If the
@@ -95,13 +100,21 @@ type upstreamRequest struct {
 }
 
 // Value is the shared deadline's, which holds nothing but its
-// cancellation, or else the request's.
+// cancellation, or else the request's; and it says that the request's
+// pings count in the in_flight gauge already.
 func (c *upstreamRequest) Value(key any) any {
+	if key == (inFlightCounted{}) {
+		return true
+	}
 	if v := c.Context.Value(key); v != nil {
 		return v
 	}
 	return c.request.Value(key)
 }
+
+// inFlightCounted is the context key of a request whose pings an outer
+// telemetry_dedup handler counts in the in_flight gauge.
+type inFlightCounted struct{}
 
 // undelivered reports an upstream answer (0: none) that does not show the
 // upstream took the observation: anything but a 2xx. Those are the answers

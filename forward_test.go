@@ -142,6 +142,39 @@ func TestInFlightCountsPingsNotRequests(t *testing.T) {
 	}
 }
 
+// A shadow trial in front of the live handler (README, Shadow mode) waits
+// for the same upstream as the live handler: the ping counts once in the
+// in_flight gauge, not once a handler, which doubled the dashboard's "In
+// flight" panel. (Helper 6's review, stop 62.)
+func TestAShadowTrialInFrontOfTheLiveHandlerDoesNotDoubleInFlight(t *testing.T) {
+	trialPrefix, livePrefix := "in-flight-trial:", "in-flight-live:"
+	trial := provisioned(t, &Handler{KeyPrefix: &trialPrefix, Mode: "shadow"})
+	live := provisioned(t, &Handler{KeyPrefix: &livePrefix})
+	before := inFlightNow(t)
+	var during float64
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		during = inFlightNow(t)
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	body := `{"asset_id":"veh-trial","occurred_at":"` + at + `","lat":52.52,"lon":13.40}`
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	err := trial.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return live.ServeHTTP(w, r, upstream)
+	}))
+	if err != nil || w.Code != http.StatusCreated || w.Header().Get("X-Dedup") != "accepted" {
+		t.Fatalf("setup: %d %q %v", w.Code, w.Header().Get("X-Dedup"), err)
+	}
+	if during-before != 1 || inFlightNow(t) != before {
+		t.Errorf("in_flight went %v -> %v -> %v for one ping behind a shadow trial and the live handler; want +1 while it waits, and back",
+			before, during, inFlightNow(t))
+	}
+}
+
 func inFlightNow(t *testing.T) float64 {
 	var m dto.Metric
 	if err := metrics.inFlight.Write(&m); err != nil {

@@ -297,6 +297,9 @@ type Handler struct {
 	deadLetters deadLetterSink
 	stuck       *dedup.StuckTracker
 	stuckKey    string
+	// storeData names the store's data (storeModule.keySpace), as the
+	// stuck assets' rows and warnings say it.
+	storeData string
 	// claimErrors, settleErrors, releaseErrors, sentBackReleaseErrors,
 	// letterErrors and sentBackLetterErrors log the store's failures, each
 	// kind on its own line at most once per storeErrorLogEvery: each line
@@ -357,9 +360,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
 	}
-	if h.stuck, h.stuckKey, err = loadStuckTracker(h.settings); err != nil {
-		return err
-	}
 
 	if h.StoreRaw == nil {
 		h.StoreRaw = caddyconfig.JSONModuleObject(MemoryStore{}, "type", "memory", nil)
@@ -376,7 +376,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	storeName := mod.(caddy.Module).CaddyModule().ID.Name()
 	store := mod.(storeModule)
-	h.keySpace = h.keySpaceOn(store.keySpace())
+	h.storeData = store.keySpace()
+	h.keySpace = h.keySpaceOn(h.storeData)
+	if h.stuck, h.stuckKey, err = loadStuckTracker(h.settings, h.storeData); err != nil {
+		return err
+	}
 	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)

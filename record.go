@@ -385,5 +385,5 @@ func (h *Handler) watchForStuck(asset string, v dedup.Verdict, now time.Time) {
 		"is it repeating a cached fix or is its clock frozen?",
 		zap.String("asset", id), zap.String("scope", scope), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
 		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since),
-		zap.String("key_prefix", h.settings.keyer.Prefix), zap.String("mode", h.settings.mode()))
+		zap.String("store", h.storeData), zap.String("key_prefix", h.settings.keyer.Prefix), zap.String("mode", h.settings.mode()))
 }

@@ -104,12 +104,20 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 			fields = append(fields, zap.String("master", zone))
 		}
 		logger := c.loggers.current()
-		if to == dedup.BreakerOpen {
+		switch {
+		case to == dedup.BreakerOpen && from == dedup.BreakerClosed:
 			logger.Warn("redis store circuit breaker opened: skipping Redis until a probe succeeds; meanwhile pings are handled as when it fails: "+
 				whileRedisFails, append(fields, zap.Error(cause))...)
-			return
+		case to == dedup.BreakerClosed:
+			logger.Info("redis store circuit breaker closed", fields...)
+		default:
+			// A probe, and its failure, every breaker_cooldown for as long
+			// as Redis is down: two lines a second at warn and info buried
+			// the outage's own lines, held to one each per 10 s.
+			if ce := logger.Check(zapcore.DebugLevel, "redis store circuit breaker "+to.String()); ce != nil {
+				ce.Write(append(fields, zap.Error(cause))...)
+			}
 		}
-		logger.Info("redis store circuit breaker "+to.String(), fields...)
 	}
 	breaker := dedup.NewBreaker(r.BreakerFailures, time.Duration(r.BreakerCooldown), func(from, to dedup.BreakerState, cause error) {
 		onChange("", from, to, cause)

@@ -205,7 +205,7 @@ func TestADeadLetterOnARefusedHandshakeFails(t *testing.T) {
 // over, and a config that is unloaded, or failed to load, leaves no lines
 // to a log that may be closed.
 func TestASharedRedisConnectionLogsToTheLatestConfig(t *testing.T) {
-	firstCore, first := observer.New(zap.InfoLevel)
+	firstCore, first := observer.New(zap.DebugLevel) // a probe and its failure are debug lines
 	secondCore, second := observer.New(zap.InfoLevel)
 	firstLogger, secondLogger := zap.New(firstCore), zap.New(secondCore)
 	c := downConnection(t, firstLogger)
@@ -774,5 +774,52 @@ func TestOneSendersDeadLettersDoNotTurnOffDedupForTheOthers(t *testing.T) {
 	if body := last[0].Values["body"].(string); body != (bad + "999")[:8<<10] || last[0].Values["body_bytes"] != fmt.Sprint(len(bad)+3) {
 		t.Fatalf("the last letter kept %d bytes, body_bytes %v; want the body's first 8192 and its length %d",
 			len(body), last[0].Values["body_bytes"], len(bad)+3)
+	}
+}
+
+// A Redis outage is told by one line that the breaker opened, at warn,
+// and one that it closed, at info, however long it lasts: the probes in
+// between, every breaker_cooldown, and their failures go to debug. Each
+// wrote a line, a warn with its paragraph of advice and an info, two a
+// second per connection (per master on a Cluster), 3,600 warnings an hour
+// where the outage's store errors are held to one line per 10 s. (Helper
+// 6's review, stop 62.)
+//
+// Setup: a real Redis, killed for 4 s under claims, as traffic makes
+// them, then started again; the connection's logger observed at info.
+func TestARedisOutageIsToldByOneBreakerLineAtItsStartAndOneAtItsEnd(t *testing.T) {
+	srv := redistest.Start(t)
+	core, logs := observer.New(zap.InfoLevel)
+	r := RedisStore{URL: srv.URL(), BreakerFailures: 1, Timeout: caddy.Duration(50 * time.Millisecond)}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newRedisConnection(opts, r, zap.New(core))
+	defer c.Destruct()
+	tt := tableHandler(t, `{"key_prefix":"breaker-lines:"}`)
+	d := *tt.h.deduper
+	d.Store = c.store
+	claim := func(i int) error {
+		_, _, err := d.Claim(context.Background(), d.Observe(ping.Ping{Asset: fmt.Sprintf("veh-%d", i%50), Time: time.Now().Add(-time.Minute), Lat: 52.52, Lon: 13.40}))
+		return err
+	}
+	srv.Kill()
+	for i, start := 0, time.Now(); time.Since(start) < 4*time.Second; i++ {
+		_ = claim(i)
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.Restart()
+	for deadline := time.Now().Add(10 * time.Second); claim(0) != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the store never answered again")
+		}
+	}
+	opened := logs.FilterMessageSnippet("circuit breaker opened").FilterLevelExact(zap.WarnLevel).Len()
+	closed := logs.FilterMessageSnippet("circuit breaker closed").Len()
+	probes := logs.FilterMessageSnippet("circuit breaker half_open").Len()
+	if opened != 1 || closed != 1 || probes != 0 {
+		t.Errorf("a 4 s Redis outage wrote %d lines that the breaker opened (want 1, at warn), %d that it closed (want 1), "+
+			"%d of its probes at info or above (want 0)", opened, closed, probes)
 	}
 }

@@ -20,20 +20,24 @@ var stuckTrackers = caddy.NewUsagePool()
 // stuckTrackerValue lets a tracker live in the usage pool.
 type stuckTrackerValue struct {
 	*dedup.StuckTracker
-	keyPrefix, mode string
+	store, keyPrefix, mode string
 }
 
 func (stuckTrackerValue) Destruct() error { return nil }
 
-// loadStuckTracker returns the shared tracker for these settings and the key
-// to give back to the pool on cleanup.
-func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
+// loadStuckTracker returns the shared tracker for these settings on the
+// store's data (storeModule.keySpace) and the key to give back to the pool
+// on cleanup.
+func loadStuckTracker(s settings, store string) (*dedup.StuckTracker, string, error) {
 	// A shadow trial in front of the live handler judges the same pings:
 	// sharing a tracker, each ping counted twice, and an asset was listed
-	// stuck at half the pings it takes.
-	key := fmt.Sprintf("stuck prefix=%q mode=%s ratio=%g after=%s track=%d", s.keyer.Prefix, s.mode(), s.stuckRatio, s.stuckAfter, s.stuckTrack)
+	// stuck at half the pings it takes. Two sites on two stores with one
+	// key_prefix share no key: sharing a tracker, one site's truck-1 under
+	// way hid the other's, stuck.
+	key := fmt.Sprintf("stuck store=%q prefix=%q mode=%s ratio=%g after=%s track=%d",
+		store, s.keyer.Prefix, s.mode(), s.stuckRatio, s.stuckAfter, s.stuckTrack)
 	v, _, err := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), s.keyer.Prefix, s.mode()}, nil
+		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), store, s.keyer.Prefix, s.mode()}, nil
 	})
 	if err != nil {
 		return nil, "", err
@@ -43,6 +47,9 @@ func loadStuckTracker(s settings) (*dedup.StuckTracker, string, error) {
 
 // stuckAsset is one row of the admin endpoint.
 type stuckAsset struct {
+	// Store is the data of the handlers' store that saw the asset:
+	// "memory", or "redis" and its servers, master and database.
+	Store string `json:"store"`
 	// KeyPrefix is the key_prefix of the handlers that saw the asset.
 	KeyPrefix string `json:"key_prefix"`
 	// Mode is theirs: enforce, or shadow for a trial's verdicts.
@@ -58,14 +65,14 @@ func allStuckAssets(now time.Time) []stuckAsset {
 	stuckTrackers.Range(func(_, v any) bool {
 		t := v.(stuckTrackerValue)
 		for _, a := range t.Stuck(now) {
-			row := stuckAsset{KeyPrefix: t.keyPrefix, Mode: t.mode, StuckAsset: a}
+			row := stuckAsset{Store: t.store, KeyPrefix: t.keyPrefix, Mode: t.mode, StuckAsset: a}
 			row.Scope, row.Asset = dedup.SplitScopedAsset(a.Asset)
 			out = append(out, row)
 		}
 		return true
 	})
 	slices.SortStableFunc(out, func(a, b stuckAsset) int {
-		return cmp.Or(strings.Compare(a.KeyPrefix, b.KeyPrefix), strings.Compare(a.Mode, b.Mode))
+		return cmp.Or(strings.Compare(a.Store, b.Store), strings.Compare(a.KeyPrefix, b.KeyPrefix), strings.Compare(a.Mode, b.Mode))
 	})
 	return out
 }

@@ -1,6 +1,11 @@
 package telemetrydedup
 
 import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
 // With key_scope, the admin endpoint lists a stuck asset as its id and its
@@ -17,7 +23,7 @@ func TestStuckAssetsShowTheirScopeApart(t *testing.T) {
 	var s settings
 	s.keyer.Prefix = "test:" + t.Name() + ":"
 	s.stuckRatio, s.stuckAfter, s.stuckTrack = 0.9, time.Minute, 10
-	tracker, key, err := loadStuckTracker(s)
+	tracker, key, err := loadStuckTracker(s, "memory")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,5 +113,74 @@ func TestAShadowTrialsStuckWarningSaysItIsTheTrials(t *testing.T) {
 	}
 	if fields := warned[0].ContextMap(); fields["mode"] != modeShadow || fields["key_prefix"] != prefix {
 		t.Errorf("the shadow trial's stuck warning has %v; want mode shadow and key_prefix %q", fields, prefix)
+	}
+}
+
+// adminStuckRows is what an operator's `curl localhost:2019/telemetry_dedup/stuck`
+// lists for one key_prefix.
+func adminStuckRows(t *testing.T, prefix string) []stuckAsset {
+	t.Helper()
+	w := httptest.NewRecorder()
+	if err := serveStuck(w, httptest.NewRequest(http.MethodGet, "/telemetry_dedup/stuck", nil)); err != nil {
+		t.Fatal(err)
+	}
+	var report stuckReport
+	if err := json.Unmarshal(w.Body.Bytes(), &report); err != nil {
+		t.Fatalf("admin answer %q: %v", w.Body.String(), err)
+	}
+	var rows []stuckAsset
+	for _, a := range report.Stuck {
+		if a.KeyPrefix == prefix {
+			rows = append(rows, a)
+		}
+	}
+	return rows
+}
+
+// Two sites on two Redis servers with one key_prefix share no key, and no
+// stuck list: site A's truck-1, stuck on a cached fix (every ping after
+// the first suppressed), is listed, with its store, though site B's
+// truck-1 drives on, every ping accepted. Sharing one list by key_prefix
+// and mode, B's accepted pings went into A's truck's history, and a row
+// could not say whose truck it was. (Helper 6's review, stop 62.)
+//
+// Setup: two real Redis servers, two handlers with one key_prefix,
+// window 1s, stuck_after 2s; A's truck posts the same ping 70 times over
+// about 2.8 s while B's posts a new position every 0.4 s.
+func TestAStuckAssetIsNotHiddenByAnotherSitesAssetOfTheSameIDOnAnotherStore(t *testing.T) {
+	ra, rb := redistest.Start(t), redistest.Start(t)
+	prefix := "stuck-sites:"
+	config := func(url string) string {
+		return fmt.Sprintf(`{"key_prefix":%q,"window":1000000000,"stuck_after":2000000000,"near_cache":0,"store":{"type":"redis","url":%q,"timeout":1000000000}}`, prefix, url)
+	}
+	siteA, siteB := tableHandler(t, config(ra.URL())), tableHandler(t, config(rb.URL()))
+
+	fixed := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	cached := fmt.Sprintf(`{"asset_id":"truck-1","occurred_at":%q,"lat":52.5200087,"lon":13.4049547}`, fixed.Format(time.RFC3339))
+	suppressed := 0
+	for i := range 70 {
+		res := siteA.post(cached, "application/json", nil)
+		if i > 0 && res.header.Get("X-Dedup") != "accepted" {
+			suppressed++
+		}
+		if i%10 == 5 { // site B's truck-1 drives on: a new position, accepted
+			at := time.Now().UTC().Truncate(time.Second)
+			moving := fmt.Sprintf(`{"asset_id":"truck-1","occurred_at":%q,"lat":%.6f,"lon":13.4049547}`, at.Format(time.RFC3339), 48.0+float64(i)*0.01)
+			if res := siteB.post(moving, "application/json", nil); res.header.Get("X-Dedup") != "accepted" {
+				t.Fatalf("setup: site B's moving truck-1 got %d %v", res.status, res.header)
+			}
+		}
+		time.Sleep(40 * time.Millisecond)
+	}
+	if suppressed != 69 {
+		t.Fatalf("setup: site A's cached fix was suppressed %d times of 69", suppressed)
+	}
+	rows := adminStuckRows(t, prefix)
+	if len(rows) != 1 || rows[0].Asset != "truck-1" {
+		t.Fatalf("site A's truck-1, all 69 of its pings after the first suppressed over %s (stuck_after 2s), is not listed stuck: "+
+			"the admin endpoint lists %+v for key_prefix %q; site B's accepted truck-1 (another Redis) was counted in its history", 70*40*time.Millisecond, rows, prefix)
+	}
+	if !strings.Contains(rows[0].Store, ra.Addr()) {
+		t.Errorf("the row names the store %q; want site A's Redis, %s, so that the operator can tell the sites' truck-1 apart", rows[0].Store, ra.Addr())
 	}
 }
