@@ -36,14 +36,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil) // never buffers: only watches the status
-	if r.Context().Value(inFlightCounted{}) == nil {
-		// Pings, as the decisions count them, not requests; once a
-		// request, though a shadow trial in front of the live handler
-		// waits for the same upstream.
-		metrics.inFlight.Add(float64(len(claims)))
-		defer metrics.inFlight.Sub(float64(len(claims)))
-	}
 	ctx := h.upstreamContext(r.Context(), claims)
+	added := ctx.counted.add(len(claims))
+	defer ctx.counted.takeBack(added)
 
 	defer func() {
 		// reverse_proxy aborts a broken response stream with a panic. If the
@@ -82,9 +77,13 @@ func (h *Handler) quiet(r *http.Request) bool {
 // claim standing in the store as if delivered. That cut's cause is a
 // passed deadline too, so that the proxy answers 504, not the 499 of a
 // sender's hang-up, a 4xx some clients drop the ping on.
-func (h *Handler) upstreamContext(request context.Context, claims []*dedup.Claim) context.Context {
+func (h *Handler) upstreamContext(request context.Context, claims []*dedup.Claim) *upstreamRequest {
 	// The claims of one request are made at one instant, in one store call.
-	return &upstreamRequest{upstreamDeadlines.at(h.exiting, claims[0].At.Add(h.settings.upstreamBound)), request}
+	c := &upstreamRequest{Context: upstreamDeadlines.at(h.exiting, claims[0].At.Add(h.settings.upstreamBound)), request: request}
+	if c.counted, _ = request.Value(inFlightCounted{}).(*inFlightCount); c.counted == nil {
+		c.counted = &c.own
+	}
+	return c
 }
 
 // upstreamRequest is the context of an upstream request: the request's
@@ -97,14 +96,18 @@ func (h *Handler) upstreamContext(request context.Context, claims []*dedup.Claim
 type upstreamRequest struct {
 	context.Context // the shared deadline: its Deadline, Done and Err
 	request         context.Context
+	// counted is the request's count in the in_flight gauge: an outer
+	// telemetry_dedup handler's, or own.
+	counted *inFlightCount
+	own     inFlightCount
 }
 
 // Value is the shared deadline's, which holds nothing but its
-// cancellation, or else the request's; and it says that the request's
-// pings count in the in_flight gauge already.
+// cancellation, or else the request's; and the request's count in the
+// in_flight gauge.
 func (c *upstreamRequest) Value(key any) any {
 	if key == (inFlightCounted{}) {
-		return true
+		return c.counted
 	}
 	if v := c.Context.Value(key); v != nil {
 		return v
@@ -112,9 +115,31 @@ func (c *upstreamRequest) Value(key any) any {
 	return c.request.Value(key)
 }
 
-// inFlightCounted is the context key of a request whose pings an outer
-// telemetry_dedup handler counts in the in_flight gauge.
+// inFlightCounted is the context key of a request's inFlightCount.
 type inFlightCounted struct{}
+
+// inFlightCount is how many of a request's pings the in_flight gauge
+// counts: as many as the telemetry_dedup handler on its way that accepted
+// the most. A shadow trial in front of the live handler waits for the
+// same upstream, so its pings and the live handler's are one count, not
+// two; and it may have judged fewer of them new. The handlers of one
+// request run one inside the other, on one goroutine.
+type inFlightCount struct{ pings int }
+
+// add counts pings more than the request counts already, and returns how
+// many it added.
+func (c *inFlightCount) add(pings int) int {
+	added := max(0, pings-c.pings)
+	c.pings += added
+	metrics.inFlight.Add(float64(added))
+	return added
+}
+
+// takeBack takes back what add added, once the upstream answered.
+func (c *inFlightCount) takeBack(added int) {
+	c.pings -= added
+	metrics.inFlight.Sub(float64(added))
+}
 
 // undelivered reports an upstream answer (0: none) that does not show the
 // upstream took the observation: anything but a 2xx. Those are the answers

@@ -175,6 +175,59 @@ func TestAShadowTrialInFrontOfTheLiveHandlerDoesNotDoubleInFlight(t *testing.T) 
 	}
 }
 
+// A request behind a shadow trial and the live handler counts in the
+// in_flight gauge as many pings as the handler that accepted the most: the
+// trial, having seen two of a batch of three, set the count at one, and
+// the live handler's three accepted pings counted one. (Helper 7's review,
+// stop 62.)
+func TestInFlightCountsTheMostPingsAnyHandlerOfTheRequestAccepted(t *testing.T) {
+	trialPrefix, livePrefix := "in-flight-most-trial:", "in-flight-most-live:"
+	trial := provisioned(t, &Handler{KeyPrefix: &trialPrefix, Mode: "shadow"})
+	live := provisioned(t, &Handler{KeyPrefix: &livePrefix})
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	pings := make([]string, 3)
+	for i := range pings {
+		pings[i] = fmt.Sprintf(`{"asset_id":"veh-most-%d","occurred_at":%q,"lat":52.52,"lon":13.40}`, i, at.Format(time.RFC3339))
+	}
+	post := func(body string, h caddyhttp.Handler) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	// The trial has seen the first two (its longer window still holds them).
+	post("["+pings[0]+","+pings[1]+"]", caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return trial.ServeHTTP(w, r, ok)
+	}))
+
+	before := inFlightNow(t)
+	var during float64
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		during = inFlightNow(t)
+		return nil
+	})
+	w := post("["+strings.Join(pings, ",")+"]", caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return trial.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			return live.ServeHTTP(w, r, upstream)
+		}))
+	}))
+	if w.Header().Get("X-Dedup") != "accepted" || w.Header().Get("X-Dedup-Accepted") != "3" {
+		t.Fatalf("setup: the live handler answered %d %v; want all three accepted", w.Code, w.Header())
+	}
+	if during-before != 3 {
+		t.Errorf("in_flight rose by %v while the live handler's 3 accepted pings waited for the upstream; want 3 "+
+			"(the shadow trial in front, which had seen 2 of them, set the count)", during-before)
+	}
+	if after := inFlightNow(t); after != before {
+		t.Errorf("in_flight went back to %v, not %v", after, before)
+	}
+}
+
 func inFlightNow(t *testing.T) float64 {
 	var m dto.Metric
 	if err := metrics.inFlight.Write(&m); err != nil {

@@ -4,41 +4,88 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
-// goRedisLog takes the lines go-redis writes itself (a pool's failed
-// dials, a connection it dropped) into Caddy's log, as warnings, each kind
-// at most once per storeErrorLogEvery with a count of those held back.
-// go-redis writes them as plain text to stderr, past Caddy's log outputs
-// and levels: during an outage its pool wrote about 13 lines a second
-// there. go-redis has one logger for the process, so this takes the lines
-// of every go-redis client in Caddy.
+// goRedisLog takes the lines go-redis writes itself into Caddy's log: a
+// pool's failed dials, a Sentinel's master found or failed over, a
+// connection dropped. go-redis writes them as plain text to stderr, past
+// Caddy's log outputs and levels, and during an outage its pool wrote
+// about 13 lines a second there. They carry no level: most are notes
+// (the master a Sentinel named), and the failures among them are the
+// module's own store errors too, which it warns of. So they are info
+// lines, each kind (its format) at most once per every, with a count of
+// those held back; the last one held back is written once its period is
+// over, as a kind may not come again (a failover's new master). go-redis
+// has one logger a process, so this takes the lines of every go-redis
+// client in Caddy.
 type goRedisLog struct {
 	logger func() *zap.Logger
+	every  time.Duration
 
 	mu    sync.Mutex
-	kinds map[string]*throttledLog // by format
+	kinds map[string]*goRedisKind // by format
+}
+
+// goRedisKind is one kind of go-redis line: when one was last written,
+// and the latest held back since, with how many were.
+type goRedisKind struct {
+	last     time.Time
+	held     string
+	heldBack int
+	flushing bool
+}
+
+func newGoRedisLog(logger func() *zap.Logger, every time.Duration) *goRedisLog {
+	return &goRedisLog{logger: logger, every: every, kinds: map[string]*goRedisKind{}}
 }
 
 // Printf implements go-redis' internal.Logging.
 func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
+	line := fmt.Sprintf(format, v...)
+	now := time.Now()
 	g.mu.Lock()
-	kind := g.kinds[format]
-	if kind == nil {
-		kind = newThrottledLog(nil, storeErrorLogEvery)
-		g.kinds[format] = kind
+	k := g.kinds[format]
+	if k == nil {
+		k = &goRedisKind{}
+		g.kinds[format] = k
+	}
+	if now.Sub(k.last) >= g.every {
+		k.last = now
+		g.mu.Unlock()
+		g.write(line, 0)
+		return
+	}
+	k.held = line
+	k.heldBack++
+	if !k.flushing {
+		k.flushing = true
+		time.AfterFunc(k.last.Add(g.every).Sub(now), func() { g.flush(k) })
 	}
 	g.mu.Unlock()
-	kind.logTo(g.logger(), "the Redis client reports", fmt.Errorf(format, v...))
+}
+
+// flush writes the latest line of k held back, with how many others were.
+func (g *goRedisLog) flush(k *goRedisKind) {
+	g.mu.Lock()
+	if k.heldBack == 0 { // written already
+		g.mu.Unlock()
+		return
+	}
+	line, similar := k.held, k.heldBack-1
+	k.held, k.heldBack, k.flushing, k.last = "", 0, false, time.Now()
+	g.mu.Unlock()
+	g.write(line, similar)
+}
+
+func (g *goRedisLog) write(line string, similar int) {
+	g.logger().Info(line, zap.Int("similar_since_last_line", similar))
 }
 
 func init() {
-	redis.SetLogger(&goRedisLog{
-		logger: func() *zap.Logger { return caddy.Log().Named("go-redis") },
-		kinds:  map[string]*throttledLog{},
-	})
+	redis.SetLogger(newGoRedisLog(func() *zap.Logger { return caddy.Log().Named("go-redis") }, storeErrorLogEvery))
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -16,24 +18,118 @@ import (
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
-// go-redis's own lines go to the log at warn, each kind (its format) at
-// most once per storeErrorLogEvery, the next one counting those held back.
+// go-redis's own lines go to the log at info, each kind (its format) at
+// most once per period; the last one held back is written when the period
+// is over, with how many others were.
 func TestGoRedisLinesAreLoggedAKindAtATime(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	g := &goRedisLog{logger: func() *zap.Logger { return zap.New(core) }, kinds: map[string]*throttledLog{}}
+	g := newGoRedisLog(func() *zap.Logger { return zap.New(core) }, 300*time.Millisecond)
 	for i := range 50 {
 		g.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, fmt.Errorf("dial %d: connection refused", i))
 		g.Printf(context.Background(), "redis: discarding bad PubSub connection: %v", "EOF")
 	}
+	if n := logs.Len(); n != 2 {
+		t.Fatalf("100 lines of two kinds logged %d lines at once; want the first of each kind", n)
+	}
+	time.Sleep(600 * time.Millisecond)
 	lines := logs.All()
-	if len(lines) != 2 {
-		t.Fatalf("100 lines of two kinds logged %d lines; want one of each kind", len(lines))
+	if len(lines) != 4 {
+		t.Fatalf("%d lines once the period was over; want each kind's last line held back too, 4 in all", len(lines))
+	}
+	dials := logs.FilterMessageSnippet("dial 49:").All()
+	if len(dials) != 1 || dials[0].ContextMap()["similar_since_last_line"] != int64(48) {
+		t.Errorf("the dials' line held back: %v; want the last dial's, once, with the 48 before it counted", dials)
 	}
 	for _, l := range lines {
-		if l.Level != zapcore.WarnLevel || !strings.Contains(fmt.Sprint(l.ContextMap()["error"]), "redis: ") {
-			t.Errorf("a go-redis line logged as %s %q %v; want a warning with go-redis's text", l.Level, l.Message, l.ContextMap())
+		if l.Level != zapcore.InfoLevel || !strings.HasPrefix(l.Message, "redis: ") {
+			t.Errorf("a go-redis line logged as %s %q; want go-redis's text at info", l.Level, l.Message)
 		}
 	}
+}
+
+// A healthy Sentinel start writes no warning of go-redis's: its lines
+// that it found the master ("sentinel: new master", "sentinel: selected
+// addr") are notes, and were warnings, paging an operator who alerts on
+// warnings at every start. (Helper 7's review, stop 62.)
+func TestAHealthySentinelStartWritesNoGoRedisWarnings(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	logs, _ := observeGoRedis(t, time.Second)
+	store := fmt.Sprintf(`{"type":"redis","addresses":[%q,%q,%q],"master":%q,"timeout":1000000000}`,
+		st.Addrs()[0], st.Addrs()[1], st.Addrs()[2], st.MasterName)
+	tt := tableHandler(t, `{"key_prefix":"sentinel-lines:","store":`+store+`}`)
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	if res := tt.post(fmt.Sprintf(`{"asset_id":"veh-s","occurred_at":%q,"lat":52.52,"lon":13.40}`, at.Format(time.RFC3339)), "application/json", nil); res.header.Get("X-Dedup") != "accepted" {
+		t.Fatalf("setup: %d %v", res.status, res.header)
+	}
+	if logs.Len() == 0 {
+		t.Fatal("go-redis wrote no line at a Sentinel start; the test needs its notes")
+	}
+	for _, l := range logs.All() {
+		if l.Level >= zapcore.WarnLevel {
+			t.Errorf("a healthy Sentinel start logged %s %q %v", l.Level, l.Message, l.ContextMap())
+		}
+	}
+}
+
+// A Sentinel failover soon after the start is named in the log: go-redis's
+// line naming the new master is the second of its kind within the period,
+// held back, and is written once the period is over. It was never
+// written, and the log's only line on the master named the old, dead one.
+// (Helper 7's review, stop 62.)
+func TestAFailoverSoonAfterStartIsNamedInTheLog(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	logs, g := observeGoRedis(t, time.Minute) // longer than the failover takes
+	store := fmt.Sprintf(`{"type":"redis","addresses":[%q,%q,%q],"master":%q,"timeout":200000000}`,
+		st.Addrs()[0], st.Addrs()[1], st.Addrs()[2], st.MasterName)
+	tt := tableHandler(t, `{"key_prefix":"failover-lines:","store":`+store+`}`)
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	ping := func(i int) string {
+		return fmt.Sprintf(`{"asset_id":"veh-f%d","occurred_at":%q,"lat":52.52,"lon":13.40}`, i, at.Format(time.RFC3339))
+	}
+	if res := tt.post(ping(0), "application/json", nil); res.header.Get("X-Dedup") != "accepted" {
+		t.Fatalf("setup: %d %v", res.status, res.header)
+	}
+	st.Master().Kill()
+	newMaster := st.WaitForFailover(t, 30*time.Second)
+	accepted := false
+	for i := 1; i < 200 && !accepted; i++ {
+		accepted = tt.post(ping(i), "application/json", nil).header.Get("X-Dedup") == "accepted"
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !accepted {
+		t.Fatalf("setup: no ping accepted through the new master %s", newMaster)
+	}
+	g.mu.Lock()
+	var held []*goRedisKind
+	for _, k := range g.kinds {
+		if k.flushing {
+			held = append(held, k)
+		}
+	}
+	g.mu.Unlock()
+	for _, k := range held {
+		g.flush(k) // as the period's end does
+	}
+	var seen []string
+	for _, l := range logs.All() {
+		seen = append(seen, l.Message)
+		if strings.Contains(l.Message, newMaster) {
+			return
+		}
+	}
+	t.Errorf("the failover to %s is named by no line of the log; go-redis's lines:\n%s", newMaster, strings.Join(seen, "\n"))
+}
+
+// observeGoRedis has go-redis's lines logged to the observer it returns,
+// a kind at most once per every, for the rest of the test.
+func observeGoRedis(t *testing.T, every time.Duration) (*observer.ObservedLogs, *goRedisLog) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	g := newGoRedisLog(func() *zap.Logger { return zap.New(core) }, every)
+	redis.SetLogger(g)
+	t.Cleanup(func() {
+		redis.SetLogger(newGoRedisLog(func() *zap.Logger { return caddy.Log().Named("go-redis") }, storeErrorLogEvery))
+	})
+	return logs, g
 }
 
 // A Redis outage writes none of go-redis's plain-text lines to standard

@@ -222,12 +222,17 @@ func (b *Breaker) Call(key string, call func() error) error {
 	return err
 }
 
-// forgetIdleLocked forgets the zones no call has asked for in zoneIdle.
-// b.mu must be held.
+// forgetIdleLocked forgets the zones no call has asked for in zoneIdle. A
+// zone forgotten open (a master that failed over: its slots went to
+// another address) is told closed, as nothing skips it any more: its
+// opening's warning was otherwise the last word on it. b.mu must be held.
 func (b *Breaker) forgetIdleLocked() {
 	now := b.now()
 	for name, z := range b.zones {
 		if now.Sub(z.used) > zoneIdle {
+			if z.state != BreakerClosed {
+				b.transition(z, BreakerClosed, nil)
+			}
 			delete(b.zones, name)
 		}
 	}

@@ -207,3 +207,58 @@ func zonedBreaker(client *redis.ClusterClient, failures int, cooldown time.Durat
 		return slices.Clone(opened)
 	}
 }
+
+// On a Cluster, a master that failed over (its slots now at its replica's
+// address) has its zone forgotten after zoneIdle; forgotten open, it is
+// told closed, so that the log's "opened" warning for that master is
+// followed by a "closed" line, as for a master that came back. It was the
+// last word on it, with every call succeeding and breakers_open back at 0.
+// (Helper 7's review, stop 62.)
+func TestAFailedOverMastersOutageEndsInTheLog(t *testing.T) {
+	b := NewBreaker(2, time.Second, nil)
+	masterOf := map[string]string{"a": "10.0.0.1:6379", "b": "10.0.0.2:6379"}
+	assetOf := map[string]string{}
+	var mu sync.Mutex
+	state := map[string]BreakerState{}
+	b.ZoneBy(func(key string) string { return masterOf[assetOf[key]] }, func(zone string, from, to BreakerState, cause error) {
+		mu.Lock()
+		defer mu.Unlock()
+		state[zone] = to
+	})
+	clock := articleBase
+	b.now = func() time.Time { return clock }
+	store := &flakyStore{down: errors.New("i/o timeout")}
+	s := b.Guard(store)
+	ctx := context.Background()
+	on := func(asset string) []*Claim {
+		p := parked
+		p.Asset = asset
+		c := claimOf(testPolicy(Tumbling), p, 1, clock)
+		assetOf[c.Key()] = asset
+		return []*Claim{c}
+	}
+	s.Decide(ctx, on("a"))
+	s.Decide(ctx, on("a"))
+	if state["10.0.0.1:6379"] != BreakerOpen {
+		t.Fatalf("setup: master a's zone is %v to the log, want open", state["10.0.0.1:6379"])
+	}
+	masterOf["a"] = "10.0.0.3:6379" // failed over to its replica
+	store.down = nil
+	for range 3 {
+		clock = clock.Add(time.Minute)
+		for _, asset := range []string{"a", "b"} {
+			if _, err := s.Decide(ctx, on(asset)); err != nil {
+				t.Fatalf("asset %s after the failover: %v", asset, err)
+			}
+		}
+	}
+	if n := b.Open(); n != 0 {
+		t.Fatalf("setup: %d zones open 3 minutes after the failover", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if st := state["10.0.0.1:6379"]; st != BreakerClosed {
+		t.Errorf("3 minutes after master 10.0.0.1 failed over, every call succeeding and breakers_open 0, the last transition "+
+			"the log was told for its zone is %v: its 'opened' warning is never followed by a 'closed' line", st)
+	}
+}
