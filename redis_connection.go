@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -94,6 +95,12 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// On a Cluster the breaker has a zone per master (see Breaker.ZoneBy),
 	// and its log lines name the master; its address is the zone.
 	onChange := func(zone string, from, to dedup.BreakerState, cause error) {
+		if errors.Is(cause, dedup.ErrZoneForgotten) {
+			c.loggers.current().Info("redis store circuit breaker forgot a master it skipped: no call went to it for a minute "+
+				"(it failed over, or no key of its slots came); whether it answers again is not known, and the next call to it starts afresh",
+				zap.String("redis", where), zap.String("master", zone), zap.String("from", from.String()))
+			return
+		}
 		metricsOnce.Do(initMetrics)
 		metrics.breakerTransitions.WithLabelValues(to.String()).Inc()
 		if to == dedup.BreakerClosed && c.reconciler != nil {

@@ -55,9 +55,12 @@ func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
 		g.kinds[format] = k
 	}
 	if now.Sub(k.last) >= g.every {
-		k.last = now
+		// A line held back and not yet written (its timer is late) is
+		// counted in this one, newer, rather than written after it.
+		similar := k.heldBack
+		k.last, k.held, k.heldBack = now, "", 0
+		g.write(line, similar) // under g.mu: a kind's lines are written in their order
 		g.mu.Unlock()
-		g.write(line, 0)
 		return
 	}
 	k.held = line
@@ -69,17 +72,23 @@ func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
 	g.mu.Unlock()
 }
 
-// flush writes the latest line of k held back, with how many others were.
+// flush writes the latest line of k held back, with how many others were,
+// once k's period is over.
 func (g *goRedisLog) flush(k *goRedisKind) {
 	g.mu.Lock()
-	if k.heldBack == 0 { // written already
+	if k.heldBack == 0 { // counted in a newer line already
+		k.flushing = false
 		g.mu.Unlock()
 		return
 	}
-	line, similar := k.held, k.heldBack-1
+	if wait := g.every - time.Since(k.last); wait > 0 { // a line was written since the timer was set
+		time.AfterFunc(wait, func() { g.flush(k) })
+		g.mu.Unlock()
+		return
+	}
+	g.write(k.held, k.heldBack-1)
 	k.held, k.heldBack, k.flushing, k.last = "", 0, false, time.Now()
 	g.mu.Unlock()
-	g.write(line, similar)
 }
 
 func (g *goRedisLog) write(line string, similar int) {

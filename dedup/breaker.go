@@ -50,6 +50,13 @@ var ErrReleasesOwed = errors.New("the store did not take the releases of failed 
 // the breaker for every asset.
 var ErrOwedElsewhere = errors.New("another Redis connection on the same data owes releases on these keys that it has not made (it is closing, or its calls failed)")
 
+// ErrZoneForgotten is the cause of the last transition a zone gets, to
+// closed, when the breaker forgets it while it is not closed: no call
+// asked for it in zoneIdle. Its master failed over (its slots went to
+// another address), or no key of its slots came: whether it answers again
+// is not known, and the next call through it starts afresh.
+var ErrZoneForgotten = errors.New("no call asked for this master for a while, so the breaker forgot it; whether it answers again is not known")
+
 // BreakerState is where a circuit breaker stands.
 type BreakerState int32
 
@@ -223,15 +230,15 @@ func (b *Breaker) Call(key string, call func() error) error {
 }
 
 // forgetIdleLocked forgets the zones no call has asked for in zoneIdle. A
-// zone forgotten open (a master that failed over: its slots went to
-// another address) is told closed, as nothing skips it any more: its
-// opening's warning was otherwise the last word on it. b.mu must be held.
+// zone forgotten while not closed is told so (ErrZoneForgotten): nothing
+// skips it any more, and its opening's warning was otherwise the last
+// word on it. b.mu must be held.
 func (b *Breaker) forgetIdleLocked() {
 	now := b.now()
 	for name, z := range b.zones {
 		if now.Sub(z.used) > zoneIdle {
 			if z.state != BreakerClosed {
-				b.transition(z, BreakerClosed, nil)
+				b.transition(z, BreakerClosed, ErrZoneForgotten)
 			}
 			delete(b.zones, name)
 		}

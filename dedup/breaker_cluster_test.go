@@ -210,20 +210,23 @@ func zonedBreaker(client *redis.ClusterClient, failures int, cooldown time.Durat
 
 // On a Cluster, a master that failed over (its slots now at its replica's
 // address) has its zone forgotten after zoneIdle; forgotten open, it is
-// told closed, so that the log's "opened" warning for that master is
-// followed by a "closed" line, as for a master that came back. It was the
-// last word on it, with every call succeeding and breakers_open back at 0.
-// (Helper 7's review, stop 62.)
+// told so (a last transition with ErrZoneForgotten, which the connection
+// logs as forgotten, not as closed: helper 8 found a master still down
+// whose slots had no key for a minute told closed), so that the log's
+// "opened" warning for that master is not the last word on it, with every
+// call succeeding and breakers_open back at 0. (Helper 7's review, stop
+// 62.)
 func TestAFailedOverMastersOutageEndsInTheLog(t *testing.T) {
 	b := NewBreaker(2, time.Second, nil)
 	masterOf := map[string]string{"a": "10.0.0.1:6379", "b": "10.0.0.2:6379"}
 	assetOf := map[string]string{}
 	var mu sync.Mutex
 	state := map[string]BreakerState{}
+	causes := map[string]error{}
 	b.ZoneBy(func(key string) string { return masterOf[assetOf[key]] }, func(zone string, from, to BreakerState, cause error) {
 		mu.Lock()
 		defer mu.Unlock()
-		state[zone] = to
+		state[zone], causes[zone] = to, cause
 	})
 	clock := articleBase
 	b.now = func() time.Time { return clock }
@@ -257,8 +260,8 @@ func TestAFailedOverMastersOutageEndsInTheLog(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if st := state["10.0.0.1:6379"]; st != BreakerClosed {
+	if st, cause := state["10.0.0.1:6379"], causes["10.0.0.1:6379"]; st != BreakerClosed || !errors.Is(cause, ErrZoneForgotten) {
 		t.Errorf("3 minutes after master 10.0.0.1 failed over, every call succeeding and breakers_open 0, the last transition "+
-			"the log was told for its zone is %v: its 'opened' warning is never followed by a 'closed' line", st)
+			"the log was told for its zone is %v (%v): its 'opened' warning is followed by no word that the breaker forgot it", st, cause)
 	}
 }
