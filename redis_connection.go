@@ -96,7 +96,7 @@ func newRedisConnection(opts *redis.UniversalOptions, r RedisStore, logger *zap.
 	// and its log lines name the master; its address is the zone.
 	onChange := func(zone string, from, to dedup.BreakerState, cause error) {
 		if errors.Is(cause, dedup.ErrZoneForgotten) {
-			c.loggers.current().Info("redis store circuit breaker forgot a master it skipped: no call went to it for a minute "+
+			c.loggers.current().Info("redis store circuit breaker forgot a master it skipped: no call went to it for a minute or more "+
 				"(it failed over, or no key of its slots came); whether it answers again is not known, and the next call to it starts afresh",
 				zap.String("redis", where), zap.String("master", zone), zap.String("from", from.String()))
 			return

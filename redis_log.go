@@ -47,8 +47,8 @@ func newGoRedisLog(logger func() *zap.Logger, every time.Duration) *goRedisLog {
 // Printf implements go-redis' internal.Logging.
 func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
 	line := fmt.Sprintf(format, v...)
-	now := time.Now()
 	g.mu.Lock()
+	now := time.Now() // after the lock: a slow write before it does not shorten the period
 	k := g.kinds[format]
 	if k == nil {
 		k = &goRedisKind{}

@@ -107,6 +107,8 @@ type Breaker struct {
 	mu    sync.Mutex
 	one   breakerZone             // the only zone, unless zone is set
 	zones map[string]*breakerZone // else these, made on first use
+	// swept is when the calls last looked for idle zones to forget.
+	swept time.Time
 }
 
 // zoneIdle is how long a zone no call has asked for is kept. On a Cluster,
@@ -345,6 +347,13 @@ func (b *Breaker) zonesIn(claims []*Claim) zoneSet {
 // zoneLocked returns the zone called name, made closed if new, asked for
 // now. b.mu must be held.
 func (b *Breaker) zoneLocked(name string, now time.Time) *breakerZone {
+	// Also at calls, not only when breakers_open is read: without a
+	// metrics scrape, a failed-over master's zone was never forgotten, and
+	// its opening's warning stayed the last word on it.
+	if now.Sub(b.swept) > zoneIdle/2 {
+		b.swept = now
+		b.forgetIdleLocked()
+	}
 	z := b.zones[name]
 	if z == nil {
 		z = &breakerZone{name: name}
