@@ -407,7 +407,12 @@ func TestClosingARedisConnectionTriesWhatItOwesOnce(t *testing.T) {
 			if err := c.Destruct(); err != nil {
 				t.Fatal(err)
 			}
-			if took := time.Since(began); took > 4*tt.timeout+time.Second {
+			// A few store timeouts (a pass on its way, the last pass's
+			// release and settlement, the drain's bound), not the claims'
+			// in_flight_timeout or TTL: measured 2 s to 3.5 s, in steps of
+			// the timeout, as the reconciler's backoff and the close meet;
+			// the bound was 3 s, and failed a CI run at 3.005 s.
+			if took := time.Since(began); took > 10*tt.timeout+time.Second {
 				t.Errorf("closing took %v, with a store timeout of %v", took, tt.timeout)
 			}
 			warnings := logs.FilterMessageSnippet("closing the Redis connection").All()
