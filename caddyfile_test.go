@@ -32,6 +32,21 @@ func parse(t *testing.T, input string) (*Handler, error) {
 	return h, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
 }
 
+// resolvedBlock is the settings of a telemetry_dedup block holding block,
+// read from the Caddyfile and resolved as Provision resolves them.
+func resolvedBlock(t *testing.T, block string) settings {
+	t.Helper()
+	h, err := parse(t, "telemetry_dedup {\n"+block+"\n}")
+	if err != nil {
+		t.Fatalf("%q: %v", block, err)
+	}
+	s, err := h.resolve()
+	if err != nil {
+		t.Fatalf("%q: %v", block, err)
+	}
+	return s
+}
+
 func TestCaddyfileDefaults(t *testing.T) {
 	h, err := parse(t, `telemetry_dedup`)
 	if err != nil {
@@ -1055,14 +1070,7 @@ func TestDefaultFieldsWrittenBesideAPresetAreNamed(t *testing.T) {
 		{"preset owntracks\n asset topic", nil},
 		{"asset asset_id\n lat lat", nil},
 	} {
-		h, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}")
-		if err != nil {
-			t.Fatalf("%q: %v", tt.block, err)
-		}
-		s, err := h.resolve()
-		if err != nil {
-			t.Fatalf("%q: %v", tt.block, err)
-		}
+		s := resolvedBlock(t, tt.block)
 		if !slices.Equal(s.defaultsOverPreset, tt.want) {
 			t.Errorf("%q: named %q, want %q", tt.block, s.defaultsOverPreset, tt.want)
 		}

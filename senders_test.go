@@ -129,14 +129,7 @@ func TestAnswersAPresetsClientMisreadsAreNamed(t *testing.T) {
 		{"preset osmand\n answers {\n suppressed 204\n in_flight 409 2\n }", nil},
 		{"answers {\n suppressed 204\n in_flight 409 2\n }", nil},
 	} {
-		h, err := parse(t, "telemetry_dedup {\n"+tt.block+"\n}")
-		if err != nil {
-			t.Fatalf("%q: %v", tt.block, err)
-		}
-		s, err := h.resolve()
-		if err != nil {
-			t.Fatalf("%q: %v", tt.block, err)
-		}
+		s := resolvedBlock(t, tt.block)
 		if len(s.misreadAnswers) != len(tt.want) {
 			t.Errorf("%q: named %q, want answers starting %q", tt.block, s.misreadAnswers, tt.want)
 			continue
