@@ -963,8 +963,13 @@ func TestCloseMakesALastPass(t *testing.T) {
 			}
 			began := time.Now()
 			left := r.Close()
-			if took := time.Since(began); took > 2*tt.timeout+time.Second {
-				t.Errorf("Close took %v, with a store timeout of %v", took, tt.timeout)
+			// The release on its way when Close came has its answer within
+			// one store timeout; the last pass then holds Close at most
+			// reconcileLastPass, or two timeouts if shorter. The bound was
+			// two timeouts and a second, the sum itself at a timeout of 1 s,
+			// and a CI run measured 3.005 s.
+			if took, bound := time.Since(began), tt.timeout+min(2*tt.timeout, reconcileLastPass); took > bound+500*time.Millisecond {
+				t.Errorf("Close took %v, with a store timeout of %v: want %v at most", took, tt.timeout, bound)
 			}
 			if got := o.String(); got != tt.outcomes || left != tt.left {
 				t.Fatalf("outcomes %s, left %+v; want %s, %+v", got, left, tt.outcomes, tt.left)
