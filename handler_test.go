@@ -1010,3 +1010,27 @@ func TestALonePingUnderTheWrapperIsAnsweredAsOnePing(t *testing.T) {
 			res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"))
 	}
 }
+
+// The debug line of each decision names the key scope and the mode, as the
+// stuck warning does: two tenants' truck-1, or a shadow trial's line and
+// the live handler's for one ping, read alike without them (helper 6's
+// review, stop 62).
+func TestTheDecisionLineNamesItsScopeAndMode(t *testing.T) {
+	prefix := "decision-line:"
+	h := provisioned(t, &Handler{KeyPrefix: &prefix, KeyScope: hostPlaceholder, Mode: modeShadow})
+	core, logs := observer.New(zap.DebugLevel)
+	h.logger = zap.New(core)
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(nestedPing("veh-decision-line")))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	if err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	lines := logs.FilterMessage("telemetry_dedup decision").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d decision lines, want 1: %v", len(lines), logs.All())
+	}
+	fields := lines[0].ContextMap()
+	if fields["scope"] != "example.com" || fields["mode"] != modeShadow || fields["asset"] != "veh-decision-line" {
+		t.Errorf("the decision line says %v; want scope example.com, mode %s, asset veh-decision-line", fields, modeShadow)
+	}
+}

@@ -133,7 +133,9 @@ const sentBackLetterFailedLine = "dead-lettering the invalid pings of a batch fa
 // recordOutcome records one ping's outcome, the same whether it came alone
 // or in a batch: the decision is counted with its reason, the stuck-asset
 // tracker sees every claimed ping, and a debug line is written (per-request
-// info lines are noise at telemetry rates).
+// info lines are noise at telemetry rates) that names the scope and the
+// mode, as the stuck warning does: two tenants' truck-1, or a shadow
+// trial's line beside the live handler's, are told apart.
 func (h *Handler) recordOutcome(e *element) {
 	if e.err != nil {
 		return // the request fails with it; Caddy logs it
@@ -144,7 +146,8 @@ func (h *Handler) recordOutcome(e *element) {
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "telemetry_dedup decision"); c != nil {
 		c.Write(zap.String("decision", string(e.decision)), zap.String("reason", e.reason),
-			zap.String("asset", e.asset), zap.String("key", e.key()))
+			zap.String("asset", e.asset), zap.String("scope", e.scope), zap.String("key", e.key()),
+			zap.String("mode", h.settings.mode()))
 	}
 }
 
