@@ -210,6 +210,10 @@ func deliveredMisread(preset string, a *Answer) string {
 			return "OwnTracks Android 2.5.7 to 2.5.9 reads a 2xx's body as OwnTracks messages, [] or messages whose _type it knows, " +
 				"and resends the message forever at the head of its queue when it cannot; answer 200 application/json []"
 		}
+		if typ, does := ownTracksActsOn(body); typ != "" {
+			return fmt.Sprintf("OwnTracks Android acts on a %q message in every answer that carries it (MessageProcessor.kt): it %s "+
+				"at every duplicate answered so; answer 200 application/json []", typ, does)
+		}
 	case "overland":
 		object, _ := body.(map[string]any)
 		result, _ := object["result"].(string)
@@ -248,6 +252,33 @@ func ownTracksMessages(body any) bool {
 		}
 	}
 	return true
+}
+
+// ownTracksActions is what OwnTracks Android does on each incoming message
+// of a _type it acts on, rather than keeps as a contact's state
+// (MessageProcessor.processIncomingMessage).
+var ownTracksActions = map[string]string{
+	"cmd": "runs the command (remote commands are on by default): a reportLocation one has the phone report again, " +
+		"and a parked phone's report is suppressed again, with the same answer",
+	"transition": "notifies the user of the region event",
+	"clear":      "removes the contact it names",
+}
+
+// ownTracksActsOn returns the first message of a body ownTracksMessages
+// reads whose _type OwnTracks Android acts on, and what it does.
+func ownTracksActsOn(body any) (typ, does string) {
+	messages, isArray := body.([]any)
+	if !isArray {
+		messages = []any{body}
+	}
+	for _, m := range messages {
+		object, _ := m.(map[string]any)
+		typ, _ := object["_type"].(string)
+		if does, acts := ownTracksActions[typ]; acts {
+			return typ, does
+		}
+	}
+	return "", ""
 }
 
 // overlandReadsJSON reports a content type Overland's response serializer

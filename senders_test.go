@@ -109,7 +109,13 @@ func TestAnswersAPresetsClientMisreadsAreNamed(t *testing.T) {
 		{"preset owntracks\n answers {\n suppressed 200 text/plain []\n in_flight 503 2\n }", nil}, // Android parses the body whatever its type
 		{"preset owntracks\n answers {\n suppressed 200 text/plain \"\ufeff[]\"\n }", nil},         // OkHttp drops a byte order mark (helper 4)
 		{"preset owntracks\n answers {\n suppressed 200 application/json `{\"_type\":\"status\"}`\n }", nil},
-		{"preset owntracks\n answers {\n suppressed 200 application/json `[{\"_type\":\"status\"},{\"_type\":\"cmd\",\"action\":\"reportLocation\"}]`\n }", nil},
+		// Android acts on a cmd, transition or clear message at each answer
+		// (MessageProcessor.kt): a reportLocation cmd in a parked phone's
+		// suppressed answer has it report, be suppressed and report again.
+		// (Helper 4's review, stop 62.)
+		{"preset owntracks\n answers {\n suppressed 200 application/json `[{\"_type\":\"status\"},{\"_type\":\"cmd\",\"action\":\"reportLocation\"}]`\n }", []string{"suppressed: OwnTracks Android acts on a \"cmd\""}},
+		{"preset owntracks\n answers {\n dead_lettered 200 application/json `{\"_type\":\"transition\",\"event\":\"enter\"}`\n }", []string{"dead_lettered: OwnTracks Android acts on a \"transition\""}},
+		{"preset owntracks\n answers {\n suppressed 200 application/json `[{\"_type\":\"location\",\"lat\":52.5,\"lon\":13.4,\"tst\":1}]`\n }", nil}, // a contact's place, kept
 		{"preset overland\n answers {\n suppressed 200 application/json []\n }", []string{"suppressed: Overland"}},
 		{"preset overland\n answers {\n suppressed 200 text/plain `{\"result\":\"ok\"}`\n }", []string{"suppressed: Overland"}},
 		{"preset overland\n answers {\n suppressed 200 application/json `{\"result\":\"okay\"}`\n }", []string{"suppressed: Overland"}},
