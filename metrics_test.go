@@ -276,7 +276,7 @@ func TestDashboardQueriesOnlyLabelsTheirMetricsHave(t *testing.T) {
 	checked := 0
 	for _, p := range dash.Panels {
 		for _, q := range p.Targets {
-			var have []string
+			have := []string{"instance", "job"} // the labels Prometheus gives every series it scrapes
 			for _, m := range metricName.FindAllString(q.Expr, -1) {
 				have = append(have, labelsOf[m]...)
 			}
@@ -467,4 +467,26 @@ func TestDashboardRatiosFilterBothSidesByMode(t *testing.T) {
 	if ratios == 0 {
 		t.Fatal("no ratio on the dashboard: its queries are no longer read")
 	}
+}
+
+// Each Caddy keeps a stuck list of its own, and each mode too (a shadow
+// trial's): the "Stuck assets" panel shows each instance's and mode's
+// count. It showed their max, one number, so an instance with stuck assets
+// beside one with more hid its own, and a fleet behind three instances
+// read as one. (Helper 6's review, stop 62.)
+func TestTheStuckPanelShowsEachInstanceApart(t *testing.T) {
+	grouped := regexp.MustCompile(`^sum by \(([a-z_, ]+)\) \(caddy_telemetry_dedup_stuck_assets\b`)
+	for _, p := range readDashboard(t).Panels {
+		if p.Title != "Stuck assets" {
+			continue
+		}
+		for _, q := range p.Targets {
+			m := grouped.FindStringSubmatch(q.Expr)
+			if m == nil || !strings.Contains(m[1], "instance") || !strings.Contains(m[1], "mode") {
+				t.Errorf("the stuck panel charts %q; want the stuck_assets gauge summed by instance and mode", q.Expr)
+			}
+		}
+		return
+	}
+	t.Fatal("the dashboard has no \"Stuck assets\" panel")
 }
