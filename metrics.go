@@ -3,6 +3,7 @@ package telemetrydedup
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -202,14 +203,26 @@ func (s instrumentedStore) Release(ctx context.Context, claims []*dedup.Claim) (
 	return released, err
 }
 
+// observeOp times a store operation and counts it failed. One the open
+// breaker skipped never reached the store and is neither. On a Cluster
+// with one master's breaker open, a batch's claims on the other masters
+// did reach theirs: timed, and failed only if their own call failed.
 func observeOp(duration prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
-	if errors.Is(err, dedup.ErrBreakerOpen) {
-		return // the call never reached the store
+	skipped := errors.Is(err, dedup.ErrBreakerOpen)
+	if skipped && !partlyMade(err) {
+		return
 	}
 	duration.Observe(time.Since(start).Seconds())
-	if err != nil {
+	if err != nil && !skipped {
 		errs.Inc()
 	}
+}
+
+// partlyMade reports a call's error that leaves some of its claims with
+// their verdicts: the others failed, the call went to the store.
+func partlyMade(err error) bool {
+	partial, ok := errors.AsType[*dedup.DecideError](err)
+	return ok && slices.Contains(partial.Failed, false)
 }
 
 var _ dedup.Store = instrumentedStore{}

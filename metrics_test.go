@@ -1,6 +1,7 @@
 package telemetrydedup
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
 )
 
@@ -489,4 +491,38 @@ func TestTheStuckPanelShowsEachInstanceApart(t *testing.T) {
 		return
 	}
 	t.Fatal("the dashboard has no \"Stuck assets\" panel")
+}
+
+// A store operation is timed and counted failed as what reached the store
+// went: one the open breaker skipped whole is neither, but a Cluster
+// batch of which one master's claims were skipped went to the other
+// masters, and was neither timed nor counted. (Helper 6's review, stop 62.)
+func TestAStoreOperationIsTimedIfAnyOfItReachedTheStore(t *testing.T) {
+	for _, tt := range []struct {
+		name          string
+		err           error
+		timed, failed bool
+	}{
+		{"answered", nil, true, false},
+		{"failed", context.DeadlineExceeded, true, true},
+		{"skipped whole by the breaker", dedup.ErrBreakerOpen, false, false},
+		{"one master skipped, the other answered", &dedup.DecideError{Err: dedup.ErrBreakerOpen, Failed: []bool{true, false}}, true, false},
+		{"one master skipped, the other timed out", &dedup.DecideError{Err: context.DeadlineExceeded, Failed: []bool{true, true}}, true, true},
+		{"one master skipped, the other failed one claim", &dedup.DecideError{Err: context.DeadlineExceeded, Failed: []bool{true, false}}, true, true},
+		{"every claim skipped", &dedup.DecideError{Err: dedup.ErrBreakerOpen, Failed: []bool{true, true}}, false, false},
+	} {
+		duration := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "d"})
+		errs := prometheus.NewCounter(prometheus.CounterOpts{Name: "e"})
+		observeOp(duration, errs, time.Now(), tt.err)
+		var h, c dto.Metric
+		if err := duration.Write(&h); err != nil {
+			t.Fatal(err)
+		}
+		if err := errs.Write(&c); err != nil {
+			t.Fatal(err)
+		}
+		if timed, failed := h.GetHistogram().GetSampleCount() == 1, c.GetCounter().GetValue() == 1; timed != tt.timed || failed != tt.failed {
+			t.Errorf("%s: timed %v, counted failed %v; want %v, %v", tt.name, timed, failed, tt.timed, tt.failed)
+		}
+	}
 }
