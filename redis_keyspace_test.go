@@ -454,118 +454,75 @@ func TestAnExitKeepsARetiredConnectionOpenForTheReleasesOfTheRequestsItCuts(t *t
 // only (`resetkeys ~dedup:*`): two sites on one Redis with key prefixes
 // and users of their own cannot touch each other's keys. A retired
 // connection does not hand its reconciler's jobs to another site's
-// connection (one that serves another key_prefix, here older, of another
-// user): when a reload removes the newer site while its
+// connection, older or newer: when a reload removes a site while its
 // connection still owes a failed request's release (a blip around the
 // reload), the retired connection makes the release itself once its path
-// is back, and the sender's retry is accepted. Handed to the older site's
-// connection (46c9cf0, between helper 2's review and helper 3's), the
-// release was refused there (NOPERM) at every try until the claim's TTL,
-// and the retry was told to come back, then that its ping was delivered.
+// is back, and the sender's retry is accepted. Handed to the other site's
+// connection, the release was refused there (NOPERM) at every try until
+// the claim's TTL, and the retry was told to come back, then that its
+// ping was delivered: to an older one at 46c9cf0 (helper 3's review, stop
+// 61); to a newer one, as a reload that removes site A and adds site B
+// makes B's connection the newest though it replaced nothing of A's, at
+// 2edec42 (helper 5's review, stop 61).
 //
-// Setup: users svc1 (~s2:*, the older site's) and svc2 (~s1:*, the newer
-// site's); store "older" (svc1) loaded, then "retired" (svc2); the newer
-// site's claim s1:veh is written, its release fails (its path refused a
-// moment) and waits in its reconciler's backoff; the reload removes the
-// newer site (retired.Cleanup); its path is fine again. (Helper 3's
-// review, stop 61.)
+// Setup: users own (~s1:*, the removed site's) and other (~s2:*); the
+// two stores loaded in the case's order; the removed site's claim s1:veh
+// is written, its release fails (its path refused a moment) and waits in
+// its reconciler's backoff; the reload removes the site (its Cleanup);
+// its path is fine again.
 func TestARetiredConnectionDoesNotHandItsReleasesToAnotherSitesUserThatCannotTouchTheirKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	admin := srv.Client()
-	srv.AddUserOn(t, "svc1", "p", "~s2:*")
-	srv.AddUserOn(t, "svc2", "p", "~s1:*")
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	older := loadServing(t, ctx, srv.URL(), "svc1", "p", "s2:")
-	t.Cleanup(func() { older.reconciler.Close() }) // after its Cleanup: a doomed job would hold its drain an hour
-	t.Cleanup(func() { _ = older.Cleanup() })
-	retired := loadServing(t, ctx, srv.URL(), "svc2", "p", "s1:")
-	if older.dataID != retired.dataID {
-		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
-	}
-	failed := ownedClaim("s1:veh", 1)
-	claims := []*dedup.Claim{failed}
-	if v, err := retired.store.Decide(context.Background(), claims); err != nil || v[0].Decision != dedup.Accepted {
-		t.Fatalf("the newer site's claim: %v %v", v, err)
-	}
-	link := &heldLink{}
-	retired.client.AddHook(link)
-	link.mode.Store(linkRefuse) // the request's upstream failed, and its release failed on a blip
-	retired.reconciler.Hand(claims, true)
-	time.Sleep(200 * time.Millisecond) // tried and refused: it waits out its backoff
-	if !retired.reconciler.OwesFor(claims) {
-		t.Fatal("the release was made before the reload; the test needs it owed")
-	}
-	if err := retired.Cleanup(); err != nil { // the reload removes the newer site
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { retired.reconciler.Close() })
-	link.mode.Store(linkFine) // the blip is over: svc2 may touch s1:veh again
+	for _, tt := range []struct {
+		name       string
+		otherFirst bool // the other site's connection is the older
+	}{
+		{"to an older connection", true},
+		{"to a newer connection", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			srv.AddUserOn(t, "own", "p", "~s1:*")
+			srv.AddUserOn(t, "other", "p", "~s2:*")
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			t.Cleanup(cancel)
+			var other, retired *RedisStore
+			if tt.otherFirst {
+				other = loadServing(t, ctx, srv.URL(), "other", "p", "s2:")
+			}
+			retired = loadServing(t, ctx, srv.URL(), "own", "p", "s1:")
+			if !tt.otherFirst {
+				other = loadServing(t, ctx, srv.URL(), "other", "p", "s2:")
+			}
+			t.Cleanup(func() { other.reconciler.Close() }) // after its Cleanup: a doomed job would hold its drain an hour
+			t.Cleanup(func() { _ = other.Cleanup() })
+			if other.dataID != retired.dataID {
+				t.Fatal("the two stores are not on one keyspace; the test needs them to be")
+			}
+			failed := ownedClaim("s1:veh", 1)
+			claims := []*dedup.Claim{failed}
+			if v, err := retired.store.Decide(context.Background(), claims); err != nil || v[0].Decision != dedup.Accepted {
+				t.Fatalf("the removed site's claim: %v %v", v, err)
+			}
+			link := &heldLink{}
+			retired.client.AddHook(link)
+			link.mode.Store(linkRefuse) // the request's upstream failed, and its release failed on a blip
+			retired.reconciler.Hand(claims, true)
+			time.Sleep(200 * time.Millisecond) // tried and refused: it waits out its backoff
+			if !retired.reconciler.OwesFor(claims) {
+				t.Fatal("the release was made before the reload; the test needs it owed")
+			}
+			if err := retired.Cleanup(); err != nil { // the reload removes the site
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { retired.reconciler.Close() })
+			link.mode.Store(linkFine) // the blip is over: own may touch s1:veh again
 
-	fresh := dedup.NewRedisStore(pipeline.New(admin), time.Second) // a connection that may touch the key
-	if got := retriedWhileInFlight(t, fresh, failed.Key(), time.Now().Add(6*time.Second)); got != dedup.Accepted {
-		t.Errorf("the retry of the removed site's failed ping is %v (want accepted): its retired connection handed the release to the "+
-			"older site's, whose user Redis refuses on that key (older holds %d claims, retired %d)",
-			got, older.reconciler.Len(), retired.reconciler.Len())
-	}
-}
-
-// A retired connection does not hand its reconciler's jobs to a newer
-// connection of another site: a reload that removes site A and adds site B
-// on the same Redis (or changes any option of B's store, which opens B a
-// new connection) makes B's connection the newest, though it replaced
-// nothing of A's, and B's user, limited to its own key_prefix as the
-// README's ACL advice has it, would be refused A's keys (NOPERM) at every
-// try until the claims' TTL. A's retired connection makes its release
-// itself once its path is back, and the sender's retry is accepted.
-// Handed to the newest connection that joined after it (2edec42), the
-// release was refused there, and the retry was told to come back, then
-// that its ping was delivered.
-//
-// Setup: users svcA (~s1:*, site A's) and svcB (~s2:*, site B's); store
-// "removed" (svcA, s1:) loaded; the reload's new config provisions "added"
-// (svcB, s2:); site A's claim s1:veh is written, its release fails (its
-// path refused a moment) and waits in its reconciler's backoff; the old
-// config is cleaned up; its path is fine again. (Helper 5's review, stop
-// 61.)
-func TestARetiredConnectionDoesNotHandItsReleasesToANewerSitesConnection(t *testing.T) {
-	srv := redistest.Start(t)
-	admin := srv.Client()
-	srv.AddUserOn(t, "svcA", "p", "~s1:*")
-	srv.AddUserOn(t, "svcB", "p", "~s2:*")
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	removed := loadServing(t, ctx, srv.URL(), "svcA", "p", "s1:") // site A, in the config the reload replaces
-	added := loadServing(t, ctx, srv.URL(), "svcB", "p", "s2:")   // site B, new in the reload's config
-	t.Cleanup(func() { added.reconciler.Close() })
-	t.Cleanup(func() { _ = added.Cleanup() })
-	if removed.dataID != added.dataID {
-		t.Fatal("the two stores are not on one keyspace; the test needs them to be")
-	}
-	failed := ownedClaim("s1:veh", 1)
-	claims := []*dedup.Claim{failed}
-	if v, err := removed.store.Decide(context.Background(), claims); err != nil || v[0].Decision != dedup.Accepted {
-		t.Fatalf("site A's claim: %v %v", v, err)
-	}
-	link := &heldLink{}
-	removed.client.AddHook(link)
-	link.mode.Store(linkRefuse) // the request's upstream failed, and its release failed on a blip
-	removed.reconciler.Hand(claims, true)
-	time.Sleep(200 * time.Millisecond) // tried and refused: it waits out its backoff
-	if !removed.reconciler.OwesFor(claims) {
-		t.Fatal("the release was made before the reload; the test needs it owed")
-	}
-	if err := removed.Cleanup(); err != nil { // the reload's old config is cleaned up: site A is gone
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removed.reconciler.Close() })
-	link.mode.Store(linkFine) // the blip is over: svcA may touch s1:veh again
-
-	fresh := dedup.NewRedisStore(pipeline.New(admin), time.Second) // a connection that may touch the key
-	if got := retriedWhileInFlight(t, fresh, failed.Key(), time.Now().Add(6*time.Second)); got != dedup.Accepted {
-		t.Errorf("the retry of the removed site's failed ping is %v (want accepted): its retired connection handed the release to "+
-			"the newer site's connection, whose user Redis refuses on that key (added holds %d claims, removed %d)",
-			got, added.reconciler.Len(), removed.reconciler.Len())
+			fresh := dedup.NewRedisStore(pipeline.New(srv.Client()), time.Second) // a connection that may touch the key
+			if got := retriedWhileInFlight(t, fresh, failed.Key(), time.Now().Add(6*time.Second)); got != dedup.Accepted {
+				t.Errorf("the retry of the removed site's failed ping is %v (want accepted): its retired connection handed the release "+
+					"to the other site's connection, whose user Redis refuses on that key (other holds %d claims, retired %d)",
+					got, other.reconciler.Len(), retired.reconciler.Len())
+			}
+		})
 	}
 }
 
