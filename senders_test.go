@@ -712,3 +712,24 @@ func TestTheStatusARefusedAnswerSuggestsDrawsNoWarning(t *testing.T) {
 		}
 	}
 }
+
+// An OsmAnd request that carries its fix as location=lat,lon is a position
+// to Traccar like lat and lon (OsmAndProtocolDecoder.java:130-134 at
+// traccar 9e5c458; Traccar's own test takes "location=60.0,30.0" as one,
+// OsmAndProtocolDecoderTest.java:62-63): it is keyed, and its retry is
+// suppressed. It was passed on unkeyed, as a request with no position,
+// so such a sender's every retry and parked report reached Traccar.
+// (Helper 2's review, stop 63.)
+func TestAnOsmAndFixSentAsLocationIsKeyedAndItsRetrySuppressed(t *testing.T) {
+	tt := tableHandler(t, `{"preset":"osmand","key_prefix":"osmand-location:"}`)
+	form := fmt.Sprintf("id=123456&timestamp=%d&location=60.0,%%2030.0", time.Now().Add(-time.Minute).Unix()) // a space, as Double.parseDouble takes it
+	first := tt.post(form, "application/x-www-form-urlencoded", nil)
+	retry := tt.post(form, "application/x-www-form-urlencoded", nil)
+	if first.header.Get("X-Dedup") != "accepted" || retry.status != http.StatusOK || retry.header.Get("X-Dedup") != "suppressed" {
+		t.Errorf("a fix sent as location=lat,lon was %s (%s), its retry %d %s; want accepted, then 200 suppressed",
+			first.header.Get("X-Dedup"), first.header.Get("X-Dedup-Reason"), retry.status, retry.header.Get("X-Dedup"))
+	}
+	if len(tt.upstream) != 1 || string(tt.upstream[0]) != form {
+		t.Errorf("Traccar got %q; want the one request, as it was sent", tt.upstream)
+	}
+}

@@ -28,7 +28,7 @@ func (p Parser) SplitForm(query string, body []byte) (Batch, error) {
 		return Batch{}, &MalformedError{Reason: "the request has neither a query string nor a form body; " +
 			"send the fields as ?" + p.formFields() + " (use a matcher to limit which requests telemetry_dedup examines)"}
 	}
-	object, err := formObject(fields, p.numberFields())
+	object, err := formObject(fields, p.numberFields(), p.splitPair)
 	if err != nil {
 		return Batch{}, err
 	}
@@ -75,9 +75,29 @@ func (p Parser) FormLine(line string) ([]byte, error) {
 	return batch.Elements[0], nil
 }
 
+// splitPair adds to values the position a request carries as PairField
+// alone, "lat,lon", as LatPath and LonPath, after keys: Traccar reads
+// OsmAnd's location=60.0,30.0 as a position like lat and lon
+// (OsmAndProtocolDecoder), and a request with neither as one at the
+// device's last known place.
+func (p Parser) splitPair(keys []string, values map[string][]string) []string {
+	pair := values[p.PairField]
+	_, hasLat := values[p.LatPath]
+	_, hasLon := values[p.LonPath]
+	if p.PairField == "" || len(pair) != 1 || hasLat || hasLon {
+		return keys
+	}
+	lat, lon, ok := strings.Cut(pair[0], ",")
+	if !ok {
+		return keys // Traccar fails such a request; it goes to it as it came
+	}
+	values[p.LatPath], values[p.LonPath] = []string{strings.TrimSpace(lat)}, []string{strings.TrimSpace(lon)} // as Double.parseDouble
+	return append(keys, p.LatPath, p.LonPath)
+}
+
 // formObject writes form fields, at least one, as a JSON object; numbers
-// are the fields read as numbers.
-func formObject(fields string, numbers []string) ([]byte, error) {
+// are the fields read as numbers, and expand adds fields read from others.
+func formObject(fields string, numbers []string, expand func(keys []string, values map[string][]string) []string) ([]byte, error) {
 	if strings.Contains(fields, ";") {
 		// Netty, and so Traccar, splits fields on ';' as on '&'; Go and
 		// most others do not: the two would read different fields.
@@ -107,6 +127,7 @@ func formObject(fields string, numbers []string) ([]byte, error) {
 		}
 		values[key] = append(values[key], val)
 	}
+	keys = expand(keys, values)
 	out := []byte{'{'}
 	for i, key := range keys {
 		if i > 0 {

@@ -107,6 +107,10 @@ type Parser struct {
 	// LatPath and LonPath hold the position: latitude and longitude in
 	// degrees, or northing (y) and easting (x) in a projected CRS.
 	LatPath, LonPath string
+	// PairField, of form fields, holds the position in one value, "lat,lon"
+	// (OsmAnd's location), read as LatPath and LonPath when the request
+	// carries neither, as Traccar's OsmAndProtocolDecoder reads it.
+	PairField string
 	// TimeFormat says how the device time is written.
 	TimeFormat TimeFormat
 	// CRS is the coordinate system of the position; WGS84 (the zero

@@ -124,15 +124,17 @@ func overland() Parser {
 }
 
 // osmAnd reads the OsmAnd protocol's fields as Traccar's OsmAndProtocolDecoder
-// does. A request without lat (a cell or Wi-Fi report, or location=lat,lon)
-// or without timestamp (Traccar then takes its own clock) carries no fix to
-// key, and one whose valid is neither true (in any letter case) nor 1 a
-// position the device itself calls invalid: they go to Traccar as they
-// came.
+// does, the position from lat and lon or from location=lat,lon. A request
+// with neither (a cell or Wi-Fi report, to which Traccar gives the last
+// known position) or without timestamp (Traccar then takes its own clock)
+// carries no fix to key, and one whose valid is neither true (in any
+// letter case) nor 1 a position the device itself calls invalid: they go
+// to Traccar as they came.
 func osmAnd() Parser {
 	p := NewParser()
 	p.AssetPaths, p.TimePaths = []string{"id", "deviceid"}, []string{"timestamp"}
 	p.AssetAliases = true
+	p.PairField = "location"
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "accuracy", "speed", Knots
 	// The OsmAnd app has no accuracy field: the live tracking URL Traccar
 	// documents for it (...&hdop={3}...) sends the fix's accuracy, in

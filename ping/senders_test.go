@@ -193,7 +193,10 @@ func TestSenderFormFixturesReadAsTraccarReadsThem(t *testing.T) {
 			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(noAlarm)),
 			notAPing, // no timestamp: Traccar takes its own clock
 			notAPing,
-			notAPing, // location=lat,lon
+			// location=lat,lon: a position to Traccar like lat and lon
+			// (OsmAndProtocolDecoder.java:130-134; its test takes it as one,
+			// OsmAndProtocolDecoderTest.java:62-63). (Helper 2's review, stop 63.)
+			reads(fix("123456", "2013-08-22T13:14:27Z", 60, 30).with(noAlarm)),
 			reads(fix("123456789012345", "2017-09-07T05:56:50Z", 40.7232948571, -74.0061408571).with(func(p *Ping) {
 				p.State = "ignition=true&alarm="
 				knots(40)(p)
