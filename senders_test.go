@@ -733,3 +733,38 @@ func TestAnOsmAndFixSentAsLocationIsKeyedAndItsRetrySuppressed(t *testing.T) {
 		t.Errorf("Traccar got %q; want the one request, as it was sent", tt.upstream)
 	}
 }
+
+// A tracker on Traccar's OsmAnd port that reports its ignition in only
+// some requests (OsmAndProtocolDecoder.java:160-169 keeps ignition=false
+// as the attribute), parked with the ignition off at one place every
+// 30 s, is suppressed after its first request in sliding: a request
+// without the ignition says nothing of it (README, Events and states).
+// Every request was admitted: the preset's states are ignition,
+// driverUniqueId and alarm, the alarm carried by every request (its
+// absence a state too), and the print put the alarm in the ignition's
+// half, so a request without the ignition changed that half. (Helper 2's
+// review, stop 63.)
+func TestAnOsmAndTrackerThatReportsItsIgnitionSometimesIsSuppressedWhileParked(t *testing.T) {
+	for _, shape := range []string{"sliding", "session"} {
+		tt := tableHandler(t, `{"preset":"osmand","shape":"`+shape+`","key_prefix":"osmand-ignition-`+shape+`:"}`)
+		base := time.Now().UTC().Add(-10 * time.Minute).Truncate(time.Second)
+		var admitted []int
+		for i := range 8 {
+			form := fmt.Sprintf("id=123456789012345&timestamp=%d&lat=40.7232948571&lon=-74.0061408571&speed=0.0", base.Add(time.Duration(i)*30*time.Second).Unix())
+			if i%2 == 0 {
+				form += "&ignition=false&rpm=0"
+			}
+			res := tt.post(form, "application/x-www-form-urlencoded", nil)
+			if res.status != http.StatusOK && res.status != http.StatusCreated {
+				t.Fatalf("%s: request %d answered %d %s", shape, i, res.status, res.body)
+			}
+			if i > 0 && res.header.Get("X-Dedup") == "accepted" {
+				admitted = append(admitted, i)
+			}
+		}
+		if len(admitted) > 0 {
+			t.Errorf("%s: parked, the ignition off throughout, requests %v of 1-7 were admitted; a request without the ignition says nothing of it",
+				shape, admitted)
+		}
+	}
+}

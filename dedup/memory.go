@@ -203,7 +203,7 @@ func (m *MemoryStore) releaseTrack(c *Claim, now int64) bool {
 	if st, ok := live(m.tracks, stateKey, now); ok {
 		var reported uint64 // what the track may still hold of it: nothing, if the ping was not this claim's any more
 		if released {
-			reported = statePrint(c.State)
+			reported = statePrint(c.State, c.StateFields)
 		}
 		var keep bool
 		if keep, holds = st.release(c.Token, reported, released && v.retried); keep {

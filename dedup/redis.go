@@ -359,7 +359,7 @@ func releaseCall(c *Claim) (script *redis.Script, keys []string, args []any) {
 	if c.Policy.Shape == Tumbling {
 		return claimReleaseScript, []string{c.Observation.Key}, []any{newRecord(c).encode()[1:5]}
 	}
-	return trackReleaseScript, []string{c.StateKey, c.SeenKey}, []any{seenField(c), uint64Bytes(c.Token), uint64Bytes(statePrint(c.State))}
+	return trackReleaseScript, []string{c.StateKey, c.SeenKey}, []any{seenField(c), uint64Bytes(c.Token), uint64Bytes(statePrint(c.State, c.StateFields))}
 }
 
 // releasedBy reads a release script's answer: whether it undid anything.

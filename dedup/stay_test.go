@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -493,13 +494,28 @@ func TestAStateFieldAMessageLacksKeepsItsValue(t *testing.T) {
 	})
 }
 
-// The presets' two state fields fall in different halves of the print, so
-// that each is compared on its own.
-func TestThePresetsStateFieldsAreComparedApart(t *testing.T) {
-	for _, paths := range [][2]string{{"ignition", "driverUniqueId"}, {"position.attributes.ignition", "position.attributes.driverUniqueId"}} {
-		a, b := statePrint(paths[0]+"=true"), statePrint(paths[1]+"=D1")
-		if a&b != 0 || a == 0 || b == 0 {
-			t.Errorf("%s and %s share a half of the state print (%016x, %016x): a message carrying one would change the other", paths[0], paths[1], a, b)
+// Each state field a policy lists has slots of the print of its own, so
+// that each is compared on its own: the presets' (osmand's three, one of
+// them carried by every request), and any the operator lists, up to four.
+func TestTheStateFieldsAreComparedApart(t *testing.T) {
+	for _, list := range [][]string{
+		{"ignition", "driverUniqueId", "alarm"},
+		{"position.attributes.ignition", "position.attributes.driverUniqueId"},
+		{"location.is_moving", "location.alarm", "location.extras.alarm"},
+		{"a", "b", "c", "d"},
+		{"ignition"},
+	} {
+		fields := strings.Join(list, "&")
+		for i, one := range list {
+			a := statePrint(one+"=true", fields)
+			for _, other := range list[i+1:] {
+				if b := statePrint(other+"=D1", fields); a&b != 0 || a == 0 || b == 0 {
+					t.Errorf("%s and %s share slots of the state print (%016x, %016x): a message carrying one would change the other", one, other, a, b)
+				}
+			}
+			if statePrint(one+"=true", fields) == statePrint(one+"=false", fields) {
+				t.Errorf("%s=true and %s=false print alike", one, one)
+			}
 		}
 	}
 }

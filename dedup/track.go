@@ -133,7 +133,7 @@ func fixOf(c *Claim) fix {
 		atRest:     c.HasSpeed && c.Speed < restSpeed,
 		still:      c.HasSpeed && c.Speed < stillSpeed && c.Accuracy > 0 && c.Accuracy <= satelliteAccuracy,
 		event:      c.Event != "",
-		state:      statePrint(c.State),
+		state:      statePrint(c.State, c.StateFields),
 		copied:     c.copied,
 	}
 }
@@ -161,13 +161,13 @@ func uncertainty(c *Claim) float64 {
 }
 
 // changesState reports whether f reports a state other than st. The
-// print has a half for each state field (see statePrint), and a fix
-// says nothing of a field it does not carry: most messages of a tracker
-// that sends its ignition only in status reports, a driver's card read
-// once.
+// print has slots of its own for each state field (see statePrint), and
+// a fix says nothing of a field it does not carry: most messages of a
+// tracker that sends its ignition only in status reports, a driver's card
+// read once.
 func (f fix) changesState(st uint64) bool {
-	for _, half := range stateHalves {
-		if seen := f.state & half; seen != 0 && seen != st&half {
+	for _, slot := range stateSlots {
+		if seen := f.state & slot; seen != 0 && seen != st&slot {
 			return true
 		}
 	}
@@ -186,21 +186,21 @@ func (st *trackState) forgetState(reported uint64) {
 	}
 }
 
-// forgotten is state without the halves that equal reported's.
+// forgotten is state without the slots that equal reported's.
 func forgotten(state, reported uint64) uint64 {
-	for _, half := range stateHalves {
-		if mine := reported & half; mine != 0 && state&half == mine {
-			state &^= half
+	for _, slot := range stateSlots {
+		if mine := reported & slot; mine != 0 && state&slot == mine {
+			state &^= slot
 		}
 	}
 	return state
 }
 
-// mergeState is st with the halves f carries replaced by f's.
+// mergeState is st with the slots f carries replaced by f's.
 func (f fix) mergeState(st uint64) uint64 {
-	for _, half := range stateHalves {
-		if seen := f.state & half; seen != 0 {
-			st = st&^half | seen
+	for _, slot := range stateSlots {
+		if seen := f.state & slot; seen != 0 {
+			st = st&^slot | seen
 		}
 	}
 	return st
@@ -968,38 +968,91 @@ func boolByte(b bool) byte {
 	return 0
 }
 
-// stateHalves are the two halves of a state print.
-var stateHalves = [2]uint64{0xffffffff_00000000, 0x00000000_ffffffff}
+// stateSlots are the four 16-bit slots of a state print, most
+// significant first.
+var stateSlots = [4]uint64{0xffff << 48, 0xffff << 32, 0xffff << 16, 0xffff}
 
 // statePrint fingerprints the state fields' values, path=value joined by
-// &, so that only whether each changed matters: each field goes into one
-// half of the print, chosen by its path (the presets' ignition and driver
-// fall in different halves), as the FNV-1a of the fields there, 0 for a
-// half none of whose fields the ping carries. A third field shares a half
-// with another: the two change together, as the whole state once did.
-func statePrint(state string) uint64 {
-	var halves [2]uint32
-	var carried [2]bool
+// &, so that only whether each changed matters: each field of the
+// parser's (fields, in order) has slots of its own (fieldSlots), which
+// hold the FNV-1a of its path=value, folded to their width, and are 0
+// when the ping does not carry it. A field that shared its slots with
+// another changed whenever a ping carried only the other: OsmAnd's alarm,
+// carried by every request, beside an ignition sent in some, admitted
+// every request of a parked tracker. A path fields does not list (a ping
+// made by hand) takes the half of the print its path's hash picks.
+func statePrint(state, fields string) uint64 {
+	n := 0
+	if fields != "" {
+		n = strings.Count(fields, "&") + 1
+	}
+	var print uint64
 	for field := range strings.SplitSeq(state, "&") {
 		if field == "" {
 			continue
 		}
 		path, _, _ := strings.Cut(field, "=")
-		i := fnv1a(fnvOffset32, path) & 1
-		if carried[i] {
-			halves[i] = fnv1a(halves[i], "&")
-		} else {
-			halves[i], carried[i] = fnvOffset32, true
+		first, count := fieldSlots(fieldIndex(fields, path), n, path)
+		width := 16 * count
+		h := fnv1a(fnvOffset32, field)
+		var v uint64
+		switch width {
+		case 16:
+			v = uint64(h>>16 ^ h&0xffff)
+		case 32:
+			v = uint64(h)
+		default:
+			v = uint64(h)<<32 | uint64(fnv1a(h, field))
 		}
-		halves[i] = fnv1a(halves[i], field)
-	}
-	var print uint64
-	for i, h := range halves {
-		if carried[i] {
-			print |= uint64(h|1) << (32 * (1 - i)) // never 0, which means none
+		for s := range count {
+			v |= 1 << (16 * s) // never 0 in a slot, which means the field is not carried
 		}
+		shift := 64 - 16*(first+count)
+		print = print&^(mask(width)<<shift) | v<<shift
 	}
 	return print
+}
+
+// fieldIndex is the place of path among fields (paths joined by &), or -1.
+func fieldIndex(fields, path string) int {
+	i := 0
+	for f := range strings.SplitSeq(fields, "&") {
+		if f == path {
+			return i
+		}
+		i++
+	}
+	return -1
+}
+
+// fieldSlots returns the first of the slots of field i of n listed, and
+// how many they are: all four for one field, two each for two, two for the
+// first of three and one for each other, one each for more, the fifth and
+// later sharing the slot of the field four before them (a change of
+// either then reads as a change of both). An unlisted field (i < 0) takes
+// a half by its path's hash.
+func fieldSlots(i, n int, path string) (first, count int) {
+	switch {
+	case i < 0:
+		return 2 * int(fnv1a(fnvOffset32, path)&1), 2
+	case n == 1:
+		return 0, 4
+	case n == 2:
+		return 2 * i, 2
+	case n == 3 && i == 0:
+		return 0, 2
+	case n == 3:
+		return i + 1, 1
+	}
+	return i % 4, 1
+}
+
+// mask is a value of width low bits set.
+func mask(width int) uint64 {
+	if width == 64 {
+		return ^uint64(0)
+	}
+	return 1<<width - 1
 }
 
 // FNV-1a, 32 bits, as hash/fnv computes it: fnv1a continues h over s

@@ -110,7 +110,7 @@ func (p *Parser) readFields(ping *Ping, root gjson.Result, checks []keyCheck, pl
 			state = append(state, field(path, s))
 		}
 	}
-	ping.State = strings.Join(state, "&")
+	ping.State, ping.StateFields = strings.Join(state, "&"), plan.stateFields
 }
 
 // eventDetails writes the event's details that are present as

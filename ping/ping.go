@@ -58,6 +58,10 @@ type Ping struct {
 	// empty when none is configured. A change against the asset's last
 	// accepted ping admits the ping.
 	State string
+	// StateFields are the paths of the state fields the parser reads, in
+	// order, joined by &, of which State holds those the ping carries:
+	// each is compared on its own, whichever others a ping carries.
+	StateFields string
 }
 
 // Default field paths and rules, as documented for the Caddyfile.

@@ -143,6 +143,7 @@ type parsePlan struct {
 	assets, times  []int
 	lat, lon, kind int
 	fields         []int // the leaves of Parser.fieldPaths, in its order
+	stateFields    string // Ping.StateFields
 	// read is every path the parser reads, with its leaf: first the
 	// deciding ones, which decide whether the body is a ping at all (the
 	// kind, and the skips that compare a value), then the rest.
@@ -161,7 +162,8 @@ func (p *Parser) makePlan() *parsePlan {
 	for _, path := range p.paths() {
 		checks = appendKeyChecks(checks, path)
 	}
-	plan := &parsePlan{checks: checks, lat: leafOf(checks, p.LatPath), lon: leafOf(checks, p.LonPath), kind: leafOf(checks, p.KindPath)}
+	plan := &parsePlan{checks: checks, lat: leafOf(checks, p.LatPath), lon: leafOf(checks, p.LonPath), kind: leafOf(checks, p.KindPath),
+		stateFields: strings.Join(p.States, "&")}
 	for _, path := range p.AssetPaths {
 		plan.assets = append(plan.assets, leafOf(checks, path))
 	}

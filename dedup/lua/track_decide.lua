@@ -320,30 +320,30 @@ local function inPastStay(c)
 	return false, false
 end
 
--- The state print has a half for each state field (statePrint in
--- track.go), four zero bytes where the fix carries none of its fields: a
--- fix says nothing of a field it does not carry.
-local NOHALF = string.rep('\0', 4)
+-- The state print has slots of its own for each state field (statePrint
+-- in track.go), two bytes each, two zero bytes where the fix carries none
+-- of its fields: a fix says nothing of a field it does not carry.
+local NOSLOT = '\0\0'
 
 local function changesState(c)
-	for i = 1, 5, 4 do
-		local half = string.sub(statep, i, i + 3)
-		if half ~= NOHALF and half ~= string.sub(c.state, i, i + 3) then
+	for i = 1, 7, 2 do
+		local slot = string.sub(statep, i, i + 1)
+		if slot ~= NOSLOT and slot ~= string.sub(c.state, i, i + 1) then
 			return true
 		end
 	end
 	return false
 end
 
--- The state st with the halves the fix carries replaced by the fix's.
+-- The state st with the slots the fix carries replaced by the fix's.
 local function mergeState(st)
 	local merged = ''
-	for i = 1, 5, 4 do
-		local half = string.sub(statep, i, i + 3)
-		if half == NOHALF then
-			half = string.sub(st, i, i + 3)
+	for i = 1, 7, 2 do
+		local slot = string.sub(statep, i, i + 1)
+		if slot == NOSLOT then
+			slot = string.sub(st, i, i + 1)
 		end
-		merged = merged .. half
+		merged = merged .. slot
 	end
 	return merged
 end

@@ -9,7 +9,7 @@
 -- (flagReleased): the track still holds it, and its retry is accepted.
 -- Only the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
--- ARGV[3] the print of its state fields (8 bytes, a half of 4 bytes each)
+-- ARGV[3] the print of its state fields (8 bytes, four slots of 2 bytes)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
 local CORE_SIZE = 273
 -- where the state print starts in the track: after the seen max (8 bytes)
@@ -19,7 +19,7 @@ local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bd')
 local LAST_ACC_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8B')
 -- where the last accepted ping's token starts in a CORE
 local LAST_TOKEN_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8')
-local NOHALF = string.rep('\0', 4)
+local NOSLOT = '\0\0'
 
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
@@ -105,15 +105,15 @@ end
 -- the track still holds the ping: its retry is accepted
 redis.call('HSET', KEYS[2], ARGV[1], 'r')
 
--- The 8 bytes of state at at without the halves that equal the ping's.
+-- The 8 bytes of state at at without the slots that equal the ping's.
 local function forgotten(t, at)
 	local state, kept = string.sub(t, at, at + 7), ''
-	for i = 1, 5, 4 do
-		local half, mine = string.sub(state, i, i + 3), string.sub(ARGV[3], i, i + 3)
-		if mine ~= NOHALF and half == mine then
-			half = NOHALF
+	for i = 1, 7, 2 do
+		local slot, mine = string.sub(state, i, i + 1), string.sub(ARGV[3], i, i + 1)
+		if mine ~= NOSLOT and slot == mine then
+			slot = NOSLOT
 		end
-		kept = kept .. half
+		kept = kept .. slot
 	end
 	return string.sub(t, 1, at - 1) .. kept .. string.sub(t, at + 8)
 end
