@@ -1034,3 +1034,29 @@ func TestTheDecisionLineNamesItsScopeAndMode(t *testing.T) {
 		t.Errorf("the decision line says %v; want scope example.com, mode %s, asset veh-decision-line", fields, modeShadow)
 	}
 }
+
+// Overland resends the same batch, the oldest "Locations per Batch" fixes
+// of its queue, until it reads {"result":"ok"}; it cannot split it. A
+// batch over max_batch is told what max_body's 413 tells the same sender
+// (TestATooLargeBodySaysWhatToChangeForWhatWasSent): lower that setting,
+// or raise max_batch. It was told to split the batch, which nothing can.
+// (Helper 4's review, stop 63.)
+func TestAnOverlandBatchOverMaxBatchSaysWhatToChange(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Hour)
+	var fixes []string
+	for i := range 200 { // Overland's default batch
+		fixes = append(fixes, fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,%v]},"properties":{"timestamp":%q,"device_id":"phone1"}}`,
+			50+float64(i)*0.01, at.Add(time.Duration(i)*time.Second).Format(time.RFC3339)))
+	}
+	for _, tt := range []struct {
+		options, body, want string
+	}{
+		{`"preset":"overland"`, `{"locations":[` + strings.Join(fixes, ",") + `]}`, "lower its Locations per Batch setting, or raise max_batch"},
+		{`"batch":"locations"`, `{"locations":[` + strings.Join(fixes, ",") + `]}`, "(max_batch): split it"},
+	} {
+		res := tableHandler(t, `{`+tt.options+`,"key_prefix":"maxbatch:","max_batch":100}`).post(tt.body, "application/json", nil)
+		if res.status != http.StatusRequestEntityTooLarge || !strings.Contains(res.body, tt.want) {
+			t.Errorf("%s: a batch over max_batch is answered %d\n%s\nwant 413 saying %q", tt.options, res.status, res.body, tt.want)
+		}
+	}
+}

@@ -165,7 +165,11 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 		}
 		return h.settings.formParser.SplitForm(r.URL.RawQuery, body)
 	}
-	return h.settings.splitter.Split(elements, body, ct.ndjson())
+	batch, err := h.settings.splitter.Split(elements, body, ct.ndjson())
+	if tooMany, ok := errors.AsType[*ping.BatchTooLargeError](err); ok && h.sentShape(ct, form, body) == sentOverland {
+		tooMany.Fix = sentOverland.fix() + " raise max_batch" // the app resends the batch whole; it cannot split it
+	}
+	return batch, err
 }
 
 // refuseJSONAsForm refuses, with encoding form, a JSON body where the form

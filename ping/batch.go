@@ -2,6 +2,7 @@ package ping
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"unsafe"
 
@@ -16,11 +17,14 @@ const DefaultMaxBatch = 1000
 type BatchTooLargeError struct {
 	// Count is how many pings the batch holds, Max how many are allowed.
 	Count, Max int
+	// Fix is what to do, for a sender known to the caller: "split it"
+	// when empty.
+	Fix string
 }
 
-// Error says how many pings came, how many may, and to split the batch.
+// Error says how many pings came, how many may, and what to do.
 func (e *BatchTooLargeError) Error() string {
-	return fmt.Sprintf("the batch holds %d pings; at most %d are allowed (max_batch): split it", e.Count, e.Max)
+	return fmt.Sprintf("the batch holds %d pings; at most %d are allowed (max_batch): %s", e.Count, e.Max, cmp.Or(e.Fix, "split it"))
 }
 
 // Framing is how a request body holds its pings.
