@@ -1394,3 +1394,51 @@ func TestTheExamplesHandlerProvisions(t *testing.T) {
 		t.Fatal("provisioned without a store")
 	}
 }
+
+// A Redis store that cannot be dialled as written, or not as meant, is
+// refused at its line with the fix, not loaded to answer every ping
+// unchecked or to use what the operator did not write. (Helper 1's
+// review, stop 63.)
+func TestARedisStoreWrittenWrongIsRefusedAtItsLine(t *testing.T) {
+	for _, tt := range []struct {
+		block, want string
+	}{
+		// go-redis dials neither a URL nor a name without its port: every
+		// call failed, every ping unchecked, one startup warning.
+		{"store redis {\n\t\taddresses redis://10.0.0.1:26379 redis://10.0.0.2:26379\n\t\tmaster mymaster\n\t}", "host:port"},
+		{"store redis {\n\t\taddresses sentinel-1 sentinel-2 sentinel-3\n\t\tmaster mymaster\n\t}", "host:port"},
+		{"store redis {\n\t\taddresses redis-node-1 redis-node-2 redis-node-3\n\t\tcluster\n\t}", "host:port"},
+		// The block, not the URL's query, sets the connection's options:
+		// go-redis checked the query and the store dropped it.
+		{`store redis "redis://10.0.0.5:6379/0?dial_timeout=3s&read_timeout=2s&pool_size=50"`, "give them in the store's block"},
+		// A negative database went to go-redis as it was, which selects 0.
+		{"store redis redis://127.0.0.1:6379/-1", "is negative"},
+	} {
+		_, err := parse(t, "telemetry_dedup {\n\t"+tt.block+"\n}")
+		if err == nil || !strings.Contains(err.Error(), "Testfile:2") || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v; want an error at line 2 saying %q", tt.block, err, tt.want)
+		}
+	}
+}
+
+// A Redis URL from the environment that does not parse (a generated
+// password's /, # or %) is refused without the password: the URL parser's
+// error quotes the URL, and Caddy prints it at start, logs it and answers
+// it to the admin API's /load caller. It says what to do. (Helper 1's
+// review, stop 63.)
+func TestABadRedisURLFromTheEnvironmentDoesNotPrintItsPassword(t *testing.T) {
+	for _, url := range []string{"redis://:s3cr/et@10.0.0.5:6379/0", "redis://:s3cr#et@10.0.0.5:6379/0", "redis://app:s3cr%et@10.0.0.5:6379/0"} {
+		t.Setenv("TELEMETRY_DEDUP_TEST_REDIS_URL", url)
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		r := &RedisStore{URL: "{env.TELEMETRY_DEDUP_TEST_REDIS_URL}"}
+		err := r.Provision(ctx)
+		cancel()
+		if err == nil {
+			_ = r.Cleanup()
+			t.Fatalf("%s loaded", url)
+		}
+		if strings.Contains(err.Error(), "s3cr") || !strings.Contains(err.Error(), "percent-encoded") {
+			t.Errorf("%s: %v; want an error without the password that says to percent-encode it", url, err)
+		}
+	}
+}

@@ -389,11 +389,8 @@ func (r RedisStore) options() (*redis.UniversalOptions, error) {
 		return nil, errors.New("store redis: needs a URL, or addresses (with master for Sentinel, two or more or cluster for Cluster)")
 	}
 	for _, addr := range r.Addresses {
-		// go-redis dials this machine for an empty address, or one without
-		// a host ({env.REDIS_HOST}:6379 unset): whatever Redis runs here,
-		// not the one the configuration names.
-		if host, _, err := net.SplitHostPort(addr); addr == "" || err == nil && host == "" {
-			return nil, fmt.Errorf("store redis: addresses: %q has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
+		if err := checkAddress(addr); err != nil {
+			return nil, err
 		}
 	}
 	if r.Master != "" && r.Cluster {
@@ -672,17 +669,51 @@ func parseRedisURL(url string) (*redis.Options, error) {
 	if url == "" {
 		return nil, fmt.Errorf("store redis: the URL is empty; set one such as redis://127.0.0.1:6379/0 (is the environment variable set?)")
 	}
-	if u, err := neturl.Parse(url); err == nil && (u.Scheme == "redis" || u.Scheme == "rediss") && u.Hostname() == "" {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		// Not err: it quotes the URL, or a piece of it, password and all,
+		// into the log and the admin API's answer. A password's /, # or %
+		// breaks the URL.
+		return nil, errors.New("store redis: the URL does not parse; use redis://[user:password@]host:port/db or rediss:// for TLS, " +
+			"with a password's /, # and % percent-encoded, or give the password in the block's password option")
+	}
+	if (u.Scheme == "redis" || u.Scheme == "rediss") && u.Hostname() == "" {
 		// go-redis takes localhost for a URL without a host: whatever Redis
 		// runs there, not the one the configuration names.
 		return nil, errors.New("store redis: the URL has no host; is the environment variable set? " +
 			"Use one such as redis://127.0.0.1:6379/0")
 	}
+	if u.RawQuery != "" {
+		// go-redis reads them, and the store would drop them: it sets its
+		// timeouts, pool and TLS from the block.
+		return nil, fmt.Errorf("store redis: the URL's options (?%s) are not read; give them in the store's block "+
+			"(dial_timeout, read_timeout, write_timeout, pool_size, timeout, db, tls) and drop them from the URL", u.Query().Encode())
+	}
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("store redis: %v; use redis://[user:password@]host:port/db or rediss:// for TLS", err)
 	}
+	if opts.DB < 0 {
+		return nil, fmt.Errorf("store redis: the URL's database /%d is negative; use one such as /0", opts.DB)
+	}
 	return opts, nil
+}
+
+// checkAddress refuses an address go-redis cannot dial as the one meant:
+// empty, or without a host ({env.REDIS_HOST}:6379 unset), which it dials
+// on this machine, whatever Redis runs here; or no host:port at all (a
+// URL, a name without its port), which fails every call, every ping then
+// unchecked.
+func checkAddress(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	switch {
+	case addr == "" || err == nil && host == "":
+		return fmt.Errorf("store redis: addresses: %q has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
+	case err != nil:
+		return fmt.Errorf("store redis: addresses: %q is not host:port; write each as host:port, such as 10.0.0.1:26379 "+
+			"(a URL goes alone after store redis)", addr)
+	}
+	return nil
 }
 
 // Interface guards
