@@ -1442,3 +1442,47 @@ func TestABadRedisURLFromTheEnvironmentDoesNotPrintItsPassword(t *testing.T) {
 		}
 	}
 }
+
+// A time_format that a preset's senders never write is refused at its
+// line: OwnTracks' tst is always epoch seconds, so unix_ms read every
+// location as 1970, each passed on unkeyed (max_past), and rfc3339 had
+// each answered 422, which Android resends forever; Traccar's forwarder
+// and Overland write ISO strings, which unix refused. auto reads both
+// kinds. (Helper 1's review, stop 63.)
+func TestATimeFormatThePresetsSendersNeverWriteIsRefused(t *testing.T) {
+	for _, tt := range []struct {
+		preset, format string
+		loads          bool
+	}{
+		{"owntracks", "unix_ms", false},
+		{"owntracks", "rfc3339", false},
+		{"traccar", "unix", false},
+		{"overland", "unix_ms", false},
+		{"owntracks", "auto", true},
+		{"owntracks", "unix", true},
+		{"overland", "rfc3339", true},
+		{"osmand", "unix", true}, // its senders write seconds, milliseconds or ISO times: one sender may well write only one
+	} {
+		_, err := parse(t, "telemetry_dedup {\n\tpreset "+tt.preset+"\n\ttime_format "+tt.format+"\n}")
+		switch {
+		case tt.loads && err != nil:
+			t.Errorf("preset %s, time_format %s: %v", tt.preset, tt.format, err)
+		case !tt.loads && (err == nil || !strings.Contains(err.Error(), "Testfile:3") || !strings.Contains(err.Error(), "preset "+tt.preset)):
+			t.Errorf("preset %s, time_format %s: %v; want it refused at line 3, naming the preset", tt.preset, tt.format, err)
+		}
+	}
+}
+
+// key_scope {header.Host} (Caddy's shorthand of
+// {http.request.header.Host}) is empty on every request, since Go's server
+// moves the Host header into the request's Host: every ping of every
+// tenant was answered 422. It is refused at its line, naming
+// {http.request.host}. (Helper 1's review, stop 63.)
+func TestAKeyScopeOfTheHostHeaderIsRefused(t *testing.T) {
+	for _, template := range []string{"{http.request.header.Host}", "t-{http.request.header.HOST}"} { // the adapter writes {header.Host} so
+		_, err := parse(t, "telemetry_dedup {\n\tkey_scope "+template+"\n}")
+		if err == nil || !strings.Contains(err.Error(), "Testfile:2") || !strings.Contains(err.Error(), "use {http.request.host}") {
+			t.Errorf("key_scope %s: %v; want it refused at line 2, naming {http.request.host}", template, err)
+		}
+	}
+}

@@ -383,6 +383,11 @@ func (h *Handler) applyFieldOptions(p ping.Parser) (ping.Parser, string, error) 
 		if err != nil {
 			return p, "", &dedup.ConfigError{Option: "time_format", Problem: err.Error()}
 		}
+		if times, ok := presetTimes[h.Preset]; ok && !slices.Contains(times.read, tf) {
+			return p, "", &dedup.ConfigError{Option: "time_format", Problem: fmt.Sprintf(
+				"%s cannot read what preset %s's senders write, %s, and every ping of theirs would be refused or read as another time; "+
+					"use %s, or leave time_format out", tf, h.Preset, times.written, joinFormats(times.read))}
+		}
 		p.TimeFormat = tf
 	}
 	if h.TimeZone != "" {
@@ -506,6 +511,25 @@ func (h *Handler) applyReportedFields(p *ping.Parser) error {
 		}
 	}
 	return nil
+}
+
+// presetTimes are the time formats that read the times a preset's
+// senders write, for the presets whose senders all write one kind.
+var presetTimes = map[string]struct {
+	read    []ping.TimeFormat
+	written string
+}{
+	"owntracks": {[]ping.TimeFormat{ping.TimeAuto, ping.TimeUnix}, "epoch seconds (tst)"},
+	"overland":  {[]ping.TimeFormat{ping.TimeAuto, ping.TimeRFC3339}, "ISO 8601 strings (properties.timestamp)"},
+	"traccar":   {[]ping.TimeFormat{ping.TimeAuto, ping.TimeRFC3339}, "ISO 8601 strings (position.deviceTime)"},
+}
+
+func joinFormats(formats []ping.TimeFormat) string {
+	names := make([]string, len(formats))
+	for i, f := range formats {
+		names[i] = string(f)
+	}
+	return strings.Join(names, " or ")
 }
 
 // offOr is a list option's values, none for "off".

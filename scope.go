@@ -20,6 +20,11 @@ const hostPlaceholder = "{http.request.host}"
 // placeholder at all. Every request would then share that text, and
 // devices or tenants would suppress each other's pings without a word.
 func checkTemplate(option, template string) error {
+	if strings.Contains(strings.ToLower(template), "{http.request.header.host}") {
+		// Go's server takes Host out of the header map into the request's
+		// Host: the placeholder is empty on every request.
+		return templateError(option, template, "the Host header is never among a request's headers in Caddy; use "+hostPlaceholder+" (or {host})")
+	}
 	open, placeholders := -1, 0
 	for i := 0; i < len(template); i++ {
 		switch template[i] {
