@@ -3,7 +3,9 @@ package telemetrydedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -49,8 +51,26 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 	}()
 	err := next.ServeHTTP(rec, r.WithContext(ctx))
+	if ctx.Err() != nil && h.exiting.Err() == nil {
+		h.upstreamCuts.log(upstreamCutLine, upstreamCutError(h.settings.upstreamBound))
+	}
 	h.finish(r.Context(), claims, err != nil || undelivered(finalStatus(rec.Status())))
 	return err
+}
+
+// upstreamCutLine says what a cut at upstreamBound does, and what to
+// change: in Caddy's log it is otherwise reverse_proxy's "context
+// deadline exceeded", at a deadline no proxy option set.
+const upstreamCutLine = "telemetry_dedup cut an upstream request that had not answered (504) and released its claims, " +
+	"so that every claim is finished within in_flight_timeout: the sender's retry goes to the upstream again, " +
+	"which stores it twice if it went on to store the first; raise in_flight_timeout above the upstream's slowest answer, " +
+	"or have the upstream answer sooner"
+
+// upstreamCutError is the bound an upstream request was cut at.
+type upstreamCutError time.Duration
+
+func (e upstreamCutError) Error() string {
+	return fmt.Sprintf("no answer within %s of the claim (in_flight_timeout less the store's timeout and 100 ms)", time.Duration(e))
 }
 
 // quiet reports a shadow trial inside an enforcing handler: the answer is

@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
@@ -364,5 +366,40 @@ func TestAnOverlandBatchResentThroughInFlightAndFailureDeliversEachFixOnce(t *te
 				t.Fatalf("delivered with a 2xx: a %d, b %d, d %d times; want each once", delivered[a], delivered[b], delivered[d])
 			}
 		})
+	}
+}
+
+// An upstream request the handler cuts at its bound (in_flight_timeout
+// less the store's timeout and 100 ms) is logged, once per period, naming
+// in_flight_timeout and what to do: the sender gets 504 and its claims
+// are released, so a backend slower than the bound gets every resend
+// again, cut again. Caddy's log showed only reverse_proxy's "context
+// deadline exceeded", at a deadline no proxy option set. (Helper 4's
+// review, stop 63.)
+func TestAnUpstreamCutAtTheBoundIsLoggedNamingInFlightTimeout(t *testing.T) {
+	h := tableHandler(t, `{"key_prefix":"upstream-cut:","in_flight_timeout":1000000000}`).h
+	core, logs := observer.New(zap.WarnLevel)
+	observeStoreErrors(h, zap.New(core))
+	slow := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		select { // reverse_proxy gives up when the request's context does
+		case <-r.Context().Done():
+			return caddyhttp.Error(http.StatusGatewayTimeout, r.Context().Err())
+		case <-time.After(5 * time.Second):
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		}
+	})
+	for i := range 3 {
+		body := fmt.Sprintf(`{"asset_id":"veh-slow-%d","occurred_at":%q,"lat":52.52,"lon":13.40}`, i, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339))
+		r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+		if err := h.ServeHTTP(httptest.NewRecorder(), r, slow); err == nil {
+			t.Fatal("the slow upstream was not cut")
+		}
+	}
+	lines := logs.FilterMessageSnippet("in_flight_timeout").All()
+	if len(lines) != 1 || lines[0].ContextMap()["error"] == nil {
+		t.Fatalf("three cuts logged %d lines naming in_flight_timeout, want one (the rest held back): %v", len(lines), logs.All())
 	}
 }

@@ -308,6 +308,9 @@ type Handler struct {
 	// the 503s of invalid pings).
 	claimErrors, settleErrors, releaseErrors, sentBackReleaseErrors *throttledLog
 	letterErrors, sentBackLetterErrors                              *throttledLog
+	// upstreamCuts logs the upstream requests the handler cut at
+	// upstreamBound, at most once per storeErrorLogEvery.
+	upstreamCuts *throttledLog
 	// storeUsers counts the requests in this handler and any other that
 	// use the store's connection, for a store that must outlive the
 	// config that cleans it up while they run (nil for any other).
@@ -357,6 +360,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.sentBackReleaseErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.letterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
 	h.sentBackLetterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
+	h.upstreamCuts = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
 	}
@@ -474,10 +478,10 @@ func (h *Handler) nearCacheSize(store any) int {
 	return 0
 }
 
-// Cleanup writes the store error lines held back, and gives the shared
-// stuck tracker back; the store module gives back its own client.
+// Cleanup writes the warnings held back, and gives the shared stuck
+// tracker back; the store module gives back its own client.
 func (h *Handler) Cleanup() error {
-	for _, kind := range h.storeErrorLines() {
+	for _, kind := range h.throttledLines() {
 		if kind != nil { // nil until provisioned
 			kind.flush()
 		}
@@ -489,10 +493,11 @@ func (h *Handler) Cleanup() error {
 	return err
 }
 
-// storeErrorLines are the handler's store error lines, each kind throttled
-// on its own.
-func (h *Handler) storeErrorLines() []*throttledLog {
-	return []*throttledLog{h.claimErrors, h.settleErrors, h.releaseErrors, h.sentBackReleaseErrors, h.letterErrors, h.sentBackLetterErrors}
+// throttledLines are the handler's warnings, each kind throttled on its
+// own: the store's errors and the upstream's cuts.
+func (h *Handler) throttledLines() []*throttledLog {
+	return []*throttledLog{h.claimErrors, h.settleErrors, h.releaseErrors, h.sentBackReleaseErrors, h.letterErrors, h.sentBackLetterErrors,
+		h.upstreamCuts}
 }
 
 // ServeHTTP runs the four layers for every ping of the request, whether it

@@ -283,10 +283,11 @@ func TestShadowLogsAFailedLetterOfABatchSentBackAsItRecordedIt(t *testing.T) {
 	}
 }
 
-// observeStoreErrors sends h's store-error lines to logger, each kind
-// throttled on its own as provisioned.
+// observeStoreErrors sends h's store-error lines (and its other
+// throttled warnings) to logger, each kind throttled on its own as
+// provisioned.
 func observeStoreErrors(h *Handler, logger *zap.Logger) {
-	for _, kind := range h.storeErrorLines() {
+	for _, kind := range h.throttledLines() {
 		kind.logger = logger
 	}
 }
