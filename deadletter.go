@@ -37,6 +37,10 @@ type deadLetter struct {
 	bodyBytes  int
 	receivedAt time.Time
 	remoteAddr string
+	// host and uri are where the request came: a replay needs them, as the
+	// ping's asset or tenant may be in them (Overland's receiver URL,
+	// ?device=..., with the README's asset template; a key_scope host).
+	host, uri string
 }
 
 // maxLetterBody is the most of a ping's bytes a letter keeps: every real
@@ -53,5 +57,6 @@ func newDeadLetter(r *http.Request, body []byte, rej *rejection) deadLetter {
 		reason: rej.reason(), field: rej.body.Field, error: rej.body.Error,
 		body: body[:min(len(body), maxLetterBody)], bodyBytes: len(body),
 		receivedAt: time.Now().UTC(), remoteAddr: r.RemoteAddr,
+		host: r.Host, uri: r.URL.RequestURI(),
 	}
 }

@@ -157,6 +157,8 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 					"body_bytes", l.bodyBytes,
 					"received_at", l.receivedAt.Format(time.RFC3339Nano),
 					"remote_addr", l.remoteAddr,
+					"host", l.host,
+					"uri", l.uri,
 				},
 			})
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -821,5 +823,39 @@ func TestARedisOutageIsToldByOneBreakerLineAtItsStartAndOneAtItsEnd(t *testing.T
 	if opened != 1 || closed != 1 || probes != 0 {
 		t.Errorf("a 4 s Redis outage wrote %d lines that the breaker opened (want 1, at warn), %d that it closed (want 1), "+
 			"%d of its probes at info or above (want 0)", opened, closed, probes)
+	}
+}
+
+// A dead letter says where its request came: the host and the URI, path
+// and query. With preset overland and the asset taken from the receiver
+// URL, as the README advises (asset {http.request.uri.query.device}), an
+// invalid fix is dead-lettered and the app told {"result":"ok"}, so it
+// deletes it; the letter held the Feature alone, and the operator could
+// not tell whose fix to replay. (Helper 4's review, stop 63.)
+func TestADeadLetterSaysWhereItsRequestCame(t *testing.T) {
+	srv := redistest.Start(t)
+	h := tableHandler(t, fmt.Sprintf(`{"preset":"overland","key_prefix":"letter-uri:","asset":["{http.request.uri.query.device}"],`+
+		`"on_invalid":"dead_letter","dead_letter_stream":"letter-uri:dlq","store":{"type":"redis","url":%q,"timeout":1000000000}}`, srv.URL())).h
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute).Format(time.RFC3339)
+	feature := func(lat float64) string {
+		return fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,%v]},"properties":{"timestamp":%q,"speed":3}}`, lat, at)
+	}
+	r := httptest.NewRequest(http.MethodPost, "https://fleet.example/overland?device=jane-phone", strings.NewReader(`{"locations":[`+feature(52.5)+`,`+feature(91)+`]}`))
+	r.Header.Set("Content-Type", "application/json")
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "application/json")
+		_, err := w.Write([]byte(`{"result":"ok"}`))
+		return err
+	})); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("the batch: %d %v %s", w.Code, err, w.Body)
+	}
+	letters, err := srv.Client().XRange(context.Background(), "letter-uri:dlq", "-", "+").Result()
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("letters: %v %v", letters, err)
+	}
+	if v := letters[0].Values; v["host"] != "fleet.example" || v["uri"] != "/overland?device=jane-phone" {
+		t.Errorf("the letter says host %q, uri %q; want fleet.example and /overland?device=jane-phone", v["host"], v["uri"])
 	}
 }
