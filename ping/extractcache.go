@@ -32,8 +32,11 @@ const (
 // for concurrent use.
 type ExtractCache struct {
 	parser Parser
-	seeds  [2]maphash.Seed
-	slots  [extractCacheSlots]extractSlot
+	// stateFields is every ping's StateFields, the parser's, which a slot
+	// need not keep.
+	stateFields string
+	seeds       [2]maphash.Seed
+	slots       [extractCacheSlots]extractSlot
 }
 
 // extractSlot is a remembered ping: the hash of its bytes, its numbers,
@@ -51,7 +54,11 @@ type extractSlot struct {
 // NewExtractCache returns an empty cache in front of p, which should be
 // prepared (see Parser.Prepared) and is not changed afterwards.
 func NewExtractCache(p Parser) *ExtractCache {
-	return &ExtractCache{parser: p, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	c := &ExtractCache{parser: p, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	if len(p.States) > 0 {
+		c.stateFields = p.stateFields()
+	}
+	return c
 }
 
 // Parser is the parser the cache stands in front of, for what it does
@@ -64,6 +71,7 @@ func (c *ExtractCache) Extract(body []byte) (Ping, error) {
 	h0, h1 := maphash.Bytes(c.seeds[0], body), maphash.Bytes(c.seeds[1], body)
 	slot := &c.slots[h0>>(64-extractCacheBits)]
 	if p, ok := slot.lookup(h0, h1, body); ok {
+		p.StateFields = c.stateFields
 		return p, nil
 	}
 	p, err := c.parser.Extract(body)

@@ -142,7 +142,7 @@ type parsePlan struct {
 	// gjson looks it up.
 	assets, times  []int
 	lat, lon, kind int
-	fields         []int // the leaves of Parser.fieldPaths, in its order
+	fields         []int  // the leaves of Parser.fieldPaths, in its order
 	stateFields    string // Ping.StateFields
 	// read is every path the parser reads, with its leaf: first the
 	// deciding ones, which decide whether the body is a ping at all (the
@@ -157,13 +157,16 @@ type pathLeaf struct {
 	leaf int
 }
 
+// stateFields is Ping.StateFields of p's pings.
+func (p *Parser) stateFields() string { return strings.Join(p.States, "&") }
+
 func (p *Parser) makePlan() *parsePlan {
 	var checks []keyCheck
 	for _, path := range p.paths() {
 		checks = appendKeyChecks(checks, path)
 	}
 	plan := &parsePlan{checks: checks, lat: leafOf(checks, p.LatPath), lon: leafOf(checks, p.LonPath), kind: leafOf(checks, p.KindPath),
-		stateFields: strings.Join(p.States, "&")}
+		stateFields: p.stateFields()}
 	for _, path := range p.AssetPaths {
 		plan.assets = append(plan.assets, leafOf(checks, path))
 	}
