@@ -128,6 +128,10 @@ func misplacedHandlerOption(name string) string {
 		return ": it is the memory store's, store memory { max_keys <n> }"
 	case slices.Contains(redisOptionNames, name):
 		return fmt.Sprintf(": it is the redis store's, store redis [<url>] { %s ... }", name)
+	case name == "suppressed" || name == "in_flight" || name == "dead_lettered":
+		return fmt.Sprintf(": it is an answer, answers { %s <status> ... }", name)
+	case slices.Contains(redisTLSOptionNames, name):
+		return ": " + tlsOptionPlace(name)
 	}
 	return ""
 }

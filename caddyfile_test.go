@@ -1486,3 +1486,20 @@ func TestAKeyScopeOfTheHostHeaderIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// An answer written without its answers block, or a TLS setting written
+// straight in the store's block or at the top, is told the block it goes
+// in, as the other misplaced options are. (Helper 1's review, stop 63.)
+func TestAnAnswerOrATLSOptionOneBlockOffSaysWhereItGoes(t *testing.T) {
+	for _, tt := range []struct{ input, want string }{
+		{"telemetry_dedup {\n\tsuppressed 200 application/json []\n}", "answers { suppressed"},
+		{"telemetry_dedup {\n\tin_flight 503 1\n}", "answers { in_flight"},
+		{"telemetry_dedup {\n\tstore redis rediss://r.example:6380 {\n\t\tinsecure_skip_verify\n\t}\n}", "tls { insecure_skip_verify"},
+		{"telemetry_dedup {\n\tstore redis rediss://r.example:6380 {\n\t\tca /etc/redis/ca.pem\n\t}\n}", "tls { ca"},
+		{"telemetry_dedup {\n\tstore redis rediss://r.example:6380\n\tserver_name r.example\n}", "tls { server_name"},
+	} {
+		if _, err := parse(t, tt.input); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: %v; want it to name the block, %q", tt.input, err, tt.want)
+		}
+	}
+}

@@ -617,6 +617,9 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 		if err := optionOfHandler(d, "redis", option); err != nil {
 			return err
 		}
+		if slices.Contains(redisTLSOptionNames, option) {
+			return d.Errf("%s is a TLS option: %s", option, tlsOptionPlace(option))
+		}
 		return d.Errf("unrecognized store redis option %q; the options are %s", option, strings.Join(redisOptionNames, ", "))
 	}
 	return nil
@@ -625,6 +628,14 @@ func (r *RedisStore) unmarshalOption(d *caddyfile.Dispenser, option string) erro
 // redisOptionNames are the options of the store redis block.
 var redisOptionNames = []string{"addresses", "cluster", "master", "username", "password", "sentinel_username", "sentinel_password",
 	"db", "tls", "timeout", "dial_timeout", "read_timeout", "write_timeout", "pool_size", "breaker_failures", "breaker_cooldown"}
+
+// redisTLSOptionNames are the options of the redis store's tls block.
+var redisTLSOptionNames = []string{"ca", "cert", "key", "server_name", "insecure_skip_verify"}
+
+// tlsOptionPlace says where an option of the tls block goes.
+func tlsOptionPlace(name string) string {
+	return fmt.Sprintf("it goes in the redis store's tls block, store redis [<url>] { tls { %s ... } }", name)
+}
 
 // tlsOptionSyntax is how each one-value option of the tls block is written.
 var tlsOptionSyntax = map[string]string{"ca": "<pem file>", "cert": "<pem file>", "key": "<pem file>", "server_name": "<name>"}
