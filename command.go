@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -332,7 +333,7 @@ window) and the TTL for the retry ladder, e.g.
 		"it finds the parked stretches of receivers that scatter wider than 25 m, and the stay holds a fix by it")
 	cmd.Flags().String("speed", "", "JSON path of the speed the device reports, as speed (default the preset's, else none)")
 	cmd.Flags().String("speed-unit", "", "unit of --speed: m/s, km/h, knots or mph (default the preset's, else m/s)")
-	cmd.Flags().Float64("radius", dedup.DefaultRadius, "stay radius in metres to replay shapes sliding and session with (those shapes only, as radius)")
+	cmd.Flags().String("radius", strconv.FormatFloat(dedup.DefaultRadius, 'g', -1, 64), "stay radius in metres to replay shapes sliding and session with, 25 or 25m (those shapes only, as radius)")
 	cmd.Flags().String("session-idle", dedup.DefaultSessionIdle.String(), "session idle gap (shape session only, as session_idle): 10m, 1h")
 	cmd.Flags().String("retry-ladder", "1m 5m 30m 2h 6h", "the sender's retry offsets after the first delivery")
 	cmd.Flags().String("outage-margin", dedup.DefaultOutageMargin.String(), "outage to survive beyond the last retry, as the directive's: 30m, 1h, 0s")
@@ -365,7 +366,7 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 		report.FirstSkipped[reason] = asFlags.Replace(first)
 	}
 	if report.Pings == 0 {
-		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0)
+		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0, fs.String("preset") == "overland")
 	}
 	noteIfRecommendationRefused(report)
 	if fs.Bool("json") {
@@ -403,7 +404,7 @@ func noteIfRecommendationRefused(report *analyze.Report) {
 // a configuration from no ping would look like a sizing run that worked.
 // readsForms: the configuration reads form pings, which an access log's
 // URLs hold.
-func noPingsError(report *analyze.Report, readsForms bool) error {
+func noPingsError(report *analyze.Report, readsForms, overland bool) error {
 	if report.Lines == 0 {
 		return errors.New("the capture is empty: give a file of pings, one a line, or - for standard input")
 	}
@@ -415,7 +416,8 @@ func noPingsError(report *analyze.Report, readsForms bool) error {
 	advice := "check --preset, --batch, --asset, --time, --lat and --lon against a line of the capture (caddy telemetry-dedup key reads one ping and says why)"
 	first := report.FirstSkipped[top]
 	switch {
-	case top == string(ping.RuleRequired) && strings.Contains(first, "asset id"):
+	case top == string(ping.RuleRequired) && strings.Contains(first, "asset id") && overland:
+		// Any other preset's senders name their asset: a wrong --preset is likelier, and the general advice says so.
 		advice = "the pings name no asset (Overland leaves device_id empty unless the app sets one, and a site may take the asset from the request); " + writeAnAssetIn
 	case top == analyze.SkipMalformed && strings.Contains(first, asFlags.Replace(ping.JSONAsFormError().Error())):
 		advice = "with --encoding form a JSON line is a body the site refuses; a Caddy access log holds each request as JSON: " +
@@ -523,7 +525,12 @@ func analyzeOptions(fs caddycmd.Flags) (analyze.Options, error) {
 // as 0 is refused here, since the directive would take it for the default.
 func shapeFlags(fs caddycmd.Flags, h *Handler) error {
 	if fs.Changed("radius") {
-		if h.Radius = fs.Float64("radius"); h.Radius == 0 {
+		given := fs.String("radius")
+		radius, err := strconv.ParseFloat(strings.TrimSuffix(given, "m"), 64) // as the directive reads it
+		if err != nil || math.IsNaN(radius) || math.IsInf(radius, 0) {
+			return fmt.Errorf("--radius %q: use metres, as the directive's radius, such as 25 or 25m", given)
+		}
+		if h.Radius = radius; h.Radius == 0 {
 			return fmt.Errorf("--radius 0: must be more than 0; use metres above your receivers' parked jitter, such as the default %g, or leave --radius out", dedup.DefaultRadius)
 		}
 	}

@@ -235,6 +235,8 @@ func TestAnalyzeCommandRefusesShapeFlagsAsTheDirective(t *testing.T) {
 		{[]string{"--session-idle", "20m"}, "--session-idle 20m: needs shape session"},
 		{[]string{"--session-idle", "20m", "--shape", "sliding"}, "--session-idle 20m: needs shape session"},
 		{[]string{"--radius", "30", "--shape", "sliding"}, ""},
+		{[]string{"--radius", "25m", "--shape", "sliding"}, ""}, // as the directive writes it (helper 1's review, stop 63)
+		{[]string{"--radius", "25 m", "--shape", "sliding"}, `--radius "25 m": use metres`},
 		{[]string{"--radius", "30", "--session-idle", "20m", "--shape", "session"}, ""},
 		{[]string{"--shape", "sliding"}, ""}, // the default radius
 	} {
@@ -718,5 +720,21 @@ func TestAnalyzeNamesTheListFlagAtFault(t *testing.T) {
 		if !strings.Contains(err.Error(), flags[0]) {
 			t.Errorf("%s %s: error %q does not name %s", flags[0], flags[1], err, flags[0])
 		}
+	}
+}
+
+// A capture read with the wrong --preset (a site's own {"asset_id":...}
+// pings with --preset traccar) is told to check --preset and the paths,
+// not Overland's recipe for a capture without device_id, which it was
+// told whatever the preset. (Helper 1's review, stop 63.)
+func TestAnalyzeWithTheWrongPresetIsNotToldOverlandsRecipe(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for i := range 60 {
+		fmt.Fprintf(&capture, `{"asset_id":"veh-1","occurred_at":%q,"lat":52.52,"lon":13.40}`+"\n", start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339))
+	}
+	_, err := runAnalyzeCmd(t, capture.String(), "--preset", "traccar", "-")
+	if err == nil || strings.Contains(err.Error(), "Overland") || !strings.Contains(err.Error(), "check --preset") {
+		t.Errorf("--preset traccar over a capture of {\"asset_id\":...} pings: %v; want the advice to check --preset, not Overland's", err)
 	}
 }
