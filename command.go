@@ -211,6 +211,10 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	ping, err := s.parseOne(body, time.Now())
+	if err != nil && s.splitter.Wrapper != "" && s.splitter.WrapperOpening(body) == '[' {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("this is a batch, its pings in %s: the key command reads one ping; "+
+			"give one of them, such as jq -c '.%s[0]' of the body", s.splitter.Wrapper, s.splitter.Wrapper)
+	}
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, unkeyableError(err)
 	}

@@ -738,3 +738,16 @@ func TestAnalyzeWithTheWrongPresetIsNotToldOverlandsRecipe(t *testing.T) {
 		t.Errorf("--preset traccar over a capture of {\"asset_id\":...} pings: %v; want the advice to check --preset, not Overland's", err)
 	}
 }
+
+// The key command given a whole Overland body, as the app posts it, says
+// it is a batch and how to give one ping of it: it said the ping had no
+// properties.device_id, though the batch's ping has one. (Helper 1's
+// review, stop 63.)
+func TestTheKeyCommandSaysToGiveOnePingOfABatch(t *testing.T) {
+	batch := `{"locations":[{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
+		`"properties":{"device_id":"phone1","timestamp":"2026-08-08T12:00:00Z"}}]}`
+	_, err := runKeyCmd(t, "", "--preset", "overland", batch)
+	if err == nil || !strings.Contains(err.Error(), "jq -c '.locations[0]'") {
+		t.Errorf("key --preset overland <Overland's body>: %v; want it told to give one element of locations", err)
+	}
+}
