@@ -227,7 +227,9 @@ type fixPoint struct {
 	hasSpeed        bool
 	// event and state are the ping's, which the handler keys and judges
 	// it by: an alarm is admitted where a plain fix would be suppressed.
-	event, state string
+	// stateFields are its parser's, by which each state field is judged
+	// on its own (ping.Ping.StateFields).
+	event, state, stateFields string
 }
 
 // assetFixes holds one asset's pings in capture order, each request's in
@@ -293,7 +295,7 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 				touched = append(touched, lineFixes{as, len(as.fixes)})
 			}
 			as.fixes = append(as.fixes, fixPoint{t: p.Time, lat: p.Lat, lon: p.Lon, accuracy: p.Accuracy, speed: p.Speed, hasSpeed: p.HasSpeed,
-				event: strings.Clone(p.Event), state: strings.Clone(p.State)})
+				event: strings.Clone(p.Event), state: strings.Clone(p.State), stateFields: p.StateFields})
 		}
 		for _, l := range touched {
 			l.inDeviceTimeOrder()

@@ -281,3 +281,36 @@ func TestAnalyzeSaysToConvertAUTF16Capture(t *testing.T) {
 		t.Errorf("a UTF-16 capture: %v; want it refused, saying how to convert it", err)
 	}
 }
+
+// analyze judges each state field on its own, as the handler does, by
+// the parser's state fields: it replayed pings without them, whose fields
+// then shared the halves their paths' hashes picked. Under --preset osmand
+// (Transistorsoft JSON) location.is_moving and location.alarm, carried by
+// every ping, shared one, and a parked phone whose is_moving turned true
+// was admitted by the handler but reported suppressed. (Helper 5's review,
+// stop 63.)
+func TestAnalyzeComparesEachStateFieldAsTheHandlerDoes(t *testing.T) {
+	preset, err := ping.ParsePreset("osmand")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	var lines []string
+	for i := range 40 {
+		at := start.Add(time.Duration(i) * 5 * time.Second).Format(time.RFC3339)
+		lines = append(lines, fmt.Sprintf(`{"device_id":"phone-1","location":{"timestamp":%q,"is_moving":%t,"coords":{"latitude":52.52,"longitude":13.4,"accuracy":5,"speed":0}}}`,
+			at, i >= 20))
+	}
+	capture := strings.Join(lines, "\n") + "\n"
+	for _, shape := range []dedup.Shape{dedup.Sliding, dedup.Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			opts := Options{Parser: preset.Parser, Shape: shape, Resolutions: []int{12}, Windows: []time.Duration{5 * time.Minute}}
+			got := analyze(t, []byte(capture), opts).Candidates[0]
+			want := handlerReplay(t, lines, opts, 5*time.Minute, 12)
+			if got.Pings != want.Pings || got.Admitted != want.Admitted || !maps.Equal(got.Suppressed, want.Suppressed) {
+				t.Errorf("--preset osmand, a parked phone whose is_moving turns true: analyze reports %d of %d admitted, suppressed %v;\nthe handler admits %d, suppressed %v",
+					got.Admitted, got.Pings, got.Suppressed, want.Admitted, want.Suppressed)
+			}
+		})
+	}
+}

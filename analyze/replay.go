@@ -180,7 +180,7 @@ func replayAsset(k dedup.Keyer, pol dedup.Policy, as *assetFixes,
 	d := dedup.Deduper{Store: dedup.NewMemoryStore(0), Keyer: k, Policy: pol, Now: func() time.Time { return now }}
 	for i, f := range as.fixes {
 		now = f.t
-		p := ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon, Accuracy: f.accuracy, Speed: f.speed, HasSpeed: f.hasSpeed, Event: f.event, State: f.state}
+		p := ping.Ping{Asset: as.name, Time: f.t, Lat: f.lat, Lon: f.lon, Accuracy: f.accuracy, Speed: f.speed, HasSpeed: f.hasSpeed, Event: f.event, State: f.state, StateFields: f.stateFields}
 		c, v, err := d.Claim(ctx, observe(&d, i, p))
 		if err != nil {
 			return err

@@ -1098,3 +1098,48 @@ func TestTwoOutliersOnEitherSideAreNoPlaceTheAssetStands(t *testing.T) {
 		})
 	}
 }
+
+// withStates is p carrying state, read by a parser whose state fields are
+// fields (paths joined by &), as ping/fields.go sets them.
+func withStates(p ping.Ping, state, fields string) ping.Ping {
+	p.State, p.StateFields = state, fields
+	return p
+}
+
+// With five state fields the fifth shares the first's slot, and the two
+// count as one state: a change of either is seen. The fifth's hash was
+// written over the first's, so an operator's `state ignition
+// driverUniqueId door fuel alarm` (the alarm carried by every message)
+// had a parked van's ignition going off suppressed, and the backend
+// showed it running. (Helper 5's review, stop 63.)
+func TestAFifthStateFieldDoesNotHideTheFirstsChange(t *testing.T) {
+	const fields = "ignition&driverUniqueId&door&fuel&alarm"
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d)
+		if v := d.settled(t, withStates(offset(60, 1, 1), "ignition=true&alarm=", fields)); v.Decision != Accepted {
+			t.Fatalf("first state: %+v", v)
+		}
+		if v := d.settled(t, withStates(offset(70, 0, 1), "ignition=true&alarm=", fields)); v.Decision != Suppressed {
+			t.Fatalf("nothing changed: %+v, want suppressed", v)
+		}
+		if v := d.settled(t, withStates(offset(80, 1, 0), "ignition=false&alarm=", fields)); v.Decision != Accepted {
+			t.Errorf("ignition off (the first of five state fields, the fifth carried unchanged): %+v, want accepted", v)
+		}
+	})
+}
+
+// A 16-bit slot takes all 65,536 values but 0 (a field not carried): the
+// README's one change missed in 65,536. The low bit of every slot was set,
+// which halved them. (Helper 5's review, stop 63.)
+func TestASixteenBitSlotTakesSixteenBitsOfValues(t *testing.T) {
+	const fields = "ignition&driverUniqueId&alarm"
+	seen := map[uint64]bool{}
+	for i := range 1 << 18 {
+		seen[statePrint(fmt.Sprintf("driverUniqueId=D%d", i), fields)] = true
+	}
+	// 2^18 draws of 65,535 values hit about 64,300 of them; a slot of
+	// 15 bits' worth holds 32,768 at most.
+	if len(seen) < 60000 {
+		t.Errorf("2^18 drivers print as %d values of the driver's 16-bit slot; want about 64,300 (of 65,535)", len(seen))
+	}
+}

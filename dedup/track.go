@@ -986,31 +986,55 @@ func statePrint(state, fields string) uint64 {
 	if fields != "" {
 		n = strings.Count(fields, "&") + 1
 	}
-	var print uint64
+	// Each group of slots, by its first: the FNV-1a of its fields, and
+	// how many slots it has; fields that share a group (the fifth and the
+	// first of five) are hashed together, so a change of either shows.
+	var groups [4]struct {
+		h     uint32
+		count int
+	}
 	for field := range strings.SplitSeq(state, "&") {
 		if field == "" {
 			continue
 		}
 		path, _, _ := strings.Cut(field, "=")
 		first, count := fieldSlots(fieldIndex(fields, path), n, path)
-		width := 16 * count
-		h := fnv1a(fnvOffset32, field)
-		var v uint64
-		switch width {
-		case 16:
-			v = uint64(h>>16 ^ h&0xffff)
-		case 32:
-			v = uint64(h)
-		default:
-			v = uint64(h)<<32 | uint64(fnv1a(h, field))
+		g := &groups[first]
+		if g.count == 0 {
+			g.h, g.count = fnvOffset32, count
+		} else {
+			g.h = fnv1a(g.h, "&")
 		}
-		for s := range count {
-			v |= 1 << (16 * s) // never 0 in a slot, which means the field is not carried
+		g.h = fnv1a(g.h, field)
+	}
+	var print uint64
+	for first, g := range groups {
+		if g.count > 0 {
+			shift := 64 - 16*(first+g.count)
+			print |= slotValue(g.h, g.count) << shift
 		}
-		shift := 64 - 16*(first+count)
-		print = print&^(mask(width)<<shift) | v<<shift
 	}
 	return print
+}
+
+// slotValue spreads h over count 16-bit slots, none of them 0, which
+// means a field not carried: one made 0 by the hash is 1.
+func slotValue(h uint32, count int) uint64 {
+	var v uint64
+	switch count {
+	case 1:
+		v = uint64(h>>16 ^ h&0xffff)
+	case 2:
+		v = uint64(h)
+	default:
+		v = uint64(h)<<32 | uint64(fnv1a(h, "\x00"))
+	}
+	for s := range count {
+		if v>>(16*s)&0xffff == 0 {
+			v |= 1 << (16 * s)
+		}
+	}
+	return v
 }
 
 // fieldIndex is the place of path among fields (paths joined by &), or -1.
@@ -1045,14 +1069,6 @@ func fieldSlots(i, n int, path string) (first, count int) {
 		return i + 1, 1
 	}
 	return i % 4, 1
-}
-
-// mask is a value of width low bits set.
-func mask(width int) uint64 {
-	if width == 64 {
-		return ^uint64(0)
-	}
-	return 1<<width - 1
 }
 
 // FNV-1a, 32 bits, as hash/fnv computes it: fnv1a continues h over s
