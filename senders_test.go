@@ -768,3 +768,53 @@ func TestAnOsmAndTrackerThatReportsItsIgnitionSometimesIsSuppressedWhileParked(t
 		}
 	}
 }
+
+// The position of an OsmAnd request is the one Traccar stores: it reads
+// the fields in the order they first come (Netty's QueryStringDecoder
+// keeps them in a LinkedHashMap), each value in turn, lat and lon setting
+// their coordinate and location=lat,lon both (value.split(","), parts
+// beyond two ignored, trailing empty ones dropped), the last deciding.
+// location was read only alone, once and of two parts: a third part was
+// answered 422, a location after lat and lon was ignored (a 130 km move
+// suppressed as jitter of lat/lon), and one given twice passed on
+// unkeyed. (Helper 5's review, stop 63.)
+func TestAnOsmAndRequestIsKeyedAtThePositionTraccarStores(t *testing.T) {
+	now := time.Now().Add(-time.Minute).Unix()
+	for i, tt := range []struct {
+		fields string // besides id and timestamp
+		lat    float64
+	}{
+		{"location=60.0,30.0,120", 60},
+		{"location=60.0,30.0,", 60},
+		{"location=60.0,30.0&location=60.0,30.0", 60},
+		{"location=59.0,30.0&location=60.0,30.0", 60},
+		{"lat=52.52&lon=13.4&location=60.0,30.0", 60},
+		{"lat=52.52&location=60.0,30.0", 60},
+		{"location=60.0,30.0&lat=61.0", 61},
+		{"lat=52.52&lon=13.4", 52.52},
+	} {
+		tt2 := tableHandler(t, fmt.Sprintf(`{"preset":"osmand","key_prefix":"osmand-position-%d:"}`, i))
+		form := fmt.Sprintf("id=123456&timestamp=%d&%s", now, tt.fields)
+		first := tt2.post(form, "application/x-www-form-urlencoded", nil)
+		retry := tt2.post(form, "application/x-www-form-urlencoded", nil)
+		if first.header.Get("X-Dedup") != "accepted" || retry.header.Get("X-Dedup") != "suppressed" || len(tt2.upstream) != 1 || string(tt2.upstream[0]) != form {
+			t.Errorf("%s: %d %s (%s), its retry %s, upstream %q; want accepted, the retry suppressed, the one request passed on as sent",
+				tt.fields, first.status, first.header.Get("X-Dedup"), first.body, retry.header.Get("X-Dedup"), tt2.upstream)
+			continue
+		}
+		p, err := tt2.h.settings.formParser.Extract(mustFormLine(t, tt2.h, form))
+		if err != nil || p.Lat != tt.lat {
+			t.Errorf("%s: read at latitude %v (%v); Traccar stores %v", tt.fields, p.Lat, err, tt.lat)
+		}
+	}
+}
+
+// mustFormLine is form's fields as the handler's form parser reads them.
+func mustFormLine(t *testing.T, h *Handler, form string) []byte {
+	t.Helper()
+	element, err := h.settings.formParser.FormLine(form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return element
+}

@@ -75,24 +75,47 @@ func (p Parser) FormLine(line string) ([]byte, error) {
 	return batch.Elements[0], nil
 }
 
-// splitPair adds to values the position a request carries as PairField
-// alone, "lat,lon", as LatPath and LonPath, after keys: Traccar reads
-// OsmAnd's location=60.0,30.0 as a position like lat and lon
-// (OsmAndProtocolDecoder), and a request with neither as one at the
-// device's last known place.
+// splitPair sets LatPath and LonPath in values as Traccar's
+// OsmAndProtocolDecoder sets the position: the fields in the order they
+// first come, each value in turn, lat and lon setting their coordinate and
+// PairField ("lat,lon", more parts ignored) both, the last one deciding.
+// A request with neither is one at the device's last known place.
 func (p Parser) splitPair(keys []string, values map[string][]string) []string {
-	pair := values[p.PairField]
-	_, hasLat := values[p.LatPath]
-	_, hasLon := values[p.LonPath]
-	if p.PairField == "" || len(pair) != 1 || hasLat || hasLon {
+	if _, ok := values[p.PairField]; p.PairField == "" || !ok {
 		return keys
 	}
-	lat, lon, ok := strings.Cut(pair[0], ",")
-	if !ok {
-		return keys // Traccar fails such a request; it goes to it as it came
+	lat, lon := values[p.LatPath], values[p.LonPath]
+	for _, key := range keys {
+		switch key {
+		case p.LatPath:
+			lat = values[key]
+		case p.LonPath:
+			lon = values[key]
+		case p.PairField:
+			for _, v := range values[key] {
+				parts := strings.Split(v, ",")
+				for len(parts) > 0 && parts[len(parts)-1] == "" {
+					parts = parts[:len(parts)-1] // as Java's split drops them
+				}
+				if len(parts) < 2 {
+					return keys // Traccar fails such a request; it goes to it as it came
+				}
+				lat, lon = []string{strings.TrimSpace(parts[0])}, []string{strings.TrimSpace(parts[1])} // as Double.parseDouble
+			}
+		}
 	}
-	values[p.LatPath], values[p.LonPath] = []string{strings.TrimSpace(lat)}, []string{strings.TrimSpace(lon)} // as Double.parseDouble
-	return append(keys, p.LatPath, p.LonPath)
+	for _, f := range []struct {
+		path  string
+		value []string
+	}{{p.LatPath, lat}, {p.LonPath, lon}} {
+		if _, ok := values[f.path]; !ok && f.value != nil {
+			keys = append(keys, f.path)
+		}
+		if f.value != nil {
+			values[f.path] = f.value
+		}
+	}
+	return keys
 }
 
 // formObject writes form fields, at least one, as a JSON object; numbers
