@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // deadLetterSink keeps the pings that cannot be keyed, so that nothing a
@@ -57,6 +59,15 @@ func newDeadLetter(r *http.Request, body []byte, rej *rejection) deadLetter {
 		reason: rej.reason(), field: rej.body.Field, error: rej.body.Error,
 		body: body[:min(len(body), maxLetterBody)], bodyBytes: len(body),
 		receivedAt: time.Now().UTC(), remoteAddr: r.RemoteAddr,
-		host: r.Host, uri: r.URL.RequestURI(),
+		host: r.Host, uri: sentURI(r),
 	}
+}
+
+// sentURI is the URI the sender requested, path and query, before any
+// rewrite (handle_path, uri strip_prefix): a replay must go there.
+func sentURI(r *http.Request) string {
+	if orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && orig.URL != nil {
+		return orig.URL.RequestURI()
+	}
+	return r.URL.RequestURI()
 }

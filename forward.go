@@ -51,7 +51,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 	}()
 	err := next.ServeHTTP(rec, r.WithContext(ctx))
-	if ctx.Err() != nil && h.exiting.Err() == nil {
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil && h.exiting.Err() == nil {
+		// The upstream failed for the bound, not merely after it: a live
+		// handler inside a shadow trial has a bound of its own.
 		h.upstreamCuts.log(upstreamCutLine, upstreamCutError(h.settings.upstreamBound))
 	}
 	h.finish(r.Context(), claims, err != nil || undelivered(finalStatus(rec.Status())))

@@ -403,3 +403,40 @@ func TestAnUpstreamCutAtTheBoundIsLoggedNamingInFlightTimeout(t *testing.T) {
 		t.Fatalf("three cuts logged %d lines naming in_flight_timeout, want one (the rest held back): %v", len(lines), logs.All())
 	}
 }
+
+// An upstream that answered is never logged as cut: a shadow trial with a
+// shorter in_flight_timeout in front of the live handler, whose upstream
+// request has its own bound and answers 201 after the trial's, logged
+// "cut an upstream request that had not answered (504)", and told the
+// operator to raise in_flight_timeout over an upstream that answered.
+// (Helper 6's review, stop 63.)
+func TestAnUpstreamThatAnsweredIsNotLoggedAsCut(t *testing.T) {
+	trialPrefix, livePrefix := "cut-trial:", "cut-live:"
+	trial := provisioned(t, &Handler{KeyPrefix: &trialPrefix, Mode: modeShadow, InFlightTimeout: caddy.Duration(time.Second)})
+	live := provisioned(t, &Handler{KeyPrefix: &livePrefix})
+	core, logs := observer.New(zap.WarnLevel)
+	observeStoreErrors(trial, zap.New(core))
+	observeStoreErrors(live, zap.New(core))
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		select {
+		case <-r.Context().Done():
+			return caddyhttp.Error(http.StatusGatewayTimeout, r.Context().Err())
+		case <-time.After(1500 * time.Millisecond): // past the trial's bound, within the live handler's
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		}
+	})
+	body := fmt.Sprintf(`{"asset_id":"veh-not-cut","occurred_at":%q,"lat":52.52,"lon":13.40}`, time.Now().UTC().Add(-time.Minute).Format(time.RFC3339))
+	r := httptest.NewRequest(http.MethodPost, "/telemetry", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	if err := trial.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return live.ServeHTTP(w, r, upstream)
+	})); err != nil || w.Code != http.StatusCreated {
+		t.Fatalf("setup: %d %v; want the upstream's 201", w.Code, err)
+	}
+	if lines := logs.FilterMessageSnippet("cut an upstream request").All(); len(lines) != 0 {
+		t.Errorf("an upstream that answered 201 is logged as cut: %v", lines[0].Message)
+	}
+}

@@ -859,3 +859,16 @@ func TestADeadLetterSaysWhereItsRequestCame(t *testing.T) {
 		t.Errorf("the letter says host %q, uri %q; want fleet.example and /overland?device=jane-phone", v["host"], v["uri"])
 	}
 }
+
+// A dead letter's uri is the one the sender requested, before a rewrite:
+// under handle_path /overland/* the handler sees /?device=phone1, and a
+// replay to that went to another route, or none. (Helper 6's review, stop
+// 63.)
+func TestADeadLettersURIIsTheOneTheSenderRequested(t *testing.T) {
+	sent := httptest.NewRequest(http.MethodPost, "http://track.example/overland/?device=phone1", strings.NewReader("{}"))
+	r := sent.Clone(context.WithValue(sent.Context(), caddyhttp.OriginalRequestCtxKey, *sent))
+	r.URL.Path = "/" // handle_path /overland/* stripped its prefix
+	if l := newDeadLetter(r, []byte("{}"), &rejection{status: http.StatusUnprocessableEntity}); l.uri != "/overland/?device=phone1" {
+		t.Errorf("the letter's uri is %q; the sender requested /overland/?device=phone1", l.uri)
+	}
+}

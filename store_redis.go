@@ -680,13 +680,16 @@ func parseRedisURL(url string) (*redis.Options, error) {
 	if url == "" {
 		return nil, fmt.Errorf("store redis: the URL is empty; set one such as redis://127.0.0.1:6379/0 (is the environment variable set?)")
 	}
+	// No error below quotes the URL or a piece of it: a password whose /,
+	// # or % breaks the URL would go, whole or in part, into the log and
+	// the admin API's answer.
+	if !strings.Contains(url, "://") {
+		return nil, errors.New("store redis: the URL has no scheme; write it redis://host:port/db (rediss:// for TLS), " +
+			"or give host:port in addresses")
+	}
 	u, err := neturl.Parse(url)
 	if err != nil {
-		// Not err: it quotes the URL, or a piece of it, password and all,
-		// into the log and the admin API's answer. A password's /, # or %
-		// breaks the URL.
-		return nil, errors.New("store redis: the URL does not parse; use redis://[user:password@]host:port/db or rediss:// for TLS, " +
-			"with a password's /, # and % percent-encoded, or give the password in the block's password option")
+		return nil, errors.New("store redis: the URL does not parse; " + urlAdvice)
 	}
 	if (u.Scheme == "redis" || u.Scheme == "rediss") && u.Hostname() == "" {
 		// go-redis takes localhost for a URL without a host: whatever Redis
@@ -694,30 +697,41 @@ func parseRedisURL(url string) (*redis.Options, error) {
 		return nil, errors.New("store redis: the URL has no host; is the environment variable set? " +
 			"Use one such as redis://127.0.0.1:6379/0")
 	}
-	if u.RawQuery != "" {
-		// go-redis reads them, and the store would drop them: it sets its
-		// timeouts, pool and TLS from the block.
-		return nil, fmt.Errorf("store redis: the URL's options (?%s) are not read; give them in the store's block "+
-			"(dial_timeout, read_timeout, write_timeout, pool_size, timeout, db, tls) and drop them from the URL", u.Query().Encode())
+	for option := range u.Query() {
+		// The store takes the address, the credentials, the database and
+		// the TLS settings from go-redis's reading of the URL; the rest it
+		// sets from the block, and an option here would be dropped.
+		if option != "db" && option != "skip_verify" {
+			return nil, errors.New("store redis: the URL's query holds options the store does not read (only db and skip_verify); " +
+				"give them in the store's block (dial_timeout, read_timeout, write_timeout, pool_size, timeout) and drop them from the URL")
+		}
 	}
 	opts, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("store redis: %v; use redis://[user:password@]host:port/db or rediss:// for TLS", err)
-	}
-	if opts.DB < 0 {
+	switch {
+	case err != nil && strings.HasPrefix(err.Error(), "redis: invalid URL scheme"):
+		return nil, fmt.Errorf("store redis: %v; use redis://, rediss:// for TLS, or unix:// for a socket", err)
+	case err != nil:
+		return nil, errors.New("store redis: go-redis cannot read the URL's path or options (it takes /<db> and ?db= and ?skip_verify=); " + urlAdvice)
+	case opts.DB < 0:
 		return nil, fmt.Errorf("store redis: the URL's database /%d is negative; use one such as /0", opts.DB)
 	}
 	return opts, nil
 }
 
+// urlAdvice is how a Redis URL is written.
+const urlAdvice = "use redis://[user:password@]host:port/db or rediss:// for TLS, " +
+	"with a password's /, #, ? and % percent-encoded, or give the password in the block's password option"
+
 // checkAddress refuses an address go-redis cannot dial as the one meant:
 // empty, or without a host ({env.REDIS_HOST}:6379 unset), which it dials
-// on this machine, whatever Redis runs here; or no host:port at all (a
-// URL, a name without its port), which fails every call, every ping then
-// unchecked.
+// on this machine, whatever Redis runs here; or neither host:port nor a
+// socket's absolute path (a URL, a name without its port), which fails
+// every call, every ping then unchecked.
 func checkAddress(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	switch {
+	case strings.HasPrefix(addr, "/"):
+		return nil // a unix socket, which go-redis dials as one
 	case addr == "" || err == nil && host == "":
 		return fmt.Errorf("store redis: addresses: %q has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
 	case err != nil:

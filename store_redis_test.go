@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -664,5 +665,23 @@ func TestTheStartupWarningJudgesEveryClusterMaster(t *testing.T) {
 			t.Errorf("master %d of 3 (%s) runs maxmemory 100mb with volatile-ttl, the others noeviction: %d warnings at start, want 1 "+
 				"(the check asked one master only)", i+1, evicting.Addr(), logs.Len())
 		}
+	}
+}
+
+// An address that is a unix socket's absolute path loads: go-redis dials
+// it over the socket. The host:port check refused it, and a config that
+// worked no longer started. (Helper 6's review, stop 63.)
+func TestAUnixSocketAddressLoads(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	redistest.StartWith(t, "--unixsocket", sock, "--unixsocketperm", "700")
+	r := RedisStore{Addresses: []string{sock}}
+	opts, err := r.options()
+	if err != nil {
+		t.Fatalf("addresses %s: %v", sock, err)
+	}
+	c := redis.NewUniversalClient(opts)
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Errorf("the store's options do not reach Redis on its socket: %v", err)
 	}
 }

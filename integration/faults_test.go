@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -268,4 +270,35 @@ func TestHungUpstreamIsCutBeforeInFlightTimeout(t *testing.T) {
 	if n := took.of(body); n != 1 {
 		t.Errorf("the upstream took the ping %d times, want once", n)
 	}
+}
+
+// The cut is logged where an operator looks: a warning naming
+// in_flight_timeout in Caddy's log, through a real reverse_proxy, whose
+// error for the cut is the deadline's. (Helper 4's review, stop 63.)
+func TestACutUpstreamIsLoggedNamingInFlightTimeout(t *testing.T) {
+	up := newUpstream(t)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	globals := strings.Replace(caddytestGlobals, "skip_install_trust", "skip_install_trust\n\tlog {\n\t\toutput file "+logFile+"\n\t\tlevel WARN\n\t}", 1)
+	tester := caddyTester(t, fmt.Sprintf(globals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	telemetry_dedup /telemetry {
+		key_prefix %q
+		in_flight_timeout 2s
+	}
+	reverse_proxy %s
+}`, keyPrefix(t), strings.TrimPrefix(up.URL, "http://")))
+	up.setResponse(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done(): // the proxy gave up on it
+		case <-time.After(20 * time.Second):
+			w.WriteHeader(http.StatusCreated)
+		}
+	})
+	if res := post(t, tester.Client, ping("veh-cut-logged", base(), 52.5200087, 13.4049547)); res.status != http.StatusGatewayTimeout {
+		t.Fatalf("the hung request was answered %d, want 504 from the cut", res.status)
+	}
+	waitFor(t, func() bool {
+		logged, _ := os.ReadFile(logFile)
+		return strings.Contains(string(logged), "telemetry_dedup cut an upstream request")
+	})
 }
