@@ -1408,6 +1408,10 @@ func TestARedisStoreWrittenWrongIsRefusedAtItsLine(t *testing.T) {
 		{"store redis {\n\t\taddresses redis://10.0.0.1:26379 redis://10.0.0.2:26379\n\t\tmaster mymaster\n\t}", "host:port"},
 		{"store redis {\n\t\taddresses sentinel-1 sentinel-2 sentinel-3\n\t\tmaster mymaster\n\t}", "host:port"},
 		{"store redis {\n\t\taddresses redis-node-1 redis-node-2 redis-node-3\n\t\tcluster\n\t}", "host:port"},
+		// A URL without a port splits at its scheme's colon. (Helper 7's
+		// review, stop 63.)
+		{"store redis {\n\t\taddresses redis://redis.internal\n\t}", "host:port"},
+		{"store redis {\n\t\taddresses unix:///var/run/redis/redis.sock\n\t}", "host:port"},
 		// The block, not the URL's query, sets the connection's options:
 		// go-redis checked the query and the store dropped it.
 		{`store redis "redis://10.0.0.5:6379/0?dial_timeout=3s&read_timeout=2s&pool_size=50"`, "give them in the store's block"},
@@ -1519,9 +1523,11 @@ func TestARedisURLsDatabaseAndSkipVerifyStillLoad(t *testing.T) {
 	if err != nil || opts.DB != 2 {
 		t.Errorf("redis://10.0.0.5:6379?db=2: %v, db %v; want database 2", err, opts)
 	}
-	opts, err = RedisStore{URL: "rediss://10.0.0.5:6380/0?skip_verify=true"}.options()
-	if err != nil || opts.TLSConfig == nil || !opts.TLSConfig.InsecureSkipVerify {
-		t.Errorf("rediss://10.0.0.5:6380/0?skip_verify=true: %v; want TLS without verification", err)
+	for _, tls := range []*RedisTLS{nil, {ServerName: "redis.internal"}} { // a tls block that leaves insecure_skip_verify out kept it (helper 7)
+		opts, err = RedisStore{URL: "rediss://10.0.0.5:6380/0?skip_verify=true", TLS: tls}.options()
+		if err != nil || opts.TLSConfig == nil || !opts.TLSConfig.InsecureSkipVerify {
+			t.Errorf("rediss://10.0.0.5:6380/0?skip_verify=true, tls %+v: %v; want TLS without verification", tls, err)
+		}
 	}
 	if _, err := parse(t, "telemetry_dedup {\n\tstore redis 10.0.0.5:6379\n}"); err == nil || strings.Contains(err.Error(), "password") || !strings.Contains(err.Error(), "redis://host:port") {
 		t.Errorf("store redis 10.0.0.5:6379: %v; want it told to write redis://host:port, not about a password", err)

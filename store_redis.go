@@ -11,6 +11,7 @@ import (
 	neturl "net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -432,7 +433,9 @@ func (t RedisTLS) config(fromURL *tls.Config) (*tls.Config, error) {
 		c = fromURL.Clone()
 	}
 	c.ServerName = cmp.Or(t.ServerName, c.ServerName)
-	c.InsecureSkipVerify = t.InsecureSkipVerify //nolint:gosec // an explicit, documented opt-in for tests
+	// The URL's ?skip_verify=true stands beside a tls block that leaves
+	// insecure_skip_verify out: a flag cannot be written false.
+	c.InsecureSkipVerify = c.InsecureSkipVerify || t.InsecureSkipVerify //nolint:gosec // an explicit, documented opt-in for tests
 	if t.CA != "" {
 		pem, err := os.ReadFile(t.CA)
 		if err != nil {
@@ -728,7 +731,10 @@ const urlAdvice = "use redis://[user:password@]host:port/db or rediss:// for TLS
 // socket's absolute path (a URL, a name without its port), which fails
 // every call, every ping then unchecked.
 func checkAddress(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
+	if _, notNumber := strconv.Atoi(port); err == nil && (notNumber != nil || strings.Contains(addr, "://")) {
+		err = errors.New("a URL, or a port that is no number") // redis://host splits at its scheme's colon
+	}
 	switch {
 	case strings.HasPrefix(addr, "/"):
 		return nil // a unix socket, which go-redis dials as one

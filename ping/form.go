@@ -100,7 +100,7 @@ func (p Parser) splitPair(keys []string, values map[string][]string) []string {
 				if len(parts) < 2 {
 					return keys // Traccar fails such a request; it goes to it as it came
 				}
-				lat, lon = []string{strings.TrimSpace(parts[0])}, []string{strings.TrimSpace(parts[1])} // as Double.parseDouble
+				lat, lon = []string{javaNumber(parts[0])}, []string{javaNumber(parts[1])}
 			}
 		}
 	}
@@ -145,6 +145,9 @@ func formObject(fields string, numbers []string, expand func(keys []string, valu
 		if !utf8.ValidString(key) || !utf8.ValidString(val) {
 			return nil, &MalformedError{Reason: "the form field " + quote(key) + " is not valid UTF-8 once decoded; parsers disagree on what invalid bytes mean"}
 		}
+		if slices.Contains(numbers, key) {
+			val = javaNumber(val)
+		}
 		if _, seen := values[key]; !seen {
 			keys = append(keys, key)
 		}
@@ -176,6 +179,17 @@ func formObject(fields string, numbers []string, expand func(keys []string, valu
 		out = append(out, ']')
 	}
 	return append(out, '}'), nil
+}
+
+// javaNumber is a number field's value as Traccar's Double.parseDouble
+// reads it: without the characters up to a space around it (a form's +
+// is a space), and without a leading +.
+func javaNumber(v string) string {
+	v = strings.TrimFunc(v, func(r rune) bool { return r <= ' ' })
+	if rest, ok := strings.CutPrefix(v, "+"); ok && isJSONNumber(rest) {
+		return rest
+	}
+	return v
 }
 
 func allSame(values []string) bool {
