@@ -1533,3 +1533,15 @@ func TestARedisURLsDatabaseAndSkipVerifyStillLoad(t *testing.T) {
 		t.Errorf("store redis 10.0.0.5:6379: %v; want it told to write redis://host:port, not about a password", err)
 	}
 }
+
+// More than eight state fields is refused: the print holds eight, each in
+// slots of its own, and fields that share slots read as changed whenever
+// a message carries one without the other. (Helper 7's review, stop 63.)
+func TestMoreThanEightStateFieldsAreRefused(t *testing.T) {
+	if _, err := parse(t, "telemetry_dedup {\n\tstate a b c d e f g h\n}"); err != nil {
+		t.Errorf("eight state fields: %v", err)
+	}
+	if _, err := parse(t, "telemetry_dedup {\n\tstate a b c d e f g h i\n}"); err == nil || !strings.Contains(err.Error(), "Testfile:2") || !strings.Contains(err.Error(), "more than the 8") {
+		t.Errorf("nine state fields: %v; want them refused at line 2", err)
+	}
+}

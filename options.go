@@ -509,6 +509,10 @@ func (h *Handler) applyReportedFields(p *ping.Parser) error {
 				return &dedup.ConfigError{Option: "state", Problem: err.Error()}
 			}
 		}
+		if len(p.States) > dedup.MaxStateFields {
+			return &dedup.ConfigError{Option: "state", Problem: fmt.Sprintf("%d fields are more than the %d each compared on its own; "+
+				"keep those whose change the backend must see at once", len(p.States), dedup.MaxStateFields)}
+		}
 	}
 	return nil
 }

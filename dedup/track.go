@@ -968,28 +968,33 @@ func boolByte(b bool) byte {
 	return 0
 }
 
-// stateSlots are the four 16-bit slots of a state print, most
+// stateSlots are the eight one-byte slots of a state print, most
 // significant first.
-var stateSlots = [4]uint64{0xffff << 48, 0xffff << 32, 0xffff << 16, 0xffff}
+var stateSlots = [8]uint64{0xff << 56, 0xff << 48, 0xff << 40, 0xff << 32, 0xff << 24, 0xff << 16, 0xff << 8, 0xff}
+
+// MaxStateFields is the most state fields a print holds each in slots of
+// its own.
+const MaxStateFields = len(stateSlots)
 
 // statePrint fingerprints the state fields' values, path=value joined by
 // &, so that only whether each changed matters: each field of the
 // parser's (fields, in order) has slots of its own (fieldSlots), which
-// hold the FNV-1a of its path=value, folded to their width, and are 0
-// when the ping does not carry it. A field that shared its slots with
-// another changed whenever a ping carried only the other: OsmAnd's alarm,
-// carried by every request, beside an ignition sent in some, admitted
-// every request of a parked tracker. A path fields does not list (a ping
-// made by hand) takes the half of the print its path's hash picks.
+// hold the FNV-1a of its path=value, folded to their width, none of them
+// 0, and are 0 when the ping does not carry it. A field that shared its
+// slots with another changed whenever a ping carried only the other:
+// OsmAnd's alarm, carried by every request, beside an ignition sent in
+// some, admitted every request of a parked tracker. A path fields does
+// not list (a ping made by hand) takes the half of the print its path's
+// hash picks.
 func statePrint(state, fields string) uint64 {
 	n := 0
 	if fields != "" {
 		n = strings.Count(fields, "&") + 1
 	}
 	// Each group of slots, by its first: the FNV-1a of its fields, and
-	// how many slots it has; fields that share a group (the fifth and the
-	// first of five) are hashed together, so a change of either shows.
-	var groups [4]struct {
+	// how many slots it has; fields that share one (more than
+	// MaxStateFields, which a handler refuses) are hashed together.
+	var groups [MaxStateFields]struct {
 		h     uint32
 		count int
 	}
@@ -1010,28 +1015,30 @@ func statePrint(state, fields string) uint64 {
 	var print uint64
 	for first, g := range groups {
 		if g.count > 0 {
-			shift := 64 - 16*(first+g.count)
+			shift := 64 - 8*(first+g.count)
 			print |= slotValue(g.h, g.count) << shift
 		}
 	}
 	return print
 }
 
-// slotValue spreads h over count 16-bit slots, none of them 0, which
+// slotValue spreads h over count one-byte slots, none of them 0, which
 // means a field not carried: one made 0 by the hash is 1.
 func slotValue(h uint32, count int) uint64 {
 	var v uint64
 	switch count {
 	case 1:
-		v = uint64(h>>16 ^ h&0xffff)
+		v = uint64((h ^ h>>8 ^ h>>16 ^ h>>24) & 0xff)
 	case 2:
+		v = uint64((h ^ h>>16) & 0xffff)
+	case 4:
 		v = uint64(h)
 	default:
 		v = uint64(h)<<32 | uint64(fnv1a(h, "\x00"))
 	}
 	for s := range count {
-		if v>>(16*s)&0xffff == 0 {
-			v |= 1 << (16 * s)
+		if v>>(8*s)&0xff == 0 {
+			v |= 1 << (8 * s)
 		}
 	}
 	return v
@@ -1050,25 +1057,27 @@ func fieldIndex(fields, path string) int {
 }
 
 // fieldSlots returns the first of the slots of field i of n listed, and
-// how many they are: all four for one field, two each for two, two for the
-// first of three and one for each other, one each for more, the fifth and
-// later sharing the slot of the field four before them (a change of
-// either then reads as a change of both). An unlisted field (i < 0) takes
-// a half by its path's hash.
+// how many they are: all eight for one field, four each for two, four for
+// the first of three and two for each other, two each for four, one each
+// for five to eight; past MaxStateFields a field shares the slot of the
+// one eight before it. An unlisted field (i < 0) takes a half by its
+// path's hash.
 func fieldSlots(i, n int, path string) (first, count int) {
 	switch {
 	case i < 0:
-		return 2 * int(fnv1a(fnvOffset32, path)&1), 2
+		return 4 * int(fnv1a(fnvOffset32, path)&1), 4
 	case n == 1:
-		return 0, 4
+		return 0, 8
 	case n == 2:
-		return 2 * i, 2
+		return 4 * i, 4
 	case n == 3 && i == 0:
-		return 0, 2
+		return 0, 4
 	case n == 3:
-		return i + 1, 1
+		return 4 + 2*(i-1), 2
+	case n == 4:
+		return 2 * i, 2
 	}
-	return i % 4, 1
+	return i % MaxStateFields, 1
 }
 
 // FNV-1a, 32 bits, as hash/fnv computes it: fnv1a continues h over s

@@ -321,14 +321,14 @@ local function inPastStay(c)
 end
 
 -- The state print has slots of its own for each state field (statePrint
--- in track.go), two bytes each, two zero bytes where the fix carries none
--- of its fields: a fix says nothing of a field it does not carry.
-local NOSLOT = '\0\0'
+-- in track.go), a byte each, a zero byte where the fix carries none of
+-- its fields: a fix says nothing of a field it does not carry.
+local NOSLOT = '\0'
 
 local function changesState(c)
-	for i = 1, 7, 2 do
-		local slot = string.sub(statep, i, i + 1)
-		if slot ~= NOSLOT and slot ~= string.sub(c.state, i, i + 1) then
+	for i = 1, 8 do
+		local slot = string.sub(statep, i, i)
+		if slot ~= NOSLOT and slot ~= string.sub(c.state, i, i) then
 			return true
 		end
 	end
@@ -338,10 +338,10 @@ end
 -- The state st with the slots the fix carries replaced by the fix's.
 local function mergeState(st)
 	local merged = ''
-	for i = 1, 7, 2 do
-		local slot = string.sub(statep, i, i + 1)
+	for i = 1, 8 do
+		local slot = string.sub(statep, i, i)
 		if slot == NOSLOT then
-			slot = string.sub(st, i, i + 1)
+			slot = string.sub(st, i, i)
 		end
 		merged = merged .. slot
 	end

@@ -9,7 +9,7 @@
 -- (flagReleased): the track still holds it, and its retry is accepted.
 -- Only the claim's own token acts.
 -- KEYS[1] track, KEYS[2] seen set; ARGV[1] seen field, ARGV[2] token (8 bytes),
--- ARGV[3] the print of its state fields (8 bytes, four slots of 2 bytes)
+-- ARGV[3] the print of its state fields (8 bytes, a slot a byte)
 local CORE = '>dddi8i8i8i8ddi8c8i8ddi8c8Bdc8dddi8i8dddi8i8dddi8i8d' -- as in track_decide.lua
 local CORE_SIZE = 273
 -- where the state print starts in the track: after the seen max (8 bytes)
@@ -19,7 +19,7 @@ local STATE_AT = 9 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8Bd')
 local LAST_ACC_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8c8B')
 -- where the last accepted ping's token starts in a CORE
 local LAST_TOKEN_AT = 1 + struct.size('>dddi8i8i8i8ddi8c8i8ddi8')
-local NOSLOT = '\0\0'
+local NOSLOT = '\0'
 
 local released = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
@@ -108,8 +108,8 @@ redis.call('HSET', KEYS[2], ARGV[1], 'r')
 -- The 8 bytes of state at at without the slots that equal the ping's.
 local function forgotten(t, at)
 	local state, kept = string.sub(t, at, at + 7), ''
-	for i = 1, 7, 2 do
-		local slot, mine = string.sub(state, i, i + 1), string.sub(ARGV[3], i, i + 1)
+	for i = 1, 8 do
+		local slot, mine = string.sub(state, i, i), string.sub(ARGV[3], i, i)
 		if mine ~= NOSLOT and slot == mine then
 			slot = NOSLOT
 		end
