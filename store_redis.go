@@ -732,15 +732,14 @@ const urlAdvice = "use redis://[user:password@]host:port/db or rediss:// for TLS
 // every call, every ping then unchecked.
 func checkAddress(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
-	if _, notNumber := strconv.Atoi(port); err == nil && (notNumber != nil || strings.Contains(addr, "://")) {
-		err = errors.New("a URL, or a port that is no number") // redis://host splits at its scheme's colon
-	}
+	_, portErr := strconv.Atoi(port)
+	hostPort := err == nil && portErr == nil && !strings.Contains(addr, "://") // redis://host splits at its scheme's colon
 	switch {
 	case strings.HasPrefix(addr, "/"):
 		return nil // a unix socket, which go-redis dials as one
-	case addr == "" || err == nil && host == "":
+	case addr == "" || hostPort && host == "":
 		return fmt.Errorf("store redis: addresses: %q has no host; is the environment variable set? Use host:port such as 127.0.0.1:6379", addr)
-	case err != nil:
+	case !hostPort:
 		return fmt.Errorf("store redis: addresses: %q is not host:port; write each as host:port, such as 10.0.0.1:26379 "+
 			"(a URL goes alone after store redis)", addr)
 	}

@@ -1107,8 +1107,8 @@ func withStates(p ping.Ping, state, fields string) ping.Ping {
 	return p
 }
 
-// With five state fields the fifth shares the first's slot, and the two
-// count as one state: a change of either is seen. The fifth's hash was
+// With five state fields a change of the first is seen beside the fifth,
+// carried unchanged. When the fifth shared the first's slot, its hash was
 // written over the first's, so an operator's `state ignition
 // driverUniqueId door fuel alarm` (the alarm carried by every message)
 // had a parked van's ignition going off suppressed, and the backend
