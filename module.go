@@ -415,6 +415,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			"keep them only if that client never posts to this route",
 			zap.String("preset", h.Preset), zap.Strings("answers", s.misreadAnswers))
 	}
+	if s.overlandBatchShort {
+		h.logger.Warn("max_batch is below the largest batch Overland can be set to post: a phone whose Locations per Batch "+
+			"is above it is answered 413 and resends that batch at every send interval, and nothing newer arrives "+
+			"until its setting is lowered; raise max_batch to 1000, or keep every phone's setting at or below it",
+			zap.Int("max_batch", s.maxBatch), zap.Int("overland_default", overlandDefaultBatch), zap.Int("overland_largest", overlandLargestBatch))
+	}
 	h.logger.Info("telemetry_dedup ready",
 		zap.String("shape", string(s.policy.Shape)), zap.Stringer("window", s.keyer.Window),
 		zap.Int("resolution", s.keyer.Resolution), zap.String("key_prefix", s.keyer.Prefix),

@@ -75,9 +75,12 @@ type settings struct {
 	deadLetterMaxLen  int64
 	maxBody           int64
 	maxBatch          int
-	stuckRatio        float64
-	stuckAfter        time.Duration
-	stuckTrack        int
+	// overlandBatchShort is set when preset overland's max_batch is below
+	// the largest batch the app can be set to post.
+	overlandBatchShort bool
+	stuckRatio         float64
+	stuckAfter         time.Duration
+	stuckTrack         int
 }
 
 // resolve applies defaults and checks every option, returning a
@@ -186,6 +189,7 @@ func (h *Handler) resolve() (settings, error) {
 	}
 	s.maxBatch = cmp.Or(h.MaxBatch, ping.DefaultMaxBatch)
 	s.splitter.Max = s.maxBatch
+	s.overlandBatchShort = h.Preset == "overland" && s.maxBatch < overlandLargestBatch
 	if h.NearCache != nil && *h.NearCache < 0 {
 		return s, &dedup.ConfigError{Option: "near_cache", Problem: fmt.Sprintf("%d is negative; use 0 (off) or a number of keys such as 100000", *h.NearCache)}
 	}

@@ -126,6 +126,15 @@ func checkMaxBody(preset string, maxBody int64) error {
 		maxBody, ownTracksMinBody, humanize.IBytes(ownTracksMinBody), ownTracksMinBody>>10, ownTracksMinBody, defaultMaxBody>>20)}
 }
 
+// overlandLargestBatch is the most Features Overland posts in one batch:
+// its Locations per Batch setting offers 50, 100, 200 (the default), 500
+// and 1000 (GLManager.m, pointsPerBatch and the batch_size it takes from a
+// server's "set"). A batch refused is resent whole at every send interval.
+const overlandLargestBatch = 1000
+
+// overlandDefaultBatch is Overland's Locations per Batch out of the box.
+const overlandDefaultBatch = 200
+
 // retryLater is the in-flight answer every client of the presets retries.
 var retryLater = retryAnswer{status: http.StatusServiceUnavailable, retryAfter: "1"}
 

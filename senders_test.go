@@ -823,3 +823,26 @@ func mustFormLine(t *testing.T, h *Handler, form string) []byte {
 	}
 	return element
 }
+
+// Overland's Locations per Batch goes up to 1000 (GLManager.m), and a batch
+// answered 413 is resent whole at every send interval: a max_batch below
+// it under preset overland is warned of at load, so that a phone set to a
+// larger batch does not stop sending unnoticed.
+func TestAnOverlandMaxBatchBelowTheAppsLargestBatchIsWarnedOf(t *testing.T) {
+	for _, tt := range []struct {
+		block string
+		warn  bool
+	}{
+		{"preset overland", false},
+		{"preset overland\n max_batch 1000", false},
+		{"preset overland\n max_batch 5000", false},
+		{"preset overland\n max_batch 999", true},
+		{"preset overland\n max_batch 200", true},
+		{"preset owntracks\n max_batch 10", false},
+		{"max_batch 10", false},
+	} {
+		if s := resolvedBlock(t, tt.block); s.overlandBatchShort != tt.warn {
+			t.Errorf("%q: warned %v, want %v", tt.block, s.overlandBatchShort, tt.warn)
+		}
+	}
+}
