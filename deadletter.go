@@ -43,6 +43,10 @@ type deadLetter struct {
 	// ping's asset or tenant may be in them (Overland's receiver URL,
 	// ?device=..., with the README's asset template; a key_scope host).
 	host, uri string
+	// asset is the ping's asset if it was read, and always one its
+	// template resolved: from {http.auth.user.id} it is nowhere else in the
+	// letter.
+	asset string
 }
 
 // maxLetterBody is the most of a ping's bytes a letter keeps: every real
@@ -54,12 +58,12 @@ type deadLetter struct {
 // sender's claims failed: their pings went upstream unchecked.
 const maxLetterBody = 8 << 10
 
-func newDeadLetter(r *http.Request, body []byte, rej *rejection) deadLetter {
+func newDeadLetter(r *http.Request, body []byte, asset string, rej *rejection) deadLetter {
 	return deadLetter{
 		reason: rej.reason(), field: rej.body.Field, error: rej.body.Error,
 		body: body[:min(len(body), maxLetterBody)], bodyBytes: len(body),
 		receivedAt: time.Now().UTC(), remoteAddr: r.RemoteAddr,
-		host: r.Host, uri: sentURI(r),
+		host: r.Host, uri: sentURI(r), asset: asset,
 	}
 }
 

@@ -50,7 +50,7 @@ func (req *request) setBatch(batch ping.Batch) {
 // element is one ping of a request and what became of it.
 type element struct {
 	raw   []byte // the ping as sent, for the upstream and the dead letters
-	asset string // the asset id as sent, outside any key scope
+	asset string // the asset id as sent or resolved, outside any key scope
 	scope string
 	obs   dedup.Observation
 	// claims holds the element's claim on the store once it was claimed:
@@ -223,6 +223,7 @@ func (h *Handler) normaliseBatch(req *request, batch ping.Batch, repl *caddy.Rep
 			e.decision, e.reason = decisionSkipped, skipReason(err)
 		case err != nil:
 			e.refuse(err)
+			e.asset = p.Asset // if it was read, or its template resolved: a dead letter names it
 		default:
 			e.obs.Ping, e.asset, e.scope = p, p.Asset, scope
 		}
@@ -247,6 +248,9 @@ func skipReason(err error) string {
 func (h *Handler) readPing(extracts *ping.ExtractCache, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
 	s := &h.settings
 	if p, err = extracts.Extract(raw); err != nil {
+		if s.assetTemplate != "" {
+			p.Asset, _ = expandTemplate(repl, "asset", s.assetTemplate) // for its dead letter
+		}
 		return p, err
 	}
 	if s.assetTemplate != "" {

@@ -89,7 +89,7 @@ func (h *Handler) deadLetter(r *http.Request, elements []element, failures *thro
 	var letterOf []*element
 	for i := range elements {
 		if e := &elements[i]; e.deadLetterable() {
-			letters = append(letters, newDeadLetter(r, e.raw, e.rejection))
+			letters = append(letters, newDeadLetter(r, e.raw, e.asset, e.rejection))
 			letterOf = append(letterOf, e)
 		}
 	}

@@ -159,6 +159,7 @@ func (d redisDeadLetters) add(ctx context.Context, letters []deadLetter) []error
 					"remote_addr", l.remoteAddr,
 					"host", l.host,
 					"uri", l.uri,
+					"asset", l.asset,
 				},
 			})
 		}

@@ -827,7 +827,8 @@ func TestARedisOutageIsToldByOneBreakerLineAtItsStartAndOneAtItsEnd(t *testing.T
 }
 
 // A dead letter says where its request came: the host and the URI, path
-// and query. With preset overland and the asset taken from the receiver
+// and query, and the asset the template resolved (from {http.auth.user.id}
+// it is nowhere else in the letter). With preset overland and the asset taken from the receiver
 // URL, as the README advises (asset {http.request.uri.query.device}), an
 // invalid fix is dead-lettered and the app told {"result":"ok"}, so it
 // deletes it; the letter held the Feature alone, and the operator could
@@ -840,7 +841,8 @@ func TestADeadLetterSaysWhereItsRequestCame(t *testing.T) {
 	feature := func(lat float64) string {
 		return fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,%v]},"properties":{"timestamp":%q,"speed":3}}`, lat, at)
 	}
-	r := httptest.NewRequest(http.MethodPost, "https://fleet.example/overland?device=jane-phone", strings.NewReader(`{"locations":[`+feature(52.5)+`,`+feature(91)+`]}`))
+	late := strings.Replace(feature(52.6), at, "yesterday", 1) // no time read: the template still names the asset
+	r := httptest.NewRequest(http.MethodPost, "https://fleet.example/overland?device=jane-phone", strings.NewReader(`{"locations":[`+feature(52.5)+`,`+feature(91)+`,`+late+`]}`))
 	r.Header.Set("Content-Type", "application/json")
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
 	w := httptest.NewRecorder()
@@ -852,11 +854,14 @@ func TestADeadLetterSaysWhereItsRequestCame(t *testing.T) {
 		t.Fatalf("the batch: %d %v %s", w.Code, err, w.Body)
 	}
 	letters, err := srv.Client().XRange(context.Background(), "letter-uri:dlq", "-", "+").Result()
-	if err != nil || len(letters) != 1 {
+	if err != nil || len(letters) != 2 {
 		t.Fatalf("letters: %v %v", letters, err)
 	}
-	if v := letters[0].Values; v["host"] != "fleet.example" || v["uri"] != "/overland?device=jane-phone" {
-		t.Errorf("the letter says host %q, uri %q; want fleet.example and /overland?device=jane-phone", v["host"], v["uri"])
+	for _, l := range letters {
+		if v := l.Values; v["host"] != "fleet.example" || v["uri"] != "/overland?device=jane-phone" || v["asset"] != "jane-phone" {
+			t.Errorf("the letter of %s says host %q, uri %q, asset %q; want fleet.example, /overland?device=jane-phone and jane-phone",
+				v["field"], v["host"], v["uri"], v["asset"])
+		}
 	}
 }
 
@@ -868,7 +873,7 @@ func TestADeadLettersURIIsTheOneTheSenderRequested(t *testing.T) {
 	sent := httptest.NewRequest(http.MethodPost, "http://track.example/overland/?device=phone1", strings.NewReader("{}"))
 	r := sent.Clone(context.WithValue(sent.Context(), caddyhttp.OriginalRequestCtxKey, *sent))
 	r.URL.Path = "/" // handle_path /overland/* stripped its prefix
-	if l := newDeadLetter(r, []byte("{}"), &rejection{status: http.StatusUnprocessableEntity}); l.uri != "/overland/?device=phone1" {
+	if l := newDeadLetter(r, []byte("{}"), "", &rejection{status: http.StatusUnprocessableEntity}); l.uri != "/overland/?device=phone1" {
 		t.Errorf("the letter's uri is %q; the sender requested /overland/?device=phone1", l.uri)
 	}
 }
