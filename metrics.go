@@ -54,8 +54,10 @@ func initMetrics() {
 		[]string{"decision", "reason", "mode"})
 	metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "store_duration_seconds",
-		Help:    "Time of each store operation, by store and operation (decide, settle, release).",
-		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		Help: "Time of each store operation, by store and operation (decide, settle, release).",
+		// Up to 5 s: a store timeout (1 s is common) is the very latency an
+		// incident's panel must show, not the top bucket's bound.
+		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"store", "op"})
 	metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts(opts("store_errors_total",
 		"Store operations that failed or timed out, by store and operation (a call the open circuit breaker skips is none).")), []string{"store", "op"})
@@ -126,6 +128,17 @@ func startAtZero() {
 	for _, outcome := range []dedup.ReconcileOutcome{dedup.ReconcileReleased, dedup.ReconcileReleasedLate, dedup.ReconcileNotHeld,
 		dedup.ReconcileSettled, dedup.ReconcileDropped, dedup.ReconcileExpired, dedup.ReconcileUnconfirmed} {
 		metrics.reconciled.WithLabelValues(string(outcome))
+	}
+}
+
+// storeErrorsAtZero makes the decisions series a store outage would
+// start, for this handler's on_store_error and mode, at 0: born at the
+// first unchecked ping, a first outage shorter than a scrape interval
+// (its duplicates forwarded, or its pings answered 503) was on no panel.
+func (s *settings) storeErrorsAtZero() {
+	metrics.decisions.WithLabelValues(string(s.onStoreError), reasonStoreError, s.mode())
+	if s.deadLetterInvalid { // a letter that cannot be written
+		metrics.decisions.WithLabelValues(string(decisionUnavailable), reasonStoreError, s.mode())
 	}
 }
 

@@ -354,16 +354,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		s.formExtracts = ping.NewExtractCache(s.formParser)
 	}
 	h.nested = new(sync.Once)
-	h.claimErrors = newThrottledLog(h.logger, storeErrorLogEvery)
-	h.settleErrors = newThrottledLog(h.logger, storeErrorLogEvery)
-	h.releaseErrors = newThrottledLog(h.logger, storeErrorLogEvery)
-	h.sentBackReleaseErrors = newThrottledLog(h.logger, storeErrorLogEvery)
-	h.letterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
-	h.sentBackLetterErrors = newThrottledLog(h.logger, storeErrorLogEvery)
-	h.upstreamCuts = newThrottledLog(h.logger, storeErrorLogEvery)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering telemetry_dedup metrics: %v", err)
 	}
+	s.storeErrorsAtZero()
 
 	if h.StoreRaw == nil {
 		h.StoreRaw = caddyconfig.JSONModuleObject(MemoryStore{}, "type", "memory", nil)
@@ -382,6 +376,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	store := mod.(storeModule)
 	h.storeData = store.keySpace()
 	h.keySpace = h.keySpaceOn(h.storeData)
+	h.startThrottledLines()
 	if h.stuck, h.stuckKey, err = loadStuckTracker(h.settings, h.storeData); err != nil {
 		return err
 	}
@@ -456,7 +451,8 @@ func exitingContext(ctx caddy.Context) context.Context {
 // startup check does, so that a hung Redis delays no reload.
 func (h *Handler) reportUnwritableStream(ctx context.Context, c deadLetterChecker, stream string) {
 	if err := c.checkDeadLetterStream(ctx, stream); err != nil {
-		h.logger.Error(h.settings.unwritableStreamLine(), zap.String("dead_letter_stream", stream), zap.Error(err))
+		h.logger.Error(h.settings.unwritableStreamLine(), zap.String("dead_letter_stream", stream), zap.Error(err),
+			zap.String("store", h.storeData), zap.String("key_prefix", h.settings.keyer.Prefix))
 	}
 }
 
@@ -497,6 +493,22 @@ func (h *Handler) Cleanup() error {
 	}
 	_, err := stuckTrackers.Delete(h.stuckKey)
 	return err
+}
+
+// startThrottledLines makes the handler's throttled warnings, each naming
+// the store's data, the key_prefix and the mode: a site's hung Redis was a
+// bare "context deadline exceeded", with nothing to say which of several
+// sites it was.
+func (h *Handler) startThrottledLines() {
+	logger := h.logger.With(zap.String("store", h.storeData), zap.String("key_prefix", h.settings.keyer.Prefix),
+		zap.String("mode", h.settings.mode()))
+	h.claimErrors = newThrottledLog(logger, storeErrorLogEvery)
+	h.settleErrors = newThrottledLog(logger, storeErrorLogEvery)
+	h.releaseErrors = newThrottledLog(logger, storeErrorLogEvery)
+	h.sentBackReleaseErrors = newThrottledLog(logger, storeErrorLogEvery)
+	h.letterErrors = newThrottledLog(logger, storeErrorLogEvery)
+	h.sentBackLetterErrors = newThrottledLog(logger, storeErrorLogEvery)
+	h.upstreamCuts = newThrottledLog(logger, storeErrorLogEvery)
 }
 
 // throttledLines are the handler's warnings, each kind throttled on its

@@ -548,6 +548,55 @@ func startSlowLink(t *testing.T, addr string, bytesPerSecond int) string {
 	})
 }
 
+// hungRedis is the address of a Redis that takes connections and never
+// answers: a host paused or swapping, a server stuck in a script.
+func hungRedis(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() }) // held open, never answered
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// With several sites, each on its own Redis and key_prefix, a store
+// failure's line says which store, key_prefix and mode it is about: a hung
+// Redis's line was a bare "context deadline exceeded", where the breaker's
+// lines and the stuck warning name theirs. (Helper 3's review, stop 64.)
+func TestAStoreUnavailableLineNamesTheStoreItIsAbout(t *testing.T) {
+	addr := hungRedis(t)
+	tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"site-north:","store":{"type":"redis","url":"redis://%s/0","timeout":50000000,"breaker_failures":1000}}`, addr))
+	at := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	stderr := captureFD2(t, func() {
+		tt.post(fmt.Sprintf(`{"asset_id":"veh-1","occurred_at":%q,"lat":52.52,"lon":13.40}`, at), "application/json", nil)
+		tt.h.claimErrors.flush()
+	})
+	var line string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, "dedup store unavailable") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no store-unavailable line in the log:\n%s", stderr)
+	}
+	for _, want := range []string{addr, `"key_prefix": "site-north:"`, `"mode": "enforce"`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the store-unavailable line does not name %s, so with several sites the operator cannot tell which store is down:\n%s", want, line)
+		}
+	}
+}
+
 // A Redis that takes the connection and never answers (a host that is
 // paused, swapping or stuck in a script; a proxy in front of a dead one) is
 // the plainest case of one that does not answer, and is warned about at
@@ -556,24 +605,11 @@ func startSlowLink(t *testing.T, addr string, bytesPerSecond int) string {
 // PING's read deadline and the check's timer fire at the same instant, and
 // either may win; here the PING always ends after the timer.
 func TestTheStartupWarningSaysRedisDoesNotAnswerWhenItHangs(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer conn.Close() // held open, never answered
-		}
-	}()
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ReadTimeout: 3 * time.Second, MaxRetries: -1})
+	addr := hungRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 3 * time.Second, MaxRetries: -1})
 	defer client.Close()
 	core, logs := observer.New(zap.WarnLevel)
-	warnIfUnreachable(context.Background(), client, ln.Addr().String(), zap.New(core))
+	warnIfUnreachable(context.Background(), client, addr, zap.New(core))
 	entries := logs.All()
 	if len(entries) != 1 || !strings.Contains(entries[0].Message, "does not answer") {
 		t.Fatalf("warnings %v; want one saying the store does not answer", entries)

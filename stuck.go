@@ -12,9 +12,10 @@ import (
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
 
-// stuckTrackers holds one tracker per key space (key_prefix and detection
-// settings), shared across config reloads like the stores, so that an
-// asset's recent history survives a reload.
+// stuckTrackers holds one tracker per key space (the store's data,
+// key_prefix and mode), shared across config reloads like the stores, so
+// that an asset's recent history survives a reload, one that changes the
+// detection settings too.
 var stuckTrackers = caddy.NewUsagePool()
 
 // stuckTrackerValue lets a tracker live in the usage pool.
@@ -25,24 +26,31 @@ type stuckTrackerValue struct {
 
 func (stuckTrackerValue) Destruct() error { return nil }
 
-// loadStuckTracker returns the shared tracker for these settings on the
-// store's data (storeModule.keySpace) and the key to give back to the pool
-// on cleanup.
+// loadStuckTracker returns the shared tracker of the key space on the
+// store's data (storeModule.keySpace), set to these settings, and the key
+// to give back to the pool on cleanup. Handlers of one key space share its
+// stuck settings: the last loaded one's. Keyed by the settings too, a
+// reload that raised stuck_after (or window, whose 3× is its default)
+// started an empty tracker, and an asset still stuck was unlisted until
+// 64 more pings.
 func loadStuckTracker(s settings, store string) (*dedup.StuckTracker, string, error) {
 	// A shadow trial in front of the live handler judges the same pings:
 	// sharing a tracker, each ping counted twice, and an asset was listed
 	// stuck at half the pings it takes. Two sites on two stores with one
 	// key_prefix share no key: sharing a tracker, one site's truck-1 under
 	// way hid the other's, stuck.
-	key := fmt.Sprintf("stuck store=%q prefix=%q mode=%s ratio=%g after=%s track=%d",
-		store, s.keyer.Prefix, s.mode(), s.stuckRatio, s.stuckAfter, s.stuckTrack)
-	v, _, err := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
+	key := fmt.Sprintf("stuck store=%q prefix=%q mode=%s", store, s.keyer.Prefix, s.mode())
+	v, loaded, err := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), store, s.keyer.Prefix, s.mode()}, nil
 	})
 	if err != nil {
 		return nil, "", err
 	}
-	return v.(stuckTrackerValue).StuckTracker, key, nil
+	tracker := v.(stuckTrackerValue).StuckTracker
+	if loaded {
+		tracker.Configure(s.stuckRatio, s.stuckAfter, s.stuckTrack)
+	}
+	return tracker, key, nil
 }
 
 // stuckAsset is one row of the admin endpoint.

@@ -184,3 +184,32 @@ func TestAStuckAssetIsNotHiddenByAnotherSitesAssetOfTheSameIDOnAnotherStore(t *t
 		t.Errorf("the row names the store %q; want site A's Redis, %s, so that the operator can tell the sites' truck-1 apart", rows[0].Store, ra.Addr())
 	}
 }
+
+// The README advises raising stuck_after when the list is noise, and says
+// the list survives a reload. A reload that changed stuck_after (or
+// window, whose 3× is its default) started an empty tracker: an asset
+// stuck for 3 h, still stuck under the new setting, left the admin list
+// and the gauge for 64 more pings (5 h 20 min at a 5-minute interval).
+// (Helper 3's review, stop 64.)
+func TestAReloadThatRaisesStuckAfterKeepsAStuckAssetListed(t *testing.T) {
+	for _, tc := range []struct{ name, before, after string }{
+		{"stuck_after raised", `"stuck_after":900000000000`, `"stuck_after":3600000000000`},
+		{"window changed", `"window":300000000000`, `"window":600000000000`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := "stuck-reload-" + strings.ReplaceAll(tc.name, " ", "-") + ":"
+			old, cleanupOld := loadConfig(t, fmt.Sprintf(`{"key_prefix":%q,%s}`, prefix, tc.before))
+			makeStuck(old.h, "veh-stuck-reload", dedup.Redelivery)
+			if rows := adminStuckRows(t, prefix); len(rows) != 1 {
+				t.Fatalf("setup: %d rows before the reload, want 1", len(rows))
+			}
+			_, cleanupNew := loadConfig(t, fmt.Sprintf(`{"key_prefix":%q,%s}`, prefix, tc.after))
+			defer cleanupNew()
+			cleanupOld() // Caddy provisions the new config, then cleans up the old one
+			if rows := adminStuckRows(t, prefix); len(rows) != 1 {
+				t.Errorf("after a reload with %s, an asset stuck for 3 h (none accepted, every ping suppressed) is listed %d times, want 1",
+					tc.after, len(rows))
+			}
+		})
+	}
+}

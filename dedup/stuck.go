@@ -18,6 +18,13 @@ const (
 	DefaultStuckWarnEvery = time.Hour
 )
 
+// StuckSilence is how long a stuck asset stays listed after its latest
+// ping, unless stuck_after is longer: one that went silent (its battery
+// died, it was taken out of service) is no longer repeating a fix, and an
+// alert on the stuck gauge must clear. An hour, so that a tracker
+// reporting every half hour is not listed and unlisted between its pings.
+const StuckSilence = time.Hour
+
 // stuckWindow is how many recent pings of an asset are remembered: one bit
 // each, in a uint64.
 const stuckWindow = 64
@@ -76,6 +83,17 @@ type StuckAsset struct {
 func NewStuckTracker(ratio float64, after time.Duration, track int) *StuckTracker {
 	lru, _ := simplelru.NewLRU[string, *assetHistory](max(track, 1), nil) // only fails for a size below 1
 	return &StuckTracker{ratio: ratio, after: after, warnEvery: DefaultStuckWarnEvery, assets: lru}
+}
+
+// Configure sets the tracker's detection settings, as NewStuckTracker's,
+// keeping the assets it remembers (the least recently seen dropped if
+// track is smaller): a reload that raises stuck_after, as the README
+// advises for noise, must not empty the list of assets still stuck.
+func (t *StuckTracker) Configure(ratio float64, after time.Duration, track int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ratio, t.after = ratio, after
+	t.assets.Resize(max(track, 1))
 }
 
 // Observe records one decision about asset. It reports true when the asset
@@ -147,15 +165,17 @@ func (t *StuckTracker) Len() int {
 }
 
 // stuck reports an asset whose last 64 pings were nearly all suppressed,
-// none accepted for after up to its latest ping: still reporting, and
-// still not admitted. now only bounds that latest ping (a clock set back
-// does not make an asset stuck early).
+// none accepted for after up to its latest ping: still reporting (heard
+// from within StuckSilence, or after if longer), and still not admitted.
+// now only bounds that latest ping (a clock set back does not make an
+// asset stuck early).
 func (t *StuckTracker) stuck(h *assetHistory, now time.Time) bool {
 	last := h.lastSeen
 	if now.Before(last) {
 		last = now
 	}
-	return h.n == stuckWindow && h.ratio() >= t.ratio && last.Sub(h.lastAccepted) >= t.after
+	return h.n == stuckWindow && h.ratio() >= t.ratio && last.Sub(h.lastAccepted) >= t.after &&
+		now.Sub(h.lastSeen) <= max(t.after, StuckSilence)
 }
 
 func (h *assetHistory) ratio() float64 {

@@ -157,3 +157,55 @@ func TestStuckTrackerDoesNotListAParkedAssetThatWentSilent(t *testing.T) {
 		t.Fatal("Lookup calls a parked asset that stopped reporting stuck")
 	}
 }
+
+// A device stuck on a cached fix that then goes silent (its battery died,
+// it was taken out of service) leaves the list once it has been silent
+// for StuckSilence, or stuck_after if longer: listed for as long as the
+// tracker remembered it, an alert on the stuck gauge never cleared.
+// (Helper 3's review, stop 64.)
+func TestStuckTrackerForgetsAStuckAssetThatWentSilent(t *testing.T) {
+	for _, after := range []time.Duration{15 * time.Minute, 3 * time.Hour} {
+		tr := NewStuckTracker(DefaultStuckRatio, after, DefaultStuckTrack)
+		now := articleBase
+		tr.Observe("cached", accepted, now)
+		for range 64 + int(after/time.Minute) {
+			now = now.Add(time.Minute)
+			tr.Observe("cached", suppressed(Redelivery), now)
+		}
+		silence := max(after, StuckSilence)
+		if stuck := tr.Stuck(now.Add(silence)); len(stuck) != 1 {
+			t.Errorf("stuck_after %s: silent for %s, the asset is listed %d times, want once", after, silence, len(stuck))
+		}
+		if stuck := tr.Stuck(now.Add(silence + time.Minute)); len(stuck) != 0 {
+			t.Errorf("stuck_after %s: silent for %s, the asset is still listed: %+v", after, silence+time.Minute, stuck)
+		}
+		if _, stuck := tr.Lookup("cached", now.Add(7*24*time.Hour)); stuck {
+			t.Errorf("stuck_after %s: Lookup calls the asset stuck a week after its last ping", after)
+		}
+	}
+}
+
+// Configure keeps what the tracker remembers: an asset stuck under the old
+// stuck_after is listed at once under a higher one it also passes, and no
+// longer under one it does not. (Helper 3's review, stop 64.)
+func TestStuckTrackerConfiguredAnewKeepsItsAssets(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
+	now := articleBase
+	tr.Observe("cached", accepted, now)
+	for range 120 {
+		now = now.Add(time.Minute)
+		tr.Observe("cached", suppressed(Redelivery), now)
+	}
+	tr.Configure(DefaultStuckRatio, time.Hour, DefaultStuckTrack)
+	if stuck := tr.Stuck(now); len(stuck) != 1 {
+		t.Errorf("stuck for 2 h, stuck_after raised to 1 h: listed %d times, want once", len(stuck))
+	}
+	tr.Configure(DefaultStuckRatio, 3*time.Hour, DefaultStuckTrack)
+	if stuck := tr.Stuck(now); len(stuck) != 0 {
+		t.Errorf("stuck for 2 h, stuck_after raised to 3 h: listed %+v, want none", stuck)
+	}
+	tr.Configure(DefaultStuckRatio, time.Hour, 0)
+	if tr.Len() != 1 {
+		t.Errorf("stuck_track lowered below one: the tracker holds %d assets, want 1", tr.Len())
+	}
+}

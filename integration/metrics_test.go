@@ -397,3 +397,41 @@ http://localhost:{$TD_TEST_HTTP_PORT} {
 		t.Fatalf("{http.telemetry_dedup._outcome}, in no README table, renders as %q", v)
 	}
 }
+
+// stuckListed lists this test's stuck assets on the admin endpoint.
+func stuckListed(t *testing.T) []string {
+	t.Helper()
+	var mine []string
+	for _, s := range readStuckReport(t).Stuck {
+		if s.KeyPrefix == keyPrefix(t) {
+			mine = append(mine, s.Asset)
+		}
+	}
+	return mine
+}
+
+// An operator sees veh-cached-fix on GET /telemetry_dedup/stuck and, as
+// the README advises for noise, raises stuck_after with `caddy reload`.
+// The asset is still stuck under the new setting, and stays listed: the
+// reload started an empty tracker, and the asset came back only after 64
+// more pings. (Helper 3's review, stop 64.)
+func TestAReloadThatRaisesStuckAfterStillListsTheStuckAsset(t *testing.T) {
+	up := newUpstream(t)
+	tester := startCaddy(t, up, "window 1s\n\t\tstuck_after 1100ms")
+	cached := ping("veh-cached-fix", base(), 52.5200087, 13.4049547)
+	post(t, tester.Client, cached).expect(t, http.StatusCreated, "accepted")
+	for range 70 {
+		post(t, tester.Client, cached)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	post(t, tester.Client, cached).expect(t, http.StatusOK, "suppressed")
+	if got := stuckListed(t); len(got) != 1 {
+		t.Fatalf("setup: stuck before the reload %v, want [veh-cached-fix]", got)
+	}
+
+	tester = startCaddy(t, up, "window 1s\n\t\tstuck_after 1200ms") // caddy reload
+	post(t, tester.Client, cached).expect(t, http.StatusOK, "suppressed")
+	if got := stuckListed(t); len(got) != 1 {
+		t.Errorf("after a reload that raised stuck_after from 1.1 s to 1.2 s, the asset suppressed for over 1.5 s is listed %v, want [veh-cached-fix]", got)
+	}
+}
