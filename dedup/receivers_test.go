@@ -396,11 +396,11 @@ func TestSizingFiguresAreWhatTheREADMESays(t *testing.T) {
 		want  [3]float64 // radius 25, 40, 60
 	}{
 		{8, 10 * time.Second, [3]float64{1.57, 1.07, 1.02}},
-		{8, time.Second, [3]float64{6.47, 1.08, 0.98}},
-		{10, 10 * time.Second, [3]float64{3.13, 1.13, 1.03}},
-		{10, time.Second, [3]float64{19.2, 1.51, 1.00}},
-		{15, 10 * time.Second, [3]float64{9.80, 2.51, 1.09}},
-		{15, time.Second, [3]float64{87.8, 15.3, 1.58}},
+		{8, time.Second, [3]float64{6.22, 1.08, 0.98}},
+		{10, 10 * time.Second, [3]float64{3.02, 1.13, 1.03}},
+		{10, time.Second, [3]float64{18.3, 1.54, 1.00}},
+		{15, 10 * time.Second, [3]float64{8.39, 2.44, 1.09}},
+		{15, time.Second, [3]float64{78.4, 15.2, 1.57}},
 	} {
 		for i, radius := range []float64{25, 40, 60} {
 			t.Run(fmt.Sprintf("sigma %.0f, %v, radius %.0f", row.sigma, row.cad, radius), func(t *testing.T) {

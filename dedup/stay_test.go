@@ -1166,3 +1166,34 @@ func TestAFifthStateFieldCarriedAloneIsNoChangeOfTheFirst(t *testing.T) {
 		}
 	})
 }
+
+// An outlier 34 m east of a settled stay, 20 s after the last fix there
+// (reachable, so admitted as a possible departure), then the receiver back
+// at the stay with ordinary 5 m jitter on the far side (5 m west), 39 m
+// from the outlier, past the lag bound: the fix back is admitted, and the
+// stay kept. It was abandoned for a new one at the outlier, the settled
+// anchor, its spread and the outlier it had learnt gone, so that the next
+// outlier as far out was admitted too. For a σ 3 m receiver at a 5–30 s
+// cadence about one outlier in six between 30 and 37.5 m lands this way,
+// and costs two admissions, where DESIGN.md says at most one: suppressing
+// such a fix back lost departures of noisy receivers on the fleet
+// simulator (TestParkedFleetCostsAboutOneAdmissionPerWindow). (Helper 2's
+// review, stop 64.)
+func TestASingleOutlierCostsTwoAdmissionsWhenTheFixBackFallsPastTheLagBound(t *testing.T) {
+	eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+		park(t, d) // first fix (0,0) accepted, 4 jitter fixes to 40 s
+		var admitted []int
+		for i, p := range []ping.Ping{offset(60, 34, 0), offset(70, -5, 0), offset(80, 1, 1), offset(90, -2, 2), offset(100, 2, -1)} {
+			if d.settled(t, p).Decision == Accepted {
+				admitted = append(admitted, i)
+			}
+		}
+		if !slices.Equal(admitted, []int{0, 1}) {
+			t.Fatalf("a single outlier 34 m from the last accepted ping, then the asset back at its stay 39 m from it: admitted fixes %v, "+
+				"want the outlier and the fix back only", admitted)
+		}
+		if v := d.settled(t, offset(110, -30, 0)); v.Decision != Suppressed {
+			t.Errorf("an outlier 30 m west after the stay learnt one 34 m east: %+v, want suppressed jitter (the stay kept)", v)
+		}
+	})
+}

@@ -479,10 +479,13 @@ func (st *trackState) judge(old *trackState, f fix, pol *Policy) Verdict {
 	// another request, so the undo found it no longer last) or expired.
 	// The backend may never have had it.
 	forced := f.event || f.changesState(st.state) || newSession || f.samePlaceAndTime(st.last)
+	held := st.holds(f, pol, st.last, st.lastAccuracy)
 	switch {
-	case st.holds(f, pol, st.last, st.lastAccuracy):
-		// Back from an excursion too far to be an outlier: a real move.
-		returned := st.hasCand && !st.outlier
+	case held || st.returns(f, pol):
+		// Back from an excursion too far to be an outlier (a real move),
+		// or back from an outlier past the lag bound from it: the backend
+		// must hear that the asset is at its stay.
+		returned := st.hasCand && (!st.outlier || !held)
 		if st.hasCand && st.outlier {
 			// The accepted ping outside the stay was an outlier.
 			st.learnOutlier(f.separation2(st.last.lat, st.last.lon, st.stay.lat, st.stay.lon))
@@ -665,6 +668,17 @@ func (st *trackState) holds(f fix, pol *Policy, last trackPoint, lastAccuracy fl
 		return false
 	}
 	return f.distance2(last.lat, last.lon) <= lag2(f, pol, lastAccuracy)
+}
+
+// returns reports f back inside the stay after an accepted ping outside
+// it, however far from that ping: judged at a new stay where that ping
+// was, a fix back on the far side of the stay threw the stay away, its
+// spread and the outliers it had learnt.
+func (st *trackState) returns(f fix, pol *Policy) bool {
+	if !st.hasCand || f.moving && st.stay.n >= settledFixes && !f.at(st.last) {
+		return false
+	}
+	return f.distance2(st.stay.lat, st.stay.lon) <= st.radius2(f, pol)
 }
 
 // radius2 is the square of the stay's radius for f: the stay's own

@@ -234,6 +234,15 @@ local function holds(c, last, lastAcc)
 	return dist2(last.lat, last.lon) <= lag2(lastAcc)
 end
 
+-- returns in track.go: back inside the stay after an accepted ping
+-- outside it, however far from that ping
+local function returns(c)
+	if not c.hasCand or (moving == 1 and c.n >= SETTLED and (lat ~= c.last.lat or lon ~= c.last.lon)) then
+		return false
+	end
+	return dist2(c.alat, c.alon) <= radius2(c)
+end
+
 local function reach(c)
 	local dt = (t - c.lastT) / 1e6
 	return math.sqrt(radius2(c)) + math.min((0.5 * ACCEL) * (dt * dt), SPEED * dt)
@@ -477,9 +486,11 @@ local function judge()
 	-- A fix identical to the last accepted one whose seen entry is gone
 	-- (released after a later claim, or expired).
 	local forced = event == 1 or changesState(cur) or newSession or (t == cur.last.t and lat == cur.last.lat and lon == cur.last.lon)
-	if holds(cur, cur.last, cur.lastAcc) then
-		-- Back from an excursion too far to be an outlier: a real move.
-		local returned = cur.hasCand and not cur.outlier
+	local held = holds(cur, cur.last, cur.lastAcc)
+	if held or returns(cur) then
+		-- Back from an excursion too far to be an outlier (a real move),
+		-- or back from an outlier past the lag bound from it.
+		local returned = cur.hasCand and (not cur.outlier or not held)
 		if cur.hasCand and cur.outlier then
 			learnOutlier(cur, separation2(cur.last.lat, cur.last.lon, cur.alat, cur.alon))
 		end
