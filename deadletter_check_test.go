@@ -207,7 +207,7 @@ func TestARefusedDeadLetterIsLoggedAsAConfigProblem(t *testing.T) {
 		}
 		h.logger = zap.NewNop()
 		core, logs := observer.New(zap.WarnLevel)
-		h.letterErrors = newThrottledLog(zap.New(core), storeErrorLogEvery)
+		h.letterErrors = newThrottledLog(zap.New(core))
 		if err := srv.Client().Do(ctx, tt.breakIt...).Err(); err != nil {
 			t.Fatal(err)
 		}

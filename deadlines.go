@@ -41,6 +41,7 @@ type deadlineSlot struct {
 	ctx    context.Context
 	// cancel is never called: the timer WithDeadline starts cancels ctx
 	// at end, and no request may cut its neighbours' short before then.
+	// It is kept so that go vet's lostcancel check sees it is not lost.
 	cancel context.CancelFunc
 }
 

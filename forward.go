@@ -54,7 +54,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil && h.exiting.Err() == nil {
 		// The upstream failed for the bound, not merely after it: a live
 		// handler inside a shadow trial has a bound of its own.
-		h.upstreamCuts.log(upstreamCutLine, upstreamCutError(h.settings.upstreamBound))
+		h.upstreamCuts.log(h.settings.upstreamCutLine(), upstreamCutError(h.settings.upstreamBound))
 	}
 	h.finish(r.Context(), claims, err != nil || undelivered(finalStatus(rec.Status())))
 	return err
@@ -63,16 +63,23 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 // upstreamCutLine says what a cut at upstreamBound does, and what to
 // change: in Caddy's log it is otherwise reverse_proxy's "context
 // deadline exceeded", at a deadline no proxy option set.
-const upstreamCutLine = "telemetry_dedup cut an upstream request that had not answered (504) and released its claims, " +
-	"so that every claim is finished within in_flight_timeout: the sender's retry goes to the upstream again, " +
-	"which stores it twice if it went on to store the first; raise in_flight_timeout above the upstream's slowest answer, " +
-	"or have the upstream answer sooner"
+func (s *settings) upstreamCutLine() string {
+	const fix = "raise in_flight_timeout above the upstream's slowest answer, or have the upstream answer sooner"
+	if !s.release {
+		return "telemetry_dedup cut an upstream request that had not answered (504) and settled its claims " +
+			"(release_on_failure off), so that every claim is finished within in_flight_timeout: the sender's retry is " +
+			"suppressed, and the pings are lost if the upstream did not go on to store them; " + fix
+	}
+	return "telemetry_dedup cut an upstream request that had not answered (504) and released its claims, " +
+		"so that every claim is finished within in_flight_timeout: the sender's retry goes to the upstream again, " +
+		"which stores it twice if it went on to store the first; " + fix
+}
 
 // upstreamCutError is the bound an upstream request was cut at.
 type upstreamCutError time.Duration
 
 func (e upstreamCutError) Error() string {
-	return fmt.Sprintf("no answer within %s of the claim (in_flight_timeout less the store's timeout and 100 ms)", time.Duration(e))
+	return fmt.Sprintf("no answer within %s of the claim (in_flight_timeout less the store's timeout and %s)", time.Duration(e), finishMargin)
 }
 
 // quiet reports a shadow trial inside an enforcing handler: the answer is
@@ -91,7 +98,8 @@ func (h *Handler) quiet(r *http.Request) bool {
 // the request's values without the sender's cancellation, and cut
 // upstreamBound after the claims were made (or a few milliseconds sooner:
 // see sharedDeadlines). An upstream that hangs past it
-// is cut (the proxy answers 504) and the claims released, in time to be
+// is cut (the proxy answers 504) and the claims released (settled with
+// release_on_failure off), in time to be
 // finished before in_flight_timeout: a claim older than that is always
 // finished, so counting it as settled loses nothing. It is cut the same
 // way when Caddy exits while the request still runs (a grace_period

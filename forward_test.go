@@ -375,9 +375,36 @@ func TestAnOverlandBatchResentThroughInFlightAndFailureDeliversEachFixOnce(t *te
 // are released, so a backend slower than the bound gets every resend
 // again, cut again. Caddy's log showed only reverse_proxy's "context
 // deadline exceeded", at a deadline no proxy option set. (Helper 4's
-// review, stop 63.)
+// review, stop 63.) With release_on_failure off, the line says the claims
+// were settled and the retry suppressed: it said they were released.
+// (Helper 4's review, stop 64.)
 func TestAnUpstreamCutAtTheBoundIsLoggedNamingInFlightTimeout(t *testing.T) {
-	h := tableHandler(t, `{"key_prefix":"upstream-cut:","in_flight_timeout":1000000000}`).h
+	for _, tc := range []struct {
+		release   string
+		says, not string
+	}{
+		{"true", "released its claims", "settled its claims"},
+		{"false", "settled its claims", "released its claims"},
+	} {
+		t.Run("release_on_failure="+tc.release, func(t *testing.T) {
+			logs := cutUpstreamThrice(t, `{"key_prefix":"upstream-cut-`+tc.release+`:","in_flight_timeout":1000000000,"release_on_failure":`+tc.release+`}`)
+			lines := logs.FilterMessageSnippet("in_flight_timeout").All()
+			if len(lines) != 1 || lines[0].ContextMap()["error"] == nil {
+				t.Fatalf("three cuts logged %d lines naming in_flight_timeout, want one (the rest held back): %v", len(lines), logs.All())
+			}
+			if msg := lines[0].Message; !strings.Contains(msg, tc.says) || strings.Contains(msg, tc.not) {
+				t.Errorf("the line says %q; want %q, not %q", msg, tc.says, tc.not)
+			}
+		})
+	}
+}
+
+// cutUpstreamThrice sends three pings through a handler of config to an
+// upstream that answers only after the handler's bound, and returns what
+// the handler's throttled lines logged.
+func cutUpstreamThrice(t *testing.T, config string) *observer.ObservedLogs {
+	t.Helper()
+	h := tableHandler(t, config).h
 	core, logs := observer.New(zap.WarnLevel)
 	observeStoreErrors(h, zap.New(core))
 	slow := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -398,10 +425,7 @@ func TestAnUpstreamCutAtTheBoundIsLoggedNamingInFlightTimeout(t *testing.T) {
 			t.Fatal("the slow upstream was not cut")
 		}
 	}
-	lines := logs.FilterMessageSnippet("in_flight_timeout").All()
-	if len(lines) != 1 || lines[0].ContextMap()["error"] == nil {
-		t.Fatalf("three cuts logged %d lines naming in_flight_timeout, want one (the rest held back): %v", len(lines), logs.All())
-	}
+	return logs
 }
 
 // An upstream that answered is never logged as cut: a shadow trial with a

@@ -43,7 +43,8 @@ type Handler struct {
 	// Where the fields are in each JSON ping: plain dotted paths (dots for
 	// nesting and array indexes; no gjson queries or modifiers). asset and
 	// time take several paths, tried in order; the first that holds a
-	// value (present and not null) counts.
+	// value (present and not null; for asset, not an empty or blank
+	// string either) counts.
 
 	// Paths of the asset id, a string or number. Or one Caddy placeholder
 	// template, such as {http.request.uri.query.device}, to take the
@@ -222,7 +223,8 @@ type Handler struct {
 	// settled even if its request vanished. The upstream request is cut
 	// at in_flight_timeout less the store's timeout and 100ms after the
 	// claim (and when Caddy exits past its grace_period), and the claim
-	// released, so that a claim this old has always been finished.
+	// released (settled with release_on_failure off), so that a claim
+	// this old has always been finished.
 	// Default: 30s.
 	InFlightTimeout caddy.Duration `json:"in_flight_timeout,omitempty"`
 
@@ -377,9 +379,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.storeData = store.keySpace()
 	h.keySpace = h.keySpaceOn(h.storeData)
 	h.startThrottledLines()
-	if h.stuck, h.stuckKey, err = loadStuckTracker(h.settings, h.storeData); err != nil {
-		return err
-	}
+	h.stuck, h.stuckKey = loadStuckTracker(h.settings, h.storeData)
 	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
@@ -502,13 +502,13 @@ func (h *Handler) Cleanup() error {
 func (h *Handler) startThrottledLines() {
 	logger := h.logger.With(zap.String("store", h.storeData), zap.String("key_prefix", h.settings.keyer.Prefix),
 		zap.String("mode", h.settings.mode()))
-	h.claimErrors = newThrottledLog(logger, storeErrorLogEvery)
-	h.settleErrors = newThrottledLog(logger, storeErrorLogEvery)
-	h.releaseErrors = newThrottledLog(logger, storeErrorLogEvery)
-	h.sentBackReleaseErrors = newThrottledLog(logger, storeErrorLogEvery)
-	h.letterErrors = newThrottledLog(logger, storeErrorLogEvery)
-	h.sentBackLetterErrors = newThrottledLog(logger, storeErrorLogEvery)
-	h.upstreamCuts = newThrottledLog(logger, storeErrorLogEvery)
+	h.claimErrors = newThrottledLog(logger)
+	h.settleErrors = newThrottledLog(logger)
+	h.releaseErrors = newThrottledLog(logger)
+	h.sentBackReleaseErrors = newThrottledLog(logger)
+	h.letterErrors = newThrottledLog(logger)
+	h.sentBackLetterErrors = newThrottledLog(logger)
+	h.upstreamCuts = newThrottledLog(logger)
 }
 
 // throttledLines are the handler's warnings, each kind throttled on its

@@ -261,7 +261,7 @@ func TestAConfirmedBatchReleaseOnTwoMastersFailsNoCallOnTheHealthyOne(t *testing
 // healthy master, waits to be confirmed), and the other asset's last fix
 // failed while its master hung (its release is owed). A gateway batch then
 // holds a new fix of each. Alone, the parked asset's fix is accepted. In
-// the batch, ReleaseOwed's pass takes both assets' jobs and nextBatch
+// the batch, ReleaseOwed's pass takes both assets' jobs and takeBatch
 // puts them in one Release call; the hung master times out, RedisStore.
 // Release (partialRelease) turns the pipeline's PartialError into a plain
 // error, both jobs count as failed, and the parked asset's fix goes to

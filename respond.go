@@ -239,12 +239,12 @@ func countElements(elements []element) elementCounts {
 	return c
 }
 
-// decision is the X-Dedup of a batch: the decision all its elements got,
-// partial for a mix; in_flight or unavailable when any must come back.
 // sentBackWhole reports a batch whose answer asks for all of it again: it
 // holds a ping in flight or one the store could not judge.
 func (c elementCounts) sentBackWhole() bool { return c.inFlight > 0 || c.unavailable > 0 }
 
+// decision is the X-Dedup of a batch: the decision all its elements got,
+// partial for a mix; in_flight or unavailable when any must come back.
 func (c elementCounts) decision() dedup.Decision {
 	switch {
 	case c.inFlight > 0:

@@ -846,3 +846,121 @@ func TestAnOverlandMaxBatchBelowTheAppsLargestBatchIsWarnedOf(t *testing.T) {
 		}
 	}
 }
+
+// overlandFix is what Overland iOS writes for one CLLocation.
+type overlandFix struct {
+	lat, lon                float64
+	at                      time.Time
+	accuracy, speed, course int // (int)round(...): -1 when iOS says invalid
+	deviceID, uniqueID      string
+}
+
+// overlandFeature builds a Feature field for field as Overland iOS
+// (aaronpk/Overland-iOS 5f2a5be) writes it: currentDictionaryFromLocation,
+// GPSLogger/GLManager.m:1746-1769 (coordinates truncated to 7 decimals,
+// speed, course and accuracies rounded to ints), addMetadataToUpdate,
+// :1732-1744 (device_id only when one is set, :1734; unique_id only with
+// "Include Unique ID in Logs", :1740-1743), the time as
+// iso8601DateStringFromDate writes it, :2095-2105 ("%Y-%m-%dT%H:%M:%SZ").
+func overlandFeature(f overlandFix) string {
+	props := fmt.Sprintf(`"timestamp":%q,"altitude":15,"speed":%d,"course":%d,"horizontal_accuracy":%d,"vertical_accuracy":3,`+
+		`"speed_accuracy":0.5,"course_accuracy":12.25,"motion":["stationary"]`,
+		f.at.UTC().Format("2006-01-02T15:04:05Z"), f.speed, f.course, f.accuracy)
+	if f.deviceID != "" {
+		props += fmt.Sprintf(`,"device_id":%q`, f.deviceID)
+	}
+	props += `,"battery_state":"unplugged","battery_level":0.8`
+	if f.uniqueID != "" {
+		props += fmt.Sprintf(`,"unique_id":%q`, f.uniqueID)
+	}
+	return fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[%v,%v]},"properties":{%s}}`, f.lon, f.lat, props)
+}
+
+// overlandBatch is the body sendQueueNow posts: {"locations":[...]}
+// (GLManager.m:169-181; "current" and "trip" only sometimes).
+func overlandBatch(features ...string) string {
+	return `{"locations":[` + strings.Join(features, ",") + `]}`
+}
+
+// Overland's "Include Unique ID in Logs" setting (also set by its setup
+// link, overland://setup?...&unique_id=yes) adds properties.unique_id, the
+// phone's identifierForVendor, to every record (GLManager.m:1740-1743),
+// which Overland's README (lines 104 and 239) offers as "a reliable way to
+// identify unique devices"; device_id is written only when the user typed
+// one (GLManager.m:1734). Under preset overland such a phone's batches are
+// all refused 422 (field properties.device_id, rule required), and the app
+// keeps and resends the same oldest batch at every send interval, forever
+// (the failure callback, GLManager.m:283-287, deletes nothing; the queue
+// is read oldest first, :146-157): nothing it records
+// after them gets through. The preset should fall back to
+// properties.unique_id, as owntracks falls back from tid to topic.
+// (Helper 1's review, stop 64.)
+func TestAnOverlandPhoneIdentifiedOnlyByItsUniqueIDIsKeyed(t *testing.T) {
+	tt := tableHandler(t, `{"preset":"overland","key_prefix":"overland-uniqueid:"}`)
+	at := time.Now().UTC().Add(-10 * time.Minute).Truncate(time.Second)
+	body := overlandBatch(
+		overlandFeature(overlandFix{lat: 45.5230622, lon: -122.6764971, at: at, accuracy: 5, speed: 0, course: -1, uniqueID: "E621E1F8-C36C-495A-93FC-0C247A3E6E5F"}),
+		overlandFeature(overlandFix{lat: 45.5330622, lon: -122.6764971, at: at.Add(time.Minute), accuracy: 5, speed: 12, course: 0, uniqueID: "E621E1F8-C36C-495A-93FC-0C247A3E6E5F"}),
+	)
+	res := tt.post(body, "application/json", nil)
+	if res.status != http.StatusCreated || res.header.Get("X-Dedup") != "accepted" {
+		t.Fatalf("a batch of a phone with Unique ID on and no Device ID: %d X-Dedup %q %s; want both fixes keyed by properties.unique_id and "+
+			"the batch forwarded (the backend's 201): Overland resends a refused batch forever", res.status, res.header.Get("X-Dedup"), res.body)
+	}
+	again := tt.post(body, "application/json", nil)
+	if again.status != http.StatusOK || again.header.Get("X-Dedup") != "suppressed" || again.body != `{"result":"ok"}` {
+		t.Fatalf("its redelivery: %d X-Dedup %q %q; want the suppressed answer Overland deletes the batch on", again.status, again.header.Get("X-Dedup"), again.body)
+	}
+}
+
+// CLLocation's horizontalAccuracy is negative when "the latitude and
+// longitude are invalid" (Apple's CLLocation docs), and speed negative
+// when unknown. Overland filters neither: every location iOS delivers is
+// queued (GLManager.m:1652-1699, no accuracy check), written with
+// "horizontal_accuracy": (int)round(-1) = -1 and "speed": -1
+// (GLManager.m:1760-1762). The preset reads -1 as "no accuracy reported"
+// and keys the fix as a position (ping/fields.go measure). A parked
+// phone's invalid fix at stale coordinates 2.2 km off is then accepted as
+// where the phone went, and its valid fixes at home right after it are
+// suppressed as jitter: the backend's latest point is the invalid one
+// until the next window. The traccar preset skips a position the device
+// marks invalid (position.valid false); Overland's mark is the negative
+// accuracy, and such a Feature should be passed on unkeyed (skipped,
+// not_a_ping), out of the track, as the app's backends get it anyway.
+// (Helper 1's review, stop 64.)
+func TestAnOverlandFixIOSMarksInvalidIsNotKeyedAsAPosition(t *testing.T) {
+	tt := tableHandler(t, `{"preset":"overland","key_prefix":"overland-invalid:"}`)
+	at := time.Now().UTC().Add(-60 * time.Minute).Truncate(5 * time.Minute)
+	home := func(i int) string {
+		return overlandFeature(overlandFix{lat: 45.5230622 + float64(i%3)*0.00002, lon: -122.6764971,
+			at: at.Add(time.Duration(i) * 30 * time.Second), accuracy: 10, speed: 0, course: -1, deviceID: "phone1"})
+	}
+	var stay []string
+	for i := range 6 { // a settled stay, one upload, in the first window
+		stay = append(stay, home(i))
+	}
+	if res := tt.post(overlandBatch(stay...), "application/json", nil); res.status != http.StatusCreated {
+		t.Fatalf("the stay: %d %s", res.status, res.body)
+	}
+	invalid := overlandFeature(overlandFix{lat: 45.5430622, lon: -122.6764971, at: at.Add(6 * 30 * time.Second),
+		accuracy: -1, speed: -1, course: -1, deviceID: "phone1"})
+	before := decisionCountsNow()
+	sent := len(tt.upstream)
+	res := tt.post(overlandBatch(invalid, home(7), home(8), home(9)), "application/json", nil)
+	got := decisionCountsNow().since(before)
+	var forwarded []string
+	for _, b := range tt.upstream[sent:] {
+		batch, err := ping.Splitter{Wrapper: "locations", Max: 1000}.Split(nil, b, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range batch.Elements {
+			forwarded = append(forwarded, string(e))
+		}
+	}
+	if got["skipped/not_a_ping"] != 1 {
+		t.Fatalf("a Feature with horizontal_accuracy -1 and speed -1 (invalid to iOS) between fixes at home: %d, decisions %v, "+
+			"upstream got %d element(s): %s; want it skipped (not_a_ping), passed on unkeyed, and the fixes at home after it "+
+			"judged against the stay, not against it", res.status, got, len(forwarded), strings.Join(forwarded, " "))
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -103,15 +102,9 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("max_keys already specified on line %d; give each option once", maxKeysLine)
 			}
 			maxKeysLine = d.Line()
-			var value string
-			if !d.AllArgs(&value) {
-				return d.Err("max_keys takes one value: max_keys <n>, e.g. max_keys 1000000")
+			if err := intArg(d, &m.MaxKeys, 1, "a positive whole number, e.g. max_keys 1000000"); err != nil {
+				return withSyntax(d, err, "max_keys", "<n>, e.g. max_keys 1000000")
 			}
-			n, err := strconv.Atoi(value)
-			if err != nil || n <= 0 {
-				return d.Errf("max_keys %q: use a positive whole number, e.g. max_keys 1000000", value)
-			}
-			m.MaxKeys = n
 		default:
 			if err := optionOfHandler(d, "memory", d.Val()); err != nil {
 				return err

@@ -757,4 +757,6 @@ var (
 	_ reconciling           = (*RedisStore)(nil)
 	_ drainer               = (*RedisStore)(nil)
 	_ timeoutStore          = (*RedisStore)(nil)
+	_ keyPrefixed           = (*RedisStore)(nil)
+	_ deadLetterChecker     = (*RedisStore)(nil)
 )

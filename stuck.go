@@ -33,24 +33,21 @@ func (stuckTrackerValue) Destruct() error { return nil }
 // reload that raised stuck_after (or window, whose 3× is its default)
 // started an empty tracker, and an asset still stuck was unlisted until
 // 64 more pings.
-func loadStuckTracker(s settings, store string) (*dedup.StuckTracker, string, error) {
+func loadStuckTracker(s settings, store string) (*dedup.StuckTracker, string) {
 	// A shadow trial in front of the live handler judges the same pings:
 	// sharing a tracker, each ping counted twice, and an asset was listed
 	// stuck at half the pings it takes. Two sites on two stores with one
 	// key_prefix share no key: sharing a tracker, one site's truck-1 under
 	// way hid the other's, stuck.
 	key := fmt.Sprintf("stuck store=%q prefix=%q mode=%s", store, s.keyer.Prefix, s.mode())
-	v, loaded, err := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
+	v, loaded, _ := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) { // which never fails
 		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), store, s.keyer.Prefix, s.mode()}, nil
 	})
-	if err != nil {
-		return nil, "", err
-	}
 	tracker := v.(stuckTrackerValue).StuckTracker
 	if loaded {
 		tracker.Configure(s.stuckRatio, s.stuckAfter, s.stuckTrack)
 	}
-	return tracker, key, nil
+	return tracker, key
 }
 
 // stuckAsset is one row of the admin endpoint.

@@ -31,8 +31,9 @@ type heldLine struct {
 	err    error
 }
 
-func newThrottledLog(logger *zap.Logger, every time.Duration) *throttledLog {
-	return &throttledLog{logger: logger, every: every}
+// newThrottledLog writes to logger at most once per storeErrorLogEvery.
+func newThrottledLog(logger *zap.Logger) *throttledLog {
+	return &throttledLog{logger: logger, every: storeErrorLogEvery}
 }
 
 func (t *throttledLog) log(msg string, err error) { t.logTo(t.logger, msg, err) }

@@ -100,7 +100,7 @@ func TestBreakerZonesSkipOnlyTheHungClusterMaster(t *testing.T) {
 // one of them hangs (their upstreams answered after it did) are one Go
 // job each, split over both masters: the hung master's part fails, the
 // healthy one's is made. Decide counts a call that failed in part in each
-// zone by its own claims (countZonesApart), but Settle, like Release,
+// zone by its own claims (zonesIn), but Settle, like Release,
 // counted the hung master's timeout in the healthy master's zone too: a
 // burst of them opened it, and every asset on the healthy master was
 // answered ErrBreakerOpen (on_store_error) though its master answered

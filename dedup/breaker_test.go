@@ -538,7 +538,7 @@ func (m *movingSlotStore) Release(_ context.Context, claims []*Claim) ([]bool, e
 }
 
 // A zone's probe ends with the call it went out with, whatever the keys of
-// that call name once it returns. countZonesApart names each claim's zone
+// that call name once it returns. zonesIn names each claim's zone
 // anew after a call that failed in part: when resharding moves a slot off
 // the probed master during the probe (its MOVED reloads the slot map), the
 // probed zone is recorded nowhere, stays half open with its probe out for

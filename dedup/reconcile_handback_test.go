@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// aCallOnItsWay is aCallsFlightOnItsWay with the call's answer kept: n jobs
+// aCallOnItsWay queues n jobs
 // of 200 releases on r, all holding the key of one claim (shared), and a
 // call on that key (ReleaseOwed) whose flight has begun; its answer comes
 // on the channel returned.
@@ -93,10 +93,10 @@ func TestACallDoesNotGoThroughWhenCloseBeginsDuringItsPass(t *testing.T) {
 // A call's round-- after a yield has no bound and no look at its ctx (the
 // mine path of ReleaseOwed never checks it): while takeovers on from keep
 // coming (requests on the new connection after a reload, each TakeOver of
-// its own keys, which do not match the call's), one is always waiting in
-// lockAlone when the call's flight asks for its first batch, and the call
-// goes round for ever, its flight sending nothing: the request hangs past
-// its own deadline.
+// its own keys, which do not match the call's), one was always waiting in
+// lockAlone (92e0bef) when the call's flight asked for its first batch,
+// and the call went round for ever, its flight sending nothing: the
+// request hung past its own deadline.
 //
 // (Helper 5's review, stop 60: so it was at 92e0bef, which made a call's
 // pass hand back what it had not sent; the hand-back was taken out, and

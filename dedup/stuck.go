@@ -14,9 +14,10 @@ import (
 const (
 	DefaultStuckRatio = 0.95
 	DefaultStuckTrack = 10_000
-	// DefaultStuckWarnEvery spaces out the warnings about one asset.
-	DefaultStuckWarnEvery = time.Hour
 )
+
+// stuckWarnEvery spaces out the warnings about one asset.
+const stuckWarnEvery = time.Hour
 
 // StuckSilence is how long a stuck asset stays listed after its latest
 // ping, unless stuck_after is longer: one that went silent (its battery
@@ -40,9 +41,8 @@ const stuckWindow = 64
 // accepted cannot be stuck, so a fleet of moving assets takes no room from
 // the assets that can.
 type StuckTracker struct {
-	ratio     float64
-	after     time.Duration
-	warnEvery time.Duration
+	ratio float64
+	after time.Duration
 
 	mu     sync.Mutex
 	assets *simplelru.LRU[string, *assetHistory]
@@ -82,7 +82,7 @@ type StuckAsset struct {
 // after, remembering at most track assets.
 func NewStuckTracker(ratio float64, after time.Duration, track int) *StuckTracker {
 	lru, _ := simplelru.NewLRU[string, *assetHistory](max(track, 1), nil) // only fails for a size below 1
-	return &StuckTracker{ratio: ratio, after: after, warnEvery: DefaultStuckWarnEvery, assets: lru}
+	return &StuckTracker{ratio: ratio, after: after, assets: lru}
 }
 
 // Configure sets the tracker's detection settings, as NewStuckTracker's,
@@ -120,7 +120,7 @@ func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn boo
 		h.recent |= 1
 		h.lastReason = v.Reason
 	}
-	if !t.stuck(h, now) || now.Sub(h.warned) < t.warnEvery {
+	if !t.stuck(h, now) || now.Sub(h.warned) < stuckWarnEvery {
 		return false
 	}
 	h.warned = now

@@ -2,7 +2,7 @@ package geo
 
 import "math"
 
-// EarthRadiusM is the mean Earth radius (IUGG) in metres, as used by H3, so
+// EarthRadiusM is the authalic Earth radius in metres, the one H3 uses, so
 // that distances here and H3's cell sizes are on the same sphere.
 const EarthRadiusM = 6371007.180918475
 

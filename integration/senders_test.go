@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -733,5 +734,55 @@ func TestTraccarStatusRepeatsOfAFixTakenUnderWayAreNoDeparture(t *testing.T) {
 				t.Errorf("%s: %d of 120 status repeats of the last fix reached Traccar, want at most %d", tc.shape, passed, tc.most)
 			}
 		})
+	}
+}
+
+// The README's Overland recipe for a phone without a Device ID takes the
+// identity from the user a forward_auth service names, in the header it
+// copies. It offered {http.auth.user.id} "behind basic_auth /
+// forward_auth": Caddy sets that only in its authentication handler
+// (caddyauth.go), forward_auth sets no such placeholder, and every batch
+// was refused 422, which the app resends forever (its failure callback,
+// GLManager.m:283-287, deletes nothing); basic_auth cannot stand in front
+// of the app either, which sends its token as "Authorization: Bearer"
+// (GLManager.m:627). (Helper 1's review, stop 64.)
+func TestOverlandIdentityFromForwardAuthAsTheREADMESays(t *testing.T) {
+	up := newUpstream(t)
+	auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer jane-token" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("X-User", "jane")
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(auth.Close)
+	tester := caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	forward_auth %s {
+		uri /auth
+		copy_headers X-User
+	}
+	telemetry_dedup /telemetry {
+		key_prefix %q
+		preset overland
+		asset {http.request.header.X-User}
+		max_past 20000d
+	}
+	reverse_proxy %s
+}`, strings.TrimPrefix(auth.URL, "http://"), keyPrefix(t), strings.TrimPrefix(up.URL, "http://")))
+	// The README's own body, device_id "" as its example has it (a 2015 sample).
+	body, err := os.ReadFile(filepath.Join("..", "testdata", "senders", "overland", "readme_locations_derived.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Overland's own mode sends its token as a bearer token (GLManager.m:627).
+	send(t, tester.Client, http.MethodPost, "", "application/json", body, "Authorization", "Bearer jane-token").
+		expect(t, http.StatusCreated, "accepted")
+	send(t, tester.Client, http.MethodPost, "", "application/json", body, "Authorization", "Bearer jane-token").
+		expect(t, http.StatusOK, "suppressed")
+	// A sender naming itself, without the token, never reaches the handler.
+	if res := send(t, tester.Client, http.MethodPost, "", "application/json", body, "X-User", "jane"); res.status != http.StatusUnauthorized {
+		t.Errorf("a batch with X-User and no token: %d, want forward_auth's 401", res.status)
 	}
 }

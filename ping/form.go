@@ -231,10 +231,8 @@ func appendJSONString(out []byte, s string) []byte {
 	return append(out, b...)
 }
 
-func quote(s string) string {
-	b, _ := json.Marshal(s)
-	return string(b)
-}
+// quote writes s as a JSON string, for an error message about it.
+func quote(s string) string { return string(appendJSONString(nil, s)) }
 
 // isJSONNumber reports whether s is a number in JSON's grammar:
 // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

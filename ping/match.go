@@ -25,6 +25,10 @@ type Match struct {
 	// none of Values, compared ignoring letter case: how Java's
 	// Boolean.parseBoolean, and so Traccar, reads a flag.
 	Except bool
+	// Negative makes the match hold when the field is a number below 0:
+	// how iOS marks a fix whose coordinates are invalid (CLLocation's
+	// horizontalAccuracy).
+	Negative bool
 }
 
 // ParseMatch reads a match as the Caddyfile writes it: "path" (any value
@@ -43,9 +47,12 @@ func ParseMatch(s string) (Match, error) {
 	return m, CheckPlainPath(path)
 }
 
-// String writes the match as ParseMatch reads it (an Except match, which
-// only a preset makes, as path!=value|value...).
+// String writes the match as ParseMatch reads it (an Except or Negative
+// match, which only a preset makes, as path!=value|value... or path<0).
 func (m Match) String() string {
+	if m.Negative {
+		return m.Path + "<0"
+	}
 	if m.Except {
 		return m.Path + "!=" + strings.Join(m.Values, "|")
 	}
@@ -98,6 +105,8 @@ func (m Match) matches(v gjson.Result) bool {
 	switch {
 	case m.Absent:
 		return !ok
+	case m.Negative:
+		return v.Type == gjson.Number && v.Num < 0
 	case m.Except:
 		return ok && !slices.ContainsFunc(m.Values, func(value string) bool { return strings.EqualFold(s, value) })
 	case len(m.Values) == 0:

@@ -558,7 +558,7 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 	switch v.Type {
 	case gjson.String:
 		if v.Str == "" {
-			return "", invalid(path, RuleRequired, "the asset id is empty")
+			return "", invalid(path, RuleRequired, "the asset id is empty; send the device's id at %s", oneOf(p.AssetPaths))
 		}
 		return v.Str, nil
 	case gjson.Number:
@@ -569,7 +569,7 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 		if !v.Exists() {
 			return "", invalid(path, RuleRequired, "missing; every ping needs an asset id at %s", oneOf(p.AssetPaths))
 		}
-		return "", invalid(path, RuleRequired, "the asset id is null")
+		return "", invalid(path, RuleRequired, "the asset id is null; send the device's id at %s", oneOf(p.AssetPaths))
 	default:
 		return "", invalid(path, RuleType, "expected a string or number asset id, got %s", describe(v))
 	}
@@ -583,7 +583,7 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 func (p *Parser) checkAsset(ping Ping) error {
 	asset := ping.Asset
 	if asset == "" {
-		return invalid(p.assetField(ping), RuleRequired, "the asset id is empty")
+		return invalid(p.assetField(ping), RuleRequired, "the asset id is empty; send the device's id at %s", oneOf(p.AssetPaths))
 	}
 	if blank(asset) {
 		return invalid(p.assetField(ping), RuleRequired, "the asset id %q is only blanks, which name no device; send the device's id", asset)
@@ -702,12 +702,20 @@ func number(v gjson.Result, field string) (float64, error) {
 	}
 }
 
+// rangeHint says what a latitude out of range most often is.
+func rangeHint(limit float64) string {
+	if limit != 90 {
+		return ""
+	}
+	return "; are latitude and longitude swapped (GeoJSON writes [lon, lat])? A projected grid's metres need crs"
+}
+
 func checkCoordinate(v, limit float64, field string) error {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return invalid(field, RuleFinite, "%v is not a finite number", v)
 	}
 	if v < -limit || v > limit {
-		return invalid(field, RuleRange, "%v is outside [-%v, %v]", v, limit, limit)
+		return invalid(field, RuleRange, "%v is outside [-%v, %v]%s", v, limit, limit, rangeHint(limit))
 	}
 	return nil
 }

@@ -43,9 +43,10 @@ type Preset struct {
 //     by its created_at. A location at (0, 0) or beyond MaxFuture or
 //     MaxPast goes on unkeyed, as the Recorder stores it.
 //   - overland: Overland's batches, {"locations":[Feature...], ...}; each
-//     Feature a ping, its visits, trip summaries and logged actions not
-//     positions. The asset is properties.device_id, which the app may
-//     leave out: take it from the request instead. A fix at (0, 0) or
+//     Feature a ping, its visits, trip summaries, logged actions and fixes
+//     iOS marks invalid not positions. The asset is properties.device_id,
+//     else properties.unique_id; the app may leave both out: take it from
+//     the request instead. A fix at (0, 0) or
 //     beyond MaxFuture or MaxPast goes on unkeyed, as its backends store
 //     it.
 //   - osmand: the OsmAnd protocol of Traccar's port 5055, as Traccar Client
@@ -111,12 +112,21 @@ func ownTracks() Parser {
 
 func overland() Parser {
 	p := NewParser()
-	p.AssetPaths, p.TimePaths = []string{"properties.device_id"}, []string{"properties.timestamp"}
+	// The app writes device_id only once the user typed one; with "Include
+	// Unique ID" on (or unique_id=yes in its setup link) every record
+	// carries unique_id, the phone's identifierForVendor (GLManager.m,
+	// addMetadataToUpdate), which Overland's README offers as the way to
+	// tell devices apart.
+	p.AssetPaths, p.TimePaths = []string{"properties.device_id", "properties.unique_id"}, []string{"properties.timestamp"}
 	p.LatPath, p.LonPath = "geometry.coordinates.1", "geometry.coordinates.0"
 	p.AccuracyPath, p.SpeedPath, p.SpeedUnit = "properties.horizontal_accuracy", "properties.speed", MetresPerSecond
 	// Visits, trip summaries and logged actions share the array with the
-	// fixes, often in the same second as one.
-	p.Skip = []Match{{Path: "properties.action"}, {Path: "properties.type", Values: []string{"trip"}}}
+	// fixes, often in the same second as one. A fix iOS marks invalid (a
+	// negative horizontal_accuracy: its coordinates mean nothing, often a
+	// stale place kilometres off) is queued as any other, and keyed it
+	// was taken for a departure and the fixes at home after it suppressed.
+	p.Skip = []Match{{Path: "properties.action"}, {Path: "properties.type", Values: []string{"trip"}},
+		{Path: "properties.horizontal_accuracy", Negative: true}}
 	// Its backends store a fix whatever its time, and Overland resends a
 	// batch not answered {"result":"ok"} whole, at every send interval.
 	p.PassImplausible = true

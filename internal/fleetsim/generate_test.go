@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // testStart is a fixed Start, so that generated deliveries can be compared.
@@ -56,8 +58,8 @@ func byAssetAndTime(pings []Ping) map[string][]Ping {
 // errorM returns a fix's error in metres east and north of the true
 // position.
 func errorM(p Ping) (east, north float64) {
-	north = (p.Lat - p.truth.lat) * degree * earthRadiusM
-	east = (p.Lon - p.truth.lon) * degree * earthRadiusM * math.Cos(p.truth.lat*degree)
+	north = (p.Lat - p.truth.lat) * degree * geo.EarthRadiusM
+	east = (p.Lon - p.truth.lon) * degree * geo.EarthRadiusM * math.Cos(p.truth.lat*degree)
 	return east, north
 }
 
@@ -172,7 +174,7 @@ func TestMultipathOutliersLieAtKSigma(t *testing.T) {
 					continue
 				}
 				outliers++
-				k := haversineM(p.truth.lat, p.truth.lon, p.Lat, p.Lon) / cfg.SigmaM
+				k := geo.DistanceM(p.truth.lat, p.truth.lon, p.Lat, p.Lon) / cfg.SigmaM
 				lo, hi = min(lo, k), max(hi, k)
 			}
 			// Rounding to 7 decimals moves a fix by up to about a centimetre.
@@ -234,7 +236,7 @@ func TestDrivingFixesAdvanceAtThePhaseSpeed(t *testing.T) {
 			if prev.truth.phase != p.truth.phase {
 				continue
 			}
-			moved := haversineM(prev.Lat, prev.Lon, p.Lat, p.Lon)
+			moved := geo.DistanceM(prev.Lat, prev.Lon, p.Lat, p.Lon)
 			if p.Parked {
 				if moved > 0.02 {
 					t.Fatalf("%s moved %.3f m while parked", asset, moved)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
 )
 
 // deciderFunc adapts a function deciding one ping to a Decider.
@@ -122,7 +124,7 @@ func (h *handBuilt) send(asset string, sec int, parked bool, where at, accepted 
 	p := Ping{
 		Asset:  asset,
 		Time:   testStart.Add(time.Duration(sec) * time.Second),
-		Lat:    52 + where.m/earthRadiusM/degree,
+		Lat:    52 + where.m/geo.EarthRadiusM/degree,
 		Lon:    13.4,
 		Parked: parked,
 		truth: truth{
