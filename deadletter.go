@@ -43,9 +43,8 @@ type deadLetter struct {
 	// ping's asset or tenant may be in them (Overland's receiver URL,
 	// ?device=..., with the README's asset template; a key_scope host).
 	host, uri string
-	// asset is the ping's asset if it was read, and always one its
-	// template resolved: from {http.auth.user.id} it is nowhere else in the
-	// letter.
+	// asset is the ping's (refusedAsset): from a template such as
+	// {http.request.header.X-User} it is nowhere else in the letter.
 	asset string
 }
 

@@ -102,7 +102,25 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 	req.setBatch(ping.Batch{Framing: ping.Single, Elements: [][]byte{sent}})
 	req.elements[0].raw = sent
 	req.elements[0].refuse(err)
+	req.elements[0].asset = h.refusedAsset("", repl)
 	return req
+}
+
+// refusedAsset names the asset of a ping refused before it was keyed, for
+// its dead letter and the decision's debug line: the one read (a ping its
+// values' rules refused), else the asset template's value, which is
+// nowhere else in the letter; none that could not be an asset id (too
+// long, a control character: its bytes are in the letter's body, quoted
+// and capped).
+func (h *Handler) refusedAsset(read string, repl *caddy.Replacer) string {
+	asset := read
+	if asset == "" && h.settings.assetTemplate != "" {
+		asset, _ = expandTemplate(repl, "asset", h.settings.assetTemplate)
+	}
+	if !ping.PrintableAsset(asset) {
+		return ""
+	}
+	return asset
 }
 
 // sentShape tells what an oversize body held, for the fix its 413 names,
@@ -223,7 +241,7 @@ func (h *Handler) normaliseBatch(req *request, batch ping.Batch, repl *caddy.Rep
 			e.decision, e.reason = decisionSkipped, skipReason(err)
 		case err != nil:
 			e.refuse(err)
-			e.asset = p.Asset // if it was read, or its template resolved: a dead letter names it
+			e.asset = h.refusedAsset(p.Asset, repl)
 		default:
 			e.obs.Ping, e.asset, e.scope = p, p.Asset, scope
 		}
@@ -248,9 +266,6 @@ func skipReason(err error) string {
 func (h *Handler) readPing(extracts *ping.ExtractCache, raw []byte, repl *caddy.Replacer, scopeErr error, now time.Time) (p ping.Ping, err error) {
 	s := &h.settings
 	if p, err = extracts.Extract(raw); err != nil {
-		if s.assetTemplate != "" {
-			p.Asset, _ = expandTemplate(repl, "asset", s.assetTemplate) // for its dead letter
-		}
 		return p, err
 	}
 	if s.assetTemplate != "" {

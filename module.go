@@ -297,8 +297,11 @@ type Handler struct {
 	deduper     *dedup.Deduper
 	reconciler  *dedup.Reconciler // nil for a store whose calls never fail
 	deadLetters deadLetterSink
-	stuck       *dedup.StuckTracker
-	stuckKey    string
+	// stuck is the tracker h holds, under stuckKey in stuckTrackers, with
+	// its settings among stuckHolders'.
+	stuck        *dedup.StuckTracker
+	stuckKey     string
+	stuckHolders *stuckHolders
 	// storeData names the store's data (storeModule.keySpace), as the
 	// stuck assets' rows and warnings say it.
 	storeData string
@@ -379,7 +382,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.storeData = store.keySpace()
 	h.keySpace = h.keySpaceOn(h.storeData)
 	h.startThrottledLines()
-	h.stuck, h.stuckKey = loadStuckTracker(h.settings, h.storeData)
+	h.loadStuckTracker()
 	var claims dedup.Store = newInstrumentedStore(store.Store(), storeName)
 	if size := h.nearCacheSize(mod); size > 0 {
 		claims = dedup.NewNearCache(claims, size, countNearCacheLookup)
@@ -488,11 +491,7 @@ func (h *Handler) Cleanup() error {
 			kind.flush()
 		}
 	}
-	if h.stuckKey == "" {
-		return nil
-	}
-	_, err := stuckTrackers.Delete(h.stuckKey)
-	return err
+	return h.releaseStuckTracker()
 }
 
 // startThrottledLines makes the handler's throttled warnings, each naming

@@ -913,3 +913,110 @@ func TestADeadLettersURIIsTheOneTheSenderRequested(t *testing.T) {
 		t.Errorf("the letter's uri is %q; the sender requested /overland/?device=phone1", l.uri)
 	}
 }
+
+// overlandLetters posts body to an overland handler with on_invalid dead_letter
+// and returns the letters written.
+func overlandLetters(t *testing.T, extra, body string) []map[string]any {
+	t.Helper()
+	return overlandLettersWith(t, extra, body, nil)
+}
+
+func overlandLettersWith(t *testing.T, extra, body string, header http.Header) []map[string]any {
+	t.Helper()
+	srv := redistest.Start(t)
+	h := tableHandler(t, fmt.Sprintf(`{"preset":"overland","key_prefix":"letters-overland:",%s"on_invalid":"dead_letter","dead_letter_stream":"letters-overland:dlq",`+
+		`"store":{"type":"redis","url":%q,"timeout":1000000000}}`, extra, srv.URL())).h
+	r := httptest.NewRequest(http.MethodPost, "https://fleet.example/overland", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "application/json")
+		_, err := w.Write([]byte(`{"result":"ok"}`))
+		return err
+	})); err != nil || w.Code != http.StatusOK && w.Code != http.StatusAccepted {
+		t.Fatalf("the batch: %d %v %s", w.Code, err, w.Body)
+	}
+	entries, err := srv.Client().XRange(context.Background(), "letters-overland:dlq", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, e := range entries {
+		out = append(out, e.Values)
+	}
+	return out
+}
+
+// A dead letter keeps at most 8 KiB of its body, and the README sizes the
+// stream by it (about 10 KiB an entry, dead_letter_maxlen × 10 KiB in
+// all). The new asset field is copied whole: a Feature refused because its
+// device_id is longer than MaxAssetBytes keeps all of that id again
+// beside the capped body, so one broken sender's letters take many times
+// the memory the README budgets (the Redis with noeviction that the
+// body cap was made for).
+// (Helper 6's review, stop 64.)
+func TestADeadLetterOfAnOverlongAssetStaysWithinTheLetterCap(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	id := strings.Repeat("x", 200<<10) // 200 KiB, well inside max_body 1 MiB
+	feature := fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"timestamp":%q,"device_id":%q}}`, at, id)
+	letters := overlandLetters(t, "", `{"locations":[`+feature+`]}`)
+	if len(letters) != 1 {
+		t.Fatalf("letters: %d; want 1", len(letters))
+	}
+	body, _ := letters[0]["body"].(string)
+	asset, _ := letters[0]["asset"].(string)
+	if len(body)+len(asset) > maxLetterBody+ping.MaxAssetBytes {
+		t.Errorf("the letter of a Feature with a 200 KiB device_id holds a %d-byte body and a %d-byte asset: "+
+			"the 8 KiB cap on a letter no longer holds", len(body), len(asset))
+	}
+}
+
+// The README: a letter's asset is "always one an asset template resolved,
+// such as {http.auth.user.id}, which is nowhere else in the letter". A
+// body refused whole (not split: Overland in its OwnTracks logging mode,
+// GLManager.m sendQueueNow posting locationUpdates[0]; a truncated or
+// non-UTF-8 batch) is lettered with no asset, though the template, the
+// README's {http.request.header.X-User} behind forward_auth, resolves
+// from the request alone: the one letter an operator must trace to a
+// phone names none, and X-User is in no other field.
+// (Helper 6's review, stop 64.)
+func TestADeadLetterOfABodyRefusedWholeNamesItsTemplateAsset(t *testing.T) {
+	body := fmt.Sprintf(`{"_type":"location","lat":52.5,"lon":13.4,"tst":%d,"acc":5,"batt":80}`, time.Now().Unix()-60)
+	letters := overlandLettersWith(t, `"asset":["{http.request.header.X-User}"],`, body, http.Header{"X-User": {"jane"}})
+	if len(letters) != 1 {
+		t.Fatalf("letters: %d; want 1", len(letters))
+	}
+	if letters[0]["asset"] != "jane" {
+		t.Errorf("the letter of jane's refused body (reason %v) names asset %q; the template {http.request.header.X-User} resolves to jane",
+			letters[0]["reason"], letters[0]["asset"])
+	}
+}
+
+// An asset id with a control character is refused because it "would
+// break the log lines and headers it is written to" (ping.checkAsset).
+// The letter's new asset field now writes that very id, decoded: the
+// body keeps the JSON escape \u001b as six printable bytes, the asset
+// field a raw ESC, so `redis-cli --raw XRANGE` (or any tool printing the
+// stream) runs the sender's terminal sequence on the operator's screen.
+// A letter should name only an asset that passed checkAsset (or quote
+// one that did not).
+// (Helper 6's review, stop 64.)
+func TestADeadLetterDoesNotWriteARefusedAssetsControlCharacters(t *testing.T) {
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	feature := fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"timestamp":%q,"device_id":"\u001b]0;owned\u0007\u001b[2Jjane"}}`, at)
+	letters := overlandLetters(t, "", `{"locations":[`+feature+`]}`)
+	if len(letters) != 1 {
+		t.Fatalf("letters: %d; want 1", len(letters))
+	}
+	if body, _ := letters[0]["body"].(string); strings.ContainsRune(body, 0x1b) {
+		t.Fatalf("setup: the body itself holds a raw ESC: %q", body)
+	}
+	if asset, _ := letters[0]["asset"].(string); strings.ContainsAny(asset, "\x1b\x07") {
+		t.Errorf("the letter of a Feature refused for a control character in its device_id writes it raw in its asset field: %q (error %v)",
+			asset, letters[0]["error"])
+	}
+}

@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
@@ -962,5 +966,60 @@ func TestAnOverlandFixIOSMarksInvalidIsNotKeyedAsAPosition(t *testing.T) {
 		t.Fatalf("a Feature with horizontal_accuracy -1 and speed -1 (invalid to iOS) between fixes at home: %d, decisions %v, "+
 			"upstream got %d element(s): %s; want it skipped (not_a_ping), passed on unkeyed, and the fixes at home after it "+
 			"judged against the stay, not against it", res.status, got, len(forwarded), strings.Join(forwarded, " "))
+	}
+}
+
+// Overland in its OwnTracks logging mode posts one OwnTracks message,
+// {"_type":"location",...}, not {"locations":[...]} (GLManager.m,
+// sendQueueNow: postData = locationUpdates[0] under
+// kGLLoggingModeOwntracks). The 400 now says "leave batch out of a route
+// that takes single pings", but with preset overland the wrapper is the
+// preset's: a route without a batch option still has batch locations, so
+// the advice changes nothing. It should name batch off or the app's
+// logging mode / preset owntracks.
+// (Helper 6's review, stop 64.)
+func TestOverlandInOwnTracksModeIsToldAFixThatWorks(t *testing.T) {
+	tt := tableHandler(t, `{"preset":"overland"}`)
+	body := fmt.Sprintf(`{"_type":"location","lat":52.5,"lon":13.4,"tst":%d,"acc":5,"batt":80}`, time.Now().Unix()-60)
+	res := tt.post(body, "application/json", nil)
+	if res.status != http.StatusBadRequest {
+		t.Fatalf("status %d %s", res.status, res.body)
+	}
+	if strings.Contains(res.body, "leave batch out") || !strings.Contains(strings.ToLower(res.body), "owntracks") && !strings.Contains(res.body, "batch off") {
+		t.Errorf("preset overland answers an OwnTracks-mode post with %s: leaving batch out of the route changes nothing under preset overland; "+
+			"name the app's logging mode (or preset owntracks), or batch off", res.body)
+	}
+}
+
+// A latitude out of range is told it may be swapped with the longitude,
+// and, read from a coordinate array, that GeoJSON writes [lon, lat]. The
+// hint said "a projected grid's metres need crs", and named GeoJSON,
+// to every sender.
+// Under preset osmand (Traccar Client, OsmAnd: lat= and lon= fields, no
+// GeoJSON) a projected crs is a load error ("preset osmand's senders
+// always write WGS 84 degrees; remove crs", options.go): the hint sends
+// the operator to an option the handler refuses. It fits only a route
+// that may set crs (no preset, or geojson).
+// (Helper 6's review, stop 64.)
+func TestALatitudeOutOfRangeUnderAPresetDoesNotAdviseCrs(t *testing.T) {
+	tt := tableHandler(t, `{"preset":"osmand"}`)
+	r := httptest.NewRequest(http.MethodPost, fmt.Sprintf("/?id=abc&lat=123.4&lon=52.5&timestamp=%d", time.Now().Unix()-60), nil)
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+	w := httptest.NewRecorder()
+	if err := tt.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	if w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("status %d %s", w.Code, w.Body)
+	}
+	if b := w.Body.String(); strings.Contains(b, "crs") || strings.Contains(b, "GeoJSON") {
+		t.Errorf("an OsmAnd ping with lat=123.4 is answered %s: preset osmand refuses a projected crs at load, and its fields are no GeoJSON", b)
+	}
+	// Overland is GeoJSON, but refuses a projected crs all the same.
+	ov := tableHandler(t, `{"preset":"overland"}`)
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	res := ov.post(fmt.Sprintf(`{"locations":[{"type":"Feature","geometry":{"type":"Point","coordinates":[52.5,123.4]},"properties":{"timestamp":%q,"device_id":"p"}}]}`, at), "application/json", nil)
+	if strings.Contains(res.body, "crs") {
+		t.Errorf("an Overland Feature with latitude 123.4 is answered %s: preset overland refuses a projected crs at load", res.body)
 	}
 }

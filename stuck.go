@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -22,32 +23,89 @@ var stuckTrackers = caddy.NewUsagePool()
 type stuckTrackerValue struct {
 	*dedup.StuckTracker
 	store, keyPrefix, mode string
+	holders                *stuckHolders
+}
+
+// stuckHolders are the handlers sharing a tracker, in the order they were
+// loaded, each with its settings. The tracker runs with the newest one's
+// ratio and stuck_after and the largest stuck_track of them all: during a
+// reload both configs hold it, and neither a handler of the new config
+// with a smaller stuck_track, loaded before a larger one, nor a new config
+// Caddy rolls back may shrink or retune the list the running one keeps.
+type stuckHolders struct {
+	mu   sync.Mutex
+	list []stuckHolder
+}
+
+type stuckHolder struct {
+	owner *Handler
+	ratio float64
+	after time.Duration
+	track int
+}
+
+// add registers owner's settings and applies the holders' to t.
+func (hs *stuckHolders) add(t *dedup.StuckTracker, owner *Handler, s settings) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	hs.list = append(hs.list, stuckHolder{owner, s.stuckRatio, s.stuckAfter, s.stuckTrack})
+	hs.applyLocked(t)
+}
+
+// remove forgets owner's settings and applies those of the holders left.
+func (hs *stuckHolders) remove(t *dedup.StuckTracker, owner *Handler) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	hs.list = slices.DeleteFunc(hs.list, func(h stuckHolder) bool { return h.owner == owner })
+	hs.applyLocked(t)
+}
+
+func (hs *stuckHolders) applyLocked(t *dedup.StuckTracker) {
+	if len(hs.list) == 0 {
+		return
+	}
+	newest := hs.list[len(hs.list)-1]
+	track := 0
+	for _, h := range hs.list {
+		track = max(track, h.track)
+	}
+	t.Configure(newest.ratio, newest.after, track)
 }
 
 func (stuckTrackerValue) Destruct() error { return nil }
 
-// loadStuckTracker returns the shared tracker of the key space on the
-// store's data (storeModule.keySpace), set to these settings, and the key
-// to give back to the pool on cleanup. Handlers of one key space share its
-// stuck settings: the last loaded one's. Keyed by the settings too, a
-// reload that raised stuck_after (or window, whose 3× is its default)
-// started an empty tracker, and an asset still stuck was unlisted until
-// 64 more pings.
-func loadStuckTracker(s settings, store string) (*dedup.StuckTracker, string) {
+// loadStuckTracker has h hold the shared tracker of its key space on the
+// store's data (storeModule.keySpace), with its settings among its
+// holders' (stuckHolders), until releaseStuckTracker. Keyed by the
+// settings too, a reload that raised stuck_after (or window, whose 3× is
+// its default) started an empty tracker, and an asset still stuck was
+// unlisted until 64 more pings.
+func (h *Handler) loadStuckTracker() {
+	s, store := h.settings, h.storeData
 	// A shadow trial in front of the live handler judges the same pings:
 	// sharing a tracker, each ping counted twice, and an asset was listed
 	// stuck at half the pings it takes. Two sites on two stores with one
 	// key_prefix share no key: sharing a tracker, one site's truck-1 under
 	// way hid the other's, stuck.
 	key := fmt.Sprintf("stuck store=%q prefix=%q mode=%s", store, s.keyer.Prefix, s.mode())
-	v, loaded, _ := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) { // which never fails
-		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), store, s.keyer.Prefix, s.mode()}, nil
+	v, _, _ := stuckTrackers.LoadOrNew(key, func() (caddy.Destructor, error) { // which never fails
+		return stuckTrackerValue{dedup.NewStuckTracker(s.stuckRatio, s.stuckAfter, s.stuckTrack), store, s.keyer.Prefix, s.mode(),
+			new(stuckHolders)}, nil
 	})
-	tracker := v.(stuckTrackerValue).StuckTracker
-	if loaded {
-		tracker.Configure(s.stuckRatio, s.stuckAfter, s.stuckTrack)
+	value := v.(stuckTrackerValue)
+	value.holders.add(value.StuckTracker, h, s)
+	h.stuck, h.stuckKey, h.stuckHolders = value.StuckTracker, key, value.holders
+}
+
+// releaseStuckTracker gives h's hold on its tracker back: the tracker runs
+// on with the settings of the holders left, and goes with the last.
+func (h *Handler) releaseStuckTracker() error {
+	if h.stuckKey == "" {
+		return nil // not provisioned that far
 	}
-	return tracker, key
+	h.stuckHolders.remove(h.stuck, h)
+	_, err := stuckTrackers.Delete(h.stuckKey)
+	return err
 }
 
 // stuckAsset is one row of the admin endpoint.

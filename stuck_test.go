@@ -20,14 +20,15 @@ import (
 // With key_scope, the admin endpoint lists a stuck asset as its id and its
 // scope, not as the scoped identity its keys are made of.
 func TestStuckAssetsShowTheirScopeApart(t *testing.T) {
-	var s settings
+	h := &Handler{storeData: "memory"}
+	s := &h.settings
 	s.keyer.Prefix = "test:" + t.Name() + ":"
 	s.stuckRatio, s.stuckAfter, s.stuckTrack = 0.9, time.Minute, 10
-	tracker, key := loadStuckTracker(s, "memory")
-	defer stuckTrackers.Delete(key)
+	h.loadStuckTracker()
+	defer h.releaseStuckTracker()
 	start := time.Now()
 	for i := range 70 {
-		tracker.Observe(dedup.ScopedAsset("acme.example", "truck-1"), dedup.Verdict{Decision: dedup.Suppressed, Reason: dedup.Redelivery},
+		h.stuck.Observe(dedup.ScopedAsset("acme.example", "truck-1"), dedup.Verdict{Decision: dedup.Suppressed, Reason: dedup.Redelivery},
 			start.Add(time.Duration(i)*2*time.Second))
 	}
 	var mine []stuckAsset
@@ -208,5 +209,61 @@ func TestAReloadThatRaisesStuckAfterKeepsAStuckAssetListed(t *testing.T) {
 					tc.after, len(rows))
 			}
 		})
+	}
+}
+
+// A reload that Caddy rolls back (the new config provisions, then fails
+// to start: a listener it cannot bind, another module's error) leaves the
+// old config running as it was. The shared stuck tracker is reconfigured
+// by the new config's Provision (loadStuckTracker calls Configure) and
+// nothing puts the old settings back when the new config is cleaned up:
+// the running handlers, still configured stuck_after 15m, now list
+// nothing stuck for less than 3 h, and a lowered stuck_track has dropped
+// assets for good. (Helper 5's review, stop 64.)
+func TestARolledBackReloadLeavesTheRunningStuckSettingsAlone(t *testing.T) {
+	prefix := "stuck-rollback:"
+	old, cleanupOld := loadConfig(t, fmt.Sprintf(`{"key_prefix":%q,"stuck_after":900000000000}`, prefix))
+	defer cleanupOld()
+	makeStuck(old.h, "veh-stuck-rollback", "redelivery")
+	if rows := adminStuckRows(t, prefix); len(rows) != 1 {
+		t.Fatalf("setup: %d rows, want 1", len(rows))
+	}
+	_, cleanupNew := loadConfig(t, fmt.Sprintf(`{"key_prefix":%q,"stuck_after":10800000000000}`, prefix))
+	cleanupNew() // the new config failed to start: Caddy cleans it up, the old one runs on
+	if rows := adminStuckRows(t, prefix); len(rows) != 1 {
+		t.Errorf("after a rolled-back reload, the running config (stuck_after 15m) lists the asset stuck for 2 h 20 min %d times, want 1", len(rows))
+	}
+}
+
+// Two handlers of one store, key_prefix and mode (two routes of a site,
+// say the Overland and the OsmAnd endpoints) share one stuck list, whose
+// settings are the last loaded handler's, as the README says; and it says
+// the list survives a reload. With the first handler at stuck_track 1 and
+// the last at 10000, the list holds 10000 assets, but every reload
+// provisions the first handler again, and its Configure resizes the shared
+// tracker to 1 on the way: all but one stuck asset are dropped, though the
+// settings the reload ends with keep them all. (Helper 5's review, stop 64.)
+func TestAReloadKeepsTheStuckAssetsTheLastHandlersTrackHolds(t *testing.T) {
+	prefix := "stuck-resize:"
+	small := fmt.Sprintf(`{"key_prefix":%q,"stuck_track":1}`, prefix)
+	large := fmt.Sprintf(`{"key_prefix":%q,"stuck_track":10000}`, prefix)
+	_, cleanupSmall := loadConfig(t, small)
+	live, cleanupLarge := loadConfig(t, large)
+	for _, a := range []string{"veh-1", "veh-2", "veh-3"} {
+		makeStuck(live.h, a, "redelivery")
+	}
+	if rows := adminStuckRows(t, prefix); len(rows) != 3 {
+		t.Fatalf("setup: %d rows, want 3", len(rows))
+	}
+	// The reload: the new config's handlers in their order, then the old
+	// config cleaned up.
+	_, cleanupSmall2 := loadConfig(t, small)
+	defer cleanupSmall2()
+	_, cleanupLarge2 := loadConfig(t, large)
+	defer cleanupLarge2()
+	cleanupSmall()
+	cleanupLarge()
+	if rows := adminStuckRows(t, prefix); len(rows) != 3 {
+		t.Errorf("after a reload that changed nothing (the last handler's stuck_track 10000), %d of 3 stuck assets are listed, want all 3", len(rows))
 	}
 }

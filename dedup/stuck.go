@@ -20,10 +20,11 @@ const (
 const stuckWarnEvery = time.Hour
 
 // StuckSilence is how long a stuck asset stays listed after its latest
-// ping, unless stuck_after is longer: one that went silent (its battery
-// died, it was taken out of service) is no longer repeating a fix, and an
-// alert on the stuck gauge must clear. An hour, so that a tracker
-// reporting every half hour is not listed and unlisted between its pings.
+// ping, unless stuck_after or three of its own intervals between pings are
+// longer: one that went silent (its battery died, it was taken out of
+// service) is no longer repeating a fix, and an alert on the stuck gauge
+// must clear; one that reports every two hours must not be listed and
+// unlisted between its pings.
 const StuckSilence = time.Hour
 
 // stuckWindow is how many recent pings of an asset are remembered: one bit
@@ -57,7 +58,10 @@ type assetHistory struct {
 	// lastSeen is its latest ping: stuck_after is measured up to it, not
 	// to the clock, so that a parked asset that stops reporting (its
 	// ignition off) is not taken for one repeating a cached fix.
-	lastSeen   time.Time
+	lastSeen time.Time
+	// interval is the time between its latest two pings: how often it
+	// reports, for how long its silence says nothing yet.
+	interval   time.Duration
 	lastReason Reason
 	warned     time.Time
 }
@@ -111,6 +115,9 @@ func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn boo
 		t.assets.Add(strings.Clone(asset), h) // the id may share memory with a whole request body
 	}
 	h.pings++
+	if h.pings > 1 {
+		h.interval = now.Sub(h.lastSeen)
+	}
 	h.lastSeen = now
 	h.recent <<= 1
 	h.n = min(h.n+1, stuckWindow)
@@ -166,7 +173,8 @@ func (t *StuckTracker) Len() int {
 
 // stuck reports an asset whose last 64 pings were nearly all suppressed,
 // none accepted for after up to its latest ping: still reporting (heard
-// from within StuckSilence, or after if longer), and still not admitted.
+// from within StuckSilence, after, or three of its intervals, whichever is
+// longest), and still not admitted.
 // now only bounds that latest ping (a clock set back does not make an
 // asset stuck early).
 func (t *StuckTracker) stuck(h *assetHistory, now time.Time) bool {
@@ -175,7 +183,7 @@ func (t *StuckTracker) stuck(h *assetHistory, now time.Time) bool {
 		last = now
 	}
 	return h.n == stuckWindow && h.ratio() >= t.ratio && last.Sub(h.lastAccepted) >= t.after &&
-		now.Sub(h.lastSeen) <= max(t.after, StuckSilence)
+		now.Sub(h.lastSeen) <= max(t.after, StuckSilence, 3*h.interval)
 }
 
 func (h *assetHistory) ratio() float64 {

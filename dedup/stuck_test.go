@@ -209,3 +209,30 @@ func TestStuckTrackerConfiguredAnewKeepsItsAssets(t *testing.T) {
 		t.Errorf("stuck_track lowered below one: the tracker holds %d assets, want 1", tr.Len())
 	}
 }
+
+// A tracker that reports every 2 h (a battery asset tracker's usual
+// interval), stuck on a frozen clock (every ping a redelivery), is listed
+// after its 64th ping, and then listed for an hour after each ping and
+// unlisted for the next: StuckSilence (1 h, or stuck_after) is measured
+// against the clock, not against the asset's own interval, so the gauge
+// and the alert on it fire and clear every 2 h for as long as the device
+// is stuck. The README promises the list clears for an asset that "goes
+// silent"; one that reports on its schedule has not. (Helper 5's review,
+// stop 64.)
+func TestStuckTrackerKeepsASlowReporterListedBetweenItsPings(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
+	now := articleBase
+	tr.Observe("sleepy", accepted, now)
+	for range 70 {
+		now = now.Add(2 * time.Hour)
+		tr.Observe("sleepy", suppressed(Redelivery), now)
+	}
+	if n := len(tr.Stuck(now)); n != 1 {
+		t.Fatalf("setup: listed %d times at its ping, want once", n)
+	}
+	for _, gap := range []time.Duration{30 * time.Minute, 90 * time.Minute, 119 * time.Minute} {
+		if n := len(tr.Stuck(now.Add(gap))); n != 1 {
+			t.Errorf("%s after its latest ping (it reports every 2 h), the stuck asset is listed %d times, want once", gap, n)
+		}
+	}
+}

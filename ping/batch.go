@@ -164,7 +164,7 @@ func (s Splitter) splitWrapped(elements [][]byte, body []byte) (Batch, error) {
 			body: body, start: v.Index, end: v.Index + len(v.Raw), lone: true}, nil
 	case !v.IsArray() || v.Index == 0:
 		return Batch{}, &MalformedError{Reason: fmt.Sprintf("the body holds no array of pings at %q (batch %s); send the pings as an array there, "+
-			"or leave batch out of a route that takes single pings", s.Wrapper, s.Wrapper)}
+			"or set batch off for a route whose senders post single pings", s.Wrapper, s.Wrapper)}
 	}
 	elements, err := splitArray(elements, body, v.Index, body[v.Index:v.Index+len(v.Raw)], s.Max)
 	return Batch{Framing: Wrapped, Elements: elements, body: body, start: v.Index, end: v.Index + len(v.Raw)}, err

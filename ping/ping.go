@@ -575,6 +575,20 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 	}
 }
 
+// PrintableAsset reports an asset id checkAsset lets through: neither
+// empty nor blank, at most MaxAssetBytes, without a control character.
+func PrintableAsset(asset string) bool {
+	if asset == "" || blank(asset) || len(asset) > MaxAssetBytes {
+		return false
+	}
+	for i := 0; i < len(asset); i++ {
+		if controlAt(asset, i) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // checkAsset rejects an asset id that cannot be an id: empty or blank
 // (RuleRequired: every sender whose id came out blank would share one
 // asset), longer than MaxAssetBytes, or holding a control character,
@@ -702,12 +716,15 @@ func number(v gjson.Result, field string) (float64, error) {
 	}
 }
 
-// rangeHint says what a latitude out of range most often is.
-func rangeHint(limit float64) string {
-	if limit != 90 {
+// rangeHint says what a latitude out of range at field most often is.
+func rangeHint(limit float64, field string) string {
+	switch {
+	case limit != 90:
 		return ""
+	case strings.HasSuffix(field, ".1"): // the second of a coordinate array
+		return "; are latitude and longitude swapped? GeoJSON writes [lon, lat]"
 	}
-	return "; are latitude and longitude swapped (GeoJSON writes [lon, lat])? A projected grid's metres need crs"
+	return "; are latitude and longitude swapped?"
 }
 
 func checkCoordinate(v, limit float64, field string) error {
@@ -715,7 +732,7 @@ func checkCoordinate(v, limit float64, field string) error {
 		return invalid(field, RuleFinite, "%v is not a finite number", v)
 	}
 	if v < -limit || v > limit {
-		return invalid(field, RuleRange, "%v is outside [-%v, %v]%s", v, limit, limit, rangeHint(limit))
+		return invalid(field, RuleRange, "%v is outside [-%v, %v]%s", v, limit, limit, rangeHint(limit, field))
 	}
 	return nil
 }
