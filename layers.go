@@ -110,8 +110,7 @@ func (h *Handler) normalise(r *http.Request, repl *caddy.Replacer) *request {
 // its dead letter and the decision's debug line: the one read (a ping its
 // values' rules refused), else the asset template's value, which is
 // nowhere else in the letter; none that could not be an asset id (too
-// long, a control character: its bytes are in the letter's body, quoted
-// and capped).
+// long, a control character), which no log or stream should print.
 func (h *Handler) refusedAsset(read string, repl *caddy.Replacer) string {
 	asset := read
 	if asset == "" && h.settings.assetTemplate != "" {

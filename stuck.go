@@ -26,12 +26,13 @@ type stuckTrackerValue struct {
 	holders                *stuckHolders
 }
 
-// stuckHolders are the handlers sharing a tracker, in the order they were
-// loaded, each with its settings. The tracker runs with the newest one's
-// ratio and stuck_after and the largest stuck_track of them all: during a
-// reload both configs hold it, and neither a handler of the new config
-// with a smaller stuck_track, loaded before a larger one, nor a new config
-// Caddy rolls back may shrink or retune the list the running one keeps.
+// stuckHolders are the handlers sharing a tracker, each with its
+// settings. The tracker runs with the largest of each setting among them:
+// Caddy loads a config's servers in no set order, so "the newest loaded"
+// changed from one load of the same config to the next; and during a
+// reload both configs hold it, so that neither a new config's handler
+// with smaller settings, loaded first, nor a new config Caddy rolls back
+// shrinks or retunes the list the running one keeps.
 type stuckHolders struct {
 	mu   sync.Mutex
 	list []stuckHolder
@@ -61,15 +62,19 @@ func (hs *stuckHolders) remove(t *dedup.StuckTracker, owner *Handler) {
 }
 
 func (hs *stuckHolders) applyLocked(t *dedup.StuckTracker) {
-	if len(hs.list) == 0 {
-		return
+	if len(hs.list) > 0 {
+		most := hs.settingsLocked()
+		t.Configure(most.ratio, most.after, most.track)
 	}
-	newest := hs.list[len(hs.list)-1]
-	track := 0
+}
+
+// settingsLocked are the settings the tracker runs with: the largest of
+// each among the holders.
+func (hs *stuckHolders) settingsLocked() (most stuckHolder) {
 	for _, h := range hs.list {
-		track = max(track, h.track)
+		most.ratio, most.after, most.track = max(most.ratio, h.ratio), max(most.after, h.after), max(most.track, h.track)
 	}
-	t.Configure(newest.ratio, newest.after, track)
+	return most
 }
 
 func (stuckTrackerValue) Destruct() error { return nil }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -265,5 +266,77 @@ func TestAReloadKeepsTheStuckAssetsTheLastHandlersTrackHolds(t *testing.T) {
 	cleanupLarge()
 	if rows := adminStuckRows(t, prefix); len(rows) != 3 {
 		t.Errorf("after a reload that changed nothing (the last handler's stuck_track 10000), %d of 3 stuck assets are listed, want all 3", len(rows))
+	}
+}
+
+// stuckSettingsProbe is an app that, once the http app is provisioned,
+// notes the stuck_after the shared tracker of key_prefix stuck-servers:
+// runs with.
+type stuckSettingsProbe struct{}
+
+var stuckSettingsSeen []time.Duration
+
+func (stuckSettingsProbe) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "stuck_settings_probe", New: func() caddy.Module { return new(stuckSettingsProbe) }}
+}
+
+func (*stuckSettingsProbe) Provision(ctx caddy.Context) error {
+	if _, err := ctx.App("http"); err != nil {
+		return err
+	}
+	stuckTrackers.Range(func(_, v any) bool {
+		if tv := v.(stuckTrackerValue); tv.keyPrefix == "stuck-servers:" {
+			tv.holders.mu.Lock()
+			stuckSettingsSeen = append(stuckSettingsSeen, tv.holders.settingsLocked().after)
+			tv.holders.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+func (*stuckSettingsProbe) Start() error { return nil }
+func (*stuckSettingsProbe) Stop() error  { return nil }
+
+func init() { caddy.RegisterModule(stuckSettingsProbe{}) }
+
+// Two site blocks on two ports are two servers of Caddy's http app, say
+// Overland's phones on :443 and Traccar's OsmAnd port :5055, on one Redis
+// and key_prefix: one stuck list, whose stuck_after the README says is
+// "the newest loaded handler's" (until helper 7's review). Caddy provisions the servers in Go map
+// order (caddyhttp/app.go, `for srvName, srv := range app.Servers`), so
+// which handler is newest is drawn anew at every load: the same config,
+// loaded again (a `caddy reload --force`, a restart), runs its stuck list
+// at 15 min one time and 3 h the next, and assets appear and vanish from
+// the list and the gauge with no change of config. It runs with the
+// largest of each setting. (Helper 7's review, stop 64.)
+func TestTheSameConfigRunsItsStuckListWithTheSameSettingsEveryLoad(t *testing.T) {
+	handler := func(after time.Duration) string {
+		return fmt.Sprintf(`{"handle":[{"handler":"telemetry_dedup","key_prefix":"stuck-servers:","stuck_after":%d}]}`, after)
+	}
+	cfg := fmt.Sprintf(`{"apps":{"stuck_settings_probe":{},"http":{"servers":{
+		"overland":{"listen":["127.0.0.1:18443"],"automatic_https":{"disable":true},"routes":[%s]},
+		"osmand":{"listen":["127.0.0.1:15055"],"automatic_https":{"disable":true},"routes":[%s]}}}}}`,
+		handler(15*time.Minute), handler(3*time.Hour))
+	var c caddy.Config
+	if err := json.Unmarshal([]byte(cfg), &c); err != nil {
+		t.Fatal(err)
+	}
+	stuckSettingsSeen = nil
+	for range 100 {
+		var again caddy.Config
+		_ = json.Unmarshal([]byte(cfg), &again)
+		if err := caddy.Validate(&again); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[time.Duration]int{}
+	for _, d := range stuckSettingsSeen {
+		seen[d]++
+	}
+	if len(stuckSettingsSeen) != 100 {
+		t.Fatalf("setup: the probe saw the tracker %d times in 100 loads", len(stuckSettingsSeen))
+	}
+	if len(seen) > 1 {
+		t.Errorf("100 loads of one config ran the shared stuck list with stuck_after %v (times each): it depends on Caddy's map order", seen)
 	}
 }

@@ -59,9 +59,11 @@ type assetHistory struct {
 	// to the clock, so that a parked asset that stops reporting (its
 	// ignition off) is not taken for one repeating a cached fix.
 	lastSeen time.Time
-	// interval is the time between its latest two pings: how often it
-	// reports, for how long its silence says nothing yet.
-	interval   time.Duration
+	// gaps are the times between its latest three requests, the latest
+	// first: the shorter is how often it reports, for how long its
+	// silence says nothing yet (one long gap, a week parked, is no
+	// schedule).
+	gaps       [2]time.Duration
 	lastReason Reason
 	warned     time.Time
 }
@@ -115,8 +117,8 @@ func (t *StuckTracker) Observe(asset string, v Verdict, now time.Time) (warn boo
 		t.assets.Add(strings.Clone(asset), h) // the id may share memory with a whole request body
 	}
 	h.pings++
-	if h.pings > 1 {
-		h.interval = now.Sub(h.lastSeen)
+	if h.pings > 1 && now.After(h.lastSeen) { // a batch's pings share one time
+		h.gaps = [2]time.Duration{now.Sub(h.lastSeen), h.gaps[0]}
 	}
 	h.lastSeen = now
 	h.recent <<= 1
@@ -183,7 +185,16 @@ func (t *StuckTracker) stuck(h *assetHistory, now time.Time) bool {
 		last = now
 	}
 	return h.n == stuckWindow && h.ratio() >= t.ratio && last.Sub(h.lastAccepted) >= t.after &&
-		now.Sub(h.lastSeen) <= max(t.after, StuckSilence, 3*h.interval)
+		now.Sub(h.lastSeen) <= max(t.after, StuckSilence, 3*h.interval())
+}
+
+// interval is how often the asset reports: the shorter of its latest two
+// gaps, or its one gap.
+func (h *assetHistory) interval() time.Duration {
+	if h.gaps[1] == 0 {
+		return h.gaps[0]
+	}
+	return min(h.gaps[0], h.gaps[1])
 }
 
 func (h *assetHistory) ratio() float64 {

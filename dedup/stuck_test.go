@@ -236,3 +236,56 @@ func TestStuckTrackerKeepsASlowReporterListedBetweenItsPings(t *testing.T) {
 		}
 	}
 }
+
+// A batch sender (Overland posts up to 200 locations at once, the
+// Transistorsoft SDK a location array) that reports one batch every 2 h
+// while stuck: every ping of a batch shares its claim's time (ClaimAll
+// stamps one `at` for the whole batch), so the asset's "interval", the
+// time between its latest two pings, is 0 after every batch, and
+// 3×interval never widened the silence bound. The README promises "a
+// tracker reporting every two hours stays listed between its pings"; a
+// batching one is unlisted an hour after each batch and listed again at
+// the next, and the alert on the gauge fires and clears every 2 h.
+// (Helper 7's review, stop 64.)
+func TestStuckTrackerKeepsABatchSenderReportingEveryTwoHoursListed(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
+	now := articleBase
+	tr.Observe("batcher", accepted, now)
+	for range 4 { // four batches of 20 copies of the cached fix, 2 h apart
+		now = now.Add(2 * time.Hour)
+		for range 20 {
+			tr.Observe("batcher", suppressed(Redelivery), now) // one claim time per batch
+		}
+	}
+	if n := len(tr.Stuck(now)); n != 1 {
+		t.Fatalf("setup: listed %d times at its batch, want once", n)
+	}
+	if n := len(tr.Stuck(now.Add(90 * time.Minute))); n != 1 {
+		t.Errorf("90 min after its latest batch (it posts one every 2 h), the stuck asset is listed %d times, want once", n)
+	}
+}
+
+// A stuck tracker that reports every minute, then is parked with its
+// ignition off over a week (no pings), sends one more copy of its cached
+// fix when switched on and then dies (its battery, taken out of service).
+// That one long gap becomes its "interval", and it stays listed, and the
+// stuck gauge's alert stays firing, for three weeks after its last ping,
+// though it reported every minute and the README says a stuck asset that
+// goes silent leaves the list an hour after its latest ping unless it
+// reports that rarely. (Helper 7's review, stop 64.)
+func TestStuckTrackerUnlistsADeadAssetWhoseLastGapWasAWeek(t *testing.T) {
+	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
+	now := articleBase
+	tr.Observe("parked-then-dead", accepted, now)
+	for range 100 {
+		now = now.Add(time.Minute)
+		tr.Observe("parked-then-dead", suppressed(Redelivery), now)
+	}
+	now = now.Add(7 * 24 * time.Hour) // parked for a week, ignition off
+	tr.Observe("parked-then-dead", suppressed(Redelivery), now)
+	// then it goes silent for good
+	if n := len(tr.Stuck(now.Add(2 * 24 * time.Hour))); n != 0 {
+		t.Errorf("two days after its last ping, an asset that reported every minute is still listed stuck (%d rows): "+
+			"one week-long gap keeps it listed three weeks", n)
+	}
+}

@@ -716,10 +716,11 @@ func number(v gjson.Result, field string) (float64, error) {
 	}
 }
 
-// rangeHint says what a latitude out of range at field most often is.
-func rangeHint(limit float64, field string) string {
+// rangeHint says what a latitude v out of range at field most often is:
+// a longitude, if it could be one.
+func rangeHint(v, limit float64, field string) string {
 	switch {
-	case limit != 90:
+	case limit != 90 || math.Abs(v) > 180:
 		return ""
 	case strings.HasSuffix(field, ".1"): // the second of a coordinate array
 		return "; are latitude and longitude swapped? GeoJSON writes [lon, lat]"
@@ -732,7 +733,7 @@ func checkCoordinate(v, limit float64, field string) error {
 		return invalid(field, RuleFinite, "%v is not a finite number", v)
 	}
 	if v < -limit || v > limit {
-		return invalid(field, RuleRange, "%v is outside [-%v, %v]%s", v, limit, limit, rangeHint(limit, field))
+		return invalid(field, RuleRange, "%v is outside [-%v, %v]%s", v, limit, limit, rangeHint(v, limit, field))
 	}
 	return nil
 }

@@ -474,3 +474,26 @@ func TestAssetIdsThatPrintAreKept(t *testing.T) {
 		}
 	}
 }
+
+// A device reporting in a projected CRS (UTM metres, the README's
+// "Projected coordinates": some devices do) to a route without crs: its
+// northing, 5,820,000, is refused with "are latitude and longitude
+// swapped?". Swapping cannot bring either value into range (the easting,
+// 390,000, is no latitude either). The swap hint is for a value a
+// longitude could be; a crs hint would mislead under the presets that
+// refuse crs, so a larger value gets none. (Helper 7's review, stop 64.)
+func TestALatitudeInMetresIsNotToldToSwapItsAxes(t *testing.T) {
+	p := NewParser().Prepared()
+	_, err := p.Parse([]byte(`{"asset_id":"veh-utm","occurred_at":"2026-08-08T11:59:00Z","lat":5820000,"lon":390000}`), parseNow)
+	if err == nil {
+		t.Fatal("a northing in metres was taken for a latitude")
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "swapped") {
+		t.Errorf("lat 5820000 (UTM metres): %q; want no swap, which cannot help", msg)
+	}
+	if _, err := p.Parse([]byte(`{"asset_id":"veh-swap","occurred_at":"2026-08-08T11:59:00Z","lat":123.4,"lon":52.5}`), parseNow); err == nil ||
+		!strings.Contains(err.Error(), "swapped") {
+		t.Errorf("lat 123.4, lon 52.5: %v; want the swap hint", err)
+	}
+}
