@@ -870,31 +870,18 @@ func TestARedisOutageIsToldByOneBreakerLineAtItsStartAndOneAtItsEnd(t *testing.T
 // deletes it; the letter held the Feature alone, and the operator could
 // not tell whose fix to replay. (Helper 4's review, stop 63.)
 func TestADeadLetterSaysWhereItsRequestCame(t *testing.T) {
-	srv := redistest.Start(t)
-	h := tableHandler(t, fmt.Sprintf(`{"preset":"overland","key_prefix":"letter-uri:","asset":["{http.request.uri.query.device}"],`+
-		`"on_invalid":"dead_letter","dead_letter_stream":"letter-uri:dlq","store":{"type":"redis","url":%q,"timeout":1000000000}}`, srv.URL())).h
 	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute).Format(time.RFC3339)
 	feature := func(lat float64) string {
 		return fmt.Sprintf(`{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,%v]},"properties":{"timestamp":%q,"speed":3}}`, lat, at)
 	}
 	late := strings.Replace(feature(52.6), at, "yesterday", 1) // no time read: the template still names the asset
-	r := httptest.NewRequest(http.MethodPost, "https://fleet.example/overland?device=jane-phone", strings.NewReader(`{"locations":[`+feature(52.5)+`,`+feature(91)+`,`+late+`]}`))
-	r.Header.Set("Content-Type", "application/json")
-	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
-	w := httptest.NewRecorder()
-	if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		w.Header().Set("Content-Type", "application/json")
-		_, err := w.Write([]byte(`{"result":"ok"}`))
-		return err
-	})); err != nil || w.Code != http.StatusOK {
-		t.Fatalf("the batch: %d %v %s", w.Code, err, w.Body)
+	letters := overlandLettersWith(t, `"asset":["{http.request.uri.query.device}"],`, "https://fleet.example/overland?device=jane-phone",
+		`{"locations":[`+feature(52.5)+`,`+feature(91)+`,`+late+`]}`, nil)
+	if len(letters) != 2 {
+		t.Fatalf("letters: %v", letters)
 	}
-	letters, err := srv.Client().XRange(context.Background(), "letter-uri:dlq", "-", "+").Result()
-	if err != nil || len(letters) != 2 {
-		t.Fatalf("letters: %v %v", letters, err)
-	}
-	for _, l := range letters {
-		if v := l.Values; v["host"] != "fleet.example" || v["uri"] != "/overland?device=jane-phone" || v["asset"] != "jane-phone" {
+	for _, v := range letters {
+		if v["host"] != "fleet.example" || v["uri"] != "/overland?device=jane-phone" || v["asset"] != "jane-phone" {
 			t.Errorf("the letter of %s says host %q, uri %q, asset %q; want fleet.example, /overland?device=jane-phone and jane-phone",
 				v["field"], v["host"], v["uri"], v["asset"])
 		}
@@ -918,15 +905,16 @@ func TestADeadLettersURIIsTheOneTheSenderRequested(t *testing.T) {
 // and returns the letters written.
 func overlandLetters(t *testing.T, extra, body string) []map[string]any {
 	t.Helper()
-	return overlandLettersWith(t, extra, body, nil)
+	return overlandLettersWith(t, extra, "https://fleet.example/overland", body, nil)
 }
 
-func overlandLettersWith(t *testing.T, extra, body string, header http.Header) []map[string]any {
+// overlandLettersWith posts body to url with header as well.
+func overlandLettersWith(t *testing.T, extra, url, body string, header http.Header) []map[string]any {
 	t.Helper()
 	srv := redistest.Start(t)
 	h := tableHandler(t, fmt.Sprintf(`{"preset":"overland","key_prefix":"letters-overland:",%s"on_invalid":"dead_letter","dead_letter_stream":"letters-overland:dlq",`+
 		`"store":{"type":"redis","url":%q,"timeout":1000000000}}`, extra, srv.URL())).h
-	r := httptest.NewRequest(http.MethodPost, "https://fleet.example/overland", strings.NewReader(body))
+	r := httptest.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
 		r.Header[k] = v
@@ -986,7 +974,7 @@ func TestADeadLetterOfAnOverlongAssetStaysWithinTheLetterCap(t *testing.T) {
 // (Helper 6's review, stop 64.)
 func TestADeadLetterOfABodyRefusedWholeNamesItsTemplateAsset(t *testing.T) {
 	body := fmt.Sprintf(`{"_type":"location","lat":52.5,"lon":13.4,"tst":%d,"acc":5,"batt":80}`, time.Now().Unix()-60)
-	letters := overlandLettersWith(t, `"asset":["{http.request.header.X-User}"],`, body, http.Header{"X-User": {"jane"}})
+	letters := overlandLettersWith(t, `"asset":["{http.request.header.X-User}"],`, "https://fleet.example/overland", body, http.Header{"X-User": {"jane"}})
 	if len(letters) != 1 {
 		t.Fatalf("letters: %d; want 1", len(letters))
 	}

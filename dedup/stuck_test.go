@@ -166,12 +166,7 @@ func TestStuckTrackerDoesNotListAParkedAssetThatWentSilent(t *testing.T) {
 func TestStuckTrackerForgetsAStuckAssetThatWentSilent(t *testing.T) {
 	for _, after := range []time.Duration{15 * time.Minute, 3 * time.Hour} {
 		tr := NewStuckTracker(DefaultStuckRatio, after, DefaultStuckTrack)
-		now := articleBase
-		tr.Observe("cached", accepted, now)
-		for range 64 + int(after/time.Minute) {
-			now = now.Add(time.Minute)
-			tr.Observe("cached", suppressed(Redelivery), now)
-		}
+		now := observeCopies(tr, "cached", articleBase, 64+int(after/time.Minute), time.Minute)
 		silence := max(after, StuckSilence)
 		if stuck := tr.Stuck(now.Add(silence)); len(stuck) != 1 {
 			t.Errorf("stuck_after %s: silent for %s, the asset is listed %d times, want once", after, silence, len(stuck))
@@ -190,12 +185,7 @@ func TestStuckTrackerForgetsAStuckAssetThatWentSilent(t *testing.T) {
 // longer under one it does not. (Helper 3's review, stop 64.)
 func TestStuckTrackerConfiguredAnewKeepsItsAssets(t *testing.T) {
 	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
-	now := articleBase
-	tr.Observe("cached", accepted, now)
-	for range 120 {
-		now = now.Add(time.Minute)
-		tr.Observe("cached", suppressed(Redelivery), now)
-	}
+	now := observeCopies(tr, "cached", articleBase, 120, time.Minute)
 	tr.Configure(DefaultStuckRatio, time.Hour, DefaultStuckTrack)
 	if stuck := tr.Stuck(now); len(stuck) != 1 {
 		t.Errorf("stuck for 2 h, stuck_after raised to 1 h: listed %d times, want once", len(stuck))
@@ -221,12 +211,7 @@ func TestStuckTrackerConfiguredAnewKeepsItsAssets(t *testing.T) {
 // stop 64.)
 func TestStuckTrackerKeepsASlowReporterListedBetweenItsPings(t *testing.T) {
 	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
-	now := articleBase
-	tr.Observe("sleepy", accepted, now)
-	for range 70 {
-		now = now.Add(2 * time.Hour)
-		tr.Observe("sleepy", suppressed(Redelivery), now)
-	}
+	now := observeCopies(tr, "sleepy", articleBase, 70, 2*time.Hour)
 	if n := len(tr.Stuck(now)); n != 1 {
 		t.Fatalf("setup: listed %d times at its ping, want once", n)
 	}
@@ -275,12 +260,7 @@ func TestStuckTrackerKeepsABatchSenderReportingEveryTwoHoursListed(t *testing.T)
 // reports that rarely. (Helper 7's review, stop 64.)
 func TestStuckTrackerUnlistsADeadAssetWhoseLastGapWasAWeek(t *testing.T) {
 	tr := NewStuckTracker(DefaultStuckRatio, 15*time.Minute, DefaultStuckTrack)
-	now := articleBase
-	tr.Observe("parked-then-dead", accepted, now)
-	for range 100 {
-		now = now.Add(time.Minute)
-		tr.Observe("parked-then-dead", suppressed(Redelivery), now)
-	}
+	now := observeCopies(tr, "parked-then-dead", articleBase, 100, time.Minute)
 	now = now.Add(7 * 24 * time.Hour) // parked for a week, ignition off
 	tr.Observe("parked-then-dead", suppressed(Redelivery), now)
 	// then it goes silent for good
@@ -288,4 +268,16 @@ func TestStuckTrackerUnlistsADeadAssetWhoseLastGapWasAWeek(t *testing.T) {
 		t.Errorf("two days after its last ping, an asset that reported every minute is still listed stuck (%d rows): "+
 			"one week-long gap keeps it listed three weeks", n)
 	}
+}
+
+// observeCopies has tr see asset accepted at start, then n copies of its
+// cached fix, suppressed, every apart, and returns the time of the last.
+func observeCopies(tr *StuckTracker, asset string, start time.Time, n int, every time.Duration) time.Time {
+	tr.Observe(asset, accepted, start)
+	now := start
+	for range n {
+		now = now.Add(every)
+		tr.Observe(asset, suppressed(Redelivery), now)
+	}
+	return now
 }
