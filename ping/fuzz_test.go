@@ -151,17 +151,17 @@ var knownRules = map[Rule]bool{
 }
 
 func isConfiguredField(p Parser, field string) bool {
-	if field == p.LatPath || field == p.LonPath || field == "asset" && len(p.AssetPaths) == 0 {
+	if field == "asset" && len(p.AssetPaths) == 0 {
 		return true
 	}
-	for _, paths := range [][]string{p.AssetPaths, p.TimePaths} {
-		for _, path := range paths {
-			if field == path {
-				return true
-			}
-		}
+	// Every path the parser reads: a field given twice with different
+	// values is refused at its path, an event's or a state's too.
+	paths := slices.Concat(p.AssetPaths, p.TimePaths, p.States, p.EventDetails,
+		[]string{p.LatPath, p.LonPath, p.PairField, p.KindPath, p.AccuracyPath, p.SpeedPath, p.AccuracyFallback})
+	for _, m := range slices.Concat(p.Events, p.Skip) {
+		paths = append(paths, m.Path)
 	}
-	return false
+	return field != "" && slices.Contains(paths, field)
 }
 
 // checkPing requires an accepted ping to keep every rule.
