@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
 )
@@ -143,4 +144,20 @@ func allStuckAssets(now time.Time) []stuckAsset {
 		return cmp.Or(strings.Compare(a.Store, b.Store), strings.Compare(a.KeyPrefix, b.KeyPrefix), strings.Compare(a.Mode, b.Mode))
 	})
 	return out
+}
+
+// watchForStuck feeds the stuck-asset tracker and warns, once per asset
+// per hour, about an asset that looks stuck. now is when the verdict was
+// made (the claim's time: one clock read fewer a ping).
+func (h *Handler) watchForStuck(asset string, v dedup.Verdict, now time.Time) {
+	if !h.stuck.Observe(asset, v, now) {
+		return
+	}
+	a, _ := h.stuck.Lookup(asset, now)
+	scope, id := dedup.SplitScopedAsset(asset)
+	h.logger.Warn("asset looks stuck: nearly all its recent pings are suppressed and none was accepted for stuck_after; "+
+		"is it repeating a cached fix or is its clock frozen?",
+		zap.String("asset", id), zap.String("scope", scope), zap.Float64("ratio", a.Ratio), zap.Uint64("pings", a.Pings),
+		zap.String("last_reason", string(a.LastReason)), zap.Time("since", a.Since),
+		zap.String("store", h.storeData), zap.String("key_prefix", h.settings.keyer.Prefix), zap.String("mode", h.settings.mode()))
 }
