@@ -2,6 +2,7 @@ package ping
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -578,15 +579,25 @@ func (p *Parser) asset(v gjson.Result, path string) (string, error) {
 // PrintableAsset reports an asset id checkAsset lets through: neither
 // empty nor blank, at most MaxAssetBytes, without a control character.
 func PrintableAsset(asset string) bool {
-	if asset == "" || blank(asset) || len(asset) > MaxAssetBytes {
-		return false
+	_, fault := assetFault(asset)
+	return asset != "" && fault == ""
+}
+
+// assetFault is the rule a non-empty asset id breaks and how, "" if none.
+func assetFault(asset string) (Rule, string) {
+	if blank(asset) {
+		return RuleRequired, fmt.Sprintf("the asset id %q is only blanks, which name no device; send the device's id", asset)
+	}
+	if len(asset) > MaxAssetBytes {
+		return RuleType, fmt.Sprintf("the asset id is %d bytes long; at most %d are allowed: send the device's short id (or a hash of a long one)",
+			len(asset), MaxAssetBytes)
 	}
 	for i := 0; i < len(asset); i++ {
-		if controlAt(asset, i) >= 0 {
-			return false
+		if r := controlAt(asset, i); r >= 0 {
+			return RuleType, fmt.Sprintf("the asset id contains the control character %U at byte %d; asset ids must be printable", r, i)
 		}
 	}
-	return true
+	return "", ""
 }
 
 // checkAsset rejects an asset id that cannot be an id: empty or blank
@@ -599,19 +610,8 @@ func (p *Parser) checkAsset(ping Ping) error {
 	if asset == "" {
 		return invalid(p.assetField(ping), RuleRequired, "the asset id is empty; send the device's id at %s", oneOf(p.AssetPaths))
 	}
-	if blank(asset) {
-		return invalid(p.assetField(ping), RuleRequired, "the asset id %q is only blanks, which name no device; send the device's id", asset)
-	}
-	if len(asset) > MaxAssetBytes {
-		return invalid(p.assetField(ping), RuleType,
-			"the asset id is %d bytes long; at most %d are allowed: send the device's short id (or a hash of a long one)",
-			len(asset), MaxAssetBytes)
-	}
-	for i := 0; i < len(asset); i++ {
-		if r := controlAt(asset, i); r >= 0 {
-			return invalid(p.assetField(ping), RuleType,
-				"the asset id contains the control character %U at byte %d; asset ids must be printable", r, i)
-		}
+	if rule, fault := assetFault(asset); fault != "" {
+		return invalid(p.assetField(ping), rule, "%s", fault)
 	}
 	return nil
 }
