@@ -1197,3 +1197,40 @@ func TestASingleOutlierCostsTwoAdmissionsWhenTheFixBackFallsPastTheLagBound(t *t
 		}
 	})
 }
+
+// A multipath outlier past the lag bound (60 to 500 m out) costs two
+// admissions at every cadence, itself and the fix back, and no more: the
+// stay is kept, so the fixes after it are jitter again until sliding's
+// window turns. Suppressing the fix back whenever no vehicle could have
+// driven out to the outlier and back in the time (an excursion of e metres
+// takes 2·√(2e/maxAccel) at least) held a 1 s receiver's outliers to one
+// admission, but left the outlier the backend's last position: the fixes
+// of a departure still inside the stay then lay farther than the lag bound
+// from it, and the fleet simulator lost 2 to 130 moves in eight of its
+// receivers (stop 65). The fix back is the backend's correction.
+func TestAnOutlierPastTheLagBoundCostsItselfAndTheFixBackOnly(t *testing.T) {
+	for _, tt := range []struct {
+		out, cadence float64 // metres east; seconds between fixes
+	}{{60, 1}, {150, 1}, {500, 1}, {60, 5}, {150, 5}, {150, 10}, {500, 30}} {
+		t.Run(fmt.Sprintf("%.0f m at %.0f s", tt.out, tt.cadence), func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				park(t, d) // to 40 s
+				outlierAt := 40 + 5*tt.cadence
+				var admitted []float64
+				for sec := 40 + tt.cadence; sec <= 40+DefaultWindow.Seconds()*0.8; sec += tt.cadence {
+					p := offset(sec, 3*math.Sin(sec/7), 3*math.Cos(sec/11))
+					if sec == outlierAt {
+						p = offset(sec, tt.out, 0)
+					}
+					if d.settled(t, p).Decision == Accepted {
+						admitted = append(admitted, sec)
+					}
+				}
+				if want := []float64{outlierAt, outlierAt + tt.cadence}; !slices.Equal(admitted, want) {
+					t.Errorf("parked with an outlier %.0f m out at %.0f s: admitted at %v s, want %v (the outlier and the fix back)",
+						tt.out, outlierAt, admitted, want)
+				}
+			})
+		})
+	}
+}
