@@ -287,8 +287,13 @@ func (h *Handler) unmarshalAnswers(d *caddyfile.Dispenser) error {
 		return d.Errf("answers takes no arguments, only a block: answers { suppressed 200 application/json [] }")
 	}
 	h.Answers = new(Answers)
+	var previous string
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		kind, args := d.Val(), d.RemainingArgs()
+		if kind == "{" && previous != "" {
+			return noBlockError(d, "answer "+previous, "")
+		}
+		previous = kind
 		var dst **Answer
 		maxArgs := 3
 		switch kind {

@@ -1545,3 +1545,31 @@ func TestMoreThanEightStateFieldsAreRefused(t *testing.T) {
 		t.Errorf("nine state fields: %v; want them refused at line 2", err)
 	}
 }
+
+// The README ("Options"): "An option that takes no block, written with
+// one (preset owntracks {), says so", and TestABlockAfterAnOptionThatTakesNoneSaysSo
+// holds the block's options and the redis store's to it. Inside answers,
+// the one other block of the directive, a line written with a block
+// (suppressed 200 {, as a user who reads "answers { ... }" nests the body)
+// was answered `unknown answer "{"; the answers are suppressed, in_flight
+// and dead_lettered`: it said the user's own answer, suppressed, is not
+// one, and not that it takes no block; max_keys { in the memory store's
+// block, `unrecognized store memory option "{"`. (Helper 3's review, stop
+// 65.)
+func TestAnAnswerOrMaxKeysWrittenWithABlockSaysItTakesNone(t *testing.T) {
+	for _, c := range []struct{ block, name string }{
+		{"answers {\n\t\tsuppressed 200 {\n\t\t}\n\t}", "suppressed"},
+		{"answers {\n\t\tin_flight 503 {\n\t\t}\n\t}", "in_flight"},
+		{"answers {\n\t\tdead_lettered 202 {\n\t\t}\n\t}", "dead_lettered"},
+		{"store memory {\n\t\tmax_keys 1000 {\n\t\t}\n\t}", "max_keys"},
+	} {
+		_, err := parse(t, "telemetry_dedup {\n\t"+c.block+"\n}")
+		if err == nil {
+			t.Errorf("%q loaded", c.block)
+			continue
+		}
+		if strings.Contains(err.Error(), `"{"`) || !strings.Contains(err.Error(), c.name) || !strings.Contains(err.Error(), "block") {
+			t.Errorf("%s with a block: error %q does not say that %s takes no block", c.name, err, c.name)
+		}
+	}
+}

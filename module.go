@@ -554,14 +554,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // keySpaceOn names where the handler's keys live on the store's data, and
 // how they are made: the key_prefix, the key_scope, and the layout
-// (tumbling's window and resolution; sliding and session share theirs).
-// Two handlers of one name meet each other's claims; a shadow trial that
-// differs in any of these meets none of the live handler's.
+// (tumbling's resolution; sliding and session share theirs). Two handlers
+// of one name meet each other's claims; a shadow trial that differs in any
+// of these meets none of the live handler's. Tumbling's window is not in
+// the name: a key holds its bucket's start, and the buckets of two windows
+// start together (every 10 minutes for 5m and 10m), so a trial of another
+// window made the live handler's keys, and in front of it had the live
+// handler answer 409 to every such ping, forever.
 func (h *Handler) keySpaceOn(data string) string {
 	s := &h.settings
 	layout := "track"
 	if s.policy.Shape == dedup.Tumbling {
-		layout = fmt.Sprintf("tumbling %s %d", s.keyer.Window, s.keyer.Resolution)
+		layout = fmt.Sprintf("tumbling %d", s.keyer.Resolution)
 	}
 	return strings.Join([]string{data, s.keyer.Prefix, h.KeyScope, layout}, "\x00")
 }
@@ -579,7 +583,8 @@ func (h *Handler) passNested(w http.ResponseWriter, r *http.Request, next caddyh
 	h.nested.Do(func() {
 		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup of the same store and keys on the same request; "+
 			"this one passes such requests on unjudged, since the outer one has judged their pings: remove one of them "+
-			"(two in one route, or one at the site's top and one in a handle or route), or give them key spaces of their own",
+			"(two in one route, or one at the site's top and one in a handle or route), or give them key spaces of their own "+
+			"(a key_prefix each: a trial of another window needs one too, as tumbling keys of two windows meet where their buckets start together)",
 			zap.String("key_prefix", h.settings.keyer.Prefix))
 	})
 	return next.ServeHTTP(w, r)

@@ -37,7 +37,11 @@ const (
 // record records what became of each ping of the request, then sets the
 // request's placeholders.
 // earlier is what an earlier run of a handler on the request published,
-// if any; it returns what this one publishes.
+// if any; it returns what this one publishes. A shadow trial inside an
+// enforcing handler publishes nothing, as it sets no answer headers: read
+// by a header_up or an access log behind it, its key and decision were
+// the backend's, a key the live store never holds and "suppressed" for a
+// ping the live handler delivered.
 func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request, earlier *outcomePlaceholders) *outcomePlaceholders {
 	req.sendBack()
 	if h.deadLetters != nil {
@@ -45,6 +49,9 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request, ea
 	}
 	for i := range req.elements {
 		h.recordOutcome(&req.elements[i])
+	}
+	if earlier != nil && h.settings.shadow && earlier.enforced() {
+		return earlier
 	}
 	return publishPlaceholders(repl, req, &h.deduper.Keyer, earlier)
 }

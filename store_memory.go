@@ -105,6 +105,11 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := intArg(d, &m.MaxKeys, 1, "a positive whole number, e.g. max_keys 1000000"); err != nil {
 				return withSyntax(d, err, "max_keys", "<n>, e.g. max_keys 1000000")
 			}
+		case "{":
+			if maxKeysLine != 0 {
+				return noBlockError(d, "max_keys", "<n>")
+			}
+			return d.Errf("store memory takes its options in one block: store memory { max_keys <n> }")
 		default:
 			if err := optionOfHandler(d, "memory", d.Val()); err != nil {
 				return err

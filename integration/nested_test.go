@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
@@ -138,4 +139,135 @@ http://localhost:{$TD_TEST_HTTP_PORT} {
 			again.status, again.header.Get("X-Dedup"), fallback.count())
 	}
 	t.Logf("redelivery: %d X-Dedup=%q", again.status, again.header.Get("X-Dedup"))
+}
+
+// The README ("Using it") invites a mode shadow trial of another setting
+// inside the live handler ("in front of the live handler, say, or behind
+// it") and promises "The answer's headers are the enforcing handler's
+// either way". Caddyfile.example sends {http.telemetry_dedup.key} upstream
+// with header_up so that "The backend can see the key it got, e.g. to store
+// it beside the row", and logs {http.telemetry_dedup.decision}. With a
+// trial behind the live handler, every placeholder a later handler read was
+// the trial's: the backend was told a key of the trial's key space (which
+// the live store never holds) and a decision of "suppressed" for a ping the
+// live handler accepted and delivered, while the sender's X-Dedup said
+// accepted, and the access log reported suppressions that never happened.
+// The placeholders are now the enforcing handler's, as its headers are.
+// (Helper 3's review, stop 65.)
+func TestPlaceholdersBehindAShadowTrialAreTheEnforcingHandlers(t *testing.T) {
+	up := newUpstream(t)
+	prefix := keyPrefix(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	route /telemetry {
+		telemetry_dedup {
+			key_prefix "%[1]slive:"
+		}
+		telemetry_dedup {
+			key_prefix "%[1]strial:"
+			mode shadow
+			resolution 5
+		}
+		reverse_proxy %[2]s {
+			header_up X-Dedup-Key {http.telemetry_dedup.key}
+			header_up X-Dedup-Decision {http.telemetry_dedup.decision}
+		}
+	}
+}`, prefix, strings.TrimPrefix(up.URL, "http://")))
+	at := base()
+	// Two fixes ~1.3 km apart (as in the README's resolution table, one res-5 cell) at one time: two cells at the live
+	// resolution 12, one cell at the trial's resolution 5.
+	post(t, caddytestClient(), ping("veh-trial-trial", at, 52.5, 13.4)).expect(t, http.StatusCreated, "accepted")
+	post(t, caddytestClient(), ping("veh-trial-trial", at, 52.51, 13.41)).expect(t, http.StatusCreated, "accepted")
+	got := up.requests()
+	if len(got) != 2 {
+		t.Fatalf("upstream got %d requests, want 2", len(got))
+	}
+	for i, r := range got {
+		key, decision := r.header.Get("X-Dedup-Key"), r.header.Get("X-Dedup-Decision")
+		if !strings.HasPrefix(key, prefix+"live:") || decision != "accepted" {
+			t.Errorf("ping %d, accepted and delivered by the live handler (X-Dedup: accepted): the upstream was told "+
+				"X-Dedup-Key %q and X-Dedup-Decision %q; want the live handler's key (prefix %q) and accepted, "+
+				"as the answer's headers say", i+1, key, decision, prefix+"live:")
+		}
+	}
+}
+
+// The README ("Using it") said a telemetry_dedup inside another passes the
+// request on unjudged only when its keys are the other's ("both tumbling
+// with one window and resolution"), and that "One whose keys differ judges
+// as it would alone: a mode shadow trial of another setting in front of the
+// live handler, say, or behind it". A trial of another window on the same
+// store and key_prefix is such a trial by that rule. But a tumbling key is
+// blake2b(asset|bucket|cell) with bucket = the device time floored to the
+// window, so for every ping in the first half of a 10m window the 10m
+// trial's key IS the 5m live key (the README's Key contract says so: "a
+// bucket and cell that come out the same under both keep their key").
+// The trial in front claims the key, the live handler inside meets that
+// claim in flight and answers 409, the trial reads the 409 as a failed
+// upstream and releases, and the sender's retry meets the same: that ping
+// is never delivered (the very loop passNested was written to end). The
+// two now count as one key space: the live handler inside passes the
+// request on, and warns. (Helper 3's review, stop 65.)
+func TestAShadowTrialOfAnotherWindowInFrontNeverBlocksTheLiveHandler(t *testing.T) {
+	up := newUpstream(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	telemetry_dedup /telemetry {
+		key_prefix %[1]q
+		mode shadow
+		window 10m
+	}
+	handle /telemetry {
+		telemetry_dedup {
+			key_prefix %[1]q
+		}
+		reverse_proxy %[2]s
+	}
+}`, keyPrefix(t), strings.TrimPrefix(up.URL, "http://")))
+	at := time.Now().UTC().Truncate(10 * time.Minute).Add(-time.Hour).Add(time.Minute) // one bucket start under 5m and 10m
+	body := ping("veh-trial-window-trial", at, 52.5200087, 13.4049547)
+	var res response
+	for range 3 { // the sender retries
+		if res = post(t, caddytestClient(), body); res.status == http.StatusCreated {
+			return
+		}
+	}
+	t.Fatalf("a first sighting was answered %d X-Dedup=%q (reason %q) %s on every attempt, upstream got %d requests; "+
+		"want 201 accepted: the shadow trial (window 10m) in front is another key space by the README's rule, and must not "+
+		"change what the live handler (window 5m) does", res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"), res.body, up.count())
+}
+
+// Behind the live handler, the same trial writes claims into the live key
+// space: a ping at minute 7 has the trial claim the 10m bucket's key, which
+// is the live handler's key of minutes 0-5. A fix of minutes 0-5 in that
+// cell that arrives late (a phone's offline buffer) is then suppressed by
+// the enforcing handler as if it had been delivered, though the backend
+// never had it: without the trial it is accepted. (Helper 3's review, stop
+// 65.)
+func TestAShadowTrialOfAnotherWindowBehindNeverSuppressesForTheLiveHandler(t *testing.T) {
+	up := newUpstream(t)
+	caddyTester(t, fmt.Sprintf(caddytestGlobals+`
+http://localhost:{$TD_TEST_HTTP_PORT} {
+	route /telemetry {
+		telemetry_dedup {
+			key_prefix %[1]q
+		}
+		telemetry_dedup {
+			key_prefix %[1]q
+			mode shadow
+			window 10m
+		}
+		reverse_proxy %[2]s
+	}
+}`, keyPrefix(t), strings.TrimPrefix(up.URL, "http://")))
+	start := time.Now().UTC().Truncate(10 * time.Minute).Add(-time.Hour)
+	post(t, caddytestClient(), ping("veh-trial-window-behind", start.Add(7*time.Minute), 52.5200087, 13.4049547)).expect(t, http.StatusCreated, "accepted")
+	late := ping("veh-trial-window-behind", start.Add(2*time.Minute), 52.5200087, 13.4049547) // same cell, the live handler's earlier bucket
+	res := post(t, caddytestClient(), late)
+	if res.status != http.StatusCreated || up.received(late) != 1 {
+		t.Fatalf("a late fix of a 5m bucket the live handler never saw was answered %d X-Dedup=%q (reason %q), and the upstream "+
+			"got it %d times; want 201 accepted and delivered, as without the shadow trial: the trial's claim of its 10m "+
+			"bucket is the live key of that 5m bucket", res.status, res.header.Get("X-Dedup"), res.header.Get("X-Dedup-Reason"), up.received(late))
+	}
 }
