@@ -304,3 +304,64 @@ func TestAnalyzeNamesItsFlagsInTheFixesOfSkippedPings(t *testing.T) {
 		}
 	}
 }
+
+// analyze refuses a UTF-16 capture with "convert it to UTF-8 first: iconv
+// ... (in PowerShell: Out-File -Encoding utf8)" (analyze.go notUTF16;
+// README, Sizing from your own traffic: "A capture in UTF-16 (as Windows
+// PowerShell's > saves text) is an error that gives the conversion").
+// Windows PowerShell 5.1, the one whose > writes UTF-16, writes
+// Out-File -Encoding utf8 WITH a UTF-8 byte order mark. The converted
+// capture then starts with EF BB BF, which analyze reads as part of line 1
+// (the handler's rule for a request body), so line 1 is "malformed". For a
+// capture of one JSON array (README: "a JSON array of pings" is a line)
+// every ping is lost, and the error reads "the body starts with a UTF-8
+// byte order mark (EF BB BF), which JSON senders must not write; send it
+// without" and "check --preset, --batch, --asset, --time, --lat and --lon",
+// advice about senders and flags for a mark its own conversion advice put
+// in the file. The GPX reader skipped a file's leading mark; the line
+// reader did not. Both now skip it. (Helper 2's review, stop 65.)
+func TestACaptureConvertedAsAnalyzeSaysIsRead(t *testing.T) {
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	var pings []string
+	for i := range 180 {
+		pings = append(pings, fmt.Sprintf(`{"asset_id":"veh-1","occurred_at":%q,"lat":%.7f,"lon":13.4}`,
+			start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339), 52.52+float64(i%5)*0.000003))
+	}
+	capture := "\uFEFF[" + strings.Join(pings, ",") + "]\r\n" // Out-File -Encoding utf8, Windows PowerShell 5.1
+	out, err := runAnalyzeCmd(t, capture, "-")
+	if err != nil {
+		t.Errorf("a capture of one JSON array of 180 pings, saved with Out-File -Encoding utf8 as analyze's UTF-16 error advises "+
+			"(Windows PowerShell writes a UTF-8 byte order mark), is refused:\n%v", err)
+		return
+	}
+	if !strings.Contains(out, "180 pings") {
+		t.Errorf("want the 180 pings read; got:\n%s", out)
+	}
+}
+
+// README, Sizing from your own traffic: "--batch off for none, e.g. for
+// Overland features one a line, as jq -c '.locations[]' writes them", and
+// "The fix each skipped reason's first line gives names the command's
+// flags (--time-zone, --null-island allow, --batch, --encoding), not the
+// directive's options." A user who extracted the features and forgot the
+// flag gets, for exactly that capture, "the body holds no array of pings at
+// \"locations\" (batch locations); send the pings as an array there, or set
+// batch off for a route whose senders post single pings": the directive's
+// option (ping/batch.go), which command.go's asFlags did not rewrite (it
+// rewrote only "read as one ping: set batch "). (Helper 2's review, stop
+// 65.)
+func TestOverlandFeaturesOneALineAreToldTheBatchFlag(t *testing.T) {
+	var capture strings.Builder
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	for i := range 30 {
+		fmt.Fprintf(&capture, `{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.52]},"properties":{"timestamp":%q,"device_id":"phone1"}}`+"\n",
+			start.Add(time.Duration(i)*10*time.Second).Format(time.RFC3339))
+	}
+	_, err := runAnalyzeCmd(t, capture.String(), "--preset", "overland", "-")
+	if err == nil {
+		t.Fatal("features one a line read with the overland preset's batch: no error")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "--batch off") || strings.Contains(msg, "set batch off") {
+		t.Errorf("Overland features one a line: the fix should name --batch off, not the directive's option; got:\n%v", err)
+	}
+}

@@ -389,6 +389,8 @@ var asFlags = strings.NewReplacer(
 	"name it with time_zone (e.g. time_zone ", "name it with --time-zone (e.g. --time-zone ",
 	"set encoding auto, which reads it as JSON, or encoding json", "give --encoding auto, which reads it as JSON, or --encoding json",
 	"read as one ping: set batch ", "read as one ping: give --batch ",
+	"or set batch off for a route whose senders post single pings", "or give --batch off for a capture of single pings",
+	"are allowed (max_batch): ", "are allowed (the handler's default max_batch): ",
 )
 
 // noteIfRecommendationRefused notes a recommended window and TTL that the

@@ -58,6 +58,14 @@ const (
 	// takes, and analyze failed; 1% at 0.5-1 km recommended 672 m, whose
 	// lag bound hid moves of a kilometre.
 	maxJitterAccuracyM = 100.0
+	// maxAccuracyM is the coarsest accuracy the handler trusts (dedup's
+	// maxAccuracy): a wider one counts as none.
+	maxAccuracyM = 10000.0
+	// lateShare is the share of a capture's fixes that may come after a
+	// later fix of their asset before it reads as a capture out of order:
+	// an offline backlog makes some late, a capture sorted newest first
+	// all of them.
+	lateShare = 0.5
 	// minMoveM is the floor of the real-move threshold, so that a capture
 	// with (almost) no jitter does not count rounding noise as moves.
 	minMoveM = 1.0
@@ -255,6 +263,7 @@ func (a *analyzer) read(r io.Reader) ([]*assetFixes, error) {
 	if err := notUTF16(br); err != nil {
 		return nil, err
 	}
+	skipUTF8BOM(br)
 	if isGPX(br) {
 		return a.readGPX(br)
 	}
@@ -330,6 +339,20 @@ func notUTF16(br *bufio.Reader) error {
 	}
 	return errors.New("the capture is UTF-16 text (it starts with a UTF-16 byte order mark, as Windows PowerShell's > and Out-File write it); " +
 		"convert it to UTF-8 first: iconv -f UTF-16 -t UTF-8 capture.txt > capture.ndjson (in PowerShell: Out-File -Encoding utf8)")
+}
+
+// utf8BOM is the byte order mark some writers put at the start of a
+// UTF-8 file: .NET's XmlWriter before a GPX document, and Windows
+// PowerShell 5.1's Out-File -Encoding utf8, which notUTF16's advice names.
+var utf8BOM = []byte("\xEF\xBB\xBF")
+
+// skipUTF8BOM skips the capture file's byte order mark: it is the file's,
+// not its first request's. Read as part of the first line, it made that
+// line malformed, and a capture of one JSON array lost every ping.
+func skipUTF8BOM(br *bufio.Reader) {
+	if head, _ := br.Peek(len(utf8BOM)); bytes.Equal(head, utf8BOM) {
+		_, _ = br.Discard(len(utf8BOM))
+	}
 }
 
 // skip counts one ping of the capture that cannot be used, and why,

@@ -17,18 +17,14 @@ import (
 // device's route a file, so the whole document is one asset.
 const gpxAsset = "gpx"
 
-// utf8BOM is the byte order mark some writers (Windows tools, .NET's
-// XmlWriter) put before an XML document.
-var utf8BOM = []byte("\xEF\xBB\xBF")
-
 // isGPX says whether the capture is a GPX document: its first non-space
-// byte, after a UTF-8 byte order mark if any, is the '<' of XML (a
-// declaration, a comment, a doctype or the root, prefixed or not), which
-// no JSON text, query string, URL or .rec line starts with. readGPX says
-// so when the root is not gpx.
+// byte (after the file's byte order mark, which read skips) is the '<' of
+// XML (a declaration, a comment, a doctype or the root, prefixed or not),
+// which no JSON text, query string, URL or .rec line starts with. readGPX
+// says so when the root is not gpx.
 func isGPX(br *bufio.Reader) bool {
 	head, _ := br.Peek(br.Size())
-	head = bytes.TrimLeft(bytes.TrimPrefix(head, utf8BOM), " \t\r\n")
+	head = bytes.TrimLeft(head, " \t\r\n")
 	return bytes.HasPrefix(head, []byte("<"))
 }
 

@@ -34,9 +34,62 @@ func (a *analyzer) finish(assets []*assetFixes) error {
 	if err := a.recommendRadius(assets); err != nil {
 		return err
 	}
+	a.noteWideAccuracies(assets)
+	a.noteBackwardCapture(assets)
 	ttl, from, err := a.opts.ttl(rep.Recommended.Window)
 	rep.Recommended.TTL, rep.Recommended.TTLFrom = ttl, from
 	return err
+}
+
+// noteWideAccuracies notes the fixes that report an accuracy wider than
+// the recommendation's lag bound: the stay holds such a fix by its own
+// accuracy (dedup's radius2 and lag2), so a suppressed one may lie that
+// far from the last accepted one, farther than the bound the
+// recommendation prints.
+func (a *analyzer) noteWideAccuracies(assets []*assetFixes) {
+	lag := dedup.LagFactor * a.report.Recommended.RadiusM
+	wide, widest := 0, 0.0
+	for _, as := range assets {
+		for _, f := range as.fixes {
+			if f.accuracy > lag && f.accuracy <= maxAccuracyM {
+				wide, widest = wide+1, max(widest, f.accuracy)
+			}
+		}
+	}
+	if wide > 0 {
+		a.note("%d of the capture's fixes report an accuracy wider than the %g m lag bound (up to %g m): in sliding and session a "+
+			"suppressed fix may lie as far from the last accepted one as its own accuracy, and one that reports standing still "+
+			"up to about 2.8 times it", wide, lag, widest)
+	}
+}
+
+// noteBackwardCapture notes a capture in which most fixes come after a
+// later fix of their asset: exported newest first (a backend's table
+// sorted descending, a log viewer's default) or rotated logs joined newest
+// first (zcat access.log.*.gz reads .1 first). The replay takes the lines
+// as written, as the handler would have met them, and judges such fixes
+// late: sized from such a capture, the stationary receiver of the README's
+// own traces cost 60 admissions a window, or was recommended 37 m for 28.
+// A live sender's offline backlogs make some fixes late, not most.
+func (a *analyzer) noteBackwardCapture(assets []*assetFixes) {
+	late, fixes := 0, 0
+	for _, as := range assets {
+		var latest time.Time
+		for i, f := range as.fixes {
+			switch {
+			case i == 0 || f.t.After(latest):
+				latest = f.t
+			case f.t.Before(latest):
+				late++
+			}
+		}
+		fixes += len(as.fixes)
+	}
+	if late > 0 && float64(late) > lateShare*float64(fixes) {
+		a.note("%d of the capture's %d fixes come after a later fix of their asset: if the capture was exported newest first, "+
+			"or rotated logs were joined newest first (zcat access.log.*.gz), put it in the order the handler received it "+
+			"(tac, or the files oldest first) and run again; the replay takes the lines as written", late, fixes)
+	}
 }
 
 func (a *analyzer) recommendResolution() {

@@ -1,0 +1,155 @@
+package analyze
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/nmea"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
+)
+
+// traceCapture turns a real trace of testdata/traces into the plain NDJSON
+// capture the README's "Sizing from your own traffic" runs analyze on.
+func traceCapture(t *testing.T, trace, asset string) ([]nmea.Fix, string) {
+	t.Helper()
+	fixes, err := nmea.ReadRMC(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range fixes {
+		fmt.Fprintf(&b, `{"asset_id":%q,"occurred_at":%q,"lat":%.8f,"lon":%.8f}`+"\n", asset, f.Time.Format(time.RFC3339Nano), f.Lat, f.Lon)
+	}
+	return fixes, b.String()
+}
+
+// A capture whose lines are not in device-time order: exported from a
+// backend's table or a log viewer newest first (ORDER BY time DESC, Loki's
+// and Kibana's default), or logrotate's files concatenated as a glob
+// orders them (zcat access.log.*.gz: .1, the newest, first). analyze
+// measures the same jitter (it sorts by device time to measure), but
+// replays the lines as written. On the stationary Amsterdam receiver (in
+// order: radius 28 m, 1.00 admissions a window):
+//   - newest first: every one of the 1,201 fixes is admitted in sliding
+//     (each is older than the last accepted), and the report says "parked
+//     assets' fixes are admitted 60.00 times a window" with the note "the
+//     stationary runs cost 60.00 admissions a window at radius 28 m, and
+//     no radius up to 42 m lowers that", blaming the receiver and the
+//     radius;
+//   - four rotated files, newest first: the recommendation widens to 37 m
+//     (lag bound 55.5 m instead of 42 m) with no word on why.
+//
+// Nothing told the user that the capture ran backward, or to sort it. A
+// note now does. (Helper 2's review, stop 65.)
+func TestACaptureOutOfTimeOrderIsNamedNotSizedFrom(t *testing.T) {
+	_, capture := traceCapture(t, nmea.ParkedTrace, "ams")
+	lines := strings.Split(strings.TrimSpace(capture), "\n")
+	inOrder, err := Analyze(strings.NewReader(capture), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reversed := slices.Clone(lines)
+	slices.Reverse(reversed)
+	q := len(lines) / 4
+	rotated := slices.Concat(lines[3*q:], lines[2*q:3*q], lines[q:2*q], lines[:q])
+	for _, tc := range []struct {
+		name  string
+		lines []string
+	}{{"newest first", reversed}, {"four rotated files, newest first", rotated}} {
+		rep, err := Analyze(strings.NewReader(strings.Join(tc.lines, "\n")+"\n"), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := rep.Recommended
+		if rec.RadiusM == inOrder.Recommended.RadiusM && rec.ParkedAdmissionsPerWindow <= maxParkedPerWindow {
+			continue
+		}
+		named := slices.ContainsFunc(rep.Notes, func(n string) bool {
+			n = strings.ToLower(n)
+			return strings.Contains(n, "order") || strings.Contains(n, "sort") || strings.Contains(n, "backward") || strings.Contains(n, "newest")
+		})
+		if !named {
+			t.Errorf("%s: recommended radius %g m at %.2f parked admissions a window (in order: %g m at %.2f), "+
+				"and no note says the capture is out of device-time order; notes: %q", tc.name, rec.RadiusM, rec.ParkedAdmissionsPerWindow,
+				inOrder.Recommended.RadiusM, inOrder.Recommended.ParkedAdmissionsPerWindow, rep.Notes)
+		}
+	}
+}
+
+// analyze prints, with the radius it recommends, "a suppressed ping then
+// lies at most <1.5 radii> m from the last accepted one" (table.go; README,
+// Sizing from your own traffic: "The price is the wider lag bound it
+// prints"). A capture that reports accuracy (every Overland and OwnTracks
+// capture, any --accuracy) is replayed, and decided by the handler, with a
+// lag of max(1.5 radii, the fix's accuracy) (dedup/track.go lag2, and the
+// stay's radius widened to the fix's accuracy, radius2). A phone parked
+// outdoors for 2 h (sigma 3 m, reporting 8 m) that then walks off at
+// 1.2 m/s in a street where it reports 40 m: analyze recommends 12 m and
+// prints "at most 18 m", and the production Deduper at that radius (as
+// analyze replays it) suppresses the walk's fixes up to 37.7 m from the
+// last accepted one. The user sized the lag the backend tolerates from a
+// figure the recommendation did not keep; a note now says how far such a
+// fix may lie. (Helper 2's review, stop 65.)
+func TestAFixWiderThanThePrintedLagBoundIsNoted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	const lat0, lon0 = 52.52, 13.40
+	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
+	var capture strings.Builder
+	var fixes []fixPoint
+	add := func(i int, east, north, acc float64) {
+		f := fixPoint{t: start.Add(time.Duration(i) * 5 * time.Second), lat: lat0 + north/mPerDegLat, lon: lon0 + east/mPerDegLon, accuracy: acc}
+		fixes = append(fixes, f)
+		fmt.Fprintf(&capture, `{"asset_id":"phone-1","occurred_at":%q,"lat":%.8f,"lon":%.8f,"accuracy":%g}`+"\n",
+			f.t.Format(time.RFC3339), f.lat, f.lon, acc)
+	}
+	for i := range 1440 { // 2 h parked, 5 s cadence
+		add(i, 3*rng.NormFloat64(), 3*rng.NormFloat64(), 8)
+	}
+	walking := len(fixes)
+	for i := range 60 { // 5 min walking east at 1.2 m/s
+		add(1440+i, 6*float64(i+1)+3*rng.NormFloat64(), 3*rng.NormFloat64(), 40)
+	}
+	p := ping.NewParser()
+	p.AccuracyPath = "accuracy"
+	rep, err := Analyze(strings.NewReader(capture.String()), Options{Parser: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := rep.Recommended
+	printed := dedup.LagFactor * rec.RadiusM
+	pol := Options{Radius: rec.RadiusM}.withDefaults().policy(rec.Window)
+	pol.Shape = dedup.Sliding
+	as := &assetFixes{name: "phone-1", fixes: fixes, parked: make([]bool, len(fixes))}
+	var last fixPoint
+	farthest, farthestAt := 0.0, 0
+	err = replayAsset(dedup.Keyer{Window: rec.Window, Prefix: analyzePrefix}, pol, as,
+		func(d *dedup.Deduper, _ int, p ping.Ping) dedup.Observation { return d.Observe(p) },
+		func(i int, v dedup.Verdict) {
+			if v.Decision == dedup.Accepted {
+				last = fixes[i]
+				return
+			}
+			if d := geo.DistanceM(last.lat, last.lon, fixes[i].lat, fixes[i].lon); i >= walking && d > farthest {
+				farthest, farthestAt = d, i-walking
+			}
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("recommended radius %g m, printed bound %g m; the walk's farthest suppressed fix (walk fix %d) lies %.1f m from the last accepted one",
+		rec.RadiusM, printed, farthestAt, farthest)
+	noted := slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "accuracy wider than the") })
+	if farthest > printed+0.5 && !noted {
+		t.Errorf("analyze prints \"a suppressed ping then lies at most %g m from the last accepted one\" (radius %g m), "+
+			"but in sliding at that radius a walking fix reporting 40 m accuracy is suppressed %.1f m from it, and no note says so: %q",
+			printed, rec.RadiusM, farthest, rep.Notes)
+	}
+}
