@@ -564,7 +564,10 @@ func TestATooLargeBodySaysWhatToChangeForWhatWasSent(t *testing.T) {
 			body: card, maxBody: 256 << 10, want: ownTracks + " raise max_body"},
 		{name: "an OwnTracks card, read up to max_body", options: `"preset":"owntracks"`, contentType: "application/json", chunked: true,
 			body: card, maxBody: 256 << 10, want: ownTracks + " raise max_body"},
-		{name: "an OwnTracks card, stopped by request_body", options: `"preset":"owntracks"`, contentType: "application/json",
+		// Chunked: Caddy's request_body answers a declared length over its
+		// max_size with a bare 413 itself, before this handler runs
+		// (helper 1's review, stop 65).
+		{name: "an OwnTracks card, stopped by request_body", options: `"preset":"owntracks"`, contentType: "application/json", chunked: true,
 			body: card, maxBody: 1 << 20, maxSize: 64 << 10, want: ownTracks + " raise request_body max_size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -182,11 +183,29 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 		}
 		return h.settings.formParser.SplitForm(r.URL.RawQuery, body)
 	}
+	if len(body) == 0 && queryHoldsAPosition(r.URL.RawQuery) {
+		return ping.Batch{}, &ping.MalformedError{Reason: "the request body is empty, and its query string holds a position " +
+			"(the OsmAnd protocol, as OsmAnd and Traccar Client send it): read it with preset osmand, or encoding form"}
+	}
 	batch, err := h.settings.splitter.Split(elements, body, ct.ndjson())
 	if tooMany, ok := errors.AsType[*ping.BatchTooLargeError](err); ok && h.sentShape(ct, form, body) == sentOverland {
 		tooMany.Fix = sentOverland.fix() + " raise max_batch" // the app resends the batch whole; it cannot split it
 	}
 	return batch, err
+}
+
+// queryHoldsAPosition reports a query string with a latitude and a
+// longitude (lat and lon, or location=lat,lon), as an OsmAnd-protocol
+// sender's GET or empty POST has. Told
+// to limit the handler to POSTs with a matcher, the JSON route's advice
+// for an empty body, an operator let such a sender's every fix through
+// unexamined.
+func queryHoldsAPosition(query string) bool {
+	if query == "" {
+		return false
+	}
+	fields, _ := url.ParseQuery(query)
+	return fields.Has("lat") && fields.Has("lon") || fields.Has("location")
 }
 
 // refuseJSONAsForm refuses, with encoding form, a JSON body where the form

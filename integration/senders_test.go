@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -786,3 +787,37 @@ http://localhost:{$TD_TEST_HTTP_PORT} {
 		t.Errorf("a batch with X-User and no token: %d, want forward_auth's 401", res.status)
 	}
 }
+
+// An OsmAnd or Traccar Client phone sends its fixes as GETs with the fields
+// in the query string. Pointed at a route with the default encoding json,
+// each is answered 400, and the error told the operator to put a method
+// matcher in front: `@pings method POST`. Followed, that advice passed every
+// one of those GETs through unexamined, undeduplicated, which the README
+// warns against ("a method matcher such as `@post method POST` would pass
+// OsmAnd's GETs through unexamined", Tracker formats; Using it). The error
+// points at what reads such a request (`encoding form` or `preset
+// osmand`), not at the matcher that stops judging it. (Helper 1's review,
+// stop 65.)
+func TestAnOsmAndGETOnAJSONRouteIsNotToldToBeMatchedAway(t *testing.T) {
+	up := newUpstream(t)
+	startCaddy(t, up, "")
+	at := base()
+	url := siteURL + "?id=358240051111110&timestamp=" + strconv.FormatInt(at.Unix(), 10) +
+		"&lat=52.5200087&lon=13.4049547&speed=0&bearing=0&altitude=34&accuracy=4&batt=88"
+	res, err := caddytestClient().Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusBadRequest {
+		t.Fatalf("got %d %q, want the 400 of an empty body", res.StatusCode, body)
+	}
+	msg := string(body)
+	if strings.Contains(msg, "method POST") || !(strings.Contains(msg, "encoding form") || strings.Contains(msg, "osmand")) {
+		t.Fatalf("a GET whose query string holds a ping (id, timestamp, lat, lon) is answered %q: "+
+			"the advice to match `method POST` lets every such ping through unexamined; "+
+			"it should name `encoding form` / `preset osmand`", msg)
+	}
+}
+
