@@ -820,4 +820,3 @@ func TestAnOsmAndGETOnAJSONRouteIsNotToldToBeMatchedAway(t *testing.T) {
 			"it should name `encoding form` / `preset osmand`", msg)
 	}
 }
-
