@@ -49,6 +49,10 @@ const (
 	// each outlier would count as two moves.
 	maxExcursion  = 2
 	maxStrayShare = 0.25
+	// departureFixes is how many fixes in a row, each farther from a
+	// span's median than the one before, end it as a departure (see
+	// withoutDeparture).
+	departureFixes = 3
 	// maxJitterAccuracyM and maxJitterM (measure.go) leave out of the
 	// jitter what no stay radius should hold: a fix whose own accuracy is
 	// worse than a satellite fix's (a phone's cell or Wi-Fi fix, which the

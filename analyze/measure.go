@@ -42,10 +42,15 @@ func (a *analyzer) findRuns(as *assetFixes) {
 	at := func(k int) fixPoint { return fixes[a.order[k]] }
 	for start := 0; start < len(a.order); {
 		first := at(start)
-		end := a.stationaryEnd(at, start)
+		spanEnd := a.stationaryEnd(at, start)
 		// Too short, or a slow move: a later start may still open a run
 		// within this span.
-		if at(end-1).t.Sub(first.t) < stationaryMinDuration || a.drifts(fixes, a.order[start:end]) {
+		if at(spanEnd-1).t.Sub(first.t) < stationaryMinDuration || a.drifts(fixes, a.order[start:spanEnd]) {
+			start++
+			continue
+		}
+		end := start + a.withoutDeparture(fixes, a.order[start:spanEnd])
+		if at(end-1).t.Sub(first.t) < stationaryMinDuration {
 			start++
 			continue
 		}
@@ -56,8 +61,30 @@ func (a *analyzer) findRuns(as *assetFixes) {
 		}
 		a.parkedTime += at(end - 1).t.Sub(first.t)
 		a.sampleRun(fixes, a.order[start:end])
-		start = end
+		start = spanEnd
 	}
+}
+
+// withoutDeparture is how many fixes of span are the stay: all but a
+// departure at its end, departureFixes or more fixes each farther from
+// the span's median than the one before (the last fix there before it
+// stays). A span holds every fix within stationaryRadiusM of its first:
+// a car setting off from an RTK-grade receiver's 0.3 m scatter had its
+// first 22 m of driving measured as parked jitter, and was recommended a
+// 24 m radius where 10 m holds it. A parked receiver's jitter is seldom
+// that many fixes farther and farther out, and then costs the run a few
+// samples.
+func (a *analyzer) withoutDeparture(fixes []fixPoint, span []int32) int {
+	lat, lon := a.medianPosition(fixes, span)
+	out := func(k int) float64 { return geo.DistanceM(lat, lon, fixes[span[k]].lat, fixes[span[k]].lon) }
+	end := len(span)
+	for end > 1 && out(end-1) > out(end-2) {
+		end--
+	}
+	if len(span)-end < departureFixes {
+		return len(span)
+	}
+	return end
 }
 
 // stationaryEnd returns where the stationary span opened by the fix at

@@ -54,7 +54,9 @@ type Report struct {
 // 25 m (haversine) of the run's first fix, or within the two fixes'
 // reported accuracies added where those are wider (up to 100 m each),
 // that last at least 2 minutes of device time, and whose two halves' median
-// positions lie within 25 m of each other (a walk is no run). Each fix of a run is one sample: its distance to the
+// positions lie within 25 m of each other (a walk is no run), less a
+// departure at their end (three or more fixes, each farther from the
+// median than the one before). Each fix of a run is one sample: its distance to the
 // run's median position (the component-wise median of lat and lon).
 type JitterStats struct {
 	// Runs counts the stationary runs.
