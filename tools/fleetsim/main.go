@@ -103,7 +103,7 @@ func parseFlags(args []string) (fleetsim.Config, options, error) {
 	center := latLon(def.Center)
 	fs.Var(&center, "center", "lat,lon of the area the assets start in")
 	fs.DurationVar(&cfg.Window, "window", def.Window, "window to count parked admissions in")
-	fs.Float64Var(&cfg.LostMoveM, "lost-move", def.LostMoveM, "metres beyond which a suppressed moving ping is a lost move")
+	fs.Float64Var(&cfg.LostMoveM, "lost-move", def.LostMoveM, "metres beyond which a suppressed moving ping is a lost move: the site's lag bound, 1.5 times its radius, and a metre")
 	fs.IntVar(&cfg.Concurrency, "conns", def.Concurrency, "requests in flight, each asset's still in order")
 
 	fs.StringVar(&opts.url, "url", "http://localhost:8080/telemetry", "where to POST the pings")
