@@ -183,15 +183,25 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 		}
 		return h.settings.formParser.SplitForm(r.URL.RawQuery, body)
 	}
-	if len(body) == 0 && queryHoldsAPosition(r.URL.RawQuery) {
+	if len(body) == 0 && h.settings.parser.EmptyFix == "" && queryHoldsAPosition(r.URL.RawQuery) {
 		return ping.Batch{}, &ping.MalformedError{Reason: "the request body is empty, and its query string holds a position " +
-			"(the OsmAnd protocol, as OsmAnd and Traccar Client send it): read it with preset osmand, or encoding form"}
+			"(the OsmAnd protocol, as OsmAnd and Traccar Client send it): " + h.queryFix()}
 	}
 	batch, err := h.settings.splitter.Split(elements, body, ct.ndjson())
 	if tooMany, ok := errors.AsType[*ping.BatchTooLargeError](err); ok && h.sentShape(ct, form, body) == sentOverland {
 		tooMany.Fix = sentOverland.fix() + " raise max_batch" // the app resends the batch whole; it cannot split it
 	}
 	return batch, err
+}
+
+// queryFix says how to read the OsmAnd protocol's query string on a
+// route that reads JSON bodies: with preset osmand, encoding auto reads
+// both (encoding form would refuse Traccar Client 9's JSON).
+func (h *Handler) queryFix() string {
+	if h.Preset == "osmand" {
+		return "read it with encoding auto, which reads a query string's fields and a JSON body alike"
+	}
+	return "read it with preset osmand, or encoding form"
 }
 
 // queryHoldsAPosition reports a query string with a latitude and a

@@ -523,7 +523,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	earlier := earlierOutcome(repl)
 	if earlier != nil && earlier.judgedIn(h.keySpace) {
-		return h.passNested(w, r, next)
+		return h.passNested(w, r, next, !h.settings.shadow && !earlier.enforced())
 	}
 	if h.storeUsers != nil {
 		h.storeUsers.Add(1)
@@ -578,11 +578,19 @@ func (h *Handler) keySpaceOn(data string) string {
 // released the claim, and the sender's retry met the same 409, forever.
 // The outer handler has judged the pings, so this one lets them through as
 // they are. One of another key space meets none of the outer one's claims,
-// and judges: a shadow trial in front of the live handler, say.
-func (h *Handler) passNested(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+// and judges: a shadow trial in front of the live handler, say. unenforced
+// says no enforcing handler judges the request while this one enforces:
+// a shadow trial of its key space runs in front of it, and nothing is
+// deduplicated, which the warning says.
+func (h *Handler) passNested(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, unenforced bool) error {
 	h.nested.Do(func() {
+		consequence := "this one passes such requests on unjudged, since the outer one has judged their pings"
+		if unenforced {
+			consequence = "this enforcing one passes such requests on unjudged, and the outer one is in mode shadow: " +
+				"nothing is deduplicated"
+		}
 		h.logger.Warn("telemetry_dedup runs inside another telemetry_dedup of the same store and keys on the same request; "+
-			"this one passes such requests on unjudged, since the outer one has judged their pings: remove one of them "+
+			consequence+": remove one of them "+
 			"(two in one route, or one at the site's top and one in a handle or route), or give them key spaces of their own "+
 			"(a key_prefix each: a trial of another window needs one too, as tumbling keys of two windows meet where their buckets start together)",
 			zap.String("key_prefix", h.settings.keyer.Prefix))

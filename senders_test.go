@@ -1023,3 +1023,54 @@ func TestALatitudeOutOfRangeUnderAPresetDoesNotAdviseCrs(t *testing.T) {
 		t.Errorf("an Overland Feature with latitude 123.4 is answered %s: preset overland refuses a projected crs at load", res.body)
 	}
 }
+
+// getWithoutBody sends a GET with no body to the handler, as Traccar's URL
+// forwarder (forward.type url, its default) and OsmAnd do.
+func (tt *tableTester) getWithoutBody(target string) response {
+	r := httptest.NewRequest(http.MethodGet, target, nil)
+	repl := caddyhttp.NewTestReplacer(r)
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	w := httptest.NewRecorder()
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	if err := tt.h.ServeHTTP(w, r, next); err != nil {
+		return response{status: http.StatusInternalServerError, body: err.Error()}
+	}
+	return response{w.Code, w.Header(), w.Body.String()}
+}
+
+// README, Tracker formats, "Traccar forwarding (preset traccar)":
+// "forward.type defaults to url, which GETs a URL template without a body:
+// with this preset each such request is 400, its error naming
+// forward.type". The URL forwarder's template holds the position as
+// query fields (the README's own template, under "Traccar's URL
+// forwarder": ?id={uniqueId}&timestamp=...&lat={latitude}&lon={longitude}...).
+// Stop 65's first queryHoldsAPosition answered such a GET, before the
+// preset's own empty-body error, with "the OsmAnd protocol, as OsmAnd and
+// Traccar Client send it: read it with preset osmand, or encoding form":
+// it named neither forward.type nor Traccar's forwarder. (Helper 4's
+// review, stop 65.)
+func TestTraccarURLForwarderGETStillNamesForwardType(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"getforward:","preset":"traccar"}`)
+	res := tt.getWithoutBody("/?id=123456789012345&timestamp=2026-12-07%2012:00:00&lat=52.52&lon=13.40&speed=0&accuracy=5&valid=true&statusCode=0xF020")
+	if res.status != http.StatusBadRequest || !strings.Contains(res.body, "forward.type") {
+		t.Errorf("preset traccar, the URL forwarder's GET: %d %s; want 400 naming forward.type (README, Traccar forwarding)", res.status, res.body)
+	}
+}
+
+// With preset osmand the route already reads the OsmAnd protocol; with
+// `encoding json` beside it (a route meant for Traccar Client 9's JSON),
+// an older Traccar Client's or OsmAnd's GET was refused 400 with "read it
+// with preset osmand, or encoding form": the first is what the route
+// already has, the second would refuse every JSON body of the same route
+// with the preset's own error. What reads both is encoding auto (the
+// preset's default). (Helper 4's review, stop 65.)
+func TestAnOsmAndRouteIsNotToldToUsePresetOsmAnd(t *testing.T) {
+	tt := tableHandler(t, `{"key_prefix":"getosmand:","preset":"osmand","encoding":"json"}`)
+	res := tt.getWithoutBody("/?id=358240051111110&timestamp=1733570000&lat=52.52&lon=13.40&speed=0&accuracy=5")
+	if res.status != http.StatusBadRequest || strings.Contains(res.body, "preset osmand") || !strings.Contains(res.body, "encoding auto") {
+		t.Errorf("preset osmand with encoding json, an OsmAnd GET: %d %s; want 400 saying to use encoding auto, not the preset the route has", res.status, res.body)
+	}
+}

@@ -65,11 +65,16 @@ const (
 	// maxAccuracyM is the coarsest accuracy the handler trusts (dedup's
 	// maxAccuracy): a wider one counts as none.
 	maxAccuracyM = 10000.0
+	// stillSpeedMS and restMarginM are dedup's stillSpeed and restMargin:
+	// a fix reporting a speed under the first stands still, and its
+	// uncertainty widens by as much again, up to the second.
+	stillSpeedMS = 0.5
+	restMarginM  = 50.0
 	// lateShare is the share of a capture's fixes that may come after a
 	// later fix of their asset before it reads as a capture out of order:
 	// an offline backlog makes some late, a capture sorted newest first
-	// all of them.
-	lateShare = 0.5
+	// all of them, two rotated logs joined newest first the older's.
+	lateShare = 0.2
 	// minMoveM is the floor of the real-move threshold, so that a capture
 	// with (almost) no jitter does not count rounding noise as moves.
 	minMoveM = 1.0

@@ -2,6 +2,7 @@ package analyze
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -41,26 +42,46 @@ func (a *analyzer) finish(assets []*assetFixes) error {
 	return err
 }
 
-// noteWideAccuracies notes the fixes that report an accuracy wider than
-// the recommendation's lag bound: the stay holds such a fix by its own
-// accuracy (dedup's radius2 and lag2), so a suppressed one may lie that
-// far from the last accepted one, farther than the bound the
-// recommendation prints.
+// noteWideAccuracies notes the fixes whose reported accuracy lets a
+// suppressed one lie farther from the last accepted one than the
+// recommendation's lag bound: the stay holds a fix by its own accuracy, and
+// one reporting a speed under stillSpeedMS (OwnTracks Android and Traccar
+// Client send 0 when they have no reading) by twice it, up to 50 m more,
+// and √2 times that beside a last accepted fix as uncertain (dedup's
+// uncertainty and lag2). Noted only past the bound, a walking phone
+// reporting 16 m and a speed of 0 lay 44 m from a printed 18.
 func (a *analyzer) noteWideAccuracies(assets []*assetFixes) {
 	lag := dedup.LagFactor * a.report.Recommended.RadiusM
 	wide, widest := 0, 0.0
 	for _, as := range assets {
 		for _, f := range as.fixes {
-			if f.accuracy > lag && f.accuracy <= maxAccuracyM {
-				wide, widest = wide+1, max(widest, f.accuracy)
+			if b := lagOf(f); b > lag {
+				wide, widest = wide+1, max(widest, b)
 			}
 		}
 	}
 	if wide > 0 {
-		a.note("%d of the capture's fixes report an accuracy wider than the %g m lag bound (up to %g m): in sliding and session a "+
-			"suppressed fix may lie as far from the last accepted one as its own accuracy, and one that reports standing still "+
-			"up to about 2.8 times it", wide, lag, widest)
+		a.note("%d of the capture's fixes report an accuracy that lets a suppressed fix lie farther than the %g m lag bound "+
+			"from the last accepted one, up to %.0f m: the stay holds a fix by its accuracy, and one that reports standing still "+
+			"by about 2.8 times it", wide, lag, widest)
 	}
+}
+
+// lagOf is how far from the last accepted fix f may lie, suppressed, by its
+// accuracy alone (0 when it reports none the handler trusts).
+func lagOf(f fixPoint) float64 {
+	if f.accuracy <= 0 || f.accuracy > maxAccuracyM {
+		return 0
+	}
+	still := f.hasSpeed && f.speed < stillSpeedMS
+	if !still {
+		return f.accuracy
+	}
+	u := f.accuracy + min(f.accuracy, restMarginM)
+	if f.accuracy > maxJitterAccuracyM {
+		return u // a network fix standing still: no satellite fix's margin beside another
+	}
+	return min(math.Sqrt2*u, u+restMarginM)
 }
 
 // noteBackwardCapture notes a capture in which most fixes come after a
