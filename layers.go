@@ -183,7 +183,7 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 		}
 		return h.settings.formParser.SplitForm(r.URL.RawQuery, body)
 	}
-	if len(body) == 0 && h.settings.parser.EmptyFix == "" && queryHoldsAPosition(r.URL.RawQuery) {
+	if len(body) == 0 && h.settings.parser.EmptyFix == "" && !h.settings.parser.SkipEmpty && queryHoldsAPosition(r.URL.RawQuery) {
 		return ping.Batch{}, &ping.MalformedError{Reason: "the request body is empty, and its query string holds a position " +
 			"(the OsmAnd protocol, as OsmAnd and Traccar Client send it): " + h.queryFix()}
 	}
@@ -196,17 +196,24 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 
 // queryFix says how to read the OsmAnd protocol's query string on a
 // route that reads JSON bodies: with preset osmand, encoding auto reads
-// both (encoding form would refuse Traccar Client 9's JSON).
+// both (encoding form would refuse Traccar Client 9's JSON); without a
+// preset, preset osmand reads its fields (encoding form alone looks for
+// asset_id and occurred_at, which it has not); beside a preset whose
+// senders post JSON only, which refuses encoding form, a route of its own.
 func (h *Handler) queryFix() string {
-	if h.Preset == "osmand" {
+	switch h.Preset {
+	case "osmand":
 		return "read it with encoding auto, which reads a query string's fields and a JSON body alike"
+	case "":
+		return "read it with preset osmand, which reads the protocol's fields (id, timestamp, lat, lon)"
 	}
-	return "read it with preset osmand, or encoding form"
+	return "give such senders a route of their own with preset osmand: this route's preset " + h.Preset + " reads JSON bodies only"
 }
 
 // queryHoldsAPosition reports a query string with a latitude and a
 // longitude (lat and lon, or location=lat,lon), as an OsmAnd-protocol
-// sender's GET or empty POST has. Told
+// sender's GET or empty POST has (an OwnTracks route passes an empty body
+// on as no ping, whatever its query: SkipEmpty). Told
 // to limit the handler to POSTs with a matcher, the JSON route's advice
 // for an empty body, an operator let such a sender's every fix through
 // unexamined.

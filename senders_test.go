@@ -2,6 +2,7 @@ package telemetrydedup
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -1072,5 +1073,43 @@ func TestAnOsmAndRouteIsNotToldToUsePresetOsmAnd(t *testing.T) {
 	res := tt.getWithoutBody("/?id=358240051111110&timestamp=1733570000&lat=52.52&lon=13.40&speed=0&accuracy=5")
 	if res.status != http.StatusBadRequest || strings.Contains(res.body, "preset osmand") || !strings.Contains(res.body, "encoding auto") {
 		t.Errorf("preset osmand with encoding json, an OsmAnd GET: %d %s; want 400 saying to use encoding auto, not the preset the route has", res.status, res.body)
+	}
+}
+
+// The advice an OsmAnd-protocol GET gets on a route that reads JSON bodies
+// can be followed on that route: a route without a preset is told preset
+// osmand, and with it the same GET is read (encoding form alone looks for
+// asset_id and occurred_at, which the protocol has not: every fix was then
+// 422); a route whose preset posts JSON only (overland, geojson), which
+// refuses encoding form, is told to give such senders a route of their
+// own; an OwnTracks route passes an empty body on as no ping, as it always
+// did. (Helper 5's review, stop 65.)
+func TestAnOsmAndGETIsToldWhatReadsItOnThatRoute(t *testing.T) {
+	get := "/?id=358240051111110&timestamp=" + strconv.FormatInt(time.Now().Unix(), 10) +
+		"&lat=52.5200087&lon=13.4049547&speed=0&accuracy=4"
+	for _, tc := range []struct {
+		preset, want string
+		status       int
+	}{
+		{"", "read it with preset osmand", http.StatusBadRequest},
+		{"overland", "a route of their own with preset osmand", http.StatusBadRequest},
+		{"geojson", "a route of their own with preset osmand", http.StatusBadRequest},
+		{"owntracks", "", http.StatusCreated},
+	} {
+		t.Run(cmp.Or(tc.preset, "no preset"), func(t *testing.T) {
+			config := `{"key_prefix":"osmandget` + tc.preset + `:"`
+			if tc.preset != "" {
+				config += `,"preset":"` + tc.preset + `"`
+			}
+			res := tableHandler(t, config+"}").getWithoutBody(get)
+			if res.status != tc.status || !strings.Contains(res.body, tc.want) || strings.Contains(res.body, "encoding form") {
+				t.Fatalf("an OsmAnd GET: %d %s; want %d saying %q, and not encoding form", res.status, res.body, tc.status, tc.want)
+			}
+			if tc.preset == "" {
+				if got := tableHandler(t, `{"key_prefix":"osmandgetfollowed:","preset":"osmand"}`).getWithoutBody(get); got.status != http.StatusCreated {
+					t.Errorf("following the advice (preset osmand), the same GET: %d %s; want 201", got.status, got.body)
+				}
+			}
+		})
 	}
 }

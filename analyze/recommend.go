@@ -49,13 +49,15 @@ func (a *analyzer) finish(assets []*assetFixes) error {
 // Client send 0 when they have no reading) by twice it, up to 50 m more,
 // and √2 times that beside a last accepted fix as uncertain (dedup's
 // uncertainty and lag2). Noted only past the bound, a walking phone
-// reporting 16 m and a speed of 0 lay 44 m from a printed 18.
+// reporting 16 m and a speed of 0 lay 44 m from a printed 18. Parked
+// fixes are left out: the bound is the lag of an asset under way, and
+// every parked phone reporting a speed of 0 would be noted.
 func (a *analyzer) noteWideAccuracies(assets []*assetFixes) {
 	lag := dedup.LagFactor * a.report.Recommended.RadiusM
 	wide, widest := 0, 0.0
 	for _, as := range assets {
-		for _, f := range as.fixes {
-			if b := lagOf(f); b > lag {
+		for i, f := range as.fixes {
+			if b := lagOf(f); b > lag && !as.parked[i] {
 				wide, widest = wide+1, max(widest, b)
 			}
 		}
@@ -91,18 +93,22 @@ func lagOf(f fixPoint) float64 {
 // as written, as the handler would have met them, and judges such fixes
 // late: sized from such a capture, the stationary receiver of the README's
 // own traces cost 60 admissions a window, or was recommended 37 m for 28.
-// A live sender's offline backlogs make some fixes late, not most.
+// A live sender's offline backlogs make some fixes late, not most; a
+// resent batch (Overland's, until it is answered) repeats fixes already
+// seen, which are not counted.
 func (a *analyzer) noteBackwardCapture(assets []*assetFixes) {
 	late, fixes := 0, 0
 	for _, as := range assets {
 		var latest time.Time
+		seen := make(map[int64]bool, len(as.fixes)) // by instant: one time written in two offsets is one
 		for i, f := range as.fixes {
 			switch {
 			case i == 0 || f.t.After(latest):
 				latest = f.t
-			case f.t.Before(latest):
+			case f.t.Before(latest) && !seen[f.t.UnixNano()]:
 				late++
 			}
+			seen[f.t.UnixNano()] = true
 		}
 		fixes += len(as.fixes)
 	}

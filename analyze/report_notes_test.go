@@ -1,6 +1,7 @@
 package analyze
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -288,5 +289,59 @@ func TestAStillFixUnderTheBoundButPastItIsNoted(t *testing.T) {
 	if farthest > printed+0.5 && !noted {
 		t.Errorf("analyze prints a lag bound of %g m (radius %g m), but in sliding at that radius a walking fix reporting 16 m "+
 			"and speed 0 is suppressed %.1f m from the last accepted one, and no note says so: %q", printed, rec.RadiusM, farthest, rep.Notes)
+	}
+}
+
+// Overland resends a batch whole unless it is answered {"result":"ok"}
+// (SENDERS.md; README, Senders): on a flaky link, where the answer to a
+// batch is lost, the same batch arrives twice, in the order the app sent
+// it. A capture of such traffic, the very traffic the handler is for, is in
+// the order received, and the README says analyze notes a capture "most of
+// whose fixes come after a later fix of their asset (exported newest
+// first, or rotated logs joined newest first ...; a fifth of its fixes late
+// is enough)". With lateShare 0.2 every resent batch's fixes but its last
+// count as "late" (they come after the batch's own last fix, sent the
+// first time), so a capture where a third of the batches were sent twice
+// was told it was exported newest first or joined from rotated logs in the
+// wrong order, and to reverse it (tac): reversed, it would be wrong. A
+// repeat of a fix already seen is no late fix. (Helper 5's review, stop
+// 65.)
+func TestResentOverlandBatchesAreNotTakenForABackwardCapture(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	const lat0, lon0 = 52.52, 13.40
+	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
+	var lines []string
+	i := 0
+	for b := range 12 {
+		var feats []any
+		for range 50 {
+			east := 3 * rng.NormFloat64()
+			if b >= 6 {
+				east += 8 * float64(i-300) // under way for the second half
+			}
+			feats = append(feats, map[string]any{
+				"type":     "Feature",
+				"geometry": map[string]any{"type": "Point", "coordinates": []float64{lon0 + east/mPerDegLon, lat0 + 3*rng.NormFloat64()/mPerDegLat}},
+				"properties": map[string]any{"timestamp": start.Add(time.Duration(i) * 10 * time.Second).Format(time.RFC3339),
+					"device_id": "iphone-1", "horizontal_accuracy": 5, "speed": 0},
+			})
+			i++
+		}
+		body, err := json.Marshal(map[string]any{"locations": feats})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, string(body))
+		if b%3 == 0 { // the answer was lost: the app sends the same batch again
+			lines = append(lines, string(body))
+		}
+	}
+	rep, err := Analyze(strings.NewReader(strings.Join(lines, "\n")+"\n"), presetOptions(t, "overland"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "come after a later fix") }); i >= 0 {
+		t.Errorf("a capture in the order received, 12 Overland batches of which 4 were resent whole (a lost answer), is noted as out of order: %q", rep.Notes[i])
 	}
 }
