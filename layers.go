@@ -196,18 +196,18 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 
 // queryFix says how to read the OsmAnd protocol's query string on a
 // route that reads JSON bodies: with preset osmand, encoding auto reads
-// both (encoding form would refuse Traccar Client 9's JSON); without a
-// preset, preset osmand reads its fields (encoding form alone looks for
-// asset_id and occurred_at, which it has not); beside a preset whose
-// senders post JSON only, which refuses encoding form, a route of its own.
+// both (encoding form would refuse Traccar Client 9's JSON); any other
+// route's JSON senders need it as it is, so a route of its own with preset
+// osmand. Told to add preset osmand, a route without a preset read its own
+// senders' JSON as Transistorsoft bodies and passed every one on unkeyed,
+// and one with its own field paths kept them over the preset's; encoding
+// form alone looks for asset_id and occurred_at, and beside a preset whose
+// senders post JSON only does not load.
 func (h *Handler) queryFix() string {
-	switch h.Preset {
-	case "osmand":
+	if h.Preset == "osmand" {
 		return "read it with encoding auto, which reads a query string's fields and a JSON body alike"
-	case "":
-		return "read it with preset osmand, which reads the protocol's fields (id, timestamp, lat, lon)"
 	}
-	return "give such senders a route of their own with preset osmand: this route's preset " + h.Preset + " reads JSON bodies only"
+	return "give such senders a route of their own with preset osmand: this route reads JSON bodies"
 }
 
 // queryHoldsAPosition reports a query string with a latitude and a

@@ -1077,13 +1077,15 @@ func TestAnOsmAndRouteIsNotToldToUsePresetOsmAnd(t *testing.T) {
 }
 
 // The advice an OsmAnd-protocol GET gets on a route that reads JSON bodies
-// can be followed on that route: a route without a preset is told preset
-// osmand, and with it the same GET is read (encoding form alone looks for
-// asset_id and occurred_at, which the protocol has not: every fix was then
-// 422); a route whose preset posts JSON only (overland, geojson), which
-// refuses encoding form, is told to give such senders a route of their
-// own; an OwnTracks route passes an empty body on as no ping, as it always
-// did. (Helper 5's review, stop 65.)
+// can be followed without harm to the route's own senders: a route of its
+// own with preset osmand, which reads the same GET. Told encoding form, a
+// route without a preset looked for asset_id and occurred_at, which the
+// protocol has not (every fix 422), and one whose preset posts JSON only
+// (overland, geojson) did not load (helper 5's review, stop 65); told to
+// add preset osmand, a route without a preset read its own senders' JSON
+// as Transistorsoft bodies and passed every one on unkeyed, duplicates
+// included (helper 6's review). An OwnTracks route passes an empty body on
+// as no ping, as it always did.
 func TestAnOsmAndGETIsToldWhatReadsItOnThatRoute(t *testing.T) {
 	get := "/?id=358240051111110&timestamp=" + strconv.FormatInt(time.Now().Unix(), 10) +
 		"&lat=52.5200087&lon=13.4049547&speed=0&accuracy=4"
@@ -1091,7 +1093,7 @@ func TestAnOsmAndGETIsToldWhatReadsItOnThatRoute(t *testing.T) {
 		preset, want string
 		status       int
 	}{
-		{"", "read it with preset osmand", http.StatusBadRequest},
+		{"", "a route of their own with preset osmand", http.StatusBadRequest},
 		{"overland", "a route of their own with preset osmand", http.StatusBadRequest},
 		{"geojson", "a route of their own with preset osmand", http.StatusBadRequest},
 		{"owntracks", "", http.StatusCreated},
@@ -1105,9 +1107,9 @@ func TestAnOsmAndGETIsToldWhatReadsItOnThatRoute(t *testing.T) {
 			if res.status != tc.status || !strings.Contains(res.body, tc.want) || strings.Contains(res.body, "encoding form") {
 				t.Fatalf("an OsmAnd GET: %d %s; want %d saying %q, and not encoding form", res.status, res.body, tc.status, tc.want)
 			}
-			if tc.preset == "" {
+			if tc.status == http.StatusBadRequest {
 				if got := tableHandler(t, `{"key_prefix":"osmandgetfollowed:","preset":"osmand"}`).getWithoutBody(get); got.status != http.StatusCreated {
-					t.Errorf("following the advice (preset osmand), the same GET: %d %s; want 201", got.status, got.body)
+					t.Errorf("following the advice (a route with preset osmand), the same GET: %d %s; want 201", got.status, got.body)
 				}
 			}
 		})

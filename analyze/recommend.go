@@ -95,22 +95,26 @@ func lagOf(f fixPoint) float64 {
 // own traces cost 60 admissions a window, or was recommended 37 m for 28.
 // A live sender's offline backlogs make some fixes late, not most; a
 // resent batch (Overland's, until it is answered) repeats fixes already
-// seen, which are not counted.
+// seen, which are counted neither late nor at all: counted in the whole,
+// batches resent five times hid a capture exported newest first.
 func (a *analyzer) noteBackwardCapture(assets []*assetFixes) {
 	late, fixes := 0, 0
 	for _, as := range assets {
 		var latest time.Time
 		seen := make(map[int64]bool, len(as.fixes)) // by instant: one time written in two offsets is one
 		for i, f := range as.fixes {
-			switch {
-			case i == 0 || f.t.After(latest):
-				latest = f.t
-			case f.t.Before(latest) && !seen[f.t.UnixNano()]:
-				late++
+			if seen[f.t.UnixNano()] {
+				continue
 			}
 			seen[f.t.UnixNano()] = true
+			fixes++
+			if i > 0 && f.t.Before(latest) {
+				late++
+			}
+			if i == 0 || f.t.After(latest) {
+				latest = f.t
+			}
 		}
-		fixes += len(as.fixes)
 	}
 	if late > 0 && float64(late) > lateShare*float64(fixes) {
 		a.note("%d of the capture's %d fixes come after a later fix of their asset: if the capture was exported newest first, "+

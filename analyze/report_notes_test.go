@@ -345,3 +345,53 @@ func TestResentOverlandBatchesAreNotTakenForABackwardCapture(t *testing.T) {
 		t.Errorf("a capture in the order received, 12 Overland batches of which 4 were resent whole (a lost answer), is noted as out of order: %q", rep.Notes[i])
 	}
 }
+
+// README (analyze): "It notes a capture in which more than a fifth of the
+// fixes come after a later fix of their asset (exported newest first ...;
+// a fix sent again, as Overland resends a batch, is not counted)". A
+// capture exported newest first, of Overland traffic in which the answers
+// were lost for a while (each batch sent 5 times, as the app resends a
+// batch until it is answered {"result":"ok"}): of the fixes not sent
+// again, 11 batches in 12 come after a later fix. The resent copies are
+// left out of the late count but kept in the count of fixes, so the share
+// was 11/60 and nothing was noted: the capture was replayed backwards.
+// (Helper 6's review, stop 65.)
+func TestABackwardCaptureWithResentBatchesIsStillNoted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
+	const lat0, lon0 = 52.52, 13.40
+	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
+	var lines []string
+	i := 0
+	for b := range 12 {
+		var feats []any
+		for range 50 {
+			east := 3 * rng.NormFloat64()
+			if b >= 6 {
+				east += 8 * float64(i-300)
+			}
+			feats = append(feats, map[string]any{
+				"type":     "Feature",
+				"geometry": map[string]any{"type": "Point", "coordinates": []float64{lon0 + east/mPerDegLon, lat0 + 3*rng.NormFloat64()/mPerDegLat}},
+				"properties": map[string]any{"timestamp": start.Add(time.Duration(i) * 10 * time.Second).Format(time.RFC3339),
+					"device_id": "iphone-1", "horizontal_accuracy": 5, "speed": 0},
+			})
+			i++
+		}
+		body, err := json.Marshal(map[string]any{"locations": feats})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 5 { // answers lost: the same batch, sent again at each interval
+			lines = append(lines, string(body))
+		}
+	}
+	slices.Reverse(lines) // exported newest first
+	rep, err := Analyze(strings.NewReader(strings.Join(lines, "\n")+"\n"), presetOptions(t, "overland"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "come after a later fix") }) {
+		t.Errorf("a capture exported newest first (11 of its 12 batches' fixes come after a later fix, each batch sent 5 times) is not noted: %q", rep.Notes)
+	}
+}
