@@ -85,74 +85,103 @@ func TestACaptureOutOfTimeOrderIsNamedNotSizedFrom(t *testing.T) {
 }
 
 // analyze prints, with the radius it recommends, "a suppressed ping then
-// lies at most <1.5 radii> m from the last accepted one" (table.go; README,
-// Sizing from your own traffic: "The price is the wider lag bound it
-// prints"). A capture that reports accuracy (every Overland and OwnTracks
-// capture, any --accuracy) is replayed, and decided by the handler, with a
-// lag of max(1.5 radii, the fix's accuracy) (dedup/track.go lag2, and the
-// stay's radius widened to the fix's accuracy, radius2). A phone parked
-// outdoors for 2 h (sigma 3 m, reporting 8 m) that then walks off at
-// 1.2 m/s in a street where it reports 40 m: analyze recommends 12 m and
-// prints "at most 18 m", and the production Deduper at that radius (as
-// analyze replays it) suppresses the walk's fixes up to 37.7 m from the
-// last accepted one. The user sized the lag the backend tolerates from a
-// figure the recommendation did not keep; a note now says how far such a
-// fix may lie. (Helper 2's review, stop 65.)
-func TestAFixWiderThanThePrintedLagBoundIsNoted(t *testing.T) {
+// lies at most <1.5 radii> m from the last accepted one" (table.go). A
+// capture that reports accuracy is replayed, and decided by the handler,
+// with a lag of max(1.5 radii, the fix's accuracy), and a fix reporting a
+// speed under 0.5 m/s (OwnTracks Android and Traccar Client send 0 when
+// they have no reading) has its accuracy doubled and √2 of that besides
+// (dedup/track.go uncertainty, lag2). A phone parked outdoors for 2 h
+// (σ 3 m, reporting 8 m) walks off at 1.2 m/s: reporting 40 m, analyze
+// recommended 12 m, printed "at most 18 m", and the replay suppressed the
+// walk's fixes up to 37.7 m from the last accepted one, with no word of it
+// (helper 2's review, stop 65); reporting 16 m and a speed of 0, 44 m,
+// still with none once the note counted only accuracies past the bound
+// (helper 4's review). A note now says how far such fixes may lie.
+func TestAWalkPastThePrintedLagBoundIsNoted(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		accuracy float64
+		speed    bool
+	}{{"reporting 40 m", 40, false}, {"reporting 16 m and a speed of 0", 16, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			capture, fixes, walking := parkedThenWalking(tc.accuracy, tc.speed)
+			p := ping.NewParser()
+			p.AccuracyPath = "accuracy"
+			if tc.speed {
+				p.SpeedPath = "speed"
+			}
+			rep, err := Analyze(strings.NewReader(capture), Options{Parser: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := rep.Recommended
+			printed, farthest := dedup.LagFactor*rec.RadiusM, farthestSuppressed(t, rec, fixes, walking)
+			t.Logf("radius %g m, printed bound %g m, farthest suppressed walking fix %.1f m; notes %q", rec.RadiusM, printed, farthest, rep.Notes)
+			noted := slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "farther than the") })
+			if farthest > printed+0.5 && !noted {
+				t.Errorf("analyze prints a lag bound of %g m (radius %g m), but in sliding at that radius a walking fix is suppressed "+
+					"%.1f m from the last accepted one, and no note says so: %q", printed, rec.RadiusM, farthest, rep.Notes)
+			}
+		})
+	}
+}
+
+// parkedThenWalking is a phone's capture at a 5 s cadence: 2 h parked
+// (σ 3 m, reporting 8 m), then 5 min walking east at 1.2 m/s reporting
+// walkAccuracy, every fix with a speed of 0 if zeroSpeed; its fixes, and
+// the index of the walk's first.
+func parkedThenWalking(walkAccuracy float64, zeroSpeed bool) (capture string, fixes []fixPoint, walking int) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
 	const lat0, lon0 = 52.52, 13.40
 	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
-	var capture strings.Builder
-	var fixes []fixPoint
+	var b strings.Builder
 	add := func(i int, east, north, acc float64) {
-		f := fixPoint{t: start.Add(time.Duration(i) * 5 * time.Second), lat: lat0 + north/mPerDegLat, lon: lon0 + east/mPerDegLon, accuracy: acc}
+		f := fixPoint{t: start.Add(time.Duration(i) * 5 * time.Second), lat: lat0 + north/mPerDegLat, lon: lon0 + east/mPerDegLon,
+			accuracy: acc, hasSpeed: zeroSpeed}
 		fixes = append(fixes, f)
-		fmt.Fprintf(&capture, `{"asset_id":"phone-1","occurred_at":%q,"lat":%.8f,"lon":%.8f,"accuracy":%g}`+"\n",
-			f.t.Format(time.RFC3339), f.lat, f.lon, acc)
+		speed := ""
+		if zeroSpeed {
+			speed = `,"speed":0`
+		}
+		fmt.Fprintf(&b, `{"asset_id":"phone-1","occurred_at":%q,"lat":%.8f,"lon":%.8f,"accuracy":%g%s}`+"\n",
+			f.t.Format(time.RFC3339), f.lat, f.lon, acc, speed)
 	}
-	for i := range 1440 { // 2 h parked, 5 s cadence
+	for i := range 1440 {
 		add(i, 3*rng.NormFloat64(), 3*rng.NormFloat64(), 8)
 	}
-	walking := len(fixes)
-	for i := range 60 { // 5 min walking east at 1.2 m/s
-		add(1440+i, 6*float64(i+1)+3*rng.NormFloat64(), 3*rng.NormFloat64(), 40)
+	walking = len(fixes)
+	for i := range 60 {
+		add(1440+i, 6*float64(i+1)+3*rng.NormFloat64(), 3*rng.NormFloat64(), walkAccuracy)
 	}
-	p := ping.NewParser()
-	p.AccuracyPath = "accuracy"
-	rep, err := Analyze(strings.NewReader(capture.String()), Options{Parser: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := rep.Recommended
-	printed := dedup.LagFactor * rec.RadiusM
+	return b.String(), fixes, walking
+}
+
+// farthestSuppressed replays fixes in sliding at the recommendation and
+// returns how far from the last accepted fix the farthest suppressed fix
+// from index walking on lies.
+func farthestSuppressed(t *testing.T, rec Recommendation, fixes []fixPoint, walking int) float64 {
+	t.Helper()
 	pol := Options{Radius: rec.RadiusM}.withDefaults().policy(rec.Window)
 	pol.Shape = dedup.Sliding
 	as := &assetFixes{name: "phone-1", fixes: fixes, parked: make([]bool, len(fixes))}
 	var last fixPoint
-	farthest, farthestAt := 0.0, 0
-	err = replayAsset(dedup.Keyer{Window: rec.Window, Prefix: analyzePrefix}, pol, as,
+	farthest := 0.0
+	err := replayAsset(dedup.Keyer{Window: rec.Window, Prefix: analyzePrefix}, pol, as,
 		func(d *dedup.Deduper, _ int, p ping.Ping) dedup.Observation { return d.Observe(p) },
 		func(i int, v dedup.Verdict) {
 			if v.Decision == dedup.Accepted {
 				last = fixes[i]
 				return
 			}
-			if d := geo.DistanceM(last.lat, last.lon, fixes[i].lat, fixes[i].lon); i >= walking && d > farthest {
-				farthest, farthestAt = d, i-walking
+			if d := geo.DistanceM(last.lat, last.lon, fixes[i].lat, fixes[i].lon); i >= walking {
+				farthest = max(farthest, d)
 			}
 		})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("recommended radius %g m, printed bound %g m; the walk's farthest suppressed fix (walk fix %d) lies %.1f m from the last accepted one",
-		rec.RadiusM, printed, farthestAt, farthest)
-	noted := slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "farther than the") })
-	if farthest > printed+0.5 && !noted {
-		t.Errorf("analyze prints \"a suppressed ping then lies at most %g m from the last accepted one\" (radius %g m), "+
-			"but in sliding at that radius a walking fix reporting 40 m accuracy is suppressed %.1f m from it, and no note says so: %q",
-			printed, rec.RadiusM, farthest, rep.Notes)
-	}
+	return farthest
 }
 
 // README, Sizing from your own traffic, under the output on the two real
@@ -222,76 +251,6 @@ func TestTwoRotatedLogsJoinedNewestFirstAreNoted(t *testing.T) {
 	}
 }
 
-// README, Sizing from your own traffic: analyze notes "fixes whose
-// reported accuracy is wider than the printed lag bound (the stay holds
-// such a fix by its accuracy, so a suppressed one may lie that far from the
-// last accepted one)"; the note itself says "one that reports standing
-// still [may lie] up to about 2.8 times it". A fix reporting a speed under
-// 0.5 m/s has its accuracy doubled (dedup uncertainty) and √2 of that
-// besides (lag2): the printed bound is broken by a fix reporting standing
-// still whose accuracy is over about a third of it, not only over it.
-// OwnTracks Android and Traccar Client send speed 0 when the fix has none
-// (dedup/track.go). A phone parked outdoors (σ 3 m, 8 m accuracy, speed 0)
-// walks off reporting 16 m and speed 0: the recommendation prints its lag
-// bound, the replay suppresses walking fixes far beyond it, and no note
-// said so, since 16 m is under the bound. (Helper 4's review, stop 65.)
-func TestAStillFixUnderTheBoundButPastItIsNoted(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
-	const lat0, lon0 = 52.52, 13.40
-	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
-	var capture strings.Builder
-	var fixes []fixPoint
-	add := func(i int, east, north, acc float64) {
-		f := fixPoint{t: start.Add(time.Duration(i) * 5 * time.Second), lat: lat0 + north/mPerDegLat, lon: lon0 + east/mPerDegLon,
-			accuracy: acc, speed: 0, hasSpeed: true}
-		fixes = append(fixes, f)
-		fmt.Fprintf(&capture, `{"asset_id":"phone-1","occurred_at":%q,"lat":%.8f,"lon":%.8f,"accuracy":%g,"speed":0}`+"\n",
-			f.t.Format(time.RFC3339), f.lat, f.lon, acc)
-	}
-	for i := range 1440 { // 2 h parked, 5 s cadence
-		add(i, 3*rng.NormFloat64(), 3*rng.NormFloat64(), 8)
-	}
-	walking := len(fixes)
-	for i := range 60 { // 5 min walking east at 1.2 m/s, no speed reading (0)
-		add(1440+i, 6*float64(i+1)+3*rng.NormFloat64(), 3*rng.NormFloat64(), 16)
-	}
-	p := ping.NewParser()
-	p.AccuracyPath = "accuracy"
-	p.SpeedPath = "speed"
-	rep, err := Analyze(strings.NewReader(capture.String()), Options{Parser: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := rep.Recommended
-	printed := dedup.LagFactor * rec.RadiusM
-	pol := Options{Radius: rec.RadiusM}.withDefaults().policy(rec.Window)
-	pol.Shape = dedup.Sliding
-	as := &assetFixes{name: "phone-1", fixes: fixes, parked: make([]bool, len(fixes))}
-	var last fixPoint
-	farthest := 0.0
-	err = replayAsset(dedup.Keyer{Window: rec.Window, Prefix: analyzePrefix}, pol, as,
-		func(d *dedup.Deduper, _ int, p ping.Ping) dedup.Observation { return d.Observe(p) },
-		func(i int, v dedup.Verdict) {
-			if v.Decision == dedup.Accepted {
-				last = fixes[i]
-				return
-			}
-			if d := geo.DistanceM(last.lat, last.lon, fixes[i].lat, fixes[i].lon); i >= walking && d > farthest {
-				farthest = d
-			}
-		})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("radius %g m, printed bound %g m, farthest suppressed walking fix %.1f m; notes %q", rec.RadiusM, printed, farthest, rep.Notes)
-	noted := slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "farther than the") })
-	if farthest > printed+0.5 && !noted {
-		t.Errorf("analyze prints a lag bound of %g m (radius %g m), but in sliding at that radius a walking fix reporting 16 m "+
-			"and speed 0 is suppressed %.1f m from the last accepted one, and no note says so: %q", printed, rec.RadiusM, farthest, rep.Notes)
-	}
-}
-
 // Overland resends a batch whole unless it is answered {"result":"ok"}
 // (SENDERS.md; README, Senders): on a flaky link, where the answer to a
 // batch is lost, the same batch arrives twice, in the order the app sent
@@ -307,36 +266,12 @@ func TestAStillFixUnderTheBoundButPastItIsNoted(t *testing.T) {
 // repeat of a fix already seen is no late fix. (Helper 5's review, stop
 // 65.)
 func TestResentOverlandBatchesAreNotTakenForABackwardCapture(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 5))
-	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
-	const lat0, lon0 = 52.52, 13.40
-	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
-	var lines []string
-	i := 0
-	for b := range 12 {
-		var feats []any
-		for range 50 {
-			east := 3 * rng.NormFloat64()
-			if b >= 6 {
-				east += 8 * float64(i-300) // under way for the second half
-			}
-			feats = append(feats, map[string]any{
-				"type":     "Feature",
-				"geometry": map[string]any{"type": "Point", "coordinates": []float64{lon0 + east/mPerDegLon, lat0 + 3*rng.NormFloat64()/mPerDegLat}},
-				"properties": map[string]any{"timestamp": start.Add(time.Duration(i) * 10 * time.Second).Format(time.RFC3339),
-					"device_id": "iphone-1", "horizontal_accuracy": 5, "speed": 0},
-			})
-			i++
+	lines := overlandBatches(t, 5, func(b int) int {
+		if b%3 == 0 {
+			return 2 // a lost answer: the app sends the batch again
 		}
-		body, err := json.Marshal(map[string]any{"locations": feats})
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines = append(lines, string(body))
-		if b%3 == 0 { // the answer was lost: the app sends the same batch again
-			lines = append(lines, string(body))
-		}
-	}
+		return 1
+	})
 	rep, err := Analyze(strings.NewReader(strings.Join(lines, "\n")+"\n"), presetOptions(t, "overland"))
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +292,24 @@ func TestResentOverlandBatchesAreNotTakenForABackwardCapture(t *testing.T) {
 // was 11/60 and nothing was noted: the capture was replayed backwards.
 // (Helper 6's review, stop 65.)
 func TestABackwardCaptureWithResentBatchesIsStillNoted(t *testing.T) {
-	rng := rand.New(rand.NewPCG(6, 6))
+	lines := overlandBatches(t, 6, func(int) int { return 5 }) // answers lost: each batch sent again at each interval
+	slices.Reverse(lines)                                      // exported newest first
+	rep, err := Analyze(strings.NewReader(strings.Join(lines, "\n")+"\n"), presetOptions(t, "overland"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "come after a later fix") }) {
+		t.Errorf("a capture exported newest first (11 of its 12 batches' fixes come after a later fix, each batch sent 5 times) is not noted: %q", rep.Notes)
+	}
+}
+
+// overlandBatches is an iPhone's Overland traffic as received: 12 batches
+// of 50 fixes 10 s apart, parked for six and under way for six, each batch
+// sent sends(b) times in a row (the app resends a batch until it is
+// answered).
+func overlandBatches(t *testing.T, seed uint64, sends func(b int) int) []string {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed))
 	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
 	const lat0, lon0 = 52.52, 13.40
 	mPerDegLat, mPerDegLon := 111320.0, 111320.0*math.Cos(lat0*math.Pi/180)
@@ -382,16 +334,9 @@ func TestABackwardCaptureWithResentBatchesIsStillNoted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for range 5 { // answers lost: the same batch, sent again at each interval
+		for range sends(b) {
 			lines = append(lines, string(body))
 		}
 	}
-	slices.Reverse(lines) // exported newest first
-	rep, err := Analyze(strings.NewReader(strings.Join(lines, "\n")+"\n"), presetOptions(t, "overland"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "come after a later fix") }) {
-		t.Errorf("a capture exported newest first (11 of its 12 batches' fixes come after a later fix, each batch sent 5 times) is not noted: %q", rep.Notes)
-	}
+	return lines
 }
