@@ -90,8 +90,13 @@ func (h *Handler) quiet(r *http.Request) bool {
 	if !h.settings.shadow {
 		return false
 	}
-	op := earlierOutcome(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer))
-	return op != nil && op.enforced()
+	return h.quietIn(earlierOutcome(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)))
+}
+
+// quietIn is quiet for the outcome an earlier handler published on the
+// request, if one did: the trial sets neither headers nor placeholders.
+func (h *Handler) quietIn(earlier *outcomePlaceholders) bool {
+	return h.settings.shadow && earlier != nil && earlier.enforced()
 }
 
 // upstreamContext is the context of the upstream request of claimed pings:

@@ -540,7 +540,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 4. Record each outcome: metrics, dead letters, stuck assets,
 	// placeholders, debug log.
 	outcome := h.record(r, repl, req, earlier)
-	if earlier != nil && !(h.settings.shadow && earlier.enforced()) {
+	if earlier != nil && !h.quietIn(earlier) {
 		clearAnswerHeaders(w.Header())
 	}
 

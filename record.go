@@ -50,7 +50,7 @@ func (h *Handler) record(r *http.Request, repl *caddy.Replacer, req *request, ea
 	for i := range req.elements {
 		h.recordOutcome(&req.elements[i])
 	}
-	if earlier != nil && h.settings.shadow && earlier.enforced() {
+	if h.quietIn(earlier) {
 		return earlier
 	}
 	return publishPlaceholders(repl, req, &h.deduper.Keyer, earlier)

@@ -62,14 +62,6 @@ const (
 	// takes, and analyze failed; 1% at 0.5-1 km recommended 672 m, whose
 	// lag bound hid moves of a kilometre.
 	maxJitterAccuracyM = 100.0
-	// maxAccuracyM is the coarsest accuracy the handler trusts (dedup's
-	// maxAccuracy): a wider one counts as none.
-	maxAccuracyM = 10000.0
-	// stillSpeedMS and restMarginM are dedup's stillSpeed and restMargin:
-	// a fix reporting a speed under the first stands still, and its
-	// uncertainty widens by as much again, up to the second.
-	stillSpeedMS = 0.5
-	restMarginM  = 50.0
 	// lateShare is the share of a capture's fixes that may come after a
 	// later fix of their asset before it reads as a capture out of order:
 	// an offline backlog makes some late, a capture sorted newest first

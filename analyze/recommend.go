@@ -2,13 +2,13 @@ package analyze
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
 	"github.com/uber/h3-go/v4"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/dedup"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // finish turns the pooled measurements into the report's statistics and
@@ -45,7 +45,7 @@ func (a *analyzer) finish(assets []*assetFixes) error {
 // noteWideAccuracies notes the fixes whose reported accuracy lets a
 // suppressed one lie farther from the last accepted one than the
 // recommendation's lag bound: the stay holds a fix by its own accuracy, and
-// one reporting a speed under stillSpeedMS (OwnTracks Android and Traccar
+// one reporting a speed under 0.5 m/s (OwnTracks Android and Traccar
 // Client send 0 when they have no reading) by twice it, up to 50 m more,
 // and √2 times that beside a last accepted fix as uncertain (dedup's
 // uncertainty and lag2). Noted only past the bound, a walking phone
@@ -72,18 +72,7 @@ func (a *analyzer) noteWideAccuracies(assets []*assetFixes) {
 // lagOf is how far from the last accepted fix f may lie, suppressed, by its
 // accuracy alone (0 when it reports none the handler trusts).
 func lagOf(f fixPoint) float64 {
-	if f.accuracy <= 0 || f.accuracy > maxAccuracyM {
-		return 0
-	}
-	still := f.hasSpeed && f.speed < stillSpeedMS
-	if !still {
-		return f.accuracy
-	}
-	u := f.accuracy + min(f.accuracy, restMarginM)
-	if f.accuracy > maxJitterAccuracyM {
-		return u // a network fix standing still: no satellite fix's margin beside another
-	}
-	return min(math.Sqrt2*u, u+restMarginM)
+	return dedup.AccuracyLagM(ping.Ping{Lat: f.lat, Lon: f.lon, Accuracy: f.accuracy, Speed: f.speed, HasSpeed: f.hasSpeed})
 }
 
 // noteBackwardCapture notes a capture in which most fixes come after a

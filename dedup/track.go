@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // The sliding and session shapes judge each ping against what the store
@@ -721,6 +722,15 @@ func lag2(f fix, pol *Policy, lastAccuracy float64) float64 {
 		lag2 = max(lag2, min(both2, capped*capped))
 	}
 	return lag2
+}
+
+// AccuracyLagM is how far from the last accepted ping a suppressed fix of
+// p may lie by its reported accuracy alone, beside a last accepted fix as
+// uncertain as itself (lag2 with no radius): 0 when it reports none the
+// stay trusts. analyze notes fixes whose bound passes the radius's.
+func AccuracyLagM(p ping.Ping) float64 {
+	f := fixOf(&Claim{Observation: Observation{Ping: p}})
+	return math.Sqrt(lag2(f, &Policy{}, f.accuracy))
 }
 
 // outlierAtRest reports a fix outside a settled stay that is no evidence
