@@ -275,7 +275,8 @@ func TestAnalyzeEncodingFormStillSaysHowToReadAnAccessLog(t *testing.T) {
 
 // The fix a skipped ping's error gives is in analyze's words: its flags,
 // not the directive's options ("set null_island allow" named an option the
-// command does not take; helper 1's audit, stop 59).
+// command does not take; helper 1's audit, stop 59; a form line's "else
+// encoding form", helper 4's review, stop 66).
 func TestAnalyzeNamesItsFlagsInTheFixesOfSkippedPings(t *testing.T) {
 	var capture strings.Builder
 	start := time.Date(2026, 8, 8, 12, 0, 0, 0, time.UTC)
@@ -288,6 +289,10 @@ func TestAnalyzeNamesItsFlagsInTheFixesOfSkippedPings(t *testing.T) {
 		if i == 9 {
 			at = at[:len(at)-1] // no offset
 		}
+		if i == 11 { // a form line, read without --encoding
+			fmt.Fprintf(&capture, "asset_id=veh-1&occurred_at=%s&lat=%v&lon=%v\n", at, lat, lon)
+			continue
+		}
 		fmt.Fprintf(&capture, `{"asset_id":"veh-1","occurred_at":%q,"lat":%v,"lon":%v}`+"\n", at, lat, lon)
 	}
 	out, err := runAnalyzeCmd(t, capture.String(), "--json", "-")
@@ -298,7 +303,8 @@ func TestAnalyzeNamesItsFlagsInTheFixesOfSkippedPings(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}
-	for reason, flag := range map[string]string{"null_island": "--null-island allow", "timezone": "--time-zone Europe/Berlin"} {
+	for reason, flag := range map[string]string{"null_island": "--null-island allow", "timezone": "--time-zone Europe/Berlin",
+		"malformed": "--preset osmand, else --encoding form"} {
 		if first := rep.FirstSkipped[reason]; !strings.Contains(first, flag) {
 			t.Errorf("the first ping skipped as %s: %q; want its fix to name %s", reason, first, flag)
 		}

@@ -210,11 +210,11 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	ping, err := s.parseOne(body, time.Now())
-	if err != nil && s.splitter.Wrapper != "" && s.splitter.WrapperOpening(body) == '[' {
+	if member := s.splitter.BatchMember(body); member != "" {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("this is a batch, its pings in %s: the key command reads one ping; "+
-			"give one of them, such as jq -c '.%s[0]' of the body", s.splitter.Wrapper, s.splitter.Wrapper)
+			"give one of them, such as jq -c '.%s[0]' of the body", member, member)
 	}
+	ping, err := s.parseOne(body, time.Now())
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, unkeyableError(err)
 	}
@@ -251,22 +251,24 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	return 0, tw.Flush()
 }
 
-// unkeyableError says why the key command cannot key a ping, and for a
-// (0, 0) fix which flag keys it as a site with null_island allow does.
+// unkeyableError says why the key command cannot key a ping, with the
+// fix in the command's flags (asFlags): the parser's errors name the
+// directive's options, which the command does not take.
 func unkeyableError(err error) error {
-	var invalid *ping.InvalidPingError
-	if errors.As(err, &invalid) && invalid.Rule == ping.RuleNullIsland {
-		return fmt.Errorf("the ping cannot be keyed: %w (here: --null-island allow)", err)
-	}
-	return fmt.Errorf("the ping cannot be keyed: %w", err)
+	return errors.New("the ping cannot be keyed: " + asFlags.Replace(err.Error()))
 }
 
 // parseOne reads one ping as the directive would: from form fields where
 // its encoding reads them and the text is not a JSON object (a query
-// string, a form body, or a whole request URL), as JSON otherwise.
+// string, a form body, or a whole request URL), as JSON otherwise; a JSON
+// object under encoding form is refused, as the directive refuses it.
 func (s *settings) parseOne(body []byte, now time.Time) (ping.Ping, error) {
 	text := strings.TrimSpace(string(body))
-	if s.encoding == encodingJSON || strings.HasPrefix(text, "{") {
+	isJSON := strings.HasPrefix(text, "{")
+	if isJSON && s.encoding == encodingForm {
+		return ping.Ping{}, ping.JSONAsFormError()
+	}
+	if s.encoding == encodingJSON || isJSON {
 		return s.parser.Parse(body, now)
 	}
 	element, err := s.formParser.FormLine(text)
@@ -391,6 +393,7 @@ var asFlags = strings.NewReplacer(
 	"read as one ping: set batch ", "read as one ping: give --batch ",
 	"or set batch off for a route whose senders post single pings", "or give --batch off for a capture of single pings",
 	"are allowed (max_batch): ", "are allowed (the handler's default max_batch): ",
+	"use preset osmand, else encoding form", "give --preset osmand, else --encoding form",
 )
 
 // noteIfRecommendationRefused notes a recommended window and TTL that the

@@ -744,10 +744,48 @@ func TestAnalyzeWithTheWrongPresetIsNotToldOverlandsRecipe(t *testing.T) {
 // properties.device_id, though the batch's ping has one. (Helper 1's
 // review, stop 63.)
 func TestTheKeyCommandSaysToGiveOnePingOfABatch(t *testing.T) {
-	batch := `{"locations":[{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
-		`"properties":{"device_id":"phone1","timestamp":"2026-08-08T12:00:00Z"}}]}`
-	_, err := runKeyCmd(t, "", "--preset", "overland", batch)
-	if err == nil || !strings.Contains(err.Error(), "jq -c '.locations[0]'") {
-		t.Errorf("key --preset overland <Overland's body>: %v; want it told to give one element of locations", err)
+	// A FeatureCollection was keyed as one Feature, and said "id: missing",
+	// where the site says the body is a collection of pings in features.
+	// (Helper 4's review, stop 66.)
+	for _, tt := range []struct{ preset, body, member string }{
+		{"overland", `{"locations":[{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
+			`"properties":{"device_id":"phone1","timestamp":"2026-08-08T12:00:00Z"}}]}`, "locations"},
+		{"geojson", `{"type":"FeatureCollection","features":[{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4049547,52.5200087]},` +
+			`"properties":{"id":"veh-88","time":"2026-08-08T12:00:00Z"}}]}`, "features"},
+	} {
+		_, err := runKeyCmd(t, "", "--preset", tt.preset, tt.body)
+		if want := "jq -c '." + tt.member + "[0]'"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("key --preset %s <a batch in %s>: %v; want it told to give one element of %s", tt.preset, tt.member, err, tt.member)
+		}
+	}
+}
+
+// The key command's errors give their fixes in its own flags, not in the
+// directive's options, which it does not take: the parser's messages
+// passed through named time_zone and encoding form. And under --encoding
+// form a JSON body is refused, as the directive with encoding form
+// refuses it, rather than keyed. (Helper 4's review, stop 66.)
+func TestTheKeyCommandNamesItsOwnFlagsInItsFixes(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		args        []string
+		want, never string
+	}{
+		{"a timestamp without an offset", []string{`{"asset_id":"veh-88","occurred_at":"2026-08-08T12:00:00","lat":52.52,"lon":13.40}`},
+			"--time-zone Europe/Berlin", "time_zone Europe/Berlin"},
+		{"a form ping read as JSON", []string{"asset_id=veh-88&occurred_at=2026-08-08T12:00:00Z&lat=52.52&lon=13.40"},
+			"--preset osmand, else --encoding form", " encoding form"},
+		{"a JSON ping under --encoding form", []string{"--encoding", "form", articlePing},
+			"--encoding auto", " encoding auto"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runKeyCmd(t, "", tt.args...)
+			if err == nil {
+				t.Fatalf("keyed:\n%s", out)
+			}
+			if msg := err.Error(); !strings.Contains(msg, tt.want) || strings.Contains(msg, tt.never) {
+				t.Errorf("%v\nwant it to name %q, never %q", err, tt.want, tt.never)
+			}
+		})
 	}
 }

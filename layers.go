@@ -185,7 +185,7 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 	}
 	if len(body) == 0 && h.settings.parser.EmptyFix == "" && !h.settings.parser.SkipEmpty && queryHoldsAPosition(r.URL.RawQuery) {
 		return ping.Batch{}, &ping.MalformedError{Reason: "the request body is empty, and its query string holds a position " +
-			"(the OsmAnd protocol, as OsmAnd and Traccar Client send it): " + h.queryFix()}
+			"(the OsmAnd protocol, as OsmAnd and Traccar Client send it): " + h.osmandFix("a query string's fields")}
 	}
 	batch, err := h.settings.splitter.Split(elements, body, ct.ndjson())
 	if tooMany, ok := errors.AsType[*ping.BatchTooLargeError](err); ok && h.sentShape(ct, form, body) == sentOverland {
@@ -194,20 +194,37 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 	return batch, err
 }
 
-// queryFix says how to read the OsmAnd protocol's query string on a
-// route that reads JSON bodies: with preset osmand, encoding auto reads
-// both (encoding form would refuse Traccar Client 9's JSON); any other
-// route's JSON senders need it as it is, so a route of its own with preset
-// osmand. Told to add preset osmand, a route without a preset read its own
-// senders' JSON as Transistorsoft bodies and passed every one on unkeyed,
-// and one with its own field paths kept them over the preset's; encoding
-// form alone looks for asset_id and occurred_at, and beside a preset whose
-// senders post JSON only does not load.
-func (h *Handler) queryFix() string {
-	if h.Preset == "osmand" {
-		return "read it with encoding auto, which reads a query string's fields and a JSON body alike"
+// osmandFix says how to read the OsmAnd protocol's fields (in a query
+// string, or a form body: what) on a route that read them as JSON. With
+// preset osmand, encoding auto reads both, by the Content-Type as
+// Traccar's port does (encoding form would refuse Traccar Client 9's
+// JSON); any other route's JSON senders need it as it is, so a route of
+// its own with preset osmand. Told to add preset osmand, a route without a
+// preset read its own senders' JSON as Transistorsoft bodies and passed
+// every one on unkeyed, and one with its own field paths kept them over
+// the preset's; encoding form alone looks for asset_id and occurred_at,
+// and beside a preset whose senders post JSON only does not load.
+func (h *Handler) osmandFix(what string) string {
+	switch {
+	case h.Preset != "osmand":
+		return "give such senders a route of their own with preset osmand: this route reads JSON bodies"
+	case h.settings.encoding == encodingAuto:
+		return "this route reads form fields unless the Content-Type says JSON, as Traccar's port does: " +
+			"have the sender send " + what + " without Content-Type: application/json (a form body as application/x-www-form-urlencoded)"
 	}
-	return "give such senders a route of their own with preset osmand: this route reads JSON bodies"
+	return "read it with encoding auto, which reads " + what + " and a JSON body alike"
+}
+
+// formBodyFix gives a body that looks form encoded, read as JSON, the fix
+// of this route (osmandFix) in place of the parser's, which knows none:
+// told to use preset osmand or encoding form, a route with preset osmand
+// was told to add what it has, and any other one what would not load or
+// would pass its own senders on unkeyed.
+func (h *Handler) formBodyFix(err error) error {
+	if m, ok := errors.AsType[*ping.MalformedError](err); ok && m.FormEncoded {
+		return &ping.MalformedError{Reason: strings.TrimSuffix(m.Reason, ping.FormEncodedFix) + h.osmandFix("its fields")}
+	}
+	return err
 }
 
 // queryHoldsAPosition reports a query string with a latitude and a
@@ -275,7 +292,7 @@ func (h *Handler) normaliseBatch(req *request, batch ping.Batch, repl *caddy.Rep
 		case errors.Is(err, ping.ErrNotAPing):
 			e.decision, e.reason = decisionSkipped, skipReason(err)
 		case err != nil:
-			e.refuse(err)
+			e.refuse(h.formBodyFix(err))
 			e.asset = h.refusedAsset(p.Asset, repl)
 		default:
 			e.obs.Ping, e.asset, e.scope = p, p.Asset, scope

@@ -16,7 +16,10 @@ import (
 // redisReplyFixes say what to do about the error replies a Redis that
 // answers refuses commands with, by the reply's first word.
 var redisReplyFixes = map[string]string{
-	"OOM":         "Redis is at maxmemory and refuses writes: raise maxmemory, or let it evict keys with a TTL (maxmemory-policy volatile-ttl)",
+	"OOM": "Redis is at maxmemory and refuses writes: raise maxmemory (the README's Sizing), or lower ttl, which is how long each key lives; " +
+		"keep maxmemory-policy noeviction: any other policy evicts claims whose requests still wait for the upstream",
+	"NOSCRIPT": "Redis lacks the store's scripts and did not take them when the store loaded them (SCRIPT LOAD): the Redis user may not run it " +
+		"(ACL LOG says): give it the README's ACL rule (Stores), SCRIPT|LOAD included",
 	"NOAUTH":      "Redis requires a password: set password (and username) in the store's block, or in the URL",
 	"WRONGPASS":   "Redis refused the username or password: check password and username in the store's block or URL",
 	"NOPERM":      "the Redis user may not run a command or key the store needs: give it the README's ACL rule (Stores): the key_prefix's keys (and dead_letter_stream's) and PING SET GET DEL PTTL PEXPIRE HGET HSET HDEL TIME EVALSHA SCRIPT|LOAD SCRIPT|EXISTS XADD TYPE; with Sentinel or Cluster also EVAL WAIT ROLE; with Cluster also CLUSTER|SLOTS COMMAND",
@@ -73,7 +76,11 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	defer cancel()
 	err := client.Ping(check).Err()
 	if err == nil {
-		warnIfEvicting(check, client, where, logger)
+		readConfig := usernameOf(client) == "" // see warnIfSnapshotting
+		eachServer(check, client, where, func(ctx context.Context, node redis.Cmdable, where string) {
+			warnIfEvicting(ctx, node, where, logger)
+			warnIfSnapshotting(ctx, node, where, readConfig, logger)
+		})
 		return
 	}
 	if ctx.Err() != nil { // the config was unloaded meanwhile
@@ -94,32 +101,10 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	logger.Warn(msg, fields...)
 }
 
-// warnIfEvicting tells the operator at start that Redis may evict the
-// store's keys: every key it writes has a TTL, so with maxmemory and any
-// policy but noeviction (managed Redis often runs volatile-lru) a claim
-// can go while its request still waits for the upstream. Its redelivery
-// is then forwarded beside it instead of told to come back, and in
-// sliding and session the release of a state change finds nothing to
-// undo, and the retry can be suppressed: the backend never gets it. It
-// reads INFO memory, which managed services allow where they deny CONFIG
-// (and which shows no password), on every master of a Cluster: each has a
-// config of its own. A Redis that does not answer it is not judged.
-func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where string, logger *zap.Logger) {
-	judge := func(ctx context.Context, node redis.Cmdable, where string) {
-		info := node.InfoMap(ctx, "memory")
-		if info.Err() != nil {
-			return
-		}
-		maxmemory, policy := info.Item("Memory", "maxmemory"), info.Item("Memory", "maxmemory_policy")
-		if maxmemory == "" || maxmemory == "0" || policy == "" || policy == "noeviction" {
-			return
-		}
-		logger.Warn("redis store may evict claims: a claim evicted while its request waits for the upstream lets its redelivery through a second time, "+
-			"and in sliding and session can lose a state change's retry",
-			zap.String("redis", where), zap.String("maxmemory", maxmemory), zap.String("maxmemory_policy", policy),
-			zap.String("fix", "set maxmemory-policy noeviction (a full Redis then refuses new claims, which on_store_error answers), "+
-				"or maxmemory 0, and size Redis for the keys of a TTL (the README's Sizing)"))
-	}
+// eachServer runs judge on each server whose config the store's keys
+// depend on: every master of a Cluster (each has a config of its own),
+// else the one the client talks to.
+func eachServer(ctx context.Context, client redis.UniversalClient, where string, judge func(context.Context, redis.Cmdable, string)) {
 	if cluster, ok := client.(*redis.ClusterClient); ok {
 		_ = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
 			judge(ctx, node, node.Options().Addr)
@@ -128,6 +113,84 @@ func warnIfEvicting(ctx context.Context, client redis.UniversalClient, where str
 		return
 	}
 	judge(ctx, client, where)
+}
+
+// warnIfEvicting tells the operator at start that Redis may evict the
+// store's keys: every key it writes has a TTL, so with maxmemory and any
+// policy but noeviction (managed Redis often runs volatile-lru) a claim
+// can go while its request still waits for the upstream. Its redelivery
+// is then forwarded beside it instead of told to come back, and in
+// sliding and session the release of a state change finds nothing to
+// undo, and the retry can be suppressed: the backend never gets it. It
+// reads INFO memory, which managed services allow where they deny CONFIG
+// (and which shows no password). A Redis that does not answer it is not
+// judged.
+func warnIfEvicting(ctx context.Context, node redis.Cmdable, where string, logger *zap.Logger) {
+	info := node.InfoMap(ctx, "memory")
+	if info.Err() != nil {
+		return
+	}
+	maxmemory, policy := info.Item("Memory", "maxmemory"), info.Item("Memory", "maxmemory_policy")
+	if maxmemory == "" || maxmemory == "0" || policy == "" || policy == "noeviction" {
+		return
+	}
+	logger.Warn("redis store may evict claims: a claim evicted while its request waits for the upstream lets its redelivery through a second time, "+
+		"and in sliding and session can lose a state change's retry",
+		zap.String("redis", where), zap.String("maxmemory", maxmemory), zap.String("maxmemory_policy", policy),
+		zap.String("fix", "set maxmemory-policy noeviction (a full Redis then refuses new claims, which on_store_error answers), "+
+			"or maxmemory 0, and size Redis for the keys of a TTL (the README's Sizing)"))
+}
+
+// warnIfSnapshotting tells the operator at start that Redis keeps its data
+// across a restart by snapshots (RDB) alone: a restart reloads the last
+// one, and a claim it holds in flight that was released since (its
+// upstream failed) is back. Its ping's retries are then told 409, and
+// once the claim is older than in_flight_timeout, that it was delivered:
+// the backend never gets it. An append-only file holds every release; a
+// Redis that restarts empty forgets claims, which lets redeliveries
+// through once more and loses nothing. INFO persistence tells an
+// append-only file, and snapshots taken or loaded since Redis started;
+// a schedule that has not run yet only CONFIG GET save tells, which it
+// asks as the default user only (readConfig): the README's ACL rule does
+// not grant it (it would show the config's secrets too), and a refusal
+// fills the ACL log. A Redis that does not answer is not judged.
+func warnIfSnapshotting(ctx context.Context, node redis.Cmdable, where string, readConfig bool, logger *zap.Logger) {
+	info := node.InfoMap(ctx, "persistence")
+	if info.Err() != nil || info.Item("Persistence", "aof_enabled") != "0" {
+		return
+	}
+	evidence := ""
+	for _, field := range []string{"rdb_saves", "rdb_last_load_keys_loaded"} {
+		if n := info.Item("Persistence", field); n != "" && n != "0" {
+			evidence = field + " " + n
+		}
+	}
+	if evidence == "" && readConfig {
+		if save, err := node.ConfigGet(ctx, "save").Result(); err == nil && strings.TrimSpace(save["save"]) != "" {
+			evidence = "save " + save["save"]
+		}
+	}
+	if evidence == "" {
+		return
+	}
+	logger.Warn("redis store keeps its data across restarts by snapshots alone: after a restart it reloads the last one, "+
+		"and a claim released since (its upstream failed) is back in flight: its ping's retries are told 409, then that it was delivered, "+
+		"and the backend never gets it",
+		zap.String("redis", where), zap.String("snapshots", evidence),
+		zap.String("fix", "set appendonly yes, which keeps every release, or turn snapshots off (save \"\"): "+
+			"a Redis that restarts empty lets redeliveries through once more, and loses no ping"))
+}
+
+// usernameOf is the ACL user the client logs in as, "" for the default
+// user.
+func usernameOf(client redis.UniversalClient) string {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().Username
+	case *redis.ClusterClient:
+		return c.Options().Username
+	}
+	return ""
 }
 
 // describeTopology names a connection for logs, without secrets.

@@ -62,7 +62,10 @@ func TestStoreErrorsSayWhatToDo(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"out of memory", fmt.Errorf("%w: %w", dedup.ErrReleasesOwed, oom), "maxmemory"},
+		// It named maxmemory-policy volatile-ttl, which the startup check
+		// then warned of (it evicts claims in flight). (Helper 2's review,
+		// stop 66.)
+		{"out of memory", fmt.Errorf("%w: %w", dedup.ErrReleasesOwed, oom), "keep maxmemory-policy noeviction"},
 		{"no password", noauth, "set password"},
 		{"a command a script may not run", scriptCommand, "README's ACL rule"},
 		{"a key a script may not use", scriptKey, "README's ACL rule"},
@@ -1006,5 +1009,48 @@ func TestADeadLetterDoesNotWriteARefusedAssetsControlCharacters(t *testing.T) {
 	if asset, _ := letters[0]["asset"].(string); strings.ContainsAny(asset, "\x1b\x07") {
 		t.Errorf("the letter of a Feature refused for a control character in its device_id writes it raw in its asset field: %q (error %v)",
 			asset, letters[0]["error"])
+	}
+}
+
+// A Redis user that may run EVALSHA but not SCRIPT LOAD (the README's ACL
+// rule with SCRIPT|LOAD left out, or a managed role that allows EVALSHA
+// only): the scripts never load, every sliding or session claim fails
+// NOSCRIPT, and in tumbling a release can never be made, so the retry of
+// a ping whose upstream failed fails with it. The store-error line named
+// no fix; Redis refused the user a command, and the line says so as it
+// does for NOPERM. (Helper 2's review, stop 66.)
+func TestAUserWithoutScriptLoadIsToldTheACLFix(t *testing.T) {
+	rdb := redistest.Start(t)
+	ctx := context.Background()
+	if err := rdb.Client().Do(ctx, "ACL", "SETUSER", "noload", "on", ">pw", "resetkeys", "~noload:*", "-@all",
+		"+ping", "+set", "+get", "+del", "+pttl", "+pexpire", "+hget", "+hset", "+hdel", "+time", "+evalsha",
+		"+script|exists", "+xadd", "+type", "+info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://noload:pw@" + rdb.Addr() + "/0"
+	for _, shape := range []string{"sliding", "session", "tumbling"} {
+		t.Run(shape, func(t *testing.T) {
+			tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"noload:","shape":%q,"on_store_error":"closed","store":{"type":"redis","url":%q,"timeout":%d}}`,
+				shape, url, (500*time.Millisecond).Nanoseconds()))
+			core, logs := observer.New(zap.WarnLevel)
+			tt.h.claimErrors.logger = zap.New(core)
+			p := fmt.Sprintf(`{"asset_id":"veh-%s","occurred_at":%q,"lat":52.52,"lon":13.40}`, shape, time.Now().UTC().Add(-time.Minute).Format(time.RFC3339))
+			if shape == "tumbling" { // its claim needs no script, its release does
+				tt.upstreamStatus = func([]byte) int { return http.StatusBadGateway }
+				if res := tt.post(p, "application/json", nil); res.status != http.StatusBadGateway {
+					t.Fatalf("the first delivery, its upstream failing: %d %s", res.status, res.header.Get("X-Dedup"))
+				}
+				tt.upstreamStatus = nil
+			}
+			if res := tt.post(p, "application/json", nil); res.status != http.StatusServiceUnavailable {
+				t.Fatalf("a claim by a user without SCRIPT LOAD: %d %s, want 503", res.status, res.header.Get("X-Dedup"))
+			}
+			if logs.Len() == 0 {
+				t.Fatal("no store-error line")
+			}
+			if fix, _ := logs.All()[0].ContextMap()["fix"].(string); !strings.Contains(fix, "README's ACL rule") {
+				t.Errorf("the claims' line for a user Redis refuses SCRIPT LOAD: %v; want a fix naming the README's ACL rule", logs.All()[0].ContextMap())
+			}
+		})
 	}
 }

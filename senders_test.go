@@ -1076,6 +1076,60 @@ func TestAnOsmAndRouteIsNotToldToUsePresetOsmAnd(t *testing.T) {
 	}
 }
 
+// An OsmAnd timestamp whose offset is written with a bare + (a
+// hand-written URL template) reaches the parser with a space there, as it
+// reaches Traccar's decoder: a + in a query string is a space. The sender
+// wrote RFC 3339, and was told it had not; the answer now names the
+// escape, and the time written as it says is read. (Helper 1's review,
+// stop 66.)
+func TestAnOffsetWrittenWithABarePlusIsToldToEscapeIt(t *testing.T) {
+	at := time.Now().Add(-time.Hour).In(time.FixedZone("", 2*3600)).Format("2006-01-02T15:04:05")
+	get := "/?id=358240051111110&timestamp=" + at + "+02:00&lat=52.52&lon=13.40&speed=0&accuracy=5"
+	tt := tableHandler(t, `{"key_prefix":"bareplus:","preset":"osmand"}`)
+	res := tt.getWithoutBody(get)
+	escaped := at + "%2B02:00"
+	if res.status != http.StatusUnprocessableEntity || !strings.Contains(res.body, escaped) {
+		t.Fatalf("GET %s: %d %s; want 422 saying to write the offset %s", get, res.status, res.body, escaped)
+	}
+	if got := tt.getWithoutBody(strings.Replace(get, "+02:00", "%2B02:00", 1)); got.status != http.StatusCreated {
+		t.Errorf("the same time escaped: %d %s; want 201", got.status, got.body)
+	}
+}
+
+// The same fields POSTed as a form body (the Traccar Client SDK's upload,
+// HttpUploader.kt) to a route that reads JSON bodies get the GET's advice,
+// and a route with preset osmand that read them as JSON (their
+// Content-Type said so) is told of the Content-Type: the parser's own fix
+// ("use preset osmand, else encoding form") told the first what would not
+// load or would pass its own senders on unkeyed, and the second to add the
+// preset it has. (Helper 1's review, stop 66.)
+func TestAFormBodyOnAJSONRouteIsToldWhatReadsIt(t *testing.T) {
+	form := "id=358240051111110&timestamp=" + strconv.FormatInt(time.Now().Unix(), 10) +
+		"&lat=52.5200087&lon=13.4049547&speed=0&accuracy=4"
+	for _, tc := range []struct{ config, contentType, want, followed string }{
+		{`{"key_prefix":"formjson:"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
+		{`{"key_prefix":"formjson:","preset":"overland"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
+		{`{"key_prefix":"formjson:","preset":"owntracks"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
+		{`{"key_prefix":"formjson:","preset":"traccar"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
+		{`{"key_prefix":"formjson:","preset":"osmand"}`, "application/json", "without Content-Type: application/json", "application/x-www-form-urlencoded"},
+		{`{"key_prefix":"formjson:","preset":"osmand","encoding":"json"}`, "application/x-www-form-urlencoded", "encoding auto", ""},
+	} {
+		t.Run(tc.config+" "+tc.contentType, func(t *testing.T) {
+			res := tableHandler(t, tc.config).post(form, tc.contentType, nil)
+			if res.status != http.StatusBadRequest || !strings.Contains(res.body, tc.want) || strings.Contains(res.body, "use preset osmand") {
+				t.Fatalf("an OsmAnd form body: %d %s; want 400 saying %q, and not to use preset osmand", res.status, res.body, tc.want)
+			}
+			config, contentType := `{"key_prefix":"formjsonfollowed:","preset":"osmand"}`, tc.contentType
+			if tc.followed != "" {
+				contentType = tc.followed
+			}
+			if got := tableHandler(t, config).post(form, contentType, nil); got.status != http.StatusCreated {
+				t.Errorf("following the advice, the same body: %d %s; want 201", got.status, got.body)
+			}
+		})
+	}
+}
+
 // The advice an OsmAnd-protocol GET gets on a route that reads JSON bodies
 // can be followed without harm to the route's own senders: a route of its
 // own with preset osmand, which reads the same GET. Told encoding form, a

@@ -134,6 +134,18 @@ func (s Splitter) Split(elements [][]byte, body []byte, ndjson bool) (Batch, err
 	return Batch{Framing: Single, Elements: append(elements, body)}, nil
 }
 
+// BatchMember is the member of body that holds its pings when body is a
+// batch in an object (the wrapper's array, or the collection's), else "".
+func (s Splitter) BatchMember(body []byte) string {
+	switch {
+	case s.Wrapper != "" && s.WrapperOpening(body) == '[':
+		return s.Wrapper
+	case s.Collection != "" && gjson.GetBytes(body, s.Collection).IsArray():
+		return s.Collection
+	}
+	return ""
+}
+
 // WrapperOpening is the first byte of what the wrapper holds in head, the
 // start of an object body that may be cut short (read up to a limit): '['
 // for a batch, '{' for a lone ping, 0 where head does not reach it.

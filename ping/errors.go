@@ -39,7 +39,16 @@ const (
 type MalformedError struct {
 	// Reason says what is wrong with the body, for the sender.
 	Reason string
+	// FormEncoded says the body looks form encoded (field=value&...) and
+	// Reason ends with FormEncodedFix, which a route that knows what reads
+	// such bodies there replaces with its own.
+	FormEncoded bool
 }
+
+// FormEncodedFix is the fix a body that looks form encoded is given where
+// nothing knows the route it came to (the key and analyze commands, whose
+// flags these name).
+const FormEncodedFix = "for Traccar's OsmAnd protocol use preset osmand, else encoding form"
 
 // Error is the Reason, for the sender.
 func (e *MalformedError) Error() string { return e.Reason }

@@ -28,7 +28,7 @@ func notJSON(body []byte) error {
 	case severalLines && json.Valid(firstLine) && len(bytes.TrimSpace(rest)) > 0:
 		reason += "; it holds several JSON values, one a line: send them as NDJSON, with Content-Type: application/x-ndjson"
 	case bytes.IndexAny(trimmed, "{[\"") != 0 && bytes.Contains(trimmed, []byte("=")):
-		reason += "; it looks form encoded (field=value&...): for Traccar's OsmAnd protocol use preset osmand, else encoding form"
+		return &MalformedError{Reason: reason + "; it looks form encoded (field=value&...): " + FormEncodedFix, FormEncoded: true}
 	}
 	return &MalformedError{Reason: reason}
 }

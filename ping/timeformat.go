@@ -93,6 +93,14 @@ func parseOffsetTime(s, field string) (time.Time, error) {
 				"%q has a space for the T, which Traccar and most receivers do not read; send it as %q", s, withT)
 		}
 	}
+	if i := strings.LastIndexByte(s, ' '); i > 10 && isOffsetTime(s[:i]+"+"+s[i+1:]) {
+		// A + in a query string or a form body is a space (to Traccar's
+		// decoder too): the sender wrote RFC 3339, and only the escape is
+		// missing.
+		return time.Time{}, invalid(field, RuleTimeFormat,
+			"%q has a space where its offset's + was: in a query string or a form body a + reads as a space; write it %%2B (%s%%2B%s)",
+			s, s[:i], s[i+1:])
+	}
 	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
 }
 
