@@ -588,68 +588,40 @@ func inProcessOfItsOwn(t *testing.T) bool {
 	return false
 }
 
-// Nothing keeps a Redis that runs maxmemory with an eviction policy from
-// evicting claims (managed Redis often runs volatile-lru, and every key
-// this module writes has a TTL): under memory pressure a claim whose
-// request still waits for its upstream goes (volatile-ttl: a short-TTL
-// site's first), and the redelivery of its ping is forwarded again; in
-// sliding and session an evicted pending seen entry loses what its
-// release must forget. The store cannot prevent it, so the operator is
-// told at start, with the fix, and only then.
-func TestTheStartupWarningSaysRedisMayEvictClaims(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		args []string
-		warn bool
-	}{
-		{"volatile-ttl under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "volatile-ttl"}, true},
-		{"allkeys-lru under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}, true},
-		{"noeviction under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "noeviction"}, false},
-		{"an eviction policy without maxmemory", []string{"--maxmemory-policy", "volatile-lru"}, false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			srv := redistest.StartWith(t, tt.args...)
-			core, logs := observer.New(zap.WarnLevel)
-			warnIfUnreachable(context.Background(), srv.Client(), srv.Addr(), zap.New(core))
-			entries := logs.All()
-			if !tt.warn {
-				if len(entries) != 0 {
-					t.Fatalf("warned %q; want nothing", entries[0].Message)
-				}
-				return
-			}
-			if len(entries) != 1 {
-				t.Fatalf("%d warnings, want 1 saying Redis may evict claims", len(entries))
-			}
-			fix, _ := entries[0].ContextMap()["fix"].(string)
-			if !strings.Contains(entries[0].Message, "evict") || !strings.Contains(fix, "noeviction") {
-				t.Errorf("startup warning %q, fix %q; want it to say claims may be evicted and the fix noeviction", entries[0].Message, fix)
-			}
-		})
-	}
-}
-
-// A Redis that keeps its data by snapshots alone (RDB, the save schedule
-// of redis.conf's defaults) brings back, when it restarts, a claim its
-// last snapshot caught in flight and that was released since: the
-// sender, told its upstream failed, retries, is answered 409 until
-// in_flight_timeout and then 200 suppressed, and the backend never gets
-// the ping. The module cannot undo the snapshot, so the operator is told
-// at start, with the fix, and an append-only file keeps the release across
-// the same restart (TestAnAppendOnlyFileKeepsAReleaseAcrossARestart).
-// (Helper 2's review, stop 66.)
-func TestTheStartupWarningSaysSnapshotsBringReleasedClaimsBack(t *testing.T) {
+// The startup check tells the operator of a Redis whose config can lose
+// claims, with the fix, and only then. Nothing keeps a Redis that runs
+// maxmemory with an eviction policy from evicting claims (managed Redis
+// often runs volatile-lru, and every key this module writes has a TTL):
+// under memory pressure a claim whose request still waits for its
+// upstream goes (volatile-ttl: a short-TTL site's first), and the
+// redelivery of its ping is forwarded again; in sliding and session an
+// evicted pending seen entry loses what its release must forget. A Redis
+// that keeps its data by snapshots alone (RDB, the save schedule of
+// redis.conf's defaults) brings back, when it restarts, a claim its last
+// snapshot caught in flight and that was released since: the sender, told
+// its upstream failed, retries, is answered 409 until in_flight_timeout
+// and then 200 suppressed, and the backend never gets the ping; an
+// append-only file keeps the release across the same restart
+// (TestAnAppendOnlyFileKeepsAReleaseAcrossARestart; helper 2's review,
+// stop 66).
+func TestTheStartupWarningsSayHowRedisCouldLoseClaims(t *testing.T) {
+	const evicting, snapshotting = "evict", "snapshots"
 	for _, tt := range []struct {
 		name  string
 		args  []string
-		saved bool // a snapshot was taken since Redis started
-		warn  bool
+		saved bool   // a snapshot was taken since Redis started
+		warn  string // what the one warning names, "" for none
+		fix   string
 	}{
-		{"a snapshot schedule that has not run yet", []string{"--save", "3600 1 300 100"}, false, true},
-		{"a snapshot taken by hand (a backup job's BGSAVE), no schedule", nil, true, true},
-		{"snapshots and an append-only file", []string{"--save", "3600 1", "--appendonly", "yes"}, true, false},
-		{"an append-only file alone", []string{"--appendonly", "yes"}, false, false},
-		{"nothing kept", nil, false, false},
+		{"volatile-ttl under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "volatile-ttl"}, false, evicting, "noeviction"},
+		{"allkeys-lru under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}, false, evicting, "noeviction"},
+		{"noeviction under maxmemory", []string{"--maxmemory", "100mb", "--maxmemory-policy", "noeviction"}, false, "", ""},
+		{"an eviction policy without maxmemory", []string{"--maxmemory-policy", "volatile-lru"}, false, "", ""},
+		{"a snapshot schedule that has not run yet", []string{"--save", "3600 1 300 100"}, false, snapshotting, "appendonly yes"},
+		{"a snapshot taken by hand (a backup job's BGSAVE), no schedule", nil, true, snapshotting, "appendonly yes"},
+		{"snapshots and an append-only file", []string{"--save", "3600 1", "--appendonly", "yes"}, true, "", ""},
+		{"an append-only file alone", []string{"--appendonly", "yes"}, false, "", ""},
+		{"nothing kept", nil, false, "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := redistest.StartWith(t, tt.args...)
@@ -661,18 +633,18 @@ func TestTheStartupWarningSaysSnapshotsBringReleasedClaimsBack(t *testing.T) {
 			core, logs := observer.New(zap.WarnLevel)
 			warnIfUnreachable(context.Background(), srv.Client(), srv.Addr(), zap.New(core))
 			entries := logs.All()
-			if !tt.warn {
+			if tt.warn == "" {
 				if len(entries) != 0 {
 					t.Fatalf("warned %q; want nothing", entries[0].Message)
 				}
 				return
 			}
 			if len(entries) != 1 {
-				t.Fatalf("%d warnings, want 1 saying a restart brings released claims back", len(entries))
+				t.Fatalf("%d warnings, want 1 naming %q", len(entries), tt.warn)
 			}
 			fix, _ := entries[0].ContextMap()["fix"].(string)
-			if !strings.Contains(entries[0].Message, "snapshots") || !strings.Contains(fix, "appendonly yes") {
-				t.Errorf("startup warning %q, fix %q; want it to name the snapshots and the fix appendonly yes", entries[0].Message, fix)
+			if !strings.Contains(entries[0].Message, tt.warn) || !strings.Contains(fix, tt.fix) {
+				t.Errorf("startup warning %q, fix %q; want it to name %q and the fix %q", entries[0].Message, fix, tt.warn, tt.fix)
 			}
 		})
 	}

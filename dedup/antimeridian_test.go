@@ -1,10 +1,16 @@
 package dedup
 
 import (
+	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
+	"github.com/uber/h3-go/v4"
+
 	"github.com/telemetry-dedup/caddy-telemetry-dedup/geo"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/internal/redistest"
+	"github.com/telemetry-dedup/caddy-telemetry-dedup/ping"
 )
 
 // A ship or a parked asset on the antimeridian (Fiji, Chukotka, Taveuni)
@@ -55,4 +61,86 @@ func TestAMoveAcrossTheAntimeridianIsAdmitted(t *testing.T) {
 			}
 		}
 	})
+}
+
+// nearPole is a ping r metres from the North Pole on meridian lon, sec
+// seconds into the test.
+func nearPole(sec, r, lon float64) ping.Ping {
+	return at(time.Duration(sec*float64(time.Second)), 90-r/metresPerDegree, lon)
+}
+
+// Near a pole the plane tangent at a fix measures a point across the pole
+// up to a fifth short: a vehicle parked 36 m from the North Pole (a camp on
+// the sea ice, the vehicles of a station at the South Pole) that moved to
+// 10.8 m from it on another meridian, 42 m from its last accepted fix on
+// H3's sphere, was suppressed against a lag bound of 37.5 m (1.5 radii),
+// and a fix of 95 m accuracy 113 m away against its 95. Within a degree of
+// a pole, distances are measured in polar coordinates, in Go and in Lua
+// alike. (Helper 3's review, stop 66.)
+func TestAFixAcrossThePoleIsJudgedByItsTrueDistance(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		parkedR, fixR   float64 // metres from the pole
+		accuracy, bound float64 // the fix's accuracy, and its lag bound
+	}{
+		{"a satellite fix, accuracy 34 m", 36, 10.8, 34, LagFactor * DefaultRadius},
+		{"a poor fix, accuracy 95 m", 96, 28.8, 95, 95},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachTrackShape(t, func(t *testing.T, d *testDeduper) {
+				parked := nearPole(0, tc.parkedR, 0)
+				for i := range 6 {
+					p := withAccuracy(nearPole(float64(10*i), tc.parkedR, 0), 5)
+					d.clock = p.Time
+					d.settled(t, p)
+				}
+				moved := withAccuracy(nearPole(61, tc.fixR, 120), tc.accuracy)
+				d.clock = moved.Time
+				dist := h3.GreatCircleDistanceM(h3.NewLatLng(parked.Lat, parked.Lon), h3.NewLatLng(moved.Lat, moved.Lon))
+				if v := d.settled(t, moved); v.Decision != Accepted && dist > tc.bound {
+					t.Fatalf("a fix %.1f m (great circle) from the last accepted one, past its %.1f m bound: %+v, want accepted", dist, tc.bound, v)
+				}
+			})
+		})
+	}
+}
+
+// Within the polar cap distances are the great circle's: the polar
+// measure agrees with H3's to a part in 10,000 from the pole out to the
+// cap's edge, across the pole and along a parallel, where the tangent
+// plane was up to a fifth short.
+func TestPolarDistancesAreTheGreatCircles(t *testing.T) {
+	for _, p := range [][4]float64{
+		{89.9996, 0, 89.9999, 120},    // across the pole, metres from it
+		{89.99, 10, 89.9905, 11},      // a kilometre out
+		{89.2, -170, 89.2003, 170},    // near the cap's edge, across ±180°
+		{-89.9997, 45, -89.9995, -90}, // the South Pole
+	} {
+		f := fix{trackPoint: trackPoint{lat: p[0], lon: p[1]}, kx: math.Cos(p[0]*math.Pi/180) * metresPerDegree}
+		got := math.Sqrt(f.distance2(p[2], p[3]))
+		want := h3.GreatCircleDistanceM(h3.NewLatLng(p[0], p[1]), h3.NewLatLng(p[2], p[3]))
+		if math.Abs(got-want) > want*1e-4 {
+			t.Errorf("(%v, %v) to (%v, %v): %.4f m, want the great circle's %.4f", p[0], p[1], p[2], p[3], got, want)
+		}
+	}
+}
+
+// The stores agree near the pole, where both measure in polar
+// coordinates (Go's math.Sin and Lua's C sin): fixes within 100 m of the
+// North Pole on any meridian, of any accuracy a phone gives, decided one
+// by one by each store, get the same verdicts.
+func TestStoresAgreeNearThePole(t *testing.T) {
+	for _, shape := range []Shape{Sliding, Session} {
+		t.Run(string(shape), func(t *testing.T) {
+			mem, red := newTestDeduper(NewMemoryStore(0), shape), newTestDeduper(newRedisStore(t, redistest.Start(t)), shape)
+			rng := rand.New(rand.NewPCG(66, uint64(len(shape))))
+			for i := range 300 {
+				p := withAccuracy(nearPole(float64(5*i), 100*rng.Float64()*rng.Float64(), 360*rng.Float64()-180), 3+40*rng.Float64())
+				mem.clock, red.clock = p.Time, p.Time
+				if a, b := mem.settled(t, p), red.settled(t, p); a.Decision != b.Decision || a.Reason != b.Reason {
+					t.Fatalf("fix %d (%.7f, %.7f): memory %+v, Redis %+v", i, p.Lat, p.Lon, a, b)
+				}
+			}
+		})
+	}
 }

@@ -839,12 +839,48 @@ func (f fix) distance2(lat, lon float64) float64 {
 
 // separation2 is the squared distance in metres between two positions near
 // f, on the plane tangent at f: at the scales of jitter and stays it is
-// within a fraction of a percent of the great-circle distance. The explicit
-// conversions keep every operation rounded as Lua rounds it.
+// within a fraction of a percent of the great-circle distance. Within
+// polarCap degrees of a pole it is not: meridians converge there, and a
+// point across the pole measured up to a fifth short, so a fix farther
+// than the lag bound from the last accepted one was suppressed; there
+// polarSeparation2 measures. The explicit conversions keep every
+// operation rounded as Lua rounds it.
 func (f fix) separation2(lat1, lon1, lat2, lon2 float64) float64 {
+	if math.Abs(lat1) > 90-polarCap || math.Abs(lat2) > 90-polarCap {
+		return polarSeparation2(lat1, lon1, lat2, lon2)
+	}
 	dy := float64(lat1-lat2) * float64(metresPerDegree)
 	dx := lonDelta(lon1, lon2) * f.kx
 	return float64(dx*dx) + float64(dy*dy)
+}
+
+// polarCap is how many degrees from a pole separation2 measures in polar
+// coordinates: there the plane tangent at a fix measures a point d metres
+// away about d / (its distance from the pole) short, more than the polar
+// measure's own error (a part in 20,000 at a degree) for any d past 40 m.
+const polarCap = 1.0
+
+// halfRadian is half a degree's radians, rounded from the float64 nearest
+// π as Lua's math.pi / 360 is (a constant expression would be rounded
+// once, from π itself, and could differ by an ulp).
+var halfRadian = func() float64 { pi := math.Pi; return pi / 360 }()
+
+// polarSeparation2 is the squared distance in metres between two positions
+// near a pole, each at its distance from the pole along its meridian (the
+// azimuthal equidistant projection, within a part in 20,000 of the
+// great-circle distance inside polarCap): by the law of cosines, in the
+// form that does not cancel for close points. Positions in opposite
+// hemispheres measure as if mirrored into one, and are thousands of
+// kilometres apart either way.
+func polarSeparation2(lat1, lon1, lat2, lon2 float64) float64 {
+	r1 := float64(90-math.Abs(lat1)) * float64(metresPerDegree)
+	r2 := float64(90-math.Abs(lat2)) * float64(metresPerDegree)
+	if (lat1 < 0) != (lat2 < 0) {
+		r2 = float64(90+math.Abs(lat2)) * float64(metresPerDegree)
+	}
+	half := math.Sin(lonDelta(lon1, lon2) * halfRadian)
+	dr := r1 - r2
+	return float64(dr*dr) + float64(float64(4*r1)*r2)*float64(half*half)
 }
 
 // lonDelta is lon1 - lon2 the short way round, in [-180, 180]: two fixes

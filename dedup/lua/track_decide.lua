@@ -189,7 +189,25 @@ local function wrapLon(l)
 	return lonDelta(l, 0)
 end
 
+-- separation2 and polarSeparation2 as in track.go: polar coordinates
+-- within POLAR_CAP degrees of a pole, where the tangent plane measures short.
+local POLAR_CAP = 1.0
+
+local function polarSeparation2(lat1, lon1, lat2, lon2)
+	local r1 = (90 - math.abs(lat1)) * ky
+	local r2 = (90 - math.abs(lat2)) * ky
+	if (lat1 < 0) ~= (lat2 < 0) then
+		r2 = (90 + math.abs(lat2)) * ky
+	end
+	local half = math.sin(lonDelta(lon1, lon2) * (math.pi / 360))
+	local dr = r1 - r2
+	return dr * dr + (4 * r1) * r2 * (half * half)
+end
+
 local function separation2(lat1, lon1, lat2, lon2)
+	if math.abs(lat1) > 90 - POLAR_CAP or math.abs(lat2) > 90 - POLAR_CAP then
+		return polarSeparation2(lat1, lon1, lat2, lon2)
+	end
 	local dy = (lat1 - lat2) * ky
 	local dx = lonDelta(lon1, lon2) * kx
 	return dx * dx + dy * dy
