@@ -3,8 +3,10 @@ package telemetrydedup
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,11 +55,22 @@ func storeErrorFix(err error) string {
 		return redisReplyFixes[word]
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return "Redis did not answer within the store's timeout: is it reachable, paused or overloaded? " +
+		return "Redis did not answer within the store's timeout: is it reachable, paused, overloaded, or at maxclients " +
+			"(it then refuses new connections; " + maxclientsCheck + ")? " +
 			"(With Sentinel, sentinels that require a password need sentinel_password; the startup warning says why they did not answer.)"
+	}
+	if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) {
+		return "Redis closed the connection: it restarted, refused a new connection at maxclients (" + maxclientsCheck +
+			"), or a proxy or firewall between cut it"
 	}
 	return ""
 }
+
+// maxclientsCheck says how to tell a Redis at maxclients: its refusal
+// ("max number of clients reached") answers the connection's handshake,
+// which go-redis does not report, and the connection is closed.
+const maxclientsCheck = "INFO clients' connected_clients against CONFIG GET maxclients; " +
+	"every Caddy instance's pool_size adds up, with the other services' connections"
 
 // whileRedisFails says what becomes of the pings while Redis fails, in the
 // lines of a store or connection: the handlers that share it may differ in

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,6 +72,7 @@ func TestStoreErrorsSayWhatToDo(t *testing.T) {
 		{"a key a script may not use", scriptKey, "README's ACL rule"},
 		{"Redis 7.2's refusal in a script", fmt.Errorf("decide: %w", replyError("ERR ACL failure in script: No permissions to run the 'time' command script: f826a6d8, on @user_script:50.")), "README's ACL rule"},
 		{"a timeout", fmt.Errorf("decide: %w", context.DeadlineExceeded), "within the store's timeout"},
+		{"a connection Redis closed", fmt.Errorf("decide: write tcp: %w", syscall.EPIPE), "Redis closed the connection"},
 		{"anything else", errors.New("connection reset by peer"), ""},
 	} {
 		if fix := storeErrorFix(tt.err); (tt.want == "") != (fix == "") || !strings.Contains(fix, tt.want) {
@@ -1050,6 +1052,38 @@ func TestAUserWithoutScriptLoadIsToldTheACLFix(t *testing.T) {
 			}
 			if fix, _ := logs.All()[0].ContextMap()["fix"].(string); !strings.Contains(fix, "README's ACL rule") {
 				t.Errorf("the claims' line for a user Redis refuses SCRIPT LOAD: %v; want a fix naming the README's ACL rule", logs.All()[0].ContextMap())
+			}
+		})
+	}
+}
+
+// A Redis at maxclients (another service took the connections, or every
+// Caddy instance's pool_size adds up past it) accepts a new connection,
+// answers its handshake "ERR max number of clients reached", which
+// go-redis does not report, and closes it: every claim that needs a new
+// connection fails, as a timeout (the default 50 ms) or a broken pipe. The
+// line named neither maxclients nor how to tell, with a fix that asked
+// whether Redis was reachable, or none. (Helper 2's review, stop 66.)
+func TestAStoreErrorAtMaxclientsNamesIt(t *testing.T) {
+	for _, timeout := range []time.Duration{0, 3 * time.Second} { // the default, and one the refusal comes well within
+		t.Run(fmt.Sprint(timeout), func(t *testing.T) {
+			rdb := redistest.StartWith(t, "--maxclients", "1")
+			if err := rdb.Client().Ping(context.Background()).Err(); err != nil { // the one connection Redis takes
+				t.Fatal(err)
+			}
+			tt := tableHandler(t, fmt.Sprintf(`{"key_prefix":"maxclients:","on_store_error":"closed","store":{"type":"redis","url":%q,"timeout":%d}}`,
+				rdb.URL(), timeout.Nanoseconds()))
+			core, logs := observer.New(zap.WarnLevel)
+			tt.h.claimErrors.logger = zap.New(core)
+			p := fmt.Sprintf(`{"asset_id":"veh-max","occurred_at":%q,"lat":52.52,"lon":13.40}`, time.Now().UTC().Add(-time.Minute).Format(time.RFC3339))
+			if res := tt.post(p, "application/json", nil); res.status != http.StatusServiceUnavailable {
+				t.Fatalf("a claim on a Redis at maxclients, failing closed: %d %s, want 503", res.status, res.header.Get("X-Dedup"))
+			}
+			if logs.Len() == 0 {
+				t.Fatal("no store-error line")
+			}
+			if fix, _ := logs.All()[0].ContextMap()["fix"].(string); !strings.Contains(fix, "maxclients") {
+				t.Errorf("the claims' line on a Redis at maxclients: %v; want a fix naming maxclients", logs.All()[0].ContextMap())
 			}
 		})
 	}
