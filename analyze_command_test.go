@@ -311,6 +311,20 @@ func TestAnalyzeNamesItsFlagsInTheFixesOfSkippedPings(t *testing.T) {
 	}
 }
 
+// A capture of form pings read with --preset osmand --encoding json is told
+// the encoding that reads them, not to give the --preset osmand it gave.
+// (Helper 5's review, stop 66.)
+func TestAnalyzeWithPresetOsmandIsToldTheEncodingOfAFormCapture(t *testing.T) {
+	lines := strings.Repeat("id=veh-88&timestamp=2026-08-08T12:00:00Z&lat=52.52&lon=13.40\n", 3)
+	_, err := runAnalyzeCmd(t, lines, "--preset", "osmand", "--encoding", "json", "-")
+	if err == nil || !strings.Contains(err.Error(), "--encoding auto") || strings.Contains(err.Error(), "give --preset osmand") {
+		t.Errorf("analyze --preset osmand --encoding json <form pings>: %v; want it told --encoding auto", err)
+	}
+	if _, err := runAnalyzeCmd(t, lines, "--preset", "osmand", "--encoding", "auto", "-"); err != nil {
+		t.Errorf("with --encoding auto: %v", err)
+	}
+}
+
 // analyze refuses a UTF-16 capture with "convert it to UTF-8 first: iconv
 // ... (in PowerShell: Out-File -Encoding utf8)" (analyze.go notUTF16;
 // README, Sizing from your own traffic: "A capture in UTF-16 (as Windows

@@ -216,7 +216,7 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 	}
 	ping, err := s.parseOne(body, time.Now())
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, unkeyableError(err)
+		return caddy.ExitCodeFailedStartup, unkeyableError(fs, err)
 	}
 	asset, scope := ping.Asset, fs.String("scope")
 	if checkTemplate("key_scope", scope) == nil { // a whole template, placeholder and all
@@ -252,10 +252,10 @@ func runKey(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, error) {
 }
 
 // unkeyableError says why the key command cannot key a ping, with the
-// fix in the command's flags (asFlags): the parser's errors name the
+// fix in the command's flags (inFlags): the parser's errors name the
 // directive's options, which the command does not take.
-func unkeyableError(err error) error {
-	return errors.New("the ping cannot be keyed: " + asFlags.Replace(err.Error()))
+func unkeyableError(fs caddycmd.Flags, err error) error {
+	return errors.New("the ping cannot be keyed: " + inFlags(fs, err.Error()))
 }
 
 // parseOne reads one ping as the directive would: from form fields where
@@ -264,11 +264,10 @@ func unkeyableError(err error) error {
 // object under encoding form is refused, as the directive refuses it.
 func (s *settings) parseOne(body []byte, now time.Time) (ping.Ping, error) {
 	text := strings.TrimSpace(string(body))
-	isJSON := strings.HasPrefix(text, "{")
-	if isJSON && s.encoding == encodingForm {
+	if s.encoding == encodingForm && (strings.HasPrefix(text, "{") || strings.HasPrefix(text, "[")) {
 		return ping.Ping{}, ping.JSONAsFormError()
 	}
-	if s.encoding == encodingJSON || isJSON {
+	if s.encoding == encodingJSON || strings.HasPrefix(text, "{") {
 		return s.parser.Parse(body, now)
 	}
 	element, err := s.formParser.FormLine(text)
@@ -369,7 +368,7 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 		return caddy.ExitCodeFailedStartup, namingFlag(fs, err)
 	}
 	for reason, first := range report.FirstSkipped {
-		report.FirstSkipped[reason] = asFlags.Replace(first)
+		report.FirstSkipped[reason] = inFlags(fs, first)
 	}
 	if report.Pings == 0 {
 		return caddy.ExitCodeFailedStartup, noPingsError(report, len(opts.Form.TimePaths) > 0, fs.String("preset") == "overland")
@@ -383,17 +382,30 @@ func runAnalyze(fs caddycmd.Flags, stdin io.Reader, stdout io.Writer) (int, erro
 	return 0, report.WriteTable(stdout)
 }
 
+// inFlags rewrites the fix a ping's error gives in the directive's words
+// into the commands' flags (asFlags), and for --preset osmand the fix of a
+// form ping read as JSON, which names that preset, into the encoding
+// that reads it.
+func inFlags(fs caddycmd.Flags, msg string) string {
+	if fs.String("preset") == "osmand" {
+		msg = strings.ReplaceAll(msg, ping.FormEncodedFix, "give --encoding auto, which reads form fields and JSON alike")
+	}
+	return asFlags.Replace(msg)
+}
+
 // asFlags rewrites the fixes a skipped ping's error gives in the
 // directive's words into analyze's flags: "set null_island allow" told
 // the user of the command an option it does not take.
 var asFlags = strings.NewReplacer(
 	"set null_island allow", "give --null-island allow",
 	"name it with time_zone (e.g. time_zone ", "name it with --time-zone (e.g. --time-zone ",
-	"set encoding auto, which reads it as JSON, or encoding json", "give --encoding auto, which reads it as JSON, or --encoding json",
+	"and encoding form reads form fields (the query string, or a form body): send JSON with Content-Type: application/json and "+
+		"set encoding auto, which reads it as JSON, or encoding json",
+	"and --encoding form reads form fields: give --encoding auto, which reads it as JSON, or --encoding json",
 	"read as one ping: set batch ", "read as one ping: give --batch ",
 	"or set batch off for a route whose senders post single pings", "or give --batch off for a capture of single pings",
 	"are allowed (max_batch): ", "are allowed (the handler's default max_batch): ",
-	"use preset osmand, else encoding form", "give --preset osmand, else --encoding form",
+	ping.FormEncodedFix, "give --preset osmand, else --encoding form",
 )
 
 // noteIfRecommendationRefused notes a recommended window and TTL that the

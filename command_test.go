@@ -775,8 +775,15 @@ func TestTheKeyCommandNamesItsOwnFlagsInItsFixes(t *testing.T) {
 			"--time-zone Europe/Berlin", "time_zone Europe/Berlin"},
 		{"a form ping read as JSON", []string{"asset_id=veh-88&occurred_at=2026-08-08T12:00:00Z&lat=52.52&lon=13.40"},
 			"--preset osmand, else --encoding form", " encoding form"},
+		// The command reads no request: no Content-Type to send (helper 5's review).
 		{"a JSON ping under --encoding form", []string{"--encoding", "form", articlePing},
-			"--encoding auto", " encoding auto"},
+			"--encoding auto", "Content-Type"},
+		// Keyed as form fields, "asset_id: missing" (helper 5's review).
+		{"a JSON array under --encoding form", []string{"--encoding", "form", "[" + articlePing + "]"},
+			"--encoding auto", "missing"},
+		// Told to give the --preset osmand it gave (helper 5's review).
+		{"a form ping under --preset osmand --encoding json", []string{"--preset", "osmand", "--encoding", "json",
+			"id=veh-88&timestamp=2026-08-08T12:00:00Z&lat=52.52&lon=13.40"}, "--encoding auto", "give --preset osmand"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			out, err := runKeyCmd(t, "", tt.args...)

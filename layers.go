@@ -194,10 +194,11 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 	return batch, err
 }
 
-// osmandFix says how to read the OsmAnd protocol's fields (in a query
-// string, or a form body: what) on a route that read them as JSON. With
-// preset osmand, encoding auto reads both, by the Content-Type as
-// Traccar's port does (encoding form would refuse Traccar Client 9's
+// osmandFix says how to read form fields (the OsmAnd protocol's, in a
+// query string or a form body: what) on a route that read them as JSON.
+// With encoding auto the route reads them unless the request says JSON,
+// as Traccar's port tells its two formats apart. With preset osmand,
+// encoding auto reads both (encoding form would refuse Traccar Client 9's
 // JSON); any other route's JSON senders need it as it is, so a route of
 // its own with preset osmand. Told to add preset osmand, a route without a
 // preset read its own senders' JSON as Transistorsoft bodies and passed
@@ -206,13 +207,13 @@ func (h *Handler) split(r *http.Request, ct contentType, body []byte, form bool,
 // and beside a preset whose senders post JSON only does not load.
 func (h *Handler) osmandFix(what string) string {
 	switch {
-	case h.Preset != "osmand":
-		return "give such senders a route of their own with preset osmand: this route reads JSON bodies"
 	case h.settings.encoding == encodingAuto:
-		return "this route reads form fields unless the Content-Type says JSON, as Traccar's port does: " +
+		return "this route reads form fields unless the Content-Type says JSON: " +
 			"have the sender send " + what + " without Content-Type: application/json (a form body as application/x-www-form-urlencoded)"
+	case h.Preset == "osmand":
+		return "read it with encoding auto, which reads " + what + " and a JSON body alike"
 	}
-	return "read it with encoding auto, which reads " + what + " and a JSON body alike"
+	return "give such senders a route of their own with preset osmand: this route reads JSON bodies"
 }
 
 // formBodyFix gives a body that looks form encoded, read as JSON, the fix

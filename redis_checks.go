@@ -89,10 +89,9 @@ func warnIfUnreachable(ctx context.Context, client redis.UniversalClient, where 
 	defer cancel()
 	err := client.Ping(check).Err()
 	if err == nil {
-		readConfig := usernameOf(client) == "" // see warnIfSnapshotting
 		eachServer(check, client, where, func(ctx context.Context, node redis.Cmdable, where string) {
 			warnIfEvicting(ctx, node, where, logger)
-			warnIfSnapshotting(ctx, node, where, readConfig, logger)
+			warnIfSnapshotting(ctx, node, where, logger)
 		})
 		return
 	}
@@ -155,55 +154,37 @@ func warnIfEvicting(ctx context.Context, node redis.Cmdable, where string, logge
 }
 
 // warnIfSnapshotting tells the operator at start that Redis keeps its data
-// across a restart by snapshots (RDB) alone: a restart reloads the last
-// one, and a claim it holds in flight that was released since (its
-// upstream failed) is back. Its ping's retries are then told 409, and
-// once the claim is older than in_flight_timeout, that it was delivered:
-// the backend never gets it. An append-only file holds every release; a
-// Redis that restarts empty forgets claims, which lets redeliveries
-// through once more and loses nothing. INFO persistence tells an
-// append-only file, and snapshots taken or loaded since Redis started;
-// a schedule that has not run yet only CONFIG GET save tells, which it
-// asks as the default user only (readConfig): the README's ACL rule does
-// not grant it (it would show the config's secrets too), and a refusal
-// fills the ACL log. A Redis that does not answer is not judged.
-func warnIfSnapshotting(ctx context.Context, node redis.Cmdable, where string, readConfig bool, logger *zap.Logger) {
+// across a restart by snapshots (RDB) alone: a restart loads the last one
+// (dump.rdb, whoever wrote it: the save schedule, or a backup job's SAVE
+// or BGSAVE under save ""), and a claim it holds in flight that was
+// released since (its upstream failed) is back. Its ping's retries are
+// then told 409, and once the claim is older than in_flight_timeout, that
+// it was delivered: the backend never gets it. An append-only file holds
+// every release, and Redis loads it instead. INFO persistence tells the
+// file, and the snapshots taken or loaded since Redis started; a schedule
+// that has not run yet only CONFIG GET save would tell, which the README's
+// ACL rule does not grant (it shows the config's secrets too), and whose
+// refusal fills the ACL log. A Redis that does not answer is not judged.
+func warnIfSnapshotting(ctx context.Context, node redis.Cmdable, where string, logger *zap.Logger) {
 	info := node.InfoMap(ctx, "persistence")
 	if info.Err() != nil || info.Item("Persistence", "aof_enabled") != "0" {
 		return
 	}
-	evidence := ""
+	var evidence []string
 	for _, field := range []string{"rdb_saves", "rdb_last_load_keys_loaded"} {
 		if n := info.Item("Persistence", field); n != "" && n != "0" {
-			evidence = field + " " + n
+			evidence = append(evidence, field+" "+n)
 		}
 	}
-	if evidence == "" && readConfig {
-		if save, err := node.ConfigGet(ctx, "save").Result(); err == nil && strings.TrimSpace(save["save"]) != "" {
-			evidence = "save " + save["save"]
-		}
-	}
-	if evidence == "" {
+	if len(evidence) == 0 {
 		return
 	}
-	logger.Warn("redis store keeps its data across restarts by snapshots alone: after a restart it reloads the last one, "+
+	logger.Warn("redis store keeps its data across restarts by snapshots alone: a restart loads the last one, "+
 		"and a claim released since (its upstream failed) is back in flight: its ping's retries are told 409, then that it was delivered, "+
 		"and the backend never gets it",
-		zap.String("redis", where), zap.String("snapshots", evidence),
-		zap.String("fix", "set appendonly yes, which keeps every release, or turn snapshots off (save \"\"): "+
-			"a Redis that restarts empty lets redeliveries through once more, and loses no ping"))
-}
-
-// usernameOf is the ACL user the client logs in as, "" for the default
-// user.
-func usernameOf(client redis.UniversalClient) string {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().Username
-	case *redis.ClusterClient:
-		return c.Options().Username
-	}
-	return ""
+		zap.String("redis", where), zap.String("snapshots", strings.Join(evidence, ", ")),
+		zap.String("fix", "set appendonly yes, which keeps every release (a restart loads it instead of the snapshot); "+
+			"or keep nothing: save \"\", no SAVE or BGSAVE by a backup job, and no dump.rdb where Redis starts"))
 }
 
 // describeTopology names a connection for logs, without secrets.

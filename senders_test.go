@@ -1080,53 +1080,86 @@ func TestAnOsmAndRouteIsNotToldToUsePresetOsmAnd(t *testing.T) {
 // hand-written URL template) reaches the parser with a space there, as it
 // reaches Traccar's decoder: a + in a query string is a space. The sender
 // wrote RFC 3339, and was told it had not; the answer now names the
-// escape, and the time written as it says is read. (Helper 1's review,
-// stop 66.)
+// escape, and the time written as it says is read (helper 1's review, stop
+// 66), also where the template's + for the T became a space too; a JSON
+// body, which is not percent-decoded, is told to write the + itself
+// (helper 5's review).
 func TestAnOffsetWrittenWithABarePlusIsToldToEscapeIt(t *testing.T) {
-	at := time.Now().Add(-time.Hour).In(time.FixedZone("", 2*3600)).Format("2006-01-02T15:04:05")
-	get := "/?id=358240051111110&timestamp=" + at + "+02:00&lat=52.52&lon=13.40&speed=0&accuracy=5"
-	tt := tableHandler(t, `{"key_prefix":"bareplus:","preset":"osmand"}`)
-	res := tt.getWithoutBody(get)
-	escaped := at + "%2B02:00"
-	if res.status != http.StatusUnprocessableEntity || !strings.Contains(res.body, escaped) {
-		t.Fatalf("GET %s: %d %s; want 422 saying to write the offset %s", get, res.status, res.body, escaped)
+	at := time.Now().Add(-time.Hour).In(time.FixedZone("", 2*3600))
+	date, clock := at.Format("2006-01-02"), at.Format("15:04:05")
+	// The rows' fixes are alike: each row keys its own (prefix).
+	get := func(prefix, timestamp string) response {
+		return tableHandler(t, `{"key_prefix":"`+prefix+`:","preset":"osmand"}`).
+			getWithoutBody("/?id=358240051111110&timestamp=" + timestamp + "&lat=52.52&lon=13.40&speed=0&accuracy=5")
 	}
-	if got := tt.getWithoutBody(strings.Replace(get, "+02:00", "%2B02:00", 1)); got.status != http.StatusCreated {
-		t.Errorf("the same time escaped: %d %s; want 201", got.status, got.body)
+	post := func(prefix, occurredAt string) response {
+		return tableHandler(t, `{"key_prefix":"`+prefix+`:"}`).
+			post(`{"asset_id":"veh-88","occurred_at":"`+occurredAt+`","lat":52.52,"lon":13.40}`, "application/json", nil)
+	}
+	for i, tc := range []struct {
+		name          string
+		send          func(prefix, timestamp string) response
+		sent, advised string
+	}{
+		{"a query's offset", get, date + "T" + clock + "+02:00", date + "T" + clock + "%2B02:00"},
+		{"a query's offset and T", get, date + "+" + clock + "+02:00", date + "T" + clock + "%2B02:00"},
+		{"a JSON body's offset", post, date + "T" + clock + " 02:00", date + "T" + clock + "+02:00"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := "bareplus" + strconv.Itoa(i)
+			res := tc.send(prefix, tc.sent)
+			if res.status != http.StatusUnprocessableEntity || !strings.Contains(res.body, "%2B") {
+				t.Fatalf("timestamp %s: %d %s; want 422 naming the escape", tc.sent, res.status, res.body)
+			}
+			if got := tc.send(prefix, tc.advised); got.status != http.StatusCreated {
+				t.Errorf("the time written as advised, %s: %d %s; want 201", tc.advised, got.status, got.body)
+			}
+		})
 	}
 }
 
 // The same fields POSTed as a form body (the Traccar Client SDK's upload,
 // HttpUploader.kt) to a route that reads JSON bodies get the GET's advice,
-// and a route with preset osmand that read them as JSON (their
+// and a route with encoding auto that read them as JSON (their
 // Content-Type said so) is told of the Content-Type: the parser's own fix
 // ("use preset osmand, else encoding form") told the first what would not
 // load or would pass its own senders on unkeyed, and the second to add the
-// preset it has. (Helper 1's review, stop 66.)
+// preset it has (helper 1's review, stop 66), or, without a preset, that
+// it reads JSON bodies (helper 5's). Each advice, followed, reads the
+// body. A body that is not form encoded (XML, whose attributes hold =, or
+// padded base64) is not told to use a form reader.
 func TestAFormBodyOnAJSONRouteIsToldWhatReadsIt(t *testing.T) {
-	form := "id=358240051111110&timestamp=" + strconv.FormatInt(time.Now().Unix(), 10) +
-		"&lat=52.5200087&lon=13.4049547&speed=0&accuracy=4"
-	for _, tc := range []struct{ config, contentType, want, followed string }{
-		{`{"key_prefix":"formjson:"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
-		{`{"key_prefix":"formjson:","preset":"overland"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
-		{`{"key_prefix":"formjson:","preset":"owntracks"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
-		{`{"key_prefix":"formjson:","preset":"traccar"}`, "application/x-www-form-urlencoded", "a route of their own with preset osmand", ""},
-		{`{"key_prefix":"formjson:","preset":"osmand"}`, "application/json", "without Content-Type: application/json", "application/x-www-form-urlencoded"},
-		{`{"key_prefix":"formjson:","preset":"osmand","encoding":"json"}`, "application/x-www-form-urlencoded", "encoding auto", ""},
+	const form, json, osmandRoute = "application/x-www-form-urlencoded", "application/json", `{"key_prefix":"formfollowed:","preset":"osmand"}`
+	now := time.Now()
+	osmandFields := "id=358240051111110&timestamp=" + strconv.FormatInt(now.Unix(), 10) + "&lat=52.5200087&lon=13.4049547&speed=0&accuracy=4"
+	ownFields := "asset_id=veh-88&occurred_at=" + now.UTC().Format(time.RFC3339) + "&lat=52.52&lon=13.40"
+	for _, tc := range []struct {
+		config, body, contentType, want string
+		followConfig, followType        string // the request that follows the advice
+	}{
+		{`{"key_prefix":"formjson:"}`, osmandFields, form, "a route of their own with preset osmand", osmandRoute, form},
+		{`{"key_prefix":"formjson:","preset":"overland"}`, osmandFields, form, "a route of their own with preset osmand", osmandRoute, form},
+		{`{"key_prefix":"formjson:","preset":"owntracks"}`, osmandFields, form, "a route of their own with preset osmand", osmandRoute, form},
+		{`{"key_prefix":"formjson:","preset":"traccar"}`, osmandFields, form, "a route of their own with preset osmand", osmandRoute, form},
+		{`{"key_prefix":"formjson:","preset":"osmand"}`, osmandFields, json, "without Content-Type: application/json", osmandRoute, form},
+		{`{"key_prefix":"formjson:","preset":"osmand","encoding":"json"}`, osmandFields, form, "encoding auto", osmandRoute, form},
+		{`{"key_prefix":"formjson:","encoding":"auto"}`, ownFields, json, "without Content-Type: application/json", `{"key_prefix":"formfollowed:","encoding":"auto"}`, form},
 	} {
 		t.Run(tc.config+" "+tc.contentType, func(t *testing.T) {
-			res := tableHandler(t, tc.config).post(form, tc.contentType, nil)
+			res := tableHandler(t, tc.config).post(tc.body, tc.contentType, nil)
 			if res.status != http.StatusBadRequest || !strings.Contains(res.body, tc.want) || strings.Contains(res.body, "use preset osmand") {
-				t.Fatalf("an OsmAnd form body: %d %s; want 400 saying %q, and not to use preset osmand", res.status, res.body, tc.want)
+				t.Fatalf("a form body: %d %s; want 400 saying %q, and not to use preset osmand", res.status, res.body, tc.want)
 			}
-			config, contentType := `{"key_prefix":"formjsonfollowed:","preset":"osmand"}`, tc.contentType
-			if tc.followed != "" {
-				contentType = tc.followed
-			}
-			if got := tableHandler(t, config).post(form, contentType, nil); got.status != http.StatusCreated {
+			if got := tableHandler(t, tc.followConfig).post(tc.body, tc.followType, nil); got.status != http.StatusCreated {
 				t.Errorf("following the advice, the same body: %d %s; want 201", got.status, got.body)
 			}
 		})
+	}
+	gpx := `<?xml version="1.0" encoding="UTF-8"?><gpx version="1.1"><wpt lat="52.52" lon="13.40"><name>veh-88</name></wpt></gpx>`
+	for _, body := range []string{gpx, "eyJhc3NldF9pZCI6InZlaC04OCJ9fQ=="} {
+		if res := tableHandler(t, `{"key_prefix":"notform:"}`).post(body, json, nil); strings.Contains(res.body, "osmand") {
+			t.Errorf("POST %.40s...: %d %s; it is not form encoded, and a route with preset osmand reads it no better", body, res.status, res.body)
+		}
 	}
 }
 

@@ -139,6 +139,48 @@ func TestStoreRaceHasExactlyOneWinner(t *testing.T) {
 	})
 }
 
+// A redelivery is suppressed for the whole TTL it was accepted under, even
+// where a handler of a shorter TTL on the same prefix (a rolling deploy
+// that lengthens the retry ladder, or outage_margin) judges another fix of
+// the asset in the same minute: the seen set's expiry was set to every
+// call's TTL, shortened too, and the redelivery admitted again once the
+// shorter one ran out. Tumbling keys keep their own TTLs, and so do the
+// memory store's entries. (Helper 6's review, stop 66.)
+func TestAShorterTTLOnThePrefixKeepsTheLongerOnesRedeliveries(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, store := range []string{"memory", "redis"} {
+		for _, shape := range Shapes {
+			t.Run(store+"/"+string(shape), func(t *testing.T) {
+				srv.Client().FlushAll(ctx)
+				long, short := testPolicy(shape), testPolicy(shape)
+				long.TTL, short.TTL = 4*time.Second, 2*time.Second
+				mem := NewMemoryStore(0)
+				a, b := Store(mem), Store(mem) // two handlers in one process share it
+				if store == "redis" {
+					a, b = newRedisStore(t, srv), newRedisStore(t, srv)
+				}
+				first := claimOf(long, parked, 1<<16, time.Now())
+				if v := decide(t, a, first); v.Decision != Accepted {
+					t.Fatalf("first: %+v", v)
+				}
+				if err := settleOne(ctx, a, first); err != nil {
+					t.Fatal(err)
+				}
+				// the other handler judges a jitter fix of the asset, 10 s later in the same minute
+				if v := decide(t, b, claimOf(short, at(10*time.Second, 52.5200410, 13.4049920), 2<<16, time.Now())); v.Decision != Suppressed {
+					t.Fatalf("jitter: %+v", v)
+				}
+				time.Sleep(short.TTL + 500*time.Millisecond) // within the first ping's TTL
+				if v := decide(t, a, claimOf(long, parked, 3<<16, time.Now())); v != suppressed(Redelivery) {
+					t.Fatalf("a redelivery %v after its ping was accepted under a TTL of %v: %+v (the other handler's %v cut it short)",
+						short.TTL+500*time.Millisecond, long.TTL, v, short.TTL)
+				}
+			})
+		}
+	}
+}
+
 func TestStoreHonoursExpiry(t *testing.T) {
 	eachStoreAndShape(t, func(t *testing.T, s Store, pol *Policy) {
 		pol.TTL = 300 * time.Millisecond

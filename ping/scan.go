@@ -27,10 +27,34 @@ func notJSON(body []byte) error {
 	switch {
 	case severalLines && json.Valid(firstLine) && len(bytes.TrimSpace(rest)) > 0:
 		reason += "; it holds several JSON values, one a line: send them as NDJSON, with Content-Type: application/x-ndjson"
-	case bytes.IndexAny(trimmed, "{[\"") != 0 && bytes.Contains(trimmed, []byte("=")):
+	case looksFormEncoded(trimmed):
 		return &MalformedError{Reason: reason + "; it looks form encoded (field=value&...): " + FormEncodedFix, FormEncoded: true}
 	}
 	return &MalformedError{Reason: reason}
+}
+
+// looksFormEncoded reports a body of field=value pairs joined by &, each
+// field a name and no value holding another = (which a form encodes): an
+// XML or GPX body's attributes, or base64 padded with =, are not told to
+// use a form reader.
+func looksFormEncoded(body []byte) bool {
+	if len(body) == 0 {
+		return false
+	}
+	for pair := range bytes.SplitSeq(body, []byte("&")) {
+		field, value, ok := bytes.Cut(pair, []byte("="))
+		if !ok || len(field) == 0 || bytes.IndexByte(value, '=') >= 0 || bytes.ContainsFunc(field, notFieldNameRune) {
+			return false
+		}
+	}
+	return true
+}
+
+// notFieldNameRune reports a rune no form field's name in a sender's
+// query string or body holds: names are letters, digits, _ - . [ ] and
+// percent escapes.
+func notFieldNameRune(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.[]%", r))
 }
 
 // checkNesting rejects a body whose objects and arrays nest deeper than

@@ -93,15 +93,30 @@ func parseOffsetTime(s, field string) (time.Time, error) {
 				"%q has a space for the T, which Traccar and most receivers do not read; send it as %q", s, withT)
 		}
 	}
-	if i := strings.LastIndexByte(s, ' '); i > 10 && isOffsetTime(s[:i]+"+"+s[i+1:]) {
+	if mended, ok := plusAsSpace(s); ok {
 		// A + in a query string or a form body is a space (to Traccar's
 		// decoder too): the sender wrote RFC 3339, and only the escape is
 		// missing.
 		return time.Time{}, invalid(field, RuleTimeFormat,
-			"%q has a space where its offset's + was: in a query string or a form body a + reads as a space; write it %%2B (%s%%2B%s)",
-			s, s[:i], s[i+1:])
+			"%q has a space where its offset's + was: in a query string or a form body a + reads as a space, so write it %%2B there (%s); "+
+				"in JSON, write the + itself", s, strings.Replace(mended, "+", "%2B", 1))
 	}
 	return time.Time{}, invalid(field, RuleTimeFormat, "%q is not an RFC 3339 timestamp such as \"2026-08-08T12:00:00Z\"", s)
+}
+
+// plusAsSpace mends s, a time whose offset's + (and the + a hand-written
+// query puts for the T, if any) reads as a space, into the timestamp the
+// sender meant, if that is one.
+func plusAsSpace(s string) (string, bool) {
+	i := strings.LastIndexByte(s, ' ')
+	if i <= 10 {
+		return "", false
+	}
+	mended := s[:i] + "+" + s[i+1:]
+	if s[10] == ' ' {
+		mended = mended[:10] + "T" + mended[11:] // Traccar reads no space for the T
+	}
+	return mended, isOffsetTime(mended)
 }
 
 // offsetTime reads s as a timestamp with a UTC offset: one of

@@ -133,7 +133,14 @@ local function remember(decision, flag, retried)
 	else
 		redis.call('HSET', KEYS[2], ARGV[2], flag)
 	end
-	redis.call('PEXPIRE', KEYS[2], ttl)
+	-- Lengthened only: the set holds other pings of the minute, which a
+	-- handler of a longer ttl on this prefix (a rolling deploy that
+	-- lengthens the retry ladder) recorded; shortened to this call's, their
+	-- redeliveries were admitted again within their own ttl. A set HSET
+	-- just made has none (PTTL -1).
+	if redis.call('PTTL', KEYS[2]) < ttl then
+		redis.call('PEXPIRE', KEYS[2], ttl)
+	end
 end
 
 -- An asset's first fix starts its track, with no undo record. This comes
