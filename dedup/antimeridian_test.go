@@ -144,3 +144,46 @@ func TestStoresAgreeNearThePole(t *testing.T) {
 		})
 	}
 }
+
+// A still fix (speed 0, accuracy 5 m) of a vehicle parked 19 m from the
+// North Pole, at its lag bound (1.5 radii) from the last accepted fix on
+// another meridian, was judged on one side of the bound by the memory
+// store and on the other by Redis: each measured with its own sine (Go's
+// math.Sin, the C library's sin in Redis's Lua), and they differ in the
+// last bit for about one argument in six. Both now compute it alike
+// (sine). (Helper 7's review, stop 66.)
+func TestStoresAgreeOnAFixAtTheLagBoundNearThePole(t *testing.T) {
+	for _, c := range [][2]float64{
+		{89.999828769359226, 159.97438185526374},
+		{89.99982804990276, 157.41982025612089},
+		{89.999825531805101, 150.25297426211523},
+		{89.999821934522728, 142.51410816134725},
+	} {
+		for _, shape := range []Shape{Sliding, Session} {
+			mem, red := newTestDeduper(NewMemoryStore(0), shape), newTestDeduper(newRedisStore(t, redistest.Start(t)), shape)
+			for i := range 6 {
+				p := withAccuracy(at(time.Duration(10*i)*time.Second, c[0], 0), 5)
+				mem.clock, red.clock = p.Time, p.Time
+				mem.settled(t, p)
+				red.settled(t, p)
+			}
+			p := withSpeed(withAccuracy(at(61*time.Second, c[0], c[1]), 5), 0)
+			mem.clock, red.clock = p.Time, p.Time
+			if a, b := mem.settled(t, p), red.settled(t, p); a.Decision != b.Decision || a.Reason != b.Reason {
+				t.Errorf("%s: a still fix %.12f m from the last accepted one (lag bound %.1f m), at (%v, %v): memory %+v, Redis %+v",
+					shape, math.Sqrt(polarSeparation2(c[0], 0, c[0], c[1])), LagFactor*DefaultRadius, c[0], c[1], a, b)
+			}
+		}
+	}
+}
+
+// sine is the sine, to a part in 10¹³, over the half-angles of every
+// longitude difference.
+func TestSineIsTheSine(t *testing.T) {
+	for d := -180.0; d <= 180; d += 0.37 {
+		x := d * halfRadian
+		if got, want := sine(x), math.Sin(x); math.Abs(got-want) > 1e-13 {
+			t.Errorf("sine(%v) = %v, want %v", x, got, want)
+		}
+	}
+}

@@ -860,10 +860,29 @@ func (f fix) separation2(lat1, lon1, lat2, lon2 float64) float64 {
 // measure's own error (a part in 20,000 at a degree) for any d past 40 m.
 const polarCap = 1.0
 
-// halfRadian is half a degree's radians, rounded from the float64 nearest
-// π as Lua's math.pi / 360 is (a constant expression would be rounded
-// once, from π itself, and could differ by an ulp).
-var halfRadian = func() float64 { pi := math.Pi; return pi / 360 }()
+// halfRadian is half a degree's radians (π / 360), written as Lua reads it.
+const halfRadian = 0.008726646259971648
+
+// sineTerms are the coefficients of sin x's Taylor series to x¹⁷, the
+// highest first, written as both Go and Lua read them to the same doubles.
+var sineTerms = [...]float64{
+	2.8114572543455206e-15, -7.647163731819816e-13, 1.6059043836821613e-10, -2.505210838544172e-08,
+	2.7557319223985893e-06, -0.0001984126984126984, 0.008333333333333333, -0.16666666666666666, 1,
+}
+
+// sine is sin x for |x| ≤ π/2, within a part in 10¹³, by Horner's rule
+// with every product rounded, as the Lua script computes it: Go's math.Sin
+// and the C library's sin Redis's Lua calls differ in the last bit for
+// about one argument in six, and the stores' verdicts on a fix at the lag
+// bound with them (helper 7's review, stop 66).
+func sine(x float64) float64 {
+	x2 := float64(x * x)
+	s := 0.0
+	for _, term := range sineTerms {
+		s = float64(s*x2) + term
+	}
+	return float64(s * x)
+}
 
 // polarSeparation2 is the squared distance in metres between two positions
 // near a pole, each at its distance from the pole along its meridian (the
@@ -878,9 +897,9 @@ func polarSeparation2(lat1, lon1, lat2, lon2 float64) float64 {
 	if (lat1 < 0) != (lat2 < 0) {
 		r2 = float64(90+math.Abs(lat2)) * float64(metresPerDegree)
 	}
-	half := math.Sin(lonDelta(lon1, lon2) * halfRadian)
+	half := sine(float64(lonDelta(lon1, lon2) * halfRadian))
 	dr := r1 - r2
-	return float64(dr*dr) + float64(float64(4*r1)*r2)*float64(half*half)
+	return float64(dr*dr) + float64(float64(float64(4*r1)*r2)*float64(half*half))
 }
 
 // lonDelta is lon1 - lon2 the short way round, in [-180, 180]: two fixes

@@ -199,6 +199,19 @@ end
 -- separation2 and polarSeparation2 as in track.go: polar coordinates
 -- within POLAR_CAP degrees of a pole, where the tangent plane measures short.
 local POLAR_CAP = 1.0
+local HALF_RADIAN = 0.008726646259971648
+local SINE_TERMS = { 2.8114572543455206e-15, -7.647163731819816e-13, 1.6059043836821613e-10, -2.505210838544172e-08,
+	2.7557319223985893e-06, -0.0001984126984126984, 0.008333333333333333, -0.16666666666666666, 1 }
+
+-- sine as in track.go: not math.sin, which disagrees with Go's in the last bit
+local function sine(x)
+	local x2 = x * x
+	local s = 0
+	for i = 1, #SINE_TERMS do
+		s = s * x2 + SINE_TERMS[i]
+	end
+	return s * x
+end
 
 local function polarSeparation2(lat1, lon1, lat2, lon2)
 	local r1 = (90 - math.abs(lat1)) * ky
@@ -206,7 +219,7 @@ local function polarSeparation2(lat1, lon1, lat2, lon2)
 	if (lat1 < 0) ~= (lat2 < 0) then
 		r2 = (90 + math.abs(lat2)) * ky
 	end
-	local half = math.sin(lonDelta(lon1, lon2) * (math.pi / 360))
+	local half = sine(lonDelta(lon1, lon2) * HALF_RADIAN)
 	local dr = r1 - r2
 	return dr * dr + (4 * r1) * r2 * (half * half)
 end
