@@ -1127,7 +1127,7 @@ func TestAnOffsetWrittenWithABarePlusIsToldToEscapeIt(t *testing.T) {
 // preset it has (helper 1's review, stop 66), or, without a preset, that
 // it reads JSON bodies (helper 5's). Each advice, followed, reads the
 // body. A body that is not form encoded (XML, whose attributes hold =, or
-// padded base64) is not told to use a form reader.
+// padded base64, or a lone &) is not told to use a form reader.
 func TestAFormBodyOnAJSONRouteIsToldWhatReadsIt(t *testing.T) {
 	const form, json, osmandRoute = "application/x-www-form-urlencoded", "application/json", `{"key_prefix":"formfollowed:","preset":"osmand"}`
 	now := time.Now()
@@ -1144,6 +1144,8 @@ func TestAFormBodyOnAJSONRouteIsToldWhatReadsIt(t *testing.T) {
 		{`{"key_prefix":"formjson:","preset":"osmand"}`, osmandFields, json, "without Content-Type: application/json", osmandRoute, form},
 		{`{"key_prefix":"formjson:","preset":"osmand","encoding":"json"}`, osmandFields, form, "encoding auto", osmandRoute, form},
 		{`{"key_prefix":"formjson:","encoding":"auto"}`, ownFields, json, "without Content-Type: application/json", `{"key_prefix":"formfollowed:","encoding":"auto"}`, form},
+		// a trailing & (a URL template's), which the form reader passes over (helper 9's review)
+		{`{"key_prefix":"formjson:"}`, osmandFields + "&", form, "a route of their own with preset osmand", osmandRoute, form},
 	} {
 		t.Run(tc.config+" "+tc.contentType, func(t *testing.T) {
 			res := tableHandler(t, tc.config).post(tc.body, tc.contentType, nil)
@@ -1156,7 +1158,7 @@ func TestAFormBodyOnAJSONRouteIsToldWhatReadsIt(t *testing.T) {
 		})
 	}
 	gpx := `<?xml version="1.0" encoding="UTF-8"?><gpx version="1.1"><wpt lat="52.52" lon="13.40"><name>veh-88</name></wpt></gpx>`
-	for _, body := range []string{gpx, "eyJhc3NldF9pZCI6InZlaC04OCJ9fQ=="} {
+	for _, body := range []string{gpx, "eyJhc3NldF9pZCI6InZlaC04OCJ9fQ==", "&"} {
 		if res := tableHandler(t, `{"key_prefix":"notform:"}`).post(body, json, nil); strings.Contains(res.body, "osmand") {
 			t.Errorf("POST %.40s...: %d %s; it is not form encoded, and a route with preset osmand reads it no better", body, res.status, res.body)
 		}

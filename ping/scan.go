@@ -36,18 +36,21 @@ func notJSON(body []byte) error {
 // looksFormEncoded reports a body of field=value pairs joined by &, each
 // field a name and no value holding another = (which a form encodes): an
 // XML or GPX body's attributes, or base64 padded with =, are not told to
-// use a form reader.
+// use a form reader. Empty pieces (a trailing &) are passed over, as the
+// form reader passes them over.
 func looksFormEncoded(body []byte) bool {
-	if len(body) == 0 {
-		return false
-	}
+	pairs := 0
 	for pair := range bytes.SplitSeq(body, []byte("&")) {
+		if len(pair) == 0 {
+			continue
+		}
 		field, value, ok := bytes.Cut(pair, []byte("="))
 		if !ok || len(field) == 0 || bytes.IndexByte(value, '=') >= 0 || bytes.ContainsFunc(field, notFieldNameRune) {
 			return false
 		}
+		pairs++
 	}
-	return true
+	return pairs > 0
 }
 
 // notFieldNameRune reports a rune no form field's name in a sender's
