@@ -1044,14 +1044,8 @@ func TestAUserWithoutScriptLoadIsToldTheACLFix(t *testing.T) {
 				}
 				tt.upstreamStatus = nil
 			}
-			if res := tt.post(p, "application/json", nil); res.status != http.StatusServiceUnavailable {
-				t.Fatalf("a claim by a user without SCRIPT LOAD: %d %s, want 503", res.status, res.header.Get("X-Dedup"))
-			}
-			if logs.Len() == 0 {
-				t.Fatal("no store-error line")
-			}
-			if fix, _ := logs.All()[0].ContextMap()["fix"].(string); !strings.Contains(fix, "README's ACL rule") {
-				t.Errorf("the claims' line for a user Redis refuses SCRIPT LOAD: %v; want a fix naming the README's ACL rule", logs.All()[0].ContextMap())
+			if fix := refusedClaimsFix(t, tt, logs, p); !strings.Contains(fix, "README's ACL rule") {
+				t.Errorf("the claims' line for a user Redis refuses SCRIPT LOAD: fix %q; want one naming the README's ACL rule", fix)
 			}
 		})
 	}
@@ -1076,15 +1070,23 @@ func TestAStoreErrorAtMaxclientsNamesIt(t *testing.T) {
 			core, logs := observer.New(zap.WarnLevel)
 			tt.h.claimErrors.logger = zap.New(core)
 			p := fmt.Sprintf(`{"asset_id":"veh-max","occurred_at":%q,"lat":52.52,"lon":13.40}`, time.Now().UTC().Add(-time.Minute).Format(time.RFC3339))
-			if res := tt.post(p, "application/json", nil); res.status != http.StatusServiceUnavailable {
-				t.Fatalf("a claim on a Redis at maxclients, failing closed: %d %s, want 503", res.status, res.header.Get("X-Dedup"))
-			}
-			if logs.Len() == 0 {
-				t.Fatal("no store-error line")
-			}
-			if fix, _ := logs.All()[0].ContextMap()["fix"].(string); !strings.Contains(fix, "maxclients") {
-				t.Errorf("the claims' line on a Redis at maxclients: %v; want a fix naming maxclients", logs.All()[0].ContextMap())
+			if fix := refusedClaimsFix(t, tt, logs, p); !strings.Contains(fix, "maxclients") {
+				t.Errorf("the claims' line on a Redis at maxclients: fix %q; want one naming maxclients", fix)
 			}
 		})
 	}
+}
+
+// refusedClaimsFix posts ping p to a handler failing closed whose store
+// refuses it, and returns the fix its claims' store-error line gives.
+func refusedClaimsFix(t *testing.T, tt *tableTester, logs *observer.ObservedLogs, p string) string {
+	t.Helper()
+	if res := tt.post(p, "application/json", nil); res.status != http.StatusServiceUnavailable {
+		t.Fatalf("a claim the store refuses, failing closed: %d %s, want 503", res.status, res.header.Get("X-Dedup"))
+	}
+	if logs.Len() == 0 {
+		t.Fatal("no store-error line")
+	}
+	fix, _ := logs.All()[0].ContextMap()["fix"].(string)
+	return fix
 }

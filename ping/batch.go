@@ -127,7 +127,7 @@ func (s Splitter) Split(elements [][]byte, body []byte, ndjson bool) (Batch, err
 		return Batch{Framing: Array, Elements: elements}, err
 	case len(start) > 0 && start[0] == '{' && s.Wrapper != "":
 		return s.splitWrapped(elements, body)
-	case len(start) > 0 && start[0] == '{' && s.Collection != "" && gjson.GetBytes(body, s.Collection).IsArray():
+	case len(start) > 0 && start[0] == '{' && s.Collection != "" && s.BatchMember(body) == s.Collection:
 		return Batch{}, &MalformedError{Reason: fmt.Sprintf(
 			"the body is a collection of pings in %q, read as one ping: set batch %s to read each as a ping", s.Collection, s.Collection)}
 	}
